@@ -1,0 +1,268 @@
+//! DDP (RFC 5041) segment headers with the RDMAP (RFC 5040) control byte and
+//! RDMAP header fields.
+//!
+//! Tagged header (14 bytes): `DDP ctrl | RDMAP ctrl | STag (32) | TO (64)`.
+//! Untagged header (18 bytes): `DDP ctrl | RDMAP ctrl | RDMAP word (32) |
+//! QN (32) | MSN (32) | MO (32)`, where the RDMAP word is the STag to
+//! invalidate for Send with Invalidate and 0 otherwise.
+
+use crate::{be32, be64, WireError};
+
+/// DDP control byte: tagged flag.
+pub const DDP_TAGGED: u8 = 0x80;
+/// DDP control byte: last segment of a message.
+pub const DDP_LAST: u8 = 0x40;
+/// DDP control byte: reserved bits.
+pub const DDP_RSVD: u8 = 0x3C;
+/// DDP version 1.
+pub const DDP_VERSION: u8 = 1;
+/// RDMAP version 1 (top two bits of the RDMAP control byte).
+pub const RDMAP_VERSION: u8 = 1;
+
+pub const TAGGED_LEN: usize = 14;
+pub const UNTAGGED_LEN: usize = 18;
+
+/// Untagged queue numbers used by RDMAP.
+pub const QN_SEND: u32 = 0;
+pub const QN_READ_REQUEST: u32 = 1;
+pub const QN_TERMINATE: u32 = 2;
+
+/// RDMAP opcodes of RFC 5040 (0..=7). Opcodes above 7 are not decoded:
+/// this stack negotiates no extension that uses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    Write = 0,
+    ReadRequest = 1,
+    ReadResponse = 2,
+    Send = 3,
+    SendInvalidate = 4,
+    SendSe = 5,
+    SendSeInvalidate = 6,
+    Terminate = 7,
+}
+
+impl Opcode {
+    pub fn from_u8(v: u8) -> Result<Opcode, WireError> {
+        Ok(match v {
+            0 => Opcode::Write,
+            1 => Opcode::ReadRequest,
+            2 => Opcode::ReadResponse,
+            3 => Opcode::Send,
+            4 => Opcode::SendInvalidate,
+            5 => Opcode::SendSe,
+            6 => Opcode::SendSeInvalidate,
+            7 => Opcode::Terminate,
+            other => return Err(WireError::Opcode(other)),
+        })
+    }
+
+    /// Whether the opcode travels in tagged DDP segments.
+    pub fn is_tagged(self) -> bool {
+        matches!(self, Opcode::Write | Opcode::ReadResponse)
+    }
+
+    /// The untagged queue this opcode uses (None for tagged opcodes).
+    pub fn queue(self) -> Option<u32> {
+        match self {
+            Opcode::Write | Opcode::ReadResponse => None,
+            Opcode::ReadRequest => Some(QN_READ_REQUEST),
+            Opcode::Terminate => Some(QN_TERMINATE),
+            _ => Some(QN_SEND),
+        }
+    }
+
+    pub fn is_send(self) -> bool {
+        matches!(
+            self,
+            Opcode::Send | Opcode::SendInvalidate | Opcode::SendSe | Opcode::SendSeInvalidate
+        )
+    }
+
+    pub fn solicited(self) -> bool {
+        matches!(self, Opcode::SendSe | Opcode::SendSeInvalidate)
+    }
+
+    pub fn invalidates(self) -> bool {
+        matches!(self, Opcode::SendInvalidate | Opcode::SendSeInvalidate)
+    }
+
+    fn rdmap_ctrl(self) -> u8 {
+        (RDMAP_VERSION << 6) | self as u8
+    }
+}
+
+/// A tagged segment header (RDMA Write, RDMA Read Response).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaggedHeader {
+    pub last: bool,
+    pub opcode: Opcode,
+    pub stag: u32,
+    pub to: u64,
+}
+
+/// An untagged segment header (Sends, Read Request, Terminate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UntaggedHeader {
+    pub last: bool,
+    pub opcode: Opcode,
+    /// The STag to invalidate (Send with Invalidate), else 0.
+    pub inval_stag: u32,
+    pub qn: u32,
+    pub msn: u32,
+    pub mo: u32,
+}
+
+/// Either DDP header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DdpHeader {
+    Tagged(TaggedHeader),
+    Untagged(UntaggedHeader),
+}
+
+impl DdpHeader {
+    /// Header length given the first (DDP control) byte.
+    #[inline]
+    pub fn len_from_ctrl(ddp_ctrl: u8) -> usize {
+        if ddp_ctrl & DDP_TAGGED != 0 {
+            TAGGED_LEN
+        } else {
+            UNTAGGED_LEN
+        }
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        match self {
+            DdpHeader::Tagged(_) => TAGGED_LEN,
+            DdpHeader::Untagged(_) => UNTAGGED_LEN,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            DdpHeader::Tagged(h) => h.opcode,
+            DdpHeader::Untagged(h) => h.opcode,
+        }
+    }
+
+    pub fn last(&self) -> bool {
+        match self {
+            DdpHeader::Tagged(h) => h.last,
+            DdpHeader::Untagged(h) => h.last,
+        }
+    }
+
+    /// Writes the header into `out` (at least [`DdpHeader::len`] bytes) and
+    /// returns its length.
+    #[inline]
+    pub fn encode(&self, out: &mut [u8]) -> usize {
+        match self {
+            DdpHeader::Tagged(h) => {
+                out[0] = DDP_TAGGED | if h.last { DDP_LAST } else { 0 } | DDP_VERSION;
+                out[1] = h.opcode.rdmap_ctrl();
+                out[2..6].copy_from_slice(&h.stag.to_be_bytes());
+                out[6..14].copy_from_slice(&h.to.to_be_bytes());
+                TAGGED_LEN
+            }
+            DdpHeader::Untagged(h) => {
+                out[0] = if h.last { DDP_LAST } else { 0 } | DDP_VERSION;
+                out[1] = h.opcode.rdmap_ctrl();
+                out[2..6].copy_from_slice(&h.inval_stag.to_be_bytes());
+                out[6..10].copy_from_slice(&h.qn.to_be_bytes());
+                out[10..14].copy_from_slice(&h.msn.to_be_bytes());
+                out[14..18].copy_from_slice(&h.mo.to_be_bytes());
+                UNTAGGED_LEN
+            }
+        }
+    }
+
+    /// Decodes a header from the start of a ULPDU. Checks the DDP and RDMAP
+    /// versions, the opcode, that the opcode matches the tagged/untagged
+    /// model, and (for untagged segments) that the queue number is the one
+    /// the opcode uses.
+    pub fn decode(buf: &[u8]) -> Result<DdpHeader, WireError> {
+        if buf.len() < 2 {
+            return Err(WireError::Short(2 - buf.len()));
+        }
+        let need = Self::len_from_ctrl(buf[0]);
+        if buf.len() < need {
+            return Err(WireError::Short(need - buf.len()));
+        }
+        let ctrl = buf[0];
+        if ctrl & 0x03 != DDP_VERSION {
+            return Err(WireError::DdpVersion(ctrl & 0x03));
+        }
+        let rctrl = buf[1];
+        if rctrl >> 6 != RDMAP_VERSION {
+            return Err(WireError::RdmapVersion(rctrl >> 6));
+        }
+        let opcode = Opcode::from_u8(rctrl & 0x0F)?;
+        let tagged = ctrl & DDP_TAGGED != 0;
+        let last = ctrl & DDP_LAST != 0;
+        if tagged != opcode.is_tagged() {
+            return Err(WireError::OpcodeModel { opcode, tagged });
+        }
+        if tagged {
+            Ok(DdpHeader::Tagged(TaggedHeader {
+                last,
+                opcode,
+                stag: be32(&buf[2..6]),
+                to: be64(&buf[6..14]),
+            }))
+        } else {
+            let qn = be32(&buf[6..10]);
+            if Some(qn) != opcode.queue() {
+                return Err(WireError::QueueNumber(qn));
+            }
+            Ok(DdpHeader::Untagged(UntaggedHeader {
+                last,
+                opcode,
+                inval_stag: be32(&buf[2..6]),
+                qn,
+                msn: be32(&buf[10..14]),
+                mo: be32(&buf[14..18]),
+            }))
+        }
+    }
+}
+
+/// The body of an RDMA Read Request (28 bytes, after the untagged header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRequest {
+    pub sink_stag: u32,
+    pub sink_to: u64,
+    pub size: u32,
+    pub src_stag: u32,
+    pub src_to: u64,
+}
+
+impl ReadRequest {
+    pub const LEN: usize = 28;
+
+    pub fn encode(&self, out: &mut [u8]) -> usize {
+        out[0..4].copy_from_slice(&self.sink_stag.to_be_bytes());
+        out[4..12].copy_from_slice(&self.sink_to.to_be_bytes());
+        out[12..16].copy_from_slice(&self.size.to_be_bytes());
+        out[16..20].copy_from_slice(&self.src_stag.to_be_bytes());
+        out[20..28].copy_from_slice(&self.src_to.to_be_bytes());
+        Self::LEN
+    }
+
+    pub fn decode(b: &[u8]) -> Result<ReadRequest, WireError> {
+        if b.len() < Self::LEN {
+            return Err(WireError::Short(Self::LEN - b.len()));
+        }
+        Ok(ReadRequest {
+            sink_stag: be32(&b[0..4]),
+            sink_to: be64(&b[4..12]),
+            size: be32(&b[12..16]),
+            src_stag: be32(&b[16..20]),
+            src_to: be64(&b[20..28]),
+        })
+    }
+}

@@ -1,0 +1,335 @@
+//! MPA (RFC 5044) connection set-up frames, with the RFC 6581 revision 2
+//! "enhanced" IRD/ORD block, and FPDU framing helpers.
+//!
+//! Set-up frame layout:
+//! `key (16) | flags (8) | revision (8) | private data length (16) | private data`.
+//! With revision 2 and the enhanced bit, the private data starts with the
+//! 4-byte IRD/ORD block, which is counted in the length.
+
+use crate::{be16, WireError};
+
+pub const REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
+pub const REP_KEY: &[u8; 16] = b"MPA ID Rep Frame";
+/// Fixed part of a set-up frame.
+pub const HEADER_LEN: usize = 20;
+/// RFC 5044: private data is at most 512 bytes.
+pub const MAX_PRIVATE_DATA: usize = 512;
+
+pub const FLAG_MARKERS: u8 = 0x80;
+pub const FLAG_CRC: u8 = 0x40;
+pub const FLAG_REJECT: u8 = 0x20;
+pub const FLAG_ENHANCED: u8 = 0x10;
+
+/// IRD word: peer-to-peer (RTR) wanted.
+pub const IRD_P2P: u16 = 0x8000;
+/// IRD word: a zero-length Send may serve as RTR.
+pub const IRD_RTR_SEND: u16 = 0x4000;
+/// ORD word: a zero-length RDMA Write may serve as RTR.
+pub const ORD_RTR_WRITE: u16 = 0x8000;
+/// ORD word: a zero-length RDMA Read may serve as RTR.
+pub const ORD_RTR_READ: u16 = 0x4000;
+/// Low 14 bits of IRD/ORD; 0x3FFF means "no value given".
+pub const IRD_ORD_MASK: u16 = 0x3FFF;
+
+/// Request or reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MpaKind {
+    Request,
+    Reply,
+}
+
+/// The fixed 20-byte part of a set-up frame, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpaHeader {
+    pub kind: MpaKind,
+    pub markers: bool,
+    pub crc: bool,
+    pub reject: bool,
+    pub enhanced: bool,
+    /// The raw flag byte, reserved bits included.
+    pub flags: u8,
+    pub revision: u8,
+    /// Total private data length, the v2 block included.
+    pub pd_len: u16,
+}
+
+impl MpaHeader {
+    /// Decodes the fixed part. `buf` must hold at least [`HEADER_LEN`] bytes.
+    pub fn decode(buf: &[u8]) -> Result<MpaHeader, WireError> {
+        if buf.len() < HEADER_LEN {
+            return Err(WireError::Short(HEADER_LEN - buf.len()));
+        }
+        let kind = if &buf[..16] == REQ_KEY {
+            MpaKind::Request
+        } else if &buf[..16] == REP_KEY {
+            MpaKind::Reply
+        } else {
+            return Err(WireError::MpaKey);
+        };
+        let flags = buf[16];
+        let revision = buf[17];
+        let pd_len = be16(&buf[18..20]);
+        if revision == 0 || revision > 2 {
+            return Err(WireError::MpaRevision(revision));
+        }
+        if pd_len as usize > MAX_PRIVATE_DATA {
+            return Err(WireError::MpaPrivateDataLength(pd_len as usize));
+        }
+        Ok(MpaHeader {
+            kind,
+            markers: flags & FLAG_MARKERS != 0,
+            crc: flags & FLAG_CRC != 0,
+            reject: flags & FLAG_REJECT != 0,
+            enhanced: flags & FLAG_ENHANCED != 0,
+            flags,
+            revision,
+            pd_len,
+        })
+    }
+}
+
+/// The RFC 6581 IRD/ORD block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MpaV2 {
+    /// Inbound RDMA Read queue depth offered (0x3FFF = none given).
+    pub ird: u16,
+    /// Outbound RDMA Read queue depth offered (0x3FFF = none given).
+    pub ord: u16,
+    pub peer_to_peer: bool,
+    pub rtr_send: bool,
+    pub rtr_write: bool,
+    pub rtr_read: bool,
+}
+
+impl MpaV2 {
+    pub const LEN: usize = 4;
+
+    pub fn encode(&self) -> [u8; 4] {
+        let mut ird = self.ird & IRD_ORD_MASK;
+        if self.peer_to_peer {
+            ird |= IRD_P2P;
+        }
+        if self.rtr_send {
+            ird |= IRD_RTR_SEND;
+        }
+        let mut ord = self.ord & IRD_ORD_MASK;
+        if self.rtr_write {
+            ord |= ORD_RTR_WRITE;
+        }
+        if self.rtr_read {
+            ord |= ORD_RTR_READ;
+        }
+        let i = ird.to_be_bytes();
+        let o = ord.to_be_bytes();
+        [i[0], i[1], o[0], o[1]]
+    }
+
+    pub fn decode(b: &[u8]) -> Result<MpaV2, WireError> {
+        if b.len() < 4 {
+            return Err(WireError::MpaV2Block);
+        }
+        let ird = be16(&b[0..2]);
+        let ord = be16(&b[2..4]);
+        Ok(MpaV2 {
+            ird: ird & IRD_ORD_MASK,
+            ord: ord & IRD_ORD_MASK,
+            peer_to_peer: ird & IRD_P2P != 0,
+            rtr_send: ird & IRD_RTR_SEND != 0,
+            rtr_write: ord & ORD_RTR_WRITE != 0,
+            rtr_read: ord & ORD_RTR_READ != 0,
+        })
+    }
+}
+
+/// A whole MPA request or reply frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpaFrame {
+    pub kind: MpaKind,
+    pub markers: bool,
+    pub crc: bool,
+    pub reject: bool,
+    /// 1 or 2.
+    pub revision: u8,
+    /// Present exactly when revision is 2 and the enhanced bit is set.
+    pub v2: Option<MpaV2>,
+    /// The user's private data (after the v2 block, if any).
+    pub private_data: Vec<u8>,
+}
+
+impl MpaFrame {
+    /// Encoded length.
+    pub fn len(&self) -> usize {
+        HEADER_LEN + self.v2.map_or(0, |_| MpaV2::LEN) + self.private_data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Encodes the frame. Fails if the private data is too long.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        let pd_len = self.v2.map_or(0, |_| MpaV2::LEN) + self.private_data.len();
+        if pd_len > MAX_PRIVATE_DATA {
+            return Err(WireError::MpaPrivateDataLength(pd_len));
+        }
+        if self.revision == 0 || self.revision > 2 {
+            return Err(WireError::MpaRevision(self.revision));
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + pd_len);
+        out.extend_from_slice(match self.kind {
+            MpaKind::Request => REQ_KEY,
+            MpaKind::Reply => REP_KEY,
+        });
+        let mut flags = 0u8;
+        if self.markers {
+            flags |= FLAG_MARKERS;
+        }
+        if self.crc {
+            flags |= FLAG_CRC;
+        }
+        if self.reject {
+            flags |= FLAG_REJECT;
+        }
+        if self.v2.is_some() {
+            flags |= FLAG_ENHANCED;
+        }
+        out.push(flags);
+        out.push(self.revision);
+        out.extend_from_slice(&(pd_len as u16).to_be_bytes());
+        if let Some(v2) = self.v2 {
+            out.extend_from_slice(&v2.encode());
+        }
+        out.extend_from_slice(&self.private_data);
+        Ok(out)
+    }
+
+    /// Decodes a frame from its header and its `hdr.pd_len` bytes of
+    /// private data.
+    pub fn decode(hdr: &MpaHeader, pd: &[u8]) -> Result<MpaFrame, WireError> {
+        if pd.len() < hdr.pd_len as usize {
+            return Err(WireError::Short(hdr.pd_len as usize - pd.len()));
+        }
+        let pd = &pd[..hdr.pd_len as usize];
+        let (v2, rest) = if hdr.revision == 2 && hdr.enhanced {
+            (Some(MpaV2::decode(pd)?), &pd[MpaV2::LEN..])
+        } else {
+            (None, pd)
+        };
+        Ok(MpaFrame {
+            kind: hdr.kind,
+            markers: hdr.markers,
+            crc: hdr.crc,
+            reject: hdr.reject,
+            revision: hdr.revision,
+            v2,
+            private_data: rest.to_vec(),
+        })
+    }
+
+    /// Decodes a whole frame held in one buffer; returns it and the bytes used.
+    pub fn decode_all(buf: &[u8]) -> Result<(MpaFrame, usize), WireError> {
+        let hdr = MpaHeader::decode(buf)?;
+        let total = HEADER_LEN + hdr.pd_len as usize;
+        if buf.len() < total {
+            return Err(WireError::Short(total - buf.len()));
+        }
+        Ok((MpaFrame::decode(&hdr, &buf[HEADER_LEN..total])?, total))
+    }
+}
+
+/// Pad bytes after a ULPDU of `ulpdu_len` bytes, so that
+/// `2 + ulpdu_len + pad` is a multiple of 4.
+#[inline]
+pub const fn pad_len(ulpdu_len: usize) -> usize {
+    (4 - ((2 + ulpdu_len) & 3)) & 3
+}
+
+/// Whole FPDU length on the wire: length field, ULPDU, pad and CRC.
+#[inline]
+pub const fn fpdu_len(ulpdu_len: usize) -> usize {
+    2 + ulpdu_len + pad_len(ulpdu_len) + 4
+}
+
+/// Largest ULPDU that fits in an FPDU of at most `max_fpdu` bytes
+/// (the FPDU for a given MULPDU, RFC 5044 section 4.1).
+#[inline]
+pub const fn max_ulpdu_for(max_fpdu: usize) -> usize {
+    // 2 + ulpdu + pad + 4 <= max_fpdu, the ulpdu chosen so that pad is 0.
+    let room = max_fpdu - 6;
+    let ulpdu = room - ((room + 2) & 3);
+    if ulpdu > 0xFFFF {
+        0xFFFF - ((0xFFFF + 2) & 3)
+    } else {
+        ulpdu
+    }
+}
+
+/// Running CRC32c over an FPDU: start with [`crc_start`], feed every byte of
+/// the length field and the ULPDU, then [`trailer`] adds the pad.
+#[inline]
+pub fn crc_start() -> u32 {
+    0
+}
+
+#[inline]
+pub fn crc_update(crc: u32, data: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, data)
+}
+
+/// The bytes that follow a ULPDU: zero pad plus the CRC field. The CRC is
+/// finished over the pad when `crc` is `Some(running)`, else the field is 0.
+/// Returns the buffer and how many of its bytes to send.
+#[inline]
+pub fn trailer(ulpdu_len: usize, crc: Option<u32>) -> ([u8; 7], usize) {
+    let pad = pad_len(ulpdu_len);
+    let mut out = [0u8; 7];
+    let field = match crc {
+        Some(c) => crc32c::crc32c_append(c, &out[..pad]),
+        None => 0,
+    };
+    out[pad..pad + 4].copy_from_slice(&field.to_le_bytes());
+    (out, pad + 4)
+}
+
+/// Encodes a whole FPDU around `ulpdu` (for tests, control messages and
+/// small frames; the engine's send path builds FPDUs with scatter-gather).
+pub fn encode_fpdu(ulpdu: &[u8], with_crc: bool, out: &mut Vec<u8>) {
+    assert!(ulpdu.len() <= 0xFFFF, "ULPDU longer than 65535 bytes");
+    let start = out.len();
+    out.extend_from_slice(&(ulpdu.len() as u16).to_be_bytes());
+    out.extend_from_slice(ulpdu);
+    let crc = with_crc.then(|| crc_update(crc_start(), &out[start..]));
+    let (t, n) = trailer(ulpdu.len(), crc);
+    out.extend_from_slice(&t[..n]);
+}
+
+/// Checks one whole FPDU held in `buf`: returns the ULPDU and the bytes used.
+/// The CRC is checked when `with_crc`.
+pub fn decode_fpdu(buf: &[u8], with_crc: bool) -> Result<(&[u8], usize), FpduError> {
+    if buf.len() < 2 {
+        return Err(FpduError::Short(2 - buf.len()));
+    }
+    let len = be16(buf) as usize;
+    let total = fpdu_len(len);
+    if buf.len() < total {
+        return Err(FpduError::Short(total - buf.len()));
+    }
+    if with_crc {
+        let body = 2 + len + pad_len(len);
+        let want = crc32c::crc32c(&buf[..body]);
+        let got = u32::from_le_bytes(buf[body..body + 4].try_into().unwrap());
+        if want != got {
+            return Err(FpduError::Crc { want, got });
+        }
+    }
+    Ok((&buf[2..2 + len], total))
+}
+
+/// FPDU framing failures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FpduError {
+    #[error("need {0} more bytes")]
+    Short(usize),
+    #[error("CRC mismatch: computed {want:#010x}, received {got:#010x}")]
+    Crc { want: u32, got: u32 },
+}
