@@ -1,1 +1,75 @@
-//! placeholder
+//! # softrdma-verbs: RDMA verbs in user space, over TCP
+//!
+//! The engine gives Rust programs RDMA semantics (registered memory with
+//! STags, RC queue pairs, one-sided RDMA Read and Write, Sends, completion
+//! queues) with no RDMA NIC and no kernel module. On the wire it speaks
+//! iWARP (RFC 5040 RDMAP, RFC 5041 DDP, RFC 5044 MPA with RFC 6581 v2) over
+//! TCP, so it interoperates with the Linux kernel's soft-iWARP (`siw`).
+//!
+//! The layout follows Linux siw:
+//!
+//! | here | role | siw |
+//! |------|------|-----|
+//! | [`device`](Device) | devices, protection domains, memory registration API | `siw_verbs.c` |
+//! | `mr` | STag table, access checks, placement helpers | `siw_mem.c` |
+//! | [`qp`](QueuePair) | QP state machine, posting, ordering, flush | `siw_qp.c` |
+//! | `iwarp` | FPDU send path and receive path with direct placement | `siw_qp_tx.c`, `siw_qp_rx.c` |
+//! | [`cm`](ConnectRequest) | listen / connect / accept / reject, MPA exchange | `siw_cm.c` |
+//! | `progress` | a fixed set of progress threads per device | (siw's tx threads) |
+//! | [`cq`](CompletionQueue) | completion queues and notification | `siw_cq.c` |
+//!
+//! ## A taste
+//!
+//! ```no_run
+//! use softrdma_verbs::*;
+//! # fn main() -> Result<()> {
+//! let dev = Device::open_default()?;
+//! let pd = dev.alloc_pd()?;
+//! let cq = dev.create_cq(64)?;
+//! let qp = pd.create_qp(QpInitAttr::new(&cq))?;
+//! let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
+//! qp.connect("127.0.0.1:7174", &ConnParams::default())?;
+//! // Write 4 KiB into the peer's region (rkey and address from the peer).
+//! # let (remote_addr, rkey) = (0u64, 0u32);
+//! qp.post_send(&SendWr::write(1, &[mr.sge_all()], remote_addr, rkey))?;
+//! let wc = cq.wait_one(std::time::Duration::from_secs(5)).expect("completion");
+//! assert!(wc.is_ok());
+//! # Ok(()) }
+//! ```
+//!
+//! ## Safety model
+//!
+//! Posting is safe: a work request names memory by lkey, and the engine
+//! holds the registration (and so the memory) until the request completes.
+//! Deregistering invalidates the STag at once, but never frees memory the
+//! engine may still touch. The only `unsafe` entry point is
+//! [`ProtectionDomain::register_raw`], for memory the caller owns.
+//! `unsafe` code lives in `sys` (system calls on raw memory) and `mr`
+//! (placement); each block states why it is sound.
+
+mod cm;
+mod cq;
+mod device;
+mod error;
+mod iwarp;
+mod mr;
+mod progress;
+mod qp;
+mod srq;
+mod sys;
+mod wr;
+
+pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
+pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
+pub use device::{
+    AsyncEvent, Device, DeviceAttr, DeviceConfig, DeviceInfo, FastRegMr, MemoryRegion, MrInfo,
+    ProtectionDomain, QpInfo, RegOptions,
+};
+pub use error::{Error, Result};
+pub use mr::Access;
+pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
+pub use srq::SharedReceiveQueue;
+pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
+
+/// Re-export of the wire codecs.
+pub use softrdma_wire as wire;

@@ -1,0 +1,413 @@
+//! The connection manager (like rdma_cm over iWARP, and siw's `siw_cm.c`):
+//! listen, connect with private data and IRD/ORD, accept, reject,
+//! disconnect; the MPA request/reply exchange of RFC 5044 / RFC 6581.
+//!
+//! Calls are blocking: `connect` returns once the connection is established
+//! (or rejected), `Listener::get_request` once a valid MPA request arrived.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::iwarp::Conn;
+use crate::qp::{QpState, QueuePair};
+use softrdma_wire::mpa::{self, MpaFrame, MpaHeader, MpaKind, MpaV2};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+/// How to connect or accept.
+#[derive(Debug, Clone)]
+pub struct ConnParams {
+    /// Private data for the peer (at most 508 bytes with MPA v2).
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Reads we accept at once (responder resources).
+    pub ird: u16,
+    /// Outbound RDMA Reads we issue at once (initiator depth).
+    pub ord: u16,
+    /// MPA revision to offer: 1 or 2 (2 carries IRD/ORD).
+    pub mpa_revision: u8,
+    /// Ask for (initiator) or grant (responder) MPA CRC32c.
+    pub crc: bool,
+    /// Ask for peer-to-peer mode with a ready-to-receive frame (MPA v2).
+    pub p2p: bool,
+    /// How long to wait for the peer's MPA frame.
+    pub timeout: Duration,
+}
+
+impl Default for ConnParams {
+    fn default() -> Self {
+        ConnParams {
+            private_data: Vec::new(),
+            ird: 16,
+            ord: 16,
+            mpa_revision: 2,
+            crc: false,
+            p2p: false,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What both ends agreed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    pub revision: u8,
+    pub crc: bool,
+    /// Inbound Reads we accept.
+    pub ird: u16,
+    /// Outbound Reads we may have in flight.
+    pub ord: u16,
+    pub p2p: bool,
+    pub initiator: bool,
+}
+
+fn read_frame(s: &mut TcpStream, timeout: Duration) -> Result<MpaFrame> {
+    s.set_read_timeout(Some(timeout))?;
+    let mut h = [0u8; mpa::HEADER_LEN];
+    s.read_exact(&mut h).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            Error::Timeout("MPA frame")
+        }
+        _ => Error::Io(e),
+    })?;
+    let hdr = MpaHeader::decode(&h).map_err(|e| Error::Protocol(e.to_string()))?;
+    let mut pd = vec![0u8; hdr.pd_len as usize];
+    s.read_exact(&mut pd)?;
+    s.set_read_timeout(None)?;
+    MpaFrame::decode(&hdr, &pd).map_err(|e| Error::Protocol(e.to_string()))
+}
+
+fn prepare(qp: &QueuePair) -> Result<()> {
+    match qp.state() {
+        QpState::Reset => {
+            qp.modify(QpState::Init)?;
+            Ok(())
+        }
+        QpState::Init | QpState::Rtr => Ok(()),
+        s => Err(Error::BadState {
+            qpn: qp.qp_num(),
+            state: s,
+        }),
+    }
+}
+
+/// Attaches an MPA-negotiated stream to a QP and moves it to RTS.
+fn establish(qp: &QueuePair, stream: TcpStream, n: Negotiated, rtr: Option<bool>) -> Result<()> {
+    let q = &qp.inner;
+    let rt = &qp.pd.dev.rt;
+    let epoll = rt.progress[(q.qpn as usize) % rt.progress.len()]
+        .epoll
+        .clone();
+    let conn = Conn::new(stream, n, epoll)?;
+    {
+        let mut sq = q.sq.lock();
+        let mut rx = q.rx.lock();
+        if n.p2p {
+            if n.initiator {
+                sq.tx.queue_rtr(rtr == Some(true));
+            } else {
+                sq.tx.rtr_wait = true;
+                rx.rtr_expected = true;
+            }
+        }
+    }
+    if q.conn.set(conn).is_err() {
+        return Err(Error::inval("QP is already connected"));
+    }
+    q.set_state(QpState::Rtr);
+    q.set_state(QpState::Rts);
+    let c = q.conn.get().expect("just set");
+    c.register(q.qpn)?;
+    // Send the RTR (initiator) and anything posted meanwhile.
+    q.kick_with(q.sq.lock());
+    tracing::debug!(qpn = q.qpn, local = %c.local, peer = %c.peer, ?n, "connection established");
+    Ok(())
+}
+
+impl QueuePair {
+    /// Connects to a listener (active side): TCP connect, MPA request,
+    /// MPA reply, then RTS. Returns the peer's private data.
+    pub fn connect(&self, addr: impl ToSocketAddrs, params: &ConnParams) -> Result<Vec<u8>> {
+        prepare(self)?;
+        if !(1..=2).contains(&params.mpa_revision) {
+            return Err(Error::inval("MPA revision must be 1 or 2"));
+        }
+        let addr = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| Error::inval("no address"))?;
+        let mut s = TcpStream::connect_timeout(&addr, params.timeout)?;
+        s.set_nodelay(true)?;
+        let v2 = (params.mpa_revision == 2).then_some(MpaV2 {
+            ird: params.ird.min(mpa::IRD_ORD_MASK),
+            ord: params.ord.min(mpa::IRD_ORD_MASK),
+            peer_to_peer: params.p2p,
+            rtr_send: false,
+            rtr_write: params.p2p,
+            rtr_read: params.p2p,
+        });
+        let req = MpaFrame {
+            kind: MpaKind::Request,
+            markers: false,
+            crc: params.crc,
+            reject: false,
+            revision: params.mpa_revision,
+            v2,
+            private_data: params.private_data.clone(),
+        };
+        s.write_all(&req.encode().map_err(|e| Error::inval(e.to_string()))?)?;
+        let rep = read_frame(&mut s, params.timeout)?;
+        if rep.kind != MpaKind::Reply {
+            return Err(Error::Protocol("expected an MPA reply".into()));
+        }
+        if rep.reject {
+            return Err(Error::Rejected {
+                private_data: rep.private_data,
+            });
+        }
+        if rep.markers {
+            return Err(Error::Protocol("peer wants MPA markers".into()));
+        }
+        if rep.revision > params.mpa_revision {
+            return Err(Error::Protocol(format!(
+                "reply revision {} above request revision {}",
+                rep.revision, params.mpa_revision
+            )));
+        }
+        let (ord, p2p, rtr) = match (v2, rep.v2) {
+            (Some(_), Some(r)) => {
+                let p2p = params.p2p && r.peer_to_peer;
+                let rtr = if p2p {
+                    if r.rtr_write {
+                        Some(false)
+                    } else if r.rtr_read {
+                        Some(true)
+                    } else {
+                        return Err(Error::Protocol("no usable RTR type".into()));
+                    }
+                } else {
+                    None
+                };
+                let peer_ird = if r.ird == mpa::IRD_ORD_MASK {
+                    params.ord
+                } else {
+                    r.ird
+                };
+                (params.ord.min(peer_ird), p2p, rtr)
+            }
+            _ => (params.ord, false, None),
+        };
+        let n = Negotiated {
+            revision: rep.revision,
+            crc: rep.crc,
+            ird: params.ird,
+            ord: ord.max(1),
+            p2p,
+            initiator: true,
+        };
+        establish(self, s, n, rtr)?;
+        Ok(rep.private_data)
+    }
+}
+
+/// A listening endpoint (`rdma_listen`).
+pub struct Listener {
+    dev: Device,
+    listener: TcpListener,
+}
+
+impl Device {
+    /// Listens for connections on `addr` (e.g. "127.0.0.1:7174"; port 0
+    /// picks one).
+    pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
+        let listener = TcpListener::bind(addr)?;
+        Ok(Listener {
+            dev: self.clone(),
+            listener,
+        })
+    }
+}
+
+impl Listener {
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Waits for the next valid connection request. Connections whose MPA
+    /// request is malformed (or asks for markers) are refused and skipped.
+    pub fn get_request(&self) -> Result<ConnectRequest> {
+        loop {
+            let (mut s, peer) = self.listener.accept()?;
+            s.set_nodelay(true)?;
+            match read_frame(&mut s, Duration::from_secs(5)) {
+                Ok(f) if f.kind == MpaKind::Request && !f.markers => {
+                    return Ok(ConnectRequest {
+                        stream: s,
+                        frame: f,
+                        peer,
+                    })
+                }
+                Ok(f) => {
+                    tracing::warn!(%peer, "refusing MPA request (markers or wrong frame)");
+                    let _ = reply_reject(&mut s, f.revision.clamp(1, 2), &[]);
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "bad MPA request; connection dropped");
+                }
+            }
+        }
+    }
+
+    /// Like [`Listener::get_request`], giving up after `timeout` when no TCP
+    /// connection arrives.
+    pub fn get_request_timeout(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
+        let mut p = libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: p is one valid pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r <= 0 {
+            return Ok(None);
+        }
+        self.get_request().map(Some)
+    }
+}
+
+fn reply_reject(s: &mut TcpStream, revision: u8, pd: &[u8]) -> Result<()> {
+    let rep = MpaFrame {
+        kind: MpaKind::Reply,
+        markers: false,
+        crc: false,
+        reject: true,
+        revision,
+        v2: None,
+        private_data: pd.to_vec(),
+    };
+    s.write_all(&rep.encode().map_err(|e| Error::inval(e.to_string()))?)?;
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}
+
+/// A connection request waiting for accept or reject.
+pub struct ConnectRequest {
+    stream: TcpStream,
+    frame: MpaFrame,
+    peer: SocketAddr,
+}
+
+impl std::fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("peer", &self.peer)
+            .field("frame", &self.frame)
+            .finish()
+    }
+}
+
+impl ConnectRequest {
+    pub fn private_data(&self) -> &[u8] {
+        &self.frame.private_data
+    }
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+    pub fn mpa_revision(&self) -> u8 {
+        self.frame.revision
+    }
+    pub fn crc_requested(&self) -> bool {
+        self.frame.crc
+    }
+    /// The initiator's IRD and ORD (MPA v2), if given.
+    pub fn ird_ord(&self) -> Option<(u16, u16)> {
+        self.frame.v2.map(|v| (v.ird, v.ord))
+    }
+
+    /// Accepts onto `qp`: sends the MPA reply and moves the QP to RTS.
+    pub fn accept(mut self, qp: &QueuePair, params: &ConnParams) -> Result<()> {
+        prepare(qp)?;
+        let req = &self.frame;
+        let crc = req.crc || params.crc;
+        let (v2, n) = match req.v2 {
+            Some(r) => {
+                let peer_ird = if r.ird == mpa::IRD_ORD_MASK {
+                    params.ord
+                } else {
+                    r.ird
+                };
+                let ord = params.ord.min(peer_ird).max(1);
+                let ird = params
+                    .ird
+                    .max(if r.ord == mpa::IRD_ORD_MASK { 0 } else { r.ord });
+                let ird = ird.min(qp.pd.dev.attr().max_ird).max(1);
+                let p2p = r.peer_to_peer;
+                // Choose one RTR type: a zero-length Write, else a Read.
+                let (rtr_write, rtr_read) = if p2p {
+                    if r.rtr_write {
+                        (true, false)
+                    } else if r.rtr_read {
+                        (false, true)
+                    } else {
+                        let _ = reply_reject(&mut self.stream, 2, &[]);
+                        return Err(Error::Protocol("peer offers only a Send RTR".into()));
+                    }
+                } else {
+                    (false, false)
+                };
+                (
+                    Some(MpaV2 {
+                        ird,
+                        ord,
+                        peer_to_peer: p2p,
+                        rtr_send: false,
+                        rtr_write,
+                        rtr_read,
+                    }),
+                    Negotiated {
+                        revision: req.revision,
+                        crc,
+                        ird,
+                        ord,
+                        p2p,
+                        initiator: false,
+                    },
+                )
+            }
+            None => (
+                None,
+                Negotiated {
+                    revision: req.revision,
+                    crc,
+                    ird: params.ird.max(1),
+                    ord: params.ord.max(1),
+                    p2p: false,
+                    initiator: false,
+                },
+            ),
+        };
+        let rep = MpaFrame {
+            kind: MpaKind::Reply,
+            markers: false,
+            crc,
+            reject: false,
+            revision: req.revision,
+            v2,
+            private_data: params.private_data.clone(),
+        };
+        self.stream
+            .write_all(&rep.encode().map_err(|e| Error::inval(e.to_string()))?)?;
+        establish(qp, self.stream, n, None)
+    }
+
+    /// Rejects with optional private data (sent in the MPA reply).
+    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        let rev = self.frame.revision;
+        reply_reject(&mut self.stream, rev, private_data)
+    }
+}

@@ -1,0 +1,255 @@
+//! Completion queues: batch polling, blocking waits, and an event fd for
+//! epoll / tokio `AsyncFd`, with solicited-only notification.
+
+use crate::error::{Error, Result};
+use crate::sys::EventFd;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Completion status, named as in libibverbs (`IBV_WC_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum WcStatus {
+    #[default]
+    Success,
+    /// Local length error: a received message was longer than the buffer.
+    LocLenErr,
+    /// Local QP operation error.
+    LocQpOpErr,
+    /// Local protection error: a bad lkey or an access outside a region.
+    LocProtErr,
+    /// The WR was flushed because the QP went to ERROR.
+    WrFlushErr,
+    /// Bad response from the peer.
+    BadRespErr,
+    /// Local access error.
+    LocAccessErr,
+    /// The peer found the request invalid.
+    RemInvReqErr,
+    /// The peer refused a remote access (bad STag, rights, bounds).
+    RemAccessErr,
+    /// The peer failed the operation.
+    RemOpErr,
+    /// The connection broke.
+    RetryExcErr,
+    /// Fatal error.
+    FatalErr,
+    GeneralErr,
+}
+
+/// What a completion was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum WcOpcode {
+    #[default]
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    LocalInv,
+    RegMr,
+    Recv,
+    CompSwap,
+    FetchAdd,
+}
+
+/// One completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkCompletion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or transferred.
+    pub byte_len: u32,
+    pub qp_num: u32,
+    /// The STag the peer invalidated with Send with Invalidate.
+    pub invalidated_rkey: Option<u32>,
+    /// The message was a Send with Solicited Event.
+    pub solicited: bool,
+}
+
+impl WorkCompletion {
+    pub fn is_ok(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+}
+
+const ARM_NONE: u8 = 0;
+const ARM_ANY: u8 = 1;
+const ARM_SOLICITED: u8 = 2;
+
+pub(crate) struct CqInner {
+    pub id: u32,
+    q: Mutex<VecDeque<WorkCompletion>>,
+    cv: Condvar,
+    cap: usize,
+    armed: AtomicU8,
+    event: EventFd,
+    overflowed: std::sync::atomic::AtomicBool,
+}
+
+impl CqInner {
+    /// Adds a completion; fires the event fd if armed and the completion
+    /// qualifies.
+    pub fn push(&self, wc: WorkCompletion) {
+        let mut q = self.q.lock();
+        if q.len() >= self.cap {
+            self.overflowed.store(true, Ordering::Release);
+            tracing::error!(
+                cq = self.id,
+                "completion queue overflow; completion dropped"
+            );
+            return;
+        }
+        q.push_back(wc);
+        drop(q);
+        self.cv.notify_all();
+        let armed = self.armed.load(Ordering::Acquire);
+        let fire = match armed {
+            ARM_ANY => true,
+            ARM_SOLICITED => wc.solicited || wc.status != WcStatus::Success,
+            _ => false,
+        };
+        if fire
+            && self
+                .armed
+                .compare_exchange(armed, ARM_NONE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.event.signal();
+        }
+    }
+}
+
+/// A completion queue. Cheap to clone (a handle).
+#[derive(Clone)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CompletionQueue({})", self.inner.id)
+    }
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(id: u32, cap: usize) -> Result<CompletionQueue> {
+        if cap == 0 {
+            return Err(Error::inval("CQ depth must be > 0"));
+        }
+        Ok(CompletionQueue {
+            inner: Arc::new(CqInner {
+                id,
+                q: Mutex::new(VecDeque::with_capacity(cap.min(4096))),
+                cv: Condvar::new(),
+                cap,
+                armed: AtomicU8::new(ARM_NONE),
+                event: EventFd::new()?,
+                overflowed: Default::default(),
+            }),
+        })
+    }
+
+    /// Takes up to `out.len()` completions; returns how many.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut q = self.inner.q.lock();
+        let n = out.len().min(q.len());
+        for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Takes one completion, if any.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        self.inner.q.lock().pop_front()
+    }
+
+    /// Blocks until at least one completion is available (or the timeout
+    /// passes), then polls like [`CompletionQueue::poll`].
+    pub fn poll_wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.inner.q.lock();
+        while q.is_empty() {
+            if self.inner.cv.wait_until(&mut q, deadline).timed_out() {
+                break;
+            }
+        }
+        let n = out.len().min(q.len());
+        for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Waits for one completion, up to `timeout`.
+    pub fn wait_one(&self, timeout: Duration) -> Option<WorkCompletion> {
+        let mut wc = [WorkCompletion::default()];
+        (self.poll_wait(&mut wc, timeout) == 1).then_some(wc[0])
+    }
+
+    /// Arms the event fd for the next completion (`solicited_only`: only a
+    /// solicited receive completion or an error completion fires it), like
+    /// `ibv_req_notify_cq`. If completions are already queued and would
+    /// qualify, the event fires at once, so a waiter never misses one.
+    pub fn req_notify(&self, solicited_only: bool) {
+        let arm = if solicited_only {
+            ARM_SOLICITED
+        } else {
+            ARM_ANY
+        };
+        self.inner.armed.store(arm, Ordering::Release);
+        let q = self.inner.q.lock();
+        let ready = q
+            .iter()
+            .any(|wc| !solicited_only || wc.solicited || wc.status != WcStatus::Success);
+        drop(q);
+        if ready
+            && self
+                .inner
+                .armed
+                .compare_exchange(arm, ARM_NONE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.inner.event.signal();
+        }
+    }
+
+    /// The event fd: readable after an armed notification fired. Register it
+    /// with epoll or wrap it in tokio's `AsyncFd`; call
+    /// [`CompletionQueue::ack_events`] after it becomes readable.
+    pub fn event_fd(&self) -> RawFd {
+        self.inner.event.as_raw_fd()
+    }
+
+    /// Consumes pending notifications; returns how many fired.
+    pub fn ack_events(&self) -> u64 {
+        self.inner.event.drain()
+    }
+
+    /// Blocks until an armed notification fires (like
+    /// `ibv_get_cq_event`); returns false on timeout.
+    pub fn wait_event(&self, timeout: Option<Duration>) -> bool {
+        self.inner.event.wait(timeout)
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        self.inner.q.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True once a completion was dropped because the queue was full.
+    pub fn overflowed(&self) -> bool {
+        self.inner.overflowed.load(Ordering::Acquire)
+    }
+
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+}

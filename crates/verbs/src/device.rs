@@ -1,0 +1,627 @@
+//! Devices and protection domains (the engine's counterpart of
+//! `siw_verbs.c`'s device-level calls).
+
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result};
+use crate::mr::{Access, AlignedBuf, Backing, MrInner, NewMr, StagTable};
+use crate::progress::Progress;
+use crate::qp::{QpInitAttr, QpInner, QueuePair};
+use crate::srq::SharedReceiveQueue;
+use crate::sys::RawSpan;
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Limits of a device (`ibv_query_device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    /// Largest message (Send, Write or Read) in bytes.
+    pub max_msg_size: u64,
+    /// Inbound RDMA Reads per QP.
+    pub max_ird: u16,
+    /// Outbound RDMA Reads per QP.
+    pub max_ord: u16,
+}
+
+impl Default for DeviceAttr {
+    fn default() -> Self {
+        DeviceAttr {
+            max_qp: 16384,
+            max_qp_wr: 16384,
+            max_sge: 32,
+            max_cqe: 1 << 20,
+            max_mr: (1 << 24) - 1,
+            max_msg_size: 1 << 31,
+            max_ird: 128,
+            max_ord: 128,
+        }
+    }
+}
+
+/// How a device is opened.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    pub name: String,
+    /// The local address the device is bound to (connections are made from
+    /// it; listeners default to it).
+    pub addr: IpAddr,
+    /// Progress threads (like a NIC's engines); QPs are spread over them.
+    pub progress_threads: usize,
+    /// Largest ULPDU this side sends in one FPDU (at most 65535 - 2).
+    pub max_ulpdu: usize,
+    pub attr: DeviceAttr,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            name: "softrdma0".into(),
+            addr: IpAddr::from([127, 0, 0, 1]),
+            progress_threads: 2,
+            max_ulpdu: softrdma_wire::mpa::max_ulpdu_for(65535),
+            attr: DeviceAttr::default(),
+        }
+    }
+}
+
+/// An asynchronous event (`ibv_get_async_event` / rdma_cm events after
+/// establishment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The peer closed the connection (graceful or not) or we disconnected.
+    Disconnected { qpn: u32 },
+    /// The QP went to ERROR because of a Terminate (sent or received).
+    Terminated {
+        qpn: u32,
+        code: softrdma_wire::TermCode,
+        by_peer: bool,
+    },
+    /// The QP went to ERROR for a local reason.
+    QpFatal { qpn: u32, reason: String },
+    /// An SQD transition finished draining.
+    SqDrained { qpn: u32 },
+}
+
+/// State shared by every handle of a device and its progress threads.
+pub(crate) struct Core {
+    pub config: DeviceConfig,
+    pub stags: StagTable,
+    pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU32,
+    next_cq: AtomicU32,
+    events: Mutex<VecDeque<AsyncEvent>>,
+    events_cv: Condvar,
+}
+
+impl Core {
+    pub fn post_event(&self, ev: AsyncEvent) {
+        tracing::debug!(?ev, "async event");
+        let mut q = self.events.lock();
+        if q.len() > 65536 {
+            q.pop_front();
+        }
+        q.push_back(ev);
+        self.events_cv.notify_all();
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
+        self.qps.read().get(&qpn).cloned()
+    }
+}
+
+/// The device runtime: the core plus the progress threads. Dropped (and the
+/// threads stopped) when the last handle of the device goes away.
+pub(crate) struct Runtime {
+    pub core: Arc<Core>,
+    pub progress: Vec<Progress>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        for p in &self.progress {
+            p.stop();
+        }
+        for p in &mut self.progress {
+            p.join();
+        }
+    }
+}
+
+/// A software RDMA device bound to a local IP address. Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) rt: Arc<Runtime>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.rt.core.config.name)
+    }
+}
+
+impl Device {
+    /// Opens a device with default settings on 127.0.0.1.
+    pub fn open_default() -> Result<Device> {
+        Device::open(DeviceConfig::default())
+    }
+
+    pub fn open(config: DeviceConfig) -> Result<Device> {
+        if config.progress_threads == 0 {
+            return Err(Error::inval("progress_threads must be > 0"));
+        }
+        if config.max_ulpdu < 64 || config.max_ulpdu > 65533 {
+            return Err(Error::inval("max_ulpdu must be 64..=65533"));
+        }
+        let n = config.progress_threads;
+        let core = Arc::new(Core {
+            config,
+            stags: StagTable::new(),
+            qps: RwLock::new(HashMap::new()),
+            next_qpn: AtomicU32::new(1),
+            next_pd: AtomicU32::new(1),
+            next_cq: AtomicU32::new(1),
+            events: Mutex::new(VecDeque::new()),
+            events_cv: Condvar::new(),
+        });
+        let mut progress = Vec::with_capacity(n);
+        for i in 0..n {
+            progress.push(Progress::start(core.clone(), i)?);
+        }
+        Ok(Device {
+            rt: Arc::new(Runtime { core, progress }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.rt.core.config.name
+    }
+
+    pub fn addr(&self) -> IpAddr {
+        self.rt.core.config.addr
+    }
+
+    pub fn attr(&self) -> DeviceAttr {
+        self.rt.core.config.attr
+    }
+
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let id = self.rt.core.next_pd.fetch_add(1, Ordering::Relaxed);
+        Ok(ProtectionDomain {
+            dev: self.clone(),
+            id,
+        })
+    }
+
+    pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
+        if depth > self.attr().max_cqe as usize {
+            return Err(Error::inval("CQ depth above max_cqe"));
+        }
+        let id = self.rt.core.next_cq.fetch_add(1, Ordering::Relaxed);
+        CompletionQueue::new(id, depth)
+    }
+
+    /// Waits for the next asynchronous event.
+    pub fn next_event(&self, timeout: Duration) -> Option<AsyncEvent> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.rt.core.events.lock();
+        loop {
+            if let Some(e) = q.pop_front() {
+                return Some(e);
+            }
+            if self
+                .rt
+                .core
+                .events_cv
+                .wait_until(&mut q, deadline)
+                .timed_out()
+            {
+                return q.pop_front();
+            }
+        }
+    }
+
+    /// A snapshot of the device's resources, like `rdma resource show`.
+    pub fn info(&self) -> DeviceInfo {
+        let core = &self.rt.core;
+        let mut qps: Vec<QpInfo> = core.qps.read().values().map(|q| q.info()).collect();
+        qps.sort_by_key(|q| q.qpn);
+        let mut mrs: Vec<MrInfo> = core
+            .stags
+            .all()
+            .iter()
+            .map(|m| MrInfo {
+                stag: m.stag,
+                pd: m.pd,
+                iova: m.iova,
+                len: m.len,
+                access: m.access,
+                valid: m.valid.load(Ordering::Acquire),
+                fast_reg: m.fast_reg,
+            })
+            .collect();
+        mrs.sort_by_key(|m| m.stag);
+        DeviceInfo {
+            name: core.config.name.clone(),
+            addr: core.config.addr,
+            progress_threads: self.rt.progress.len(),
+            qps,
+            mrs,
+        }
+    }
+
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        self.rt.core.next_qpn.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// What `Device::info` reports.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub addr: IpAddr,
+    pub progress_threads: usize,
+    pub qps: Vec<QpInfo>,
+    pub mrs: Vec<MrInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub struct QpInfo {
+    pub qpn: u32,
+    pub pd: u32,
+    pub state: crate::QpState,
+    pub local: Option<std::net::SocketAddr>,
+    pub peer: Option<std::net::SocketAddr>,
+    pub sq_outstanding: usize,
+    pub rq_posted: usize,
+    pub mpa_revision: u8,
+    pub crc: bool,
+    pub ird: u16,
+    pub ord: u16,
+}
+
+#[derive(Debug, Clone)]
+pub struct MrInfo {
+    pub stag: u32,
+    pub pd: u32,
+    pub iova: u64,
+    pub len: u64,
+    pub access: Access,
+    pub valid: bool,
+    pub fast_reg: bool,
+}
+
+/// Options for registering memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RegOptions {
+    /// The key byte of the STag (default 0).
+    pub key: Option<u8>,
+    /// A full STag chosen by the caller (index and key); fails if the index
+    /// is in use. Two nodes can so share one key.
+    pub stag: Option<u32>,
+    /// The virtual address the region starts at (default: its address in
+    /// this process).
+    pub iova: Option<u64>,
+    /// Allow Local Invalidate and remote invalidation of this region.
+    pub invalidatable: bool,
+}
+
+/// A protection domain.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    pub(crate) dev: Device,
+    pub(crate) id: u32,
+}
+
+impl std::fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProtectionDomain({})", self.id)
+    }
+}
+
+impl ProtectionDomain {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes and registers them.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        self.alloc_mr_with(len, access, RegOptions::default())
+    }
+
+    pub fn alloc_mr_with(
+        &self,
+        len: usize,
+        access: Access,
+        opts: RegOptions,
+    ) -> Result<MemoryRegion> {
+        let buf = AlignedBuf::zeroed(len)?;
+        let span = RawSpan {
+            ptr: buf_ptr(&buf),
+            len,
+        };
+        self.install(vec![span], Backing::Owned(buf), access, opts, false)
+    }
+
+    /// Registers a caller-provided buffer, which the region then owns.
+    pub fn register(&self, buf: Vec<u8>, access: Access) -> Result<MemoryRegion> {
+        self.register_with(buf, access, RegOptions::default())
+    }
+
+    pub fn register_with(
+        &self,
+        buf: Vec<u8>,
+        access: Access,
+        opts: RegOptions,
+    ) -> Result<MemoryRegion> {
+        let mut b = buf.into_boxed_slice();
+        let span = RawSpan {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        };
+        self.install(vec![span], Backing::Vec(b), access, opts, false)
+    }
+
+    /// Registers memory the caller owns.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must be valid for reads and writes and stay so until
+    /// the returned region and every work request naming it are gone
+    /// (remote peers may read or write it at any time while registered).
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        opts: RegOptions,
+    ) -> Result<MemoryRegion> {
+        if ptr.is_null() {
+            return Err(Error::inval("null pointer"));
+        }
+        self.install(
+            vec![RawSpan { ptr, len }],
+            Backing::Raw,
+            access,
+            opts,
+            false,
+        )
+    }
+
+    fn install(
+        &self,
+        spans: Vec<RawSpan>,
+        backing: Backing,
+        access: Access,
+        opts: RegOptions,
+        fast_reg: bool,
+    ) -> Result<MemoryRegion> {
+        let core = &self.dev.rt.core;
+        let (index, key) = match opts.stag {
+            Some(stag) => (core.stags.reserve(Some(stag >> 8), self.id)?, stag as u8),
+            None => (core.stags.reserve(None, self.id)?, opts.key.unwrap_or(0)),
+        };
+        let iova = opts.iova.unwrap_or(spans[0].ptr as u64);
+        let mr = Arc::new(
+            NewMr {
+                pd: self.id,
+                access,
+                iova,
+                spans,
+                backing,
+                invalidatable: opts.invalidatable || fast_reg,
+                fast_reg,
+            }
+            .build(index << 8 | key as u32),
+        );
+        core.stags.install(mr.clone());
+        Ok(MemoryRegion {
+            dev: self.dev.clone(),
+            inner: mr,
+            index,
+        })
+    }
+
+    /// Allocates a fast-register region: an STag index reserved in this PD
+    /// and invalid until a [`crate::WrOp::FastReg`] work request binds it
+    /// to memory under a new key.
+    pub fn alloc_fast_reg_mr(&self) -> Result<FastRegMr> {
+        let index = self.dev.rt.core.stags.reserve(None, self.id)?;
+        Ok(FastRegMr {
+            dev: self.dev.clone(),
+            pd: self.id,
+            index,
+        })
+    }
+
+    /// Creates an RC queue pair in state RESET.
+    pub fn create_qp(&self, attr: QpInitAttr) -> Result<QueuePair> {
+        QueuePair::create(self, attr)
+    }
+
+    pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::new(self, max_wr, max_sge)
+    }
+}
+
+fn buf_ptr(b: &AlignedBuf) -> *mut u8 {
+    b.as_ptr()
+}
+
+impl AlignedBuf {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        // Field access kept here so mr.rs stays the owner of the type.
+        self.ptr_raw()
+    }
+}
+
+/// A registered memory region. Dropping it deregisters (invalidates) the
+/// STag; owned memory is freed once no work request uses it any more.
+pub struct MemoryRegion {
+    dev: Device,
+    pub(crate) inner: Arc<MrInner>,
+    index: u32,
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl MemoryRegion {
+    /// The STag (local key).
+    pub fn lkey(&self) -> u32 {
+        self.inner.stag
+    }
+    /// The STag (remote key); the same value as the local key.
+    pub fn rkey(&self) -> u32 {
+        self.inner.stag
+    }
+    /// The virtual address the region starts at.
+    pub fn addr(&self) -> u64 {
+        self.inner.iova
+    }
+    pub fn len(&self) -> usize {
+        self.inner.len as usize
+    }
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+    /// Whether the STag is still valid (not invalidated).
+    pub fn is_valid(&self) -> bool {
+        self.inner.valid.load(Ordering::Acquire)
+    }
+    /// An SGE covering `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: usize) -> crate::Sge {
+        assert!(offset + len <= self.len(), "SGE outside the region");
+        crate::Sge {
+            addr: self.inner.iova + offset as u64,
+            length: len as u32,
+            lkey: self.inner.stag,
+        }
+    }
+    /// An SGE covering the whole region.
+    pub fn sge_all(&self) -> crate::Sge {
+        self.sge(0, self.len())
+    }
+    /// Copies bytes out of the region.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset + out.len() <= self.len(), "read outside the region");
+        let mut spans = Vec::new();
+        self.inner.resolve(
+            self.inner.iova + offset as u64,
+            out.len() as u64,
+            &mut spans,
+        );
+        // SAFETY: the range was bounds-checked and we hold the registration.
+        unsafe { crate::mr::copy_from_spans(&spans, 0, out) }
+    }
+    /// Copies bytes into the region.
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset + data.len() <= self.len(),
+            "write outside the region"
+        );
+        let mut spans = Vec::new();
+        self.inner.resolve(
+            self.inner.iova + offset as u64,
+            data.len() as u64,
+            &mut spans,
+        );
+        // SAFETY: the range was bounds-checked and we hold the registration.
+        unsafe { crate::mr::copy_into_spans(&spans, 0, data) }
+    }
+    /// Copies the whole region into a vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len()];
+        self.read_at(0, &mut v);
+        v
+    }
+    /// The address of the first byte in this process (for single-span
+    /// regions).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.spans[0].ptr
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.dev.rt.core.stags.release(self.index);
+    }
+}
+
+/// A fast-register region (see [`ProtectionDomain::alloc_fast_reg_mr`]).
+pub struct FastRegMr {
+    dev: Device,
+    pd: u32,
+    index: u32,
+}
+
+impl FastRegMr {
+    /// The STag with key `key`, as it becomes valid after a fast-register.
+    pub fn stag_with_key(&self, key: u8) -> u32 {
+        self.index << 8 | key as u32
+    }
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+    pub fn pd(&self) -> u32 {
+        self.pd
+    }
+    /// The STag currently bound, if valid.
+    pub fn current_stag(&self) -> Option<u32> {
+        let core = &self.dev.rt.core;
+        core.stags
+            .all()
+            .into_iter()
+            .find(|m| m.stag >> 8 == self.index && m.valid.load(Ordering::Acquire))
+            .map(|m| m.stag)
+    }
+}
+
+impl Drop for FastRegMr {
+    fn drop(&mut self) {
+        self.dev.rt.core.stags.release(self.index);
+    }
+}
+
+/// Builds and installs the registration a fast-register work request
+/// binds: `spans` (memory of the `keep` regions) at `iova` under a new key.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fast_reg_build(
+    core: &Core,
+    pd: u32,
+    index: u32,
+    key: u8,
+    iova: u64,
+    access: Access,
+    keep: Vec<Arc<MrInner>>,
+    spans: Vec<RawSpan>,
+) {
+    let mr = NewMr {
+        pd,
+        access,
+        iova,
+        spans,
+        backing: Backing::Parents(keep),
+        invalidatable: true,
+        fast_reg: true,
+    }
+    .build(index << 8 | key as u32);
+    core.stags.install(Arc::new(mr));
+}

@@ -1,0 +1,1459 @@
+//! The iWARP transport over TCP: the send path (like siw's `siw_qp_tx.c`)
+//! and the receive path with direct data placement (like `siw_qp_rx.c`).
+//!
+//! Send path: work requests become FPDUs composed into a batch of iovecs
+//! (small headers and trailers in one buffer, payload straight from the
+//! registered memory) and written with one `sendmsg` per batch. The caller
+//! that posts transmits inline; if the socket is full, the QP's progress
+//! thread continues on EPOLLOUT.
+//!
+//! Receive path: the progress thread reads FPDU headers through a small
+//! staging buffer, checks every access against the STag table before a byte
+//! is placed, and reads large payloads from the socket directly into the
+//! target memory (direct data placement). Any protocol error sends a
+//! Terminate with the code of RFC 5040/5041/5044 and ends the connection.
+
+use crate::cm::Negotiated;
+use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
+use crate::device::AsyncEvent;
+use crate::mr::{self, Access, MrInner};
+use crate::qp::{QpInner, QpState, RecvWqe, Sq, Stage};
+use crate::sys::{self, Epoll, RawSpan};
+use crate::wr::WrOp;
+use softrdma_wire::ddp::{self, DdpHeader, Opcode, ReadRequest, TaggedHeader, UntaggedHeader};
+use softrdma_wire::mpa;
+use softrdma_wire::terminate::{codes, Terminate};
+use softrdma_wire::TermCode;
+use std::collections::VecDeque;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// An established connection under a QP.
+pub(crate) struct Conn {
+    pub stream: TcpStream,
+    pub fd: RawFd,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub params: Negotiated,
+    pub epoll: Arc<Epoll>,
+    out_armed: AtomicBool,
+    closed: AtomicBool,
+}
+
+impl Conn {
+    pub fn new(stream: TcpStream, params: Negotiated, epoll: Arc<Epoll>) -> io::Result<Conn> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            fd: stream.as_raw_fd(),
+            local: stream.local_addr()?,
+            peer: stream.peer_addr()?,
+            stream,
+            params,
+            epoll,
+            out_armed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    pub fn register(&self, qpn: u32) -> io::Result<()> {
+        self.epoll.add(self.fd, sys::EV_IN, qpn as u64)
+    }
+
+    fn arm_out(&self, qpn: u32) {
+        if !self.out_armed.swap(true, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
+            let _ = self
+                .epoll
+                .modify(self.fd, sys::EV_IN | sys::EV_OUT, qpn as u64);
+        }
+    }
+
+    fn disarm_out(&self, qpn: u32) {
+        if self.out_armed.swap(false, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
+            let _ = self.epoll.modify(self.fd, sys::EV_IN, qpn as u64);
+        }
+    }
+
+    /// Stops all I/O on the connection (idempotent).
+    pub fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.epoll.delete(self.fd);
+            sys::shutdown(self.fd);
+        }
+    }
+
+    /// Half-closes (graceful disconnect: the peer reads end of stream).
+    pub fn shutdown_write(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+// ---------------------------------------------------------------- send path
+
+/// What to do once a message's bytes are all written.
+#[derive(Debug, Clone, Copy)]
+enum Fin {
+    /// A Send or Write WR is complete.
+    SqDone(u64),
+    None,
+    /// The Terminate is out: stop transmitting.
+    Terminated,
+}
+
+/// One message being turned into FPDUs.
+struct TxMsg {
+    hdr: DdpHeader,
+    base_to: u64,
+    extra: [u8; 96],
+    extra_len: usize,
+    spans: Vec<RawSpan>,
+    total: u64,
+    off: u64,
+    span_idx: usize,
+    span_off: usize,
+    started: bool,
+    fin: Fin,
+    /// Keeps the source memory of a Read Response alive.
+    _keep: Option<Arc<MrInner>>,
+}
+
+impl TxMsg {
+    fn new(hdr: DdpHeader, spans: Vec<RawSpan>, total: u64, fin: Fin) -> TxMsg {
+        let base_to = match hdr {
+            DdpHeader::Tagged(t) => t.to,
+            DdpHeader::Untagged(_) => 0,
+        };
+        TxMsg {
+            hdr,
+            base_to,
+            extra: [0; 96],
+            extra_len: 0,
+            spans,
+            total,
+            off: 0,
+            span_idx: 0,
+            span_off: 0,
+            started: false,
+            fin,
+            _keep: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum IoRef {
+    Hdr { off: u32, len: u32 },
+    Mem(RawSpan),
+}
+
+/// Bytes composed and not yet written, as iovec references.
+struct Batch {
+    hdrs: Vec<u8>,
+    refs: Vec<IoRef>,
+    total: usize,
+    sent: usize,
+    ref_idx: usize,
+    ref_off: usize,
+    fins: Vec<Fin>,
+}
+
+const BATCH_REFS: usize = 60;
+const BATCH_BYTES: usize = 1 << 20;
+const COPY_MAX: usize = 512;
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            hdrs: Vec::new(),
+            refs: Vec::new(),
+            total: 0,
+            sent: 0,
+            ref_idx: 0,
+            ref_off: 0,
+            fins: Vec::new(),
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.refs.len() + 4 >= BATCH_REFS
+            || self.total >= BATCH_BYTES
+            || self.hdrs.len() >= 48 * 1024
+    }
+
+    fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    fn clear(&mut self) {
+        self.hdrs.clear();
+        self.refs.clear();
+        self.total = 0;
+        self.sent = 0;
+        self.ref_idx = 0;
+        self.ref_off = 0;
+    }
+
+    fn push_hdr(&mut self, start: usize) {
+        let len = self.hdrs.len() - start;
+        if len == 0 {
+            return;
+        }
+        self.total += len;
+        if let Some(IoRef::Hdr { off, len: l }) = self.refs.last_mut() {
+            if *off as usize + *l as usize == start {
+                *l += len as u32;
+                return;
+            }
+        }
+        self.refs.push(IoRef::Hdr {
+            off: start as u32,
+            len: len as u32,
+        });
+    }
+
+    fn push_mem(&mut self, s: RawSpan) {
+        self.total += s.len;
+        self.refs.push(IoRef::Mem(s));
+    }
+
+    /// Writes as much as the socket takes. Ok(true): all written.
+    fn write(&mut self, fd: RawFd) -> io::Result<bool> {
+        let mut spans = [RawSpan {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+        }; 64];
+        while self.sent < self.total {
+            let mut n = 0;
+            let mut off = self.ref_off;
+            for r in &self.refs[self.ref_idx..] {
+                if n == spans.len() {
+                    break;
+                }
+                let (ptr, len) = match *r {
+                    IoRef::Hdr { off, len } => {
+                        // SAFETY: off+len lies within hdrs (built by push_hdr).
+                        (
+                            unsafe { self.hdrs.as_ptr().add(off as usize) } as *mut u8,
+                            len as usize,
+                        )
+                    }
+                    IoRef::Mem(s) => (s.ptr, s.len),
+                };
+                // SAFETY: off < len for the first ref (cursor invariant), 0 after.
+                spans[n] = RawSpan {
+                    ptr: unsafe { ptr.add(off) },
+                    len: len - off,
+                };
+                off = 0;
+                n += 1;
+            }
+            // SAFETY: header spans point into self.hdrs, which is not touched
+            // during the call; memory spans belong to registrations held by
+            // the WRs (or read responses) that own these bytes.
+            match unsafe { sys::send_spans(fd, &spans[..n]) } {
+                Ok(mut w) => {
+                    self.sent += w;
+                    // Advance the cursor.
+                    while w > 0 {
+                        let len = match self.refs[self.ref_idx] {
+                            IoRef::Hdr { len, .. } => len as usize,
+                            IoRef::Mem(s) => s.len,
+                        };
+                        let left = len - self.ref_off;
+                        if w >= left {
+                            w -= left;
+                            self.ref_idx += 1;
+                            self.ref_off = 0;
+                        } else {
+                            self.ref_off += w;
+                            w = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The transmitter of one QP (lives inside the send-queue lock).
+pub(crate) struct Tx {
+    batch: Batch,
+    cur: Option<TxMsg>,
+    /// Read Responses to send, in request order.
+    irq: VecDeque<TxMsg>,
+    /// Inbound Read Requests accepted and not yet fully answered.
+    pub irq_used: usize,
+    term: Option<TxMsg>,
+    rtr: Option<TxMsg>,
+    /// Responder in peer-to-peer mode: wait for the initiator's RTR.
+    pub rtr_wait: bool,
+    terminated: bool,
+    send_msn: u32,
+    rr_msn: u32,
+    term_msn: u32,
+    /// A local failure found while transmitting (fail the QP after unlock).
+    pub pending_fail: Option<String>,
+}
+
+impl Tx {
+    pub fn new() -> Tx {
+        Tx {
+            batch: Batch::new(),
+            cur: None,
+            irq: VecDeque::new(),
+            irq_used: 0,
+            term: None,
+            rtr: None,
+            rtr_wait: false,
+            terminated: false,
+            send_msn: 1,
+            rr_msn: 1,
+            term_msn: 1,
+            pending_fail: None,
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.batch.clear();
+        self.batch.fins.clear();
+        self.cur = None;
+        self.irq.clear();
+        self.rtr = None;
+    }
+
+    /// Queues a Terminate; it goes out before anything else not yet started.
+    pub fn queue_terminate(&mut self, code: TermCode, hdr: Option<&[u8]>) {
+        if self.terminated || self.term.is_some() {
+            return;
+        }
+        let mut t = Terminate::new(code);
+        if let Some(h) = hdr {
+            let n = DdpHeader::len_from_ctrl(h[0]).min(h.len());
+            t.ddp_header = Some(h[..n].to_vec());
+            t.ddp_seg_len = None;
+            if h.len() >= n + ReadRequest::LEN
+                && h.len() > 1
+                && h[1] & 0x0F == Opcode::ReadRequest as u8
+            {
+                t.rdmap_header = Some(h[n..n + ReadRequest::LEN].to_vec());
+            }
+        }
+        let mut body = Vec::with_capacity(64);
+        t.encode(&mut body);
+        let hdr = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: Opcode::Terminate,
+            inval_stag: 0,
+            qn: ddp::QN_TERMINATE,
+            msn: self.term_msn,
+            mo: 0,
+        });
+        self.term_msn += 1;
+        let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::Terminated);
+        m.extra[..body.len()].copy_from_slice(&body);
+        m.extra_len = body.len();
+        // A Terminate must not cut into a message already on the wire; if
+        // one is half-sent it is finished first (the batch drains).
+        self.term = Some(m);
+    }
+
+    /// Queues the peer-to-peer RTR frame (a zero-length RDMA Write, or a
+    /// zero-length Read Request).
+    pub fn queue_rtr(&mut self, read: bool) {
+        let m = if read {
+            let hdr = DdpHeader::Untagged(UntaggedHeader {
+                last: true,
+                opcode: Opcode::ReadRequest,
+                inval_stag: 0,
+                qn: ddp::QN_READ_REQUEST,
+                msn: self.rr_msn,
+                mo: 0,
+            });
+            self.rr_msn += 1;
+            let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
+            ReadRequest {
+                sink_stag: 0,
+                sink_to: 0,
+                size: 0,
+                src_stag: 0,
+                src_to: 0,
+            }
+            .encode(&mut m.extra);
+            m.extra_len = ReadRequest::LEN;
+            m
+        } else {
+            let hdr = DdpHeader::Tagged(TaggedHeader {
+                last: true,
+                opcode: Opcode::Write,
+                stag: 0,
+                to: 0,
+            });
+            TxMsg::new(hdr, Vec::new(), 0, Fin::None)
+        };
+        self.rtr = Some(m);
+    }
+
+    /// Queues a Read Response (source memory already checked).
+    pub fn queue_read_response(&mut self, rr: &ReadRequest, src: Arc<MrInner>) {
+        let mut spans = Vec::new();
+        if rr.size > 0 {
+            src.resolve(rr.src_to, rr.size as u64, &mut spans);
+        }
+        let hdr = DdpHeader::Tagged(TaggedHeader {
+            last: true,
+            opcode: Opcode::ReadResponse,
+            stag: rr.sink_stag,
+            to: rr.sink_to,
+        });
+        let mut m = TxMsg::new(hdr, spans, rr.size as u64, Fin::None);
+        m._keep = Some(src);
+        self.irq.push_back(m);
+        self.irq_used += 1;
+    }
+}
+
+/// Picks the next message to transmit, if any may start now.
+fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
+    if let Some(t) = sq.tx.term.take() {
+        return Some(t);
+    }
+    if sq.tx.terminated {
+        return None;
+    }
+    if let Some(r) = sq.tx.rtr.take() {
+        return Some(r);
+    }
+    if sq.tx.rtr_wait {
+        return None;
+    }
+    if let Some(r) = sq.tx.irq.pop_front() {
+        return Some(r);
+    }
+    if q.state() != QpState::Rts {
+        return None;
+    }
+    let ord = q.conn.get().map_or(1, |c| c.params.ord.max(1)) as usize;
+    loop {
+        let seq = sq.next_tx;
+        let orq_busy = !sq.orq.is_empty();
+        let orq_len = sq.orq.len();
+        let pd = q.pd;
+        let w = sq.get_mut(seq)?;
+        if matches!(w.stage, Stage::Done(_)) {
+            sq.next_tx += 1;
+            continue;
+        }
+        if w.fence && orq_busy {
+            return None;
+        }
+        match w.op.clone() {
+            WrOp::LocalInv { stag } => {
+                let st = match q.core.stags.lookup(stag) {
+                    Some(mr) if mr.pd == pd && mr.invalidatable => {
+                        mr.valid.store(false, Ordering::Release);
+                        WcStatus::Success
+                    }
+                    _ => WcStatus::LocProtErr,
+                };
+                w.stage = Stage::Done(st);
+                sq.next_tx += 1;
+                if st != WcStatus::Success {
+                    sq.tx.pending_fail = Some(format!("local invalidate of {stag:#x} refused"));
+                    return None;
+                }
+                continue;
+            }
+            WrOp::FastReg {
+                index_stag,
+                key,
+                iova,
+                access,
+            } => {
+                let index = index_stag >> 8;
+                let owned = q.core.stags.reserved_pd(index) == Some(pd);
+                let st = if owned && !w.keep.is_empty() {
+                    let keep = std::mem::take(&mut w.keep);
+                    let spans = std::mem::take(&mut w.spans);
+                    crate::device::fast_reg_build(
+                        &q.core, pd, index, key, iova, access, keep, spans,
+                    );
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                };
+                w.stage = Stage::Done(st);
+                sq.next_tx += 1;
+                if st != WcStatus::Success {
+                    sq.tx.pending_fail = Some("fast-register refused".into());
+                    return None;
+                }
+                continue;
+            }
+            WrOp::RdmaRead { remote_addr, rkey } => {
+                if orq_len >= ord {
+                    return None;
+                }
+                let (sink, sink_to) = w.sink.clone().expect("read has a sink");
+                let size = w.len as u32;
+                w.stage = Stage::AwaitRead;
+                let hdr = DdpHeader::Untagged(UntaggedHeader {
+                    last: true,
+                    opcode: Opcode::ReadRequest,
+                    inval_stag: 0,
+                    qn: ddp::QN_READ_REQUEST,
+                    msn: sq.tx.rr_msn,
+                    mo: 0,
+                });
+                sq.tx.rr_msn += 1;
+                let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
+                ReadRequest {
+                    sink_stag: sink.stag,
+                    sink_to,
+                    size,
+                    src_stag: rkey,
+                    src_to: remote_addr,
+                }
+                .encode(&mut m.extra);
+                m.extra_len = ReadRequest::LEN;
+                sq.orq.push_back(seq);
+                sq.next_tx += 1;
+                return Some(m);
+            }
+            WrOp::RdmaWrite { remote_addr, rkey } => {
+                let hdr = DdpHeader::Tagged(TaggedHeader {
+                    last: true,
+                    opcode: Opcode::Write,
+                    stag: rkey,
+                    to: remote_addr,
+                });
+                let spans = std::mem::take(&mut w.spans);
+                let total = w.len;
+                sq.next_tx += 1;
+                return Some(TxMsg::new(hdr, spans, total, Fin::SqDone(seq)));
+            }
+            op @ (WrOp::Send | WrOp::SendWithInv { .. }) => {
+                let (opcode, inval) = match (op, w.solicited) {
+                    (WrOp::SendWithInv { rkey }, false) => (Opcode::SendInvalidate, rkey),
+                    (WrOp::SendWithInv { rkey }, true) => (Opcode::SendSeInvalidate, rkey),
+                    (_, false) => (Opcode::Send, 0),
+                    (_, true) => (Opcode::SendSe, 0),
+                };
+                let spans = std::mem::take(&mut w.spans);
+                let total = w.len;
+                let hdr = DdpHeader::Untagged(UntaggedHeader {
+                    last: true,
+                    opcode,
+                    inval_stag: inval,
+                    qn: ddp::QN_SEND,
+                    msn: sq.tx.send_msn,
+                    mo: 0,
+                });
+                sq.tx.send_msn += 1;
+                sq.next_tx += 1;
+                return Some(TxMsg::new(hdr, spans, total, Fin::SqDone(seq)));
+            }
+        }
+    }
+}
+
+/// Appends FPDUs of `m` to the batch until it is full or the message is
+/// done. Returns true when the whole message is composed.
+fn compose(m: &mut TxMsg, b: &mut Batch, max_ulpdu: usize, crc_on: bool) -> bool {
+    while !b.full() {
+        let hl = m.hdr.len() + m.extra_len;
+        let room = (max_ulpdu - hl) as u64;
+        let rem = m.total - m.off;
+        let n = room.min(rem) as usize;
+        let last = n as u64 == rem;
+        match &mut m.hdr {
+            DdpHeader::Tagged(t) => {
+                t.to = m.base_to + m.off;
+                t.last = last;
+            }
+            DdpHeader::Untagged(u) => {
+                u.mo = m.off as u32;
+                u.last = last;
+            }
+        }
+        let ulpdu_len = hl + n;
+        let start = b.hdrs.len();
+        b.hdrs.extend_from_slice(&(ulpdu_len as u16).to_be_bytes());
+        let mut h = [0u8; ddp::UNTAGGED_LEN];
+        let hn = m.hdr.encode(&mut h);
+        b.hdrs.extend_from_slice(&h[..hn]);
+        b.hdrs.extend_from_slice(&m.extra[..m.extra_len]);
+        // Payload pieces for [off, off+n).
+        let mut pieces: [RawSpan; 16] = [RawSpan {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+        }; 16];
+        let mut np = 0;
+        let mut left = n;
+        while left > 0 && np < pieces.len() {
+            let s = m.spans[m.span_idx];
+            let avail = s.len - m.span_off;
+            let k = avail.min(left);
+            // SAFETY: span_off < s.len, inside the registered span.
+            pieces[np] = RawSpan {
+                ptr: unsafe { s.ptr.add(m.span_off) },
+                len: k,
+            };
+            np += 1;
+            left -= k;
+            m.span_off += k;
+            if m.span_off == s.len {
+                m.span_idx += 1;
+                m.span_off = 0;
+            }
+        }
+        if left > 0 {
+            // More than 16 pieces in one FPDU: shorten this FPDU (rewrite
+            // the length and the last flag) and carry on in the next one.
+            let n2 = n - left;
+            let ulpdu2 = hl + n2;
+            b.hdrs[start..start + 2].copy_from_slice(&(ulpdu2 as u16).to_be_bytes());
+            if last {
+                // The last flag was set for the full length: clear it.
+                let ctrl = &mut b.hdrs[start + 2];
+                *ctrl &= !ddp::DDP_LAST;
+            }
+            return finish_fpdu(m, b, start, &pieces[..np], n2, ulpdu2, crc_on, false);
+        }
+        if finish_fpdu(m, b, start, &pieces[..np], n, ulpdu_len, crc_on, last) {
+            return true;
+        }
+    }
+    false
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_fpdu(
+    m: &mut TxMsg,
+    b: &mut Batch,
+    start: usize,
+    pieces: &[RawSpan],
+    n: usize,
+    ulpdu_len: usize,
+    crc_on: bool,
+    last: bool,
+) -> bool {
+    let mut crc = crc_on.then(|| mpa::crc_update(mpa::crc_start(), &b.hdrs[start..]));
+    if n <= COPY_MAX {
+        let at = b.hdrs.len();
+        b.hdrs.resize(at + n, 0);
+        // SAFETY: the pieces lie in memory held by the WR / read response.
+        unsafe { mr::copy_from_spans(pieces, 0, &mut b.hdrs[at..at + n]) };
+        if let Some(c) = crc.as_mut() {
+            *c = mpa::crc_update(*c, &b.hdrs[at..at + n]);
+        }
+        let (t, tl) = mpa::trailer(ulpdu_len, crc);
+        b.hdrs.extend_from_slice(&t[..tl]);
+        b.push_hdr(start);
+    } else {
+        b.push_hdr(start);
+        if let Some(c) = crc.as_mut() {
+            // SAFETY: as above.
+            *c = unsafe { mr::crc_spans(*c, pieces) };
+        }
+        for p in pieces {
+            b.push_mem(*p);
+        }
+        let ts = b.hdrs.len();
+        let (t, tl) = mpa::trailer(ulpdu_len, crc);
+        b.hdrs.extend_from_slice(&t[..tl]);
+        b.push_hdr(ts);
+    }
+    m.off += n as u64;
+    m.started = true;
+    last
+}
+
+/// Runs the transmitter: writes what is composed, composes more, until
+/// nothing may be sent or the socket is full (then EPOLLOUT takes over).
+pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> {
+    if c.is_closed() {
+        return Ok(());
+    }
+    let max_ulpdu = q.core.config.max_ulpdu;
+    loop {
+        if !sq.tx.batch.is_empty() {
+            if !sq.tx.batch.write(c.fd)? {
+                c.arm_out(q.qpn);
+                return Ok(());
+            }
+            sq.tx.batch.clear();
+            let fins = std::mem::take(&mut sq.tx.batch.fins);
+            let mut done_any = false;
+            for f in &fins {
+                match *f {
+                    Fin::SqDone(seq) => {
+                        if let Some(w) = sq.get_mut(seq) {
+                            if w.stage == Stage::Queued {
+                                w.stage = Stage::Done(WcStatus::Success);
+                                done_any = true;
+                            }
+                        }
+                    }
+                    Fin::Terminated => {
+                        sq.tx.terminated = true;
+                    }
+                    Fin::None => {}
+                }
+            }
+            let mut fins = fins;
+            fins.clear();
+            sq.tx.batch.fins = fins;
+            if done_any {
+                q.complete_in_order(sq);
+            }
+        }
+        // Compose a new batch.
+        loop {
+            if sq.tx.batch.full() {
+                break;
+            }
+            if sq.tx.cur.is_none() {
+                match next_msg(q, sq) {
+                    Some(m) => sq.tx.cur = Some(m),
+                    None => break,
+                }
+            }
+            let tx = &mut sq.tx;
+            let m = tx.cur.as_mut().expect("current message");
+            if compose(m, &mut tx.batch, max_ulpdu, c.params.crc) {
+                let m = tx.cur.take().expect("current message");
+                if matches!(
+                    m.hdr,
+                    DdpHeader::Tagged(TaggedHeader {
+                        opcode: Opcode::ReadResponse,
+                        ..
+                    })
+                ) {
+                    tx.irq_used = tx.irq_used.saturating_sub(1);
+                }
+                tx.batch.fins.push(m.fin);
+                if matches!(m.fin, Fin::Terminated) {
+                    break;
+                }
+            }
+        }
+        if sq.tx.batch.is_empty() {
+            c.disarm_out(q.qpn);
+            // Local operations (invalidate, fast-register) finished while
+            // picking messages.
+            if matches!(sq.wqes.front(), Some(w) if matches!(w.stage, Stage::Done(_))) {
+                q.complete_in_order(sq);
+            }
+            return Ok(());
+        }
+    }
+}
+
+/// EPOLLOUT: the socket has room again.
+pub(crate) fn on_writable(q: &Arc<QpInner>) {
+    let sq = q.sq.lock();
+    q.kick_with(sq);
+}
+
+// ------------------------------------------------------------- receive path
+
+const STAGE_SIZE: usize = 64 * 1024;
+/// Payload still to come that is read straight into target memory.
+const DIRECT_MIN: usize = 1024;
+/// Largest Terminate ULPDU accepted.
+const MAX_TERM_ULPDU: usize = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Header,
+    Payload,
+    Trailer,
+}
+
+/// What a completed segment still has to do once its CRC checked out.
+enum Action {
+    None,
+    Write,
+    ReadResp,
+    Send,
+    ReadReq(ReadRequest, Option<Arc<MrInner>>),
+    Terminate(Option<Terminate>),
+    Rtr,
+}
+
+struct CurRecv {
+    wqe: RecvWqe,
+    received: u64,
+}
+
+/// The receiver of one QP.
+pub(crate) struct Rx {
+    stage: Vec<u8>,
+    start: usize,
+    end: usize,
+    phase: Phase,
+    hdr_bytes: [u8; ddp::UNTAGGED_LEN + ReadRequest::LEN],
+    hdr: Option<DdpHeader>,
+    ulpdu_len: usize,
+    payload_len: usize,
+    placed: usize,
+    crc: u32,
+    target: Vec<RawSpan>,
+    _target_keep: Option<Arc<MrInner>>,
+    action: Action,
+    send_msn: u32,
+    rr_msn: u32,
+    cur_recv: Option<CurRecv>,
+    read_resp_off: u64,
+    /// Responder in peer-to-peer mode expects the RTR frame first.
+    pub rtr_expected: bool,
+    bytes_in_frame: bool,
+}
+
+/// What the receive loop ended with.
+pub(crate) enum RxEnd {
+    /// The socket has nothing more for now.
+    Block,
+    /// Budget used up; the level-triggered poller comes back.
+    Budget,
+    /// End of stream at an FPDU boundary: the peer disconnected.
+    Eof,
+    /// End of stream inside an FPDU.
+    EofMidFrame,
+    Io(io::Error),
+    /// A protocol error: send this Terminate.
+    Fatal(TermCode, Option<Vec<u8>>, WcStatus),
+    /// The peer sent a Terminate.
+    PeerTerminated(TermCode),
+}
+
+enum Need {
+    Have,
+    End(RxEnd),
+}
+
+impl Rx {
+    pub fn new() -> Rx {
+        Rx {
+            stage: Vec::new(),
+            start: 0,
+            end: 0,
+            phase: Phase::Header,
+            hdr_bytes: [0; ddp::UNTAGGED_LEN + ReadRequest::LEN],
+            hdr: None,
+            ulpdu_len: 0,
+            payload_len: 0,
+            placed: 0,
+            crc: 0,
+            target: Vec::new(),
+            _target_keep: None,
+            action: Action::None,
+            send_msn: 1,
+            rr_msn: 1,
+            cur_recv: None,
+            read_resp_off: 0,
+            rtr_expected: false,
+            bytes_in_frame: false,
+        }
+    }
+
+    pub fn take_current_recv(&mut self) -> Option<RecvWqe> {
+        self.cur_recv.take().map(|c| c.wqe)
+    }
+
+    fn avail(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Makes sure `n` bytes are staged.
+    fn need(&mut self, fd: RawFd, n: usize) -> Need {
+        while self.avail() < n {
+            if self.stage.is_empty() {
+                self.stage = vec![0; STAGE_SIZE];
+            }
+            if self.stage.len() - self.start < n || self.end == self.stage.len() {
+                self.stage.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            match sys::recv_into(fd, &mut self.stage[self.end..]) {
+                Ok(0) => {
+                    return Need::End(if self.avail() == 0 && self.phase == Phase::Header {
+                        RxEnd::Eof
+                    } else {
+                        RxEnd::EofMidFrame
+                    })
+                }
+                Ok(k) => self.end += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Need::End(RxEnd::Block),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Need::End(RxEnd::Io(e)),
+            }
+        }
+        Need::Have
+    }
+}
+
+fn fatal(code: TermCode, hdr: &[u8], status: WcStatus) -> RxEnd {
+    RxEnd::Fatal(code, Some(hdr.to_vec()), status)
+}
+
+/// Sub-spans of `spans` covering `[off, off+len)`.
+fn sub_spans(spans: &[RawSpan], mut off: usize, mut len: usize, out: &mut Vec<RawSpan>) {
+    out.clear();
+    for s in spans {
+        if len == 0 {
+            break;
+        }
+        if off >= s.len {
+            off -= s.len;
+            continue;
+        }
+        let k = (s.len - off).min(len);
+        // SAFETY: off < s.len keeps the pointer inside the span.
+        out.push(RawSpan {
+            ptr: unsafe { s.ptr.add(off) },
+            len: k,
+        });
+        len -= k;
+        off = 0;
+    }
+}
+
+/// Decodes an FPDU header and decides where its payload goes.
+fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
+    let fd = c.fd;
+    if let Need::End(e) = rx.need(fd, 3) {
+        return Err(e);
+    }
+    let s = rx.start;
+    let ulpdu_len = u16::from_be_bytes([rx.stage[s], rx.stage[s + 1]]) as usize;
+    let hl = DdpHeader::len_from_ctrl(rx.stage[s + 2]);
+    if ulpdu_len < hl {
+        return Err(RxEnd::Fatal(
+            codes::MPA_INVALID_ULPDU_LENGTH,
+            None,
+            WcStatus::WrFlushErr,
+        ));
+    }
+    if let Need::End(e) = rx.need(fd, 2 + hl) {
+        return Err(e);
+    }
+    let s = rx.start;
+    let raw = &rx.stage[s + 2..s + 2 + hl];
+    let hdr = match DdpHeader::decode(raw) {
+        Ok(h) => h,
+        Err(e) => return Err(fatal(e.term_code(), raw, WcStatus::WrFlushErr)),
+    };
+    let extra = match hdr.opcode() {
+        Opcode::ReadRequest => ReadRequest::LEN,
+        Opcode::Terminate => {
+            if ulpdu_len - hl > MAX_TERM_ULPDU {
+                return Err(fatal(
+                    codes::MPA_INVALID_ULPDU_LENGTH,
+                    raw,
+                    WcStatus::WrFlushErr,
+                ));
+            }
+            ulpdu_len - hl
+        }
+        _ => 0,
+    };
+    if ulpdu_len < hl + extra {
+        return Err(fatal(
+            codes::MPA_INVALID_ULPDU_LENGTH,
+            raw,
+            WcStatus::WrFlushErr,
+        ));
+    }
+    if let Need::End(e) = rx.need(fd, 2 + hl + extra) {
+        return Err(e);
+    }
+    let s = rx.start;
+    let head_len = 2 + hl + extra;
+    if c.params.crc {
+        rx.crc = mpa::crc_update(mpa::crc_start(), &rx.stage[s..s + head_len]);
+    }
+    let hb_len = (hl + extra).min(rx.hdr_bytes.len());
+    rx.hdr_bytes[..hb_len].copy_from_slice(&rx.stage[s + 2..s + 2 + hb_len]);
+    let raw: Vec<u8> = rx.hdr_bytes[..hl.min(hb_len)].to_vec();
+    let payload_len = ulpdu_len - hl - extra;
+    rx.target.clear();
+    rx._target_keep = None;
+    let pd = q.pd;
+    let action = match hdr {
+        DdpHeader::Tagged(t) if t.opcode == Opcode::Write => {
+            if payload_len == 0 {
+                // Zero-length Write: no STag lookup (also the P2P RTR).
+                if rx.rtr_expected {
+                    Action::Rtr
+                } else {
+                    Action::Write
+                }
+            } else {
+                let mr = q.core.stags.lookup(t.stag).ok_or_else(|| {
+                    fatal(codes::DDP_TAGGED_INVALID_STAG, &raw, WcStatus::WrFlushErr)
+                })?;
+                mr.check(pd, Access::REMOTE_WRITE, t.to, payload_len as u64)
+                    .map_err(|e| fatal(e.ddp_code(), &raw, WcStatus::WrFlushErr))?;
+                mr.resolve(t.to, payload_len as u64, &mut rx.target);
+                rx._target_keep = Some(mr);
+                Action::Write
+            }
+        }
+        DdpHeader::Tagged(t) => {
+            // Read Response: must answer the oldest outstanding Read.
+            let sq = q.sq.lock();
+            let Some(&seq) = sq.orq.front() else {
+                return Err(fatal(
+                    codes::RDMAP_UNEXPECTED_OPCODE,
+                    &raw,
+                    WcStatus::WrFlushErr,
+                ));
+            };
+            let w = sq
+                .wqes
+                .iter()
+                .find(|w| w.seq == seq)
+                .expect("ORQ entry is queued");
+            let (sink, sink_to) = w.sink.clone().expect("read has a sink");
+            let want_to = sink_to + rx.read_resp_off;
+            if t.stag != sink.stag {
+                return Err(fatal(
+                    codes::DDP_TAGGED_INVALID_STAG,
+                    &raw,
+                    WcStatus::WrFlushErr,
+                ));
+            }
+            if t.to != want_to || rx.read_resp_off + payload_len as u64 > w.len {
+                return Err(fatal(
+                    codes::DDP_TAGGED_BASE_BOUNDS,
+                    &raw,
+                    WcStatus::WrFlushErr,
+                ));
+            }
+            drop(sq);
+            if payload_len > 0 {
+                sink.resolve(t.to, payload_len as u64, &mut rx.target);
+            }
+            rx._target_keep = Some(sink);
+            Action::ReadResp
+        }
+        DdpHeader::Untagged(u) => match u.opcode {
+            Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
+                if u.msn != rx.send_msn {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_MSN_RANGE,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if rx.cur_recv.is_none() {
+                    if u.mo != 0 {
+                        return Err(fatal(
+                            codes::DDP_UNTAGGED_INVALID_MO,
+                            &raw,
+                            WcStatus::WrFlushErr,
+                        ));
+                    }
+                    let wqe = match &q.srq {
+                        Some(srq) => srq.q.lock().pop_front(),
+                        None => q.rq.lock().pop_front(),
+                    };
+                    let Some(wqe) = wqe else {
+                        if payload_len == 0 && rx.rtr_expected {
+                            {
+                                finish_header(
+                                    rx,
+                                    hdr,
+                                    ulpdu_len,
+                                    payload_len,
+                                    head_len,
+                                    Action::Rtr,
+                                );
+                                return Ok(());
+                            }
+                        }
+                        return Err(fatal(
+                            codes::DDP_UNTAGGED_NO_BUFFER,
+                            &raw,
+                            WcStatus::WrFlushErr,
+                        ));
+                    };
+                    rx.cur_recv = Some(CurRecv { wqe, received: 0 });
+                }
+                let cur = rx.cur_recv.as_ref().expect("receive in progress");
+                if u.mo as u64 != cur.received {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_INVALID_MO,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if cur.received + payload_len as u64 > cur.wqe.len {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_TOO_LONG,
+                        &raw,
+                        WcStatus::LocLenErr,
+                    ));
+                }
+                let mut t = std::mem::take(&mut rx.target);
+                sub_spans(&cur.wqe.spans, u.mo as usize, payload_len, &mut t);
+                rx.target = t;
+                Action::Send
+            }
+            Opcode::ReadRequest => {
+                if payload_len != 0 {
+                    return Err(fatal(
+                        codes::MPA_INVALID_ULPDU_LENGTH,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if u.msn != rx.rr_msn {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_MSN_RANGE,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                let rr = ReadRequest::decode(&rx.hdr_bytes[hl..hl + ReadRequest::LEN])
+                    .map_err(|e| fatal(e.term_code(), &raw, WcStatus::WrFlushErr))?;
+                let full = rx.hdr_bytes[..hl + ReadRequest::LEN].to_vec();
+                if rx.rtr_expected && rr.size == 0 {
+                    Action::Rtr
+                } else {
+                    let used = q.sq.lock().tx.irq_used;
+                    if used >= c.params.ird.max(1) as usize {
+                        return Err(fatal(
+                            codes::RDMAP_CATASTROPHIC_STREAM,
+                            &full,
+                            WcStatus::WrFlushErr,
+                        ));
+                    }
+                    if rr.size == 0 {
+                        Action::ReadReq(rr, None)
+                    } else {
+                        let mr = q.core.stags.lookup(rr.src_stag).ok_or_else(|| {
+                            fatal(codes::RDMAP_INVALID_STAG, &full, WcStatus::WrFlushErr)
+                        })?;
+                        mr.check(pd, Access::REMOTE_READ, rr.src_to, rr.size as u64)
+                            .map_err(|e| fatal(e.rdmap_code(), &full, WcStatus::WrFlushErr))?;
+                        Action::ReadReq(rr, Some(mr))
+                    }
+                }
+            }
+            Opcode::Terminate => {
+                let body = &rx.stage[s + 2 + hl..s + 2 + hl + extra];
+                Action::Terminate(Terminate::decode(body).ok())
+            }
+            _ => {
+                return Err(fatal(
+                    codes::RDMAP_UNEXPECTED_OPCODE,
+                    &raw,
+                    WcStatus::WrFlushErr,
+                ))
+            }
+        },
+    };
+    finish_header(rx, hdr, ulpdu_len, payload_len, head_len, action);
+    Ok(())
+}
+
+fn finish_header(
+    rx: &mut Rx,
+    hdr: DdpHeader,
+    ulpdu_len: usize,
+    payload_len: usize,
+    head_len: usize,
+    action: Action,
+) {
+    rx.start += head_len;
+    rx.hdr = Some(hdr);
+    rx.ulpdu_len = ulpdu_len;
+    rx.payload_len = payload_len;
+    rx.placed = 0;
+    rx.action = action;
+    rx.phase = Phase::Payload;
+    rx.bytes_in_frame = true;
+}
+
+/// Places payload bytes: from the staging buffer, or straight from the
+/// socket into the target memory.
+fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
+    let mut scratch: Vec<RawSpan> = Vec::new();
+    while rx.placed < rx.payload_len {
+        let rem = rx.payload_len - rx.placed;
+        if rx.avail() > 0 {
+            let n = rx.avail().min(rem);
+            let src = &rx.stage[rx.start..rx.start + n];
+            if c.params.crc {
+                rx.crc = mpa::crc_update(rx.crc, src);
+            }
+            // SAFETY: target spans come from a registration held in
+            // rx._target_keep or the current receive WQE, and were
+            // bounds-checked in on_header.
+            unsafe { mr::copy_into_spans(&rx.target, rx.placed, src) };
+            rx.placed += n;
+            rx.start += n;
+            continue;
+        }
+        if rem >= DIRECT_MIN {
+            sub_spans(&rx.target, rx.placed, rem, &mut scratch);
+            // SAFETY: as above; the socket writes only inside the spans.
+            match unsafe { sys::recv_spans(c.fd, &scratch) } {
+                Ok(0) => return Err(RxEnd::EofMidFrame),
+                Ok(k) => {
+                    if c.params.crc {
+                        sub_spans(&rx.target, rx.placed, k, &mut scratch);
+                        // SAFETY: as above.
+                        rx.crc = unsafe { mr::crc_spans(rx.crc, &scratch) };
+                    }
+                    rx.placed += k;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(RxEnd::Block),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(RxEnd::Io(e)),
+            }
+        } else if let Need::End(e) = rx.need(c.fd, 1) {
+            return Err(e);
+        }
+    }
+    rx.phase = Phase::Trailer;
+    Ok(())
+}
+
+/// Runs the receiver until the socket is drained, the budget is spent, or
+/// the connection ends.
+fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn) -> RxEnd {
+    let mut budget = 512usize;
+    loop {
+        match rx.phase {
+            Phase::Header => {
+                if budget == 0 {
+                    return RxEnd::Budget;
+                }
+                budget -= 1;
+                rx.bytes_in_frame = false;
+                if let Err(e) = on_header(q, rx, c) {
+                    return e;
+                }
+            }
+            Phase::Payload => {
+                if let Err(e) = on_payload(rx, c) {
+                    return e;
+                }
+            }
+            Phase::Trailer => {
+                let tl = mpa::pad_len(rx.ulpdu_len) + 4;
+                if let Need::End(e) = rx.need(c.fd, tl) {
+                    return e;
+                }
+                let s = rx.start;
+                let pad = tl - 4;
+                if c.params.crc {
+                    let want = mpa::crc_update(rx.crc, &rx.stage[s..s + pad]);
+                    let got = u32::from_le_bytes(rx.stage[s + pad..s + tl].try_into().unwrap());
+                    if want != got {
+                        let raw = rx.hdr_bytes[..rx.hdr.map_or(0, |h| h.len())].to_vec();
+                        return fatal(codes::MPA_CRC, &raw, WcStatus::WrFlushErr);
+                    }
+                }
+                rx.start += tl;
+                rx.phase = Phase::Header;
+                if let Some(end) = on_segment_done(q, rx, c) {
+                    return end;
+                }
+            }
+        }
+    }
+}
+
+/// A whole, CRC-checked segment arrived: finish what it started.
+fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
+    let hdr = rx.hdr.take().expect("segment header");
+    let last = hdr.last();
+    let n = rx.payload_len as u64;
+    match std::mem::replace(&mut rx.action, Action::None) {
+        Action::None | Action::Write => None,
+        Action::Rtr => {
+            rx.rtr_expected = false;
+            let mut sq = q.sq.lock();
+            sq.tx.rtr_wait = false;
+            tx_or_fail(q, &mut sq, c)
+        }
+        Action::ReadResp => {
+            rx.read_resp_off += n;
+            if !last {
+                return None;
+            }
+            rx.read_resp_off = 0;
+            let mut sq = q.sq.lock();
+            if let Some(seq) = sq.orq.pop_front() {
+                if let Some(w) = sq.get_mut(seq) {
+                    w.stage = Stage::Done(WcStatus::Success);
+                }
+            }
+            q.complete_in_order(&mut sq);
+            tx_or_fail(q, &mut sq, c)
+        }
+        Action::Send => {
+            let cur = rx.cur_recv.as_mut().expect("receive in progress");
+            cur.received += n;
+            if !last {
+                return None;
+            }
+            rx.send_msn = rx.send_msn.wrapping_add(1);
+            let cur = rx.cur_recv.take().expect("receive in progress");
+            let (opcode, inval) = match hdr {
+                DdpHeader::Untagged(u) => (u.opcode, u.inval_stag),
+                _ => unreachable!("Sends are untagged"),
+            };
+            let mut invalidated = None;
+            if opcode.invalidates() {
+                match q.core.stags.lookup(inval) {
+                    Some(mr) if mr.pd == q.pd && mr.invalidatable => {
+                        mr.valid.store(false, Ordering::Release);
+                        invalidated = Some(inval);
+                    }
+                    _ => {
+                        // Give the buffer back as flushed; the QP fails.
+                        q.recv_cq.push(WorkCompletion {
+                            wr_id: cur.wqe.wr_id,
+                            status: WcStatus::RemInvReqErr,
+                            opcode: WcOpcode::Recv,
+                            qp_num: q.qpn,
+                            ..Default::default()
+                        });
+                        let raw = rx.hdr_bytes[..ddp::UNTAGGED_LEN].to_vec();
+                        return Some(fatal(
+                            codes::RDMAP_CANNOT_INVALIDATE,
+                            &raw,
+                            WcStatus::WrFlushErr,
+                        ));
+                    }
+                }
+            }
+            q.recv_cq.push(WorkCompletion {
+                wr_id: cur.wqe.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len: cur.received as u32,
+                qp_num: q.qpn,
+                invalidated_rkey: invalidated,
+                solicited: opcode.solicited(),
+            });
+            None
+        }
+        Action::ReadReq(rr, src) => {
+            rx.rr_msn = rx.rr_msn.wrapping_add(1);
+            let mut sq = q.sq.lock();
+            match src {
+                Some(mr) => sq.tx.queue_read_response(&rr, mr),
+                None => {
+                    let hdr = DdpHeader::Tagged(TaggedHeader {
+                        last: true,
+                        opcode: Opcode::ReadResponse,
+                        stag: rr.sink_stag,
+                        to: rr.sink_to,
+                    });
+                    sq.tx
+                        .irq
+                        .push_back(TxMsg::new(hdr, Vec::new(), 0, Fin::None));
+                    sq.tx.irq_used += 1;
+                }
+            }
+            tx_or_fail(q, &mut sq, c)
+        }
+        Action::Terminate(t) => {
+            let code = t.map_or(codes::RDMAP_OPERATION_UNSPECIFIED, |t| t.code);
+            Some(RxEnd::PeerTerminated(code))
+        }
+    }
+}
+
+fn tx_or_fail(q: &QpInner, sq: &mut Sq, c: &Conn) -> Option<RxEnd> {
+    match tx_progress(q, sq, c) {
+        Ok(()) => sq
+            .tx
+            .pending_fail
+            .take()
+            .map(|r| RxEnd::Io(io::Error::other(r))),
+        Err(e) => Some(RxEnd::Io(e)),
+    }
+}
+
+/// The completion status a received Terminate gives our WR in flight.
+fn status_for_peer_term(code: TermCode) -> WcStatus {
+    use softrdma_wire::Layer;
+    match (code.layer, code.etype) {
+        (Layer::Rdmap, 1) | (Layer::Ddp, 1) => WcStatus::RemAccessErr,
+        (Layer::Ddp, 2) => WcStatus::RemInvReqErr,
+        (Layer::Rdmap, 2) => WcStatus::RemOpErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
+/// EPOLLIN: runs the receiver, then acts on how it ended.
+pub(crate) fn on_readable(q: &Arc<QpInner>) {
+    let Some(c) = q.conn.get() else { return };
+    if c.is_closed() {
+        return;
+    }
+    let end = {
+        let mut rx = q.rx.lock();
+        rx_loop(q, &mut rx, c)
+    };
+    match end {
+        RxEnd::Block | RxEnd::Budget => {}
+        RxEnd::Eof => {
+            tracing::debug!(qpn = q.qpn, "peer disconnected");
+            q.fail(
+                WcStatus::WrFlushErr,
+                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
+            );
+        }
+        RxEnd::EofMidFrame => {
+            tracing::warn!(qpn = q.qpn, "peer closed the connection inside an FPDU");
+            q.fail(
+                WcStatus::RetryExcErr,
+                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
+            );
+        }
+        RxEnd::Io(e) => {
+            tracing::warn!(qpn = q.qpn, error = %e, "connection error");
+            q.fail(
+                WcStatus::RetryExcErr,
+                Some(AsyncEvent::QpFatal {
+                    qpn: q.qpn,
+                    reason: e.to_string(),
+                }),
+            );
+        }
+        RxEnd::Fatal(code, hdr, status) => {
+            q.terminate(code, hdr.as_deref(), status);
+        }
+        RxEnd::PeerTerminated(code) => {
+            tracing::warn!(qpn = q.qpn, %code, "peer sent Terminate");
+            q.fail(
+                status_for_peer_term(code),
+                Some(AsyncEvent::Terminated {
+                    qpn: q.qpn,
+                    code,
+                    by_peer: true,
+                }),
+            );
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Memory regions and STags (the engine's counterpart of Linux siw's
+//! `siw_mem.c`).
+//!
+//! An STag is `index << 8 | key`: a 24-bit index into the device's STag table
+//! (index 0 is never used) and an 8-bit key chosen by the consumer. The
+//! local key and the remote key of a region are the same STag.
+//!
+//! Memory lifetime: a registration is an `Arc<MrInner>`. The STag table holds
+//! one reference, every work request in flight and every placement in
+//! progress holds another, and the memory is freed only when the last one is
+//! dropped. Deregistration removes the STag from the table (so no new access
+//! can start), but memory the engine may still touch is never freed under it.
+//! Memory registered with [`ProtectionDomain::register_raw`] is the caller's;
+//! its `unsafe` contract is that it outlives every such reference, i.e. the
+//! [`MemoryRegion`] and all work requests that name it.
+//!
+//! All of the engine's reads and writes of registered memory go through the
+//! `unsafe` helpers in this file.
+//!
+//! [`ProtectionDomain::register_raw`]: crate::ProtectionDomain::register_raw
+
+use crate::error::{Error, Result};
+use crate::sys::RawSpan;
+use parking_lot::{Mutex, RwLock};
+use softrdma_wire::terminate::codes;
+use softrdma_wire::TermCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Access rights of a memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Access(pub u32);
+
+impl Access {
+    pub const LOCAL_READ: Access = Access(0);
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Everything.
+    pub const ALL: Access = Access(15);
+
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+}
+
+/// What keeps a region's memory alive.
+pub(crate) enum Backing {
+    /// Allocated by the engine; freed on drop of the last reference.
+    Owned(#[allow(dead_code)] AlignedBuf),
+    /// A caller-owned vector moved into the registration.
+    Vec(#[allow(dead_code)] Box<[u8]>),
+    /// Caller-owned memory (unsafe registration).
+    Raw,
+    /// A fast-registered STag: keeps the regions it maps alive.
+    Parents(#[allow(dead_code)] Vec<Arc<MrInner>>),
+}
+
+/// A zeroed, page-aligned heap allocation.
+pub(crate) struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: AlignedBuf is a uniquely owned allocation; moving it between
+// threads is fine, and shared access goes through raw-pointer copies.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    pub(crate) fn zeroed(len: usize) -> Result<AlignedBuf> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), crate::sys::page_size())
+            .map_err(|_| Error::inval("region too large"))?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::Exhausted("memory"));
+        }
+        Ok(AlignedBuf { ptr, layout })
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated with exactly this layout and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// A registration: an immutable mapping from a virtual address range
+/// (starting at `iova`) onto one or more pieces of memory.
+pub(crate) struct MrInner {
+    pub stag: u32,
+    pub pd: u32,
+    pub access: Access,
+    pub iova: u64,
+    pub len: u64,
+    /// The memory, in order; lengths add up to `len`.
+    pub spans: Vec<RawSpan>,
+    pub valid: AtomicBool,
+    /// Fast-register STags may be invalidated remotely or locally; plain
+    /// registrations only when registered as such.
+    pub invalidatable: bool,
+    pub fast_reg: bool,
+    #[allow(dead_code)]
+    backing: Backing,
+}
+
+impl std::fmt::Debug for MrInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("stag", &format_args!("{:#010x}", self.stag))
+            .field("pd", &self.pd)
+            .field("iova", &format_args!("{:#x}", self.iova))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Why an access to a region was refused, as a Terminate code pair:
+/// the code for tagged (DDP-level) and for RDMAP-level reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    InvalidStag,
+    WrongPd,
+    Rights,
+    Bounds,
+}
+
+impl AccessError {
+    /// The RDMAP Terminate code (RFC 5040 section 7) for this refusal.
+    pub fn rdmap_code(self) -> TermCode {
+        match self {
+            AccessError::InvalidStag => codes::RDMAP_INVALID_STAG,
+            AccessError::WrongPd => codes::RDMAP_STAG_NOT_ASSOC,
+            AccessError::Rights => codes::RDMAP_ACCESS_RIGHTS,
+            AccessError::Bounds => codes::RDMAP_BASE_BOUNDS,
+        }
+    }
+
+    /// The DDP tagged-buffer Terminate code (RFC 5041 section 7).
+    pub fn ddp_code(self) -> TermCode {
+        match self {
+            AccessError::InvalidStag => codes::DDP_TAGGED_INVALID_STAG,
+            AccessError::WrongPd => codes::DDP_TAGGED_STAG_NOT_ASSOC,
+            AccessError::Rights => codes::RDMAP_ACCESS_RIGHTS,
+            AccessError::Bounds => codes::DDP_TAGGED_BASE_BOUNDS,
+        }
+    }
+}
+
+impl MrInner {
+    /// Checks an access of `len` bytes at virtual address `to`, in the order
+    /// siw uses: valid, protection domain, rights, bounds.
+    pub fn check(&self, pd: u32, need: Access, to: u64, len: u64) -> Result<(), AccessError> {
+        if !self.valid.load(Ordering::Acquire) {
+            return Err(AccessError::InvalidStag);
+        }
+        if self.pd != pd {
+            return Err(AccessError::WrongPd);
+        }
+        if !self.access.contains(need) {
+            return Err(AccessError::Rights);
+        }
+        let end = to.checked_add(len).ok_or(AccessError::Bounds)?;
+        if to < self.iova || end > self.iova + self.len {
+            return Err(AccessError::Bounds);
+        }
+        Ok(())
+    }
+
+    /// The pieces of memory behind `[to, to+len)`, appended to `out`. The
+    /// range must have been checked.
+    pub fn resolve(&self, to: u64, len: u64, out: &mut Vec<RawSpan>) {
+        debug_assert!(to >= self.iova && to + len <= self.iova + self.len);
+        let mut off = (to - self.iova) as usize;
+        let mut left = len as usize;
+        for s in &self.spans {
+            if left == 0 {
+                break;
+            }
+            if off >= s.len {
+                off -= s.len;
+                continue;
+            }
+            let n = (s.len - off).min(left);
+            // SAFETY: off < s.len, so the pointer stays inside the span.
+            out.push(RawSpan {
+                ptr: unsafe { s.ptr.add(off) },
+                len: n,
+            });
+            left -= n;
+            off = 0;
+        }
+        debug_assert_eq!(left, 0);
+    }
+}
+
+/// Copies `src` into the memory behind `spans`, starting `skip` bytes in.
+///
+/// # Safety
+/// The spans must come from a registration the caller holds (so the memory is
+/// alive) and lie within it.
+pub(crate) unsafe fn copy_into_spans(spans: &[RawSpan], mut skip: usize, mut src: &[u8]) {
+    for s in spans {
+        if src.is_empty() {
+            break;
+        }
+        if skip >= s.len {
+            skip -= s.len;
+            continue;
+        }
+        let n = (s.len - skip).min(src.len());
+        // SAFETY: [skip, skip+n) lies inside span s (caller's contract);
+        // src has at least n bytes; registered memory never overlaps the
+        // engine's own buffers.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), s.ptr.add(skip), n) };
+        src = &src[n..];
+        skip = 0;
+    }
+}
+
+/// Copies from the memory behind `spans` into `dst`.
+///
+/// # Safety
+/// As for [`copy_into_spans`].
+pub(crate) unsafe fn copy_from_spans(spans: &[RawSpan], mut skip: usize, mut dst: &mut [u8]) {
+    for s in spans {
+        if dst.is_empty() {
+            break;
+        }
+        if skip >= s.len {
+            skip -= s.len;
+            continue;
+        }
+        let n = (s.len - skip).min(dst.len());
+        // SAFETY: as in copy_into_spans.
+        unsafe { std::ptr::copy_nonoverlapping(s.ptr.add(skip), dst.as_mut_ptr(), n) };
+        dst = &mut dst[n..];
+        skip = 0;
+    }
+}
+
+/// CRC32c over the memory behind `spans`.
+///
+/// # Safety
+/// As for [`copy_into_spans`].
+pub(crate) unsafe fn crc_spans(mut crc: u32, spans: &[RawSpan]) -> u32 {
+    for s in spans {
+        // SAFETY: the span is live registered memory (caller's contract).
+        let sl = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
+        crc = crc32c::crc32c_append(crc, sl);
+    }
+    crc
+}
+
+const MAX_INDEX: u32 = (1 << 24) - 1;
+
+struct Slot {
+    mr: Option<Arc<MrInner>>,
+    /// Reserved by a fast-register region even while invalid.
+    reserved_by_pd: Option<u32>,
+}
+
+/// The device's STag table.
+pub(crate) struct StagTable {
+    slots: RwLock<Vec<Slot>>,
+    free: Mutex<Vec<u32>>,
+}
+
+impl StagTable {
+    pub fn new() -> StagTable {
+        StagTable {
+            // Index 0 is never used.
+            slots: RwLock::new(vec![Slot {
+                mr: None,
+                reserved_by_pd: Some(u32::MAX),
+            }]),
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Reserves an index: the given one, or a free one.
+    pub fn reserve(&self, want: Option<u32>, pd: u32) -> Result<u32> {
+        let mut slots = self.slots.write();
+        if let Some(idx) = want {
+            if idx == 0 || idx > MAX_INDEX {
+                return Err(Error::inval("STag index must be 1..2^24-1"));
+            }
+            while slots.len() <= idx as usize {
+                let i = slots.len() as u32;
+                slots.push(Slot {
+                    mr: None,
+                    reserved_by_pd: None,
+                });
+                self.free.lock().push(i);
+            }
+            let s = &mut slots[idx as usize];
+            if s.reserved_by_pd.is_some() {
+                return Err(Error::StagInUse(idx << 8));
+            }
+            s.reserved_by_pd = Some(pd);
+            self.free.lock().retain(|&i| i != idx);
+            return Ok(idx);
+        }
+        let mut free = self.free.lock();
+        while let Some(i) = free.pop() {
+            if slots[i as usize].reserved_by_pd.is_none() {
+                slots[i as usize].reserved_by_pd = Some(pd);
+                return Ok(i);
+            }
+        }
+        let i = slots.len() as u32;
+        if i > MAX_INDEX {
+            return Err(Error::Exhausted("STag indices"));
+        }
+        slots.push(Slot {
+            mr: None,
+            reserved_by_pd: Some(pd),
+        });
+        Ok(i)
+    }
+
+    /// Installs a registration at its (reserved) index.
+    pub fn install(&self, mr: Arc<MrInner>) {
+        let mut slots = self.slots.write();
+        let s = &mut slots[(mr.stag >> 8) as usize];
+        debug_assert_eq!(s.reserved_by_pd, Some(mr.pd));
+        if let Some(old) = s.mr.replace(mr) {
+            old.valid.store(false, Ordering::Release);
+        }
+    }
+
+    /// Frees an index.
+    pub fn release(&self, index: u32) {
+        let mut slots = self.slots.write();
+        if let Some(s) = slots.get_mut(index as usize) {
+            if let Some(m) = s.mr.take() {
+                m.valid.store(false, Ordering::Release);
+            }
+            s.reserved_by_pd = None;
+            self.free.lock().push(index);
+        }
+    }
+
+    /// Looks up a full STag (index and key must both match).
+    #[inline]
+    pub fn lookup(&self, stag: u32) -> Option<Arc<MrInner>> {
+        let slots = self.slots.read();
+        let mr = slots.get((stag >> 8) as usize)?.mr.as_ref()?;
+        if mr.stag != stag {
+            return None;
+        }
+        Some(mr.clone())
+    }
+
+    /// The protection domain that reserved `index`, if any.
+    pub fn reserved_pd(&self, index: u32) -> Option<u32> {
+        self.slots.read().get(index as usize)?.reserved_by_pd
+    }
+
+    /// Every installed registration (for `softrdma info`).
+    pub fn all(&self) -> Vec<Arc<MrInner>> {
+        self.slots
+            .read()
+            .iter()
+            .filter_map(|s| s.mr.clone())
+            .collect()
+    }
+}
+
+pub(crate) struct NewMr {
+    pub pd: u32,
+    pub access: Access,
+    pub iova: u64,
+    pub spans: Vec<RawSpan>,
+    pub backing: Backing,
+    pub invalidatable: bool,
+    pub fast_reg: bool,
+}
+
+impl NewMr {
+    pub fn build(self, stag: u32) -> MrInner {
+        let len = self.spans.iter().map(|s| s.len as u64).sum();
+        MrInner {
+            stag,
+            pd: self.pd,
+            access: self.access,
+            iova: self.iova,
+            len,
+            spans: self.spans,
+            valid: AtomicBool::new(true),
+            invalidatable: self.invalidatable,
+            fast_reg: self.fast_reg,
+            backing: self.backing,
+        }
+    }
+}
+
+impl AlignedBuf {
+    pub(crate) fn ptr_raw(&self) -> *mut u8 {
+        self.ptr
+    }
+}

@@ -1,0 +1,682 @@
+//! RC queue pairs: the state machine, posting, ordering and completion, and
+//! the flush on error. The wire side lives in [`crate::iwarp`].
+
+use crate::cq::{CompletionQueue, CqInner, WcOpcode, WcStatus, WorkCompletion};
+use crate::device::{Core, ProtectionDomain};
+use crate::error::{Error, Result};
+use crate::iwarp::{Conn, Rx, Tx};
+use crate::mr::{Access, MrInner};
+use crate::srq::{SharedReceiveQueue, SrqInner};
+use crate::sys::RawSpan;
+use crate::wr::{RecvWr, SendFlags, SendWr, WrOp};
+use parking_lot::Mutex;
+use softrdma_wire::TermCode;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Queue pair states (`IBV_QPS_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum QpState {
+    Reset = 0,
+    Init = 1,
+    Rtr = 2,
+    Rts = 3,
+    /// Send queue drain: WRs already started finish, new ones wait.
+    Sqd = 4,
+    Error = 5,
+}
+
+impl QpState {
+    fn from_u8(v: u8) -> QpState {
+        match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            _ => QpState::Error,
+        }
+    }
+}
+
+/// Queue sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: usize,
+    pub max_recv_wr: usize,
+    pub max_send_sge: usize,
+    pub max_recv_sge: usize,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+        }
+    }
+}
+
+/// How a QP is created (`ibv_qp_init_attr`).
+#[derive(Debug, Clone)]
+pub struct QpInitAttr {
+    pub send_cq: CompletionQueue,
+    pub recv_cq: CompletionQueue,
+    pub srq: Option<SharedReceiveQueue>,
+    pub caps: QpCaps,
+    /// Every send WR generates a completion, whatever its flags.
+    pub sq_sig_all: bool,
+}
+
+impl QpInitAttr {
+    pub fn new(cq: &CompletionQueue) -> QpInitAttr {
+        QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// A posted receive, resolved to memory.
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub spans: Vec<RawSpan>,
+    pub len: u64,
+    #[allow(dead_code)]
+    pub keep: Vec<Arc<MrInner>>,
+}
+
+impl RecvWqe {
+    pub(crate) fn resolve(core: &Core, pd: u32, wr: &RecvWr) -> Result<RecvWqe> {
+        let mut spans = Vec::with_capacity(wr.sgl.len());
+        let mut keep = Vec::with_capacity(wr.sgl.len());
+        let mut len = 0u64;
+        for sge in &wr.sgl {
+            let mr = core
+                .stags
+                .lookup(sge.lkey)
+                .ok_or_else(|| Error::inval(format!("invalid lkey {:#x}", sge.lkey)))?;
+            mr.check(pd, Access::LOCAL_WRITE, sge.addr, sge.length as u64)
+                .map_err(|e| Error::inval(format!("receive SGE refused: {e:?}")))?;
+            mr.resolve(sge.addr, sge.length as u64, &mut spans);
+            len += sge.length as u64;
+            keep.push(mr);
+        }
+        Ok(RecvWqe {
+            wr_id: wr.wr_id,
+            spans,
+            len,
+            keep,
+        })
+    }
+}
+
+/// Where a send WR stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Queued,
+    /// A Read Request went out; waiting for the response.
+    AwaitRead,
+    Done(WcStatus),
+}
+
+/// A posted send-queue WR, resolved to memory.
+pub(crate) struct SqWqe {
+    pub seq: u64,
+    pub wr_id: u64,
+    pub op: WrOp,
+    pub signaled: bool,
+    pub fence: bool,
+    pub solicited: bool,
+    pub spans: Vec<RawSpan>,
+    pub len: u64,
+    pub keep: Vec<Arc<MrInner>>,
+    pub stage: Stage,
+    /// For RDMA Read: the local sink.
+    pub sink: Option<(Arc<MrInner>, u64)>,
+}
+
+impl SqWqe {
+    pub fn opcode(&self) -> WcOpcode {
+        match self.op {
+            WrOp::Send | WrOp::SendWithInv { .. } => WcOpcode::Send,
+            WrOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+            WrOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            WrOp::LocalInv { .. } => WcOpcode::LocalInv,
+            WrOp::FastReg { .. } => WcOpcode::RegMr,
+        }
+    }
+}
+
+/// Send-queue state, guarded by one lock together with the transmitter.
+pub(crate) struct Sq {
+    pub wqes: VecDeque<SqWqe>,
+    pub next_seq: u64,
+    /// Sequence number of the next WR to start transmitting.
+    pub next_tx: u64,
+    /// Outstanding RDMA Reads (sequence numbers), oldest first.
+    pub orq: VecDeque<u64>,
+    pub tx: Tx,
+    pub sqd_pending: bool,
+}
+
+impl Sq {
+    pub fn get_mut(&mut self, seq: u64) -> Option<&mut SqWqe> {
+        let base = self.wqes.front()?.seq;
+        self.wqes.get_mut(seq.checked_sub(base)? as usize)
+    }
+}
+
+pub(crate) struct QpInner {
+    pub qpn: u32,
+    pub pd: u32,
+    pub core: Arc<Core>,
+    pub send_cq: Arc<CqInner>,
+    pub recv_cq: Arc<CqInner>,
+    pub srq: Option<Arc<SrqInner>>,
+    pub caps: QpCaps,
+    pub sig_all: bool,
+    state: AtomicU8,
+    pub sq: Mutex<Sq>,
+    pub rq: Mutex<VecDeque<RecvWqe>>,
+    pub rx: Mutex<Rx>,
+    pub conn: OnceLock<Conn>,
+    /// Set once the QP has been flushed (so it happens once).
+    flushed: std::sync::atomic::AtomicBool,
+}
+
+impl QpInner {
+    #[inline]
+    pub fn state(&self) -> QpState {
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub fn set_state(&self, s: QpState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    pub fn info(&self) -> crate::device::QpInfo {
+        let c = self.conn.get();
+        crate::device::QpInfo {
+            qpn: self.qpn,
+            pd: self.pd,
+            state: self.state(),
+            local: c.map(|c| c.local),
+            peer: c.map(|c| c.peer),
+            sq_outstanding: self.sq.lock().wqes.len(),
+            rq_posted: self.rq.lock().len(),
+            mpa_revision: c.map_or(0, |c| c.params.revision),
+            crc: c.is_some_and(|c| c.params.crc),
+            ird: c.map_or(0, |c| c.params.ird),
+            ord: c.map_or(0, |c| c.params.ord),
+        }
+    }
+
+    /// Pops finished WRs off the front of the send queue, in order, and
+    /// reports their completions.
+    pub fn complete_in_order(&self, sq: &mut Sq) {
+        while let Some(w) = sq.wqes.front() {
+            let Stage::Done(status) = w.stage else { break };
+            let w = sq.wqes.pop_front().expect("front exists");
+            if w.signaled || self.sig_all || status != WcStatus::Success {
+                self.send_cq.push(WorkCompletion {
+                    wr_id: w.wr_id,
+                    status,
+                    opcode: w.opcode(),
+                    byte_len: w.len as u32,
+                    qp_num: self.qpn,
+                    invalidated_rkey: None,
+                    solicited: false,
+                });
+            }
+        }
+        if sq.sqd_pending && sq.wqes.iter().all(|w| w.seq >= sq.next_tx) && sq.orq.is_empty() {
+            sq.sqd_pending = false;
+            self.core
+                .post_event(crate::device::AsyncEvent::SqDrained { qpn: self.qpn });
+        }
+    }
+
+    /// Moves the QP to ERROR: the WR at fault (the oldest unfinished one)
+    /// completes with `status`, every other outstanding WR with a flush
+    /// status, the connection is closed. Idempotent.
+    pub fn fail(&self, status: WcStatus, event: Option<crate::device::AsyncEvent>) {
+        self.set_state(QpState::Error);
+        if self.flushed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(c) = self.conn.get() {
+            c.close();
+        }
+        {
+            let mut sq = self.sq.lock();
+            let mut first = true;
+            let next_tx = sq.next_tx;
+            for w in sq.wqes.iter_mut() {
+                if !matches!(w.stage, Stage::Done(_)) {
+                    let started = w.seq < next_tx;
+                    w.stage = Stage::Done(if first && started {
+                        status
+                    } else {
+                        WcStatus::WrFlushErr
+                    });
+                    first = false;
+                }
+            }
+            sq.next_tx = sq.next_seq;
+            sq.orq.clear();
+            sq.tx.clear();
+            self.complete_in_order(&mut sq);
+        }
+        let rq: Vec<RecvWqe> = self.rq.lock().drain(..).collect();
+        let cur = self.rx.lock().take_current_recv();
+        for w in cur.into_iter().chain(rq) {
+            self.recv_cq.push(WorkCompletion {
+                wr_id: w.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                qp_num: self.qpn,
+                invalidated_rkey: None,
+                solicited: false,
+            });
+        }
+        if let Some(ev) = event {
+            self.core.post_event(ev);
+        }
+    }
+
+    /// Runs the transmitter with the send queue locked, then handles any
+    /// failure after unlocking (failing takes other locks).
+    pub fn kick_with(&self, mut sq: parking_lot::MutexGuard<'_, Sq>) {
+        let res = match self.conn.get() {
+            Some(c) => crate::iwarp::tx_progress(self, &mut sq, c),
+            None => Ok(()),
+        };
+        let local = sq.tx.pending_fail.take();
+        drop(sq);
+        if let Err(e) = res {
+            self.fail(
+                WcStatus::RetryExcErr,
+                Some(crate::device::AsyncEvent::QpFatal {
+                    qpn: self.qpn,
+                    reason: format!("send failed: {e}"),
+                }),
+            );
+        } else if let Some(reason) = local {
+            self.fail(
+                WcStatus::WrFlushErr,
+                Some(crate::device::AsyncEvent::QpFatal {
+                    qpn: self.qpn,
+                    reason,
+                }),
+            );
+        }
+    }
+
+    /// Fails the QP because of a Terminate we send: queues the Terminate,
+    /// pushes it out (best effort), then closes.
+    pub fn terminate(&self, code: TermCode, hdr: Option<&[u8]>, status: WcStatus) {
+        tracing::warn!(qpn = self.qpn, %code, "sending Terminate");
+        if self.state() != QpState::Error {
+            if let Some(c) = self.conn.get() {
+                let mut sq = self.sq.lock();
+                sq.tx.queue_terminate(code, hdr);
+                let _ = crate::iwarp::tx_progress(self, &mut sq, c);
+            }
+        }
+        self.fail(
+            status,
+            Some(crate::device::AsyncEvent::Terminated {
+                qpn: self.qpn,
+                code,
+                by_peer: false,
+            }),
+        );
+    }
+}
+
+/// An RC queue pair. Dropping it closes its connection and flushes it.
+pub struct QueuePair {
+    pub(crate) inner: Arc<QpInner>,
+    pub(crate) pd: ProtectionDomain,
+    _srq: Option<SharedReceiveQueue>,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueuePair({}, {:?})", self.inner.qpn, self.inner.state())
+    }
+}
+
+impl QueuePair {
+    pub(crate) fn create(pd: &ProtectionDomain, attr: QpInitAttr) -> Result<QueuePair> {
+        let core = pd.dev.rt.core.clone();
+        let dattr = core.config.attr;
+        let c = attr.caps;
+        if c.max_send_wr == 0 || c.max_send_wr > dattr.max_qp_wr as usize {
+            return Err(Error::inval("max_send_wr out of range"));
+        }
+        if attr.srq.is_none() && (c.max_recv_wr == 0 || c.max_recv_wr > dattr.max_qp_wr as usize) {
+            return Err(Error::inval("max_recv_wr out of range"));
+        }
+        if c.max_send_sge == 0 || c.max_send_sge > dattr.max_sge as usize {
+            return Err(Error::inval("max_send_sge out of range"));
+        }
+        if c.max_recv_sge > dattr.max_sge as usize {
+            return Err(Error::inval("max_recv_sge out of range"));
+        }
+        if let Some(s) = &attr.srq {
+            if s.inner.pd != pd.id {
+                return Err(Error::inval("SRQ belongs to another protection domain"));
+            }
+        }
+        if core.qps.read().len() >= dattr.max_qp as usize {
+            return Err(Error::Exhausted("queue pairs"));
+        }
+        let qpn = pd.dev.alloc_qpn();
+        let inner = Arc::new(QpInner {
+            qpn,
+            pd: pd.id,
+            core: core.clone(),
+            send_cq: attr.send_cq.inner.clone(),
+            recv_cq: attr.recv_cq.inner.clone(),
+            srq: attr.srq.as_ref().map(|s| s.inner.clone()),
+            caps: c,
+            sig_all: attr.sq_sig_all,
+            state: AtomicU8::new(QpState::Reset as u8),
+            sq: Mutex::new(Sq {
+                wqes: VecDeque::new(),
+                next_seq: 1,
+                next_tx: 1,
+                orq: VecDeque::new(),
+                tx: Tx::new(),
+                sqd_pending: false,
+            }),
+            rq: Mutex::new(VecDeque::new()),
+            rx: Mutex::new(Rx::new()),
+            conn: OnceLock::new(),
+            flushed: Default::default(),
+        });
+        core.qps.write().insert(qpn, inner.clone());
+        Ok(QueuePair {
+            inner,
+            pd: pd.clone(),
+            _srq: attr.srq,
+        })
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    pub fn state(&self) -> QpState {
+        self.inner.state()
+    }
+
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// Negotiated connection parameters, once connected.
+    pub fn conn_params(&self) -> Option<crate::cm::Negotiated> {
+        self.inner.conn.get().map(|c| c.params)
+    }
+
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.conn.get().map(|c| c.local)
+    }
+
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.conn.get().map(|c| c.peer)
+    }
+
+    /// `ibv_modify_qp` for the state. RTS is reached through the connection
+    /// manager ([`QueuePair::connect`], [`crate::ConnectRequest::accept`]);
+    /// here RTS is only allowed back from SQD.
+    pub fn modify(&self, to: QpState) -> Result<()> {
+        let q = &self.inner;
+        let from = q.state();
+        let ok = match (from, to) {
+            (_, QpState::Error) => {
+                q.fail(WcStatus::WrFlushErr, None);
+                return Ok(());
+            }
+            (QpState::Reset, QpState::Init) => true,
+            (QpState::Init, QpState::Init) => true,
+            (QpState::Init, QpState::Rtr) => true,
+            (QpState::Rts, QpState::Sqd) => {
+                let mut sq = q.sq.lock();
+                q.set_state(QpState::Sqd);
+                sq.sqd_pending = true;
+                q.complete_in_order(&mut sq);
+                return Ok(());
+            }
+            (QpState::Sqd, QpState::Rts) => {
+                let mut sq = q.sq.lock();
+                q.set_state(QpState::Rts);
+                sq.sqd_pending = false;
+                q.kick_with(sq);
+                return Ok(());
+            }
+            (QpState::Error, QpState::Reset) => q.conn.get().is_none(),
+            _ => false,
+        };
+        if !ok {
+            return Err(Error::BadState {
+                qpn: q.qpn,
+                state: from,
+            });
+        }
+        q.set_state(to);
+        Ok(())
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        let q = &self.inner;
+        if q.srq.is_some() {
+            return Err(Error::inval("QP uses a shared receive queue"));
+        }
+        if wr.sgl.len() > q.caps.max_recv_sge {
+            return Err(Error::inval("too many SGEs"));
+        }
+        match q.state() {
+            QpState::Reset => {
+                return Err(Error::BadState {
+                    qpn: q.qpn,
+                    state: QpState::Reset,
+                })
+            }
+            QpState::Error => {
+                q.recv_cq.push(WorkCompletion {
+                    wr_id: wr.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: q.qpn,
+                    ..Default::default()
+                });
+                return Ok(());
+            }
+            _ => {}
+        }
+        let wqe = RecvWqe::resolve(&q.core, q.pd, wr)?;
+        let mut rq = q.rq.lock();
+        if rq.len() >= q.caps.max_recv_wr {
+            return Err(Error::RecvQueueFull);
+        }
+        rq.push_back(wqe);
+        drop(rq);
+        if q.state() == QpState::Error {
+            // Raced with a flush: flush what we just added.
+            q.fail(WcStatus::WrFlushErr, None);
+            let rest: Vec<RecvWqe> = q.rq.lock().drain(..).collect();
+            for w in rest {
+                q.recv_cq.push(WorkCompletion {
+                    wr_id: w.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: q.qpn,
+                    ..Default::default()
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one send-queue work request.
+    pub fn post_send(&self, wr: &SendWr) -> Result<()> {
+        self.post_send_batch(std::slice::from_ref(wr))
+    }
+
+    /// Posts several send-queue work requests with one doorbell.
+    ///
+    /// Local SGEs are resolved here: a WR naming an invalid lkey or memory
+    /// outside its region completes with `LocProtErr` and moves the QP to
+    /// ERROR (as on hardware); the regions stay alive until the WR completes.
+    pub fn post_send_batch(&self, wrs: &[SendWr]) -> Result<()> {
+        let q = &self.inner;
+        let state = q.state();
+        match state {
+            QpState::Rts | QpState::Sqd | QpState::Error => {}
+            s => {
+                return Err(Error::BadState {
+                    qpn: q.qpn,
+                    state: s,
+                })
+            }
+        }
+        let mut sq = q.sq.lock();
+        if sq.wqes.len() + wrs.len() > q.caps.max_send_wr {
+            return Err(Error::SendQueueFull);
+        }
+        let mut bad = false;
+        for wr in wrs {
+            if wr.sgl.len() > q.caps.max_send_sge {
+                return Err(Error::inval("too many SGEs"));
+            }
+            let seq = sq.next_seq;
+            sq.next_seq += 1;
+            let mut w = SqWqe {
+                seq,
+                wr_id: wr.wr_id,
+                op: wr.op.clone(),
+                signaled: wr.flags.contains(SendFlags::SIGNALED),
+                fence: wr.flags.contains(SendFlags::FENCE),
+                solicited: wr.flags.contains(SendFlags::SOLICITED),
+                spans: Vec::new(),
+                len: 0,
+                keep: Vec::new(),
+                stage: Stage::Queued,
+                sink: None,
+            };
+            if q.state() == QpState::Error {
+                w.stage = Stage::Done(WcStatus::WrFlushErr);
+            } else if let Err(st) = resolve_local(q, wr, &mut w) {
+                w.stage = Stage::Done(st);
+                bad = true;
+            }
+            sq.wqes.push_back(w);
+            if bad {
+                break;
+            }
+        }
+        if bad {
+            // The failing WR (at the tail) already carries its status; the
+            // QP goes to ERROR and every other outstanding WR is flushed.
+            drop(sq);
+            q.fail(
+                WcStatus::WrFlushErr,
+                Some(crate::device::AsyncEvent::QpFatal {
+                    qpn: q.qpn,
+                    reason: "local protection error in a posted WR".into(),
+                }),
+            );
+            return Ok(());
+        }
+        if q.state() == QpState::Error {
+            q.complete_in_order(&mut sq);
+            return Ok(());
+        }
+        q.kick_with(sq);
+        Ok(())
+    }
+
+    /// Waits until the QP reaches `state` or the timeout passes.
+    pub fn wait_state(&self, state: QpState, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.state() == state {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::park_timeout(Duration::from_millis(2));
+        }
+    }
+
+    /// Closes the connection (like `rdma_disconnect`): the peer sees a
+    /// disconnect, this QP goes to ERROR and flushes.
+    pub fn disconnect(&self) {
+        let q = &self.inner;
+        if let Some(c) = q.conn.get() {
+            // Push out whatever is queued first (best effort).
+            let mut sq = q.sq.lock();
+            let _ = crate::iwarp::tx_progress(q, &mut sq, c);
+            drop(sq);
+            c.shutdown_write();
+        }
+        q.fail(
+            WcStatus::WrFlushErr,
+            Some(crate::device::AsyncEvent::Disconnected { qpn: q.qpn }),
+        );
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let q = &self.inner;
+        if q.state() != QpState::Error && q.conn.get().is_some() {
+            self.disconnect();
+        }
+        q.fail(WcStatus::WrFlushErr, None);
+        q.core.qps.write().remove(&q.qpn);
+    }
+}
+
+/// Resolves a send WR's local memory; Err is the completion status.
+fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus> {
+    let need = match wr.op {
+        WrOp::RdmaRead { .. } => Access::LOCAL_WRITE,
+        _ => Access::LOCAL_READ,
+    };
+    match &wr.op {
+        WrOp::RdmaRead { .. } if wr.sgl.len() != 1 => return Err(WcStatus::LocQpOpErr),
+        WrOp::LocalInv { .. } => return Ok(()),
+        _ => {}
+    }
+    for sge in &wr.sgl {
+        let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
+        mr.check(q.pd, need, sge.addr, sge.length as u64)
+            .map_err(|_| WcStatus::LocProtErr)?;
+        mr.resolve(sge.addr, sge.length as u64, &mut w.spans);
+        w.len += sge.length as u64;
+        if let WrOp::RdmaRead { .. } = wr.op {
+            w.sink = Some((mr.clone(), sge.addr));
+        }
+        w.keep.push(mr);
+    }
+    if w.len > q.core.config.attr.max_msg_size {
+        return Err(WcStatus::LocLenErr);
+    }
+    Ok(())
+}

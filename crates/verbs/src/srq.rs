@@ -1,0 +1,73 @@
+//! Shared receive queues.
+
+use crate::device::ProtectionDomain;
+use crate::error::{Error, Result};
+use crate::qp::RecvWqe;
+use crate::wr::RecvWr;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+pub(crate) struct SrqInner {
+    pub pd: u32,
+    pub max_wr: usize,
+    pub max_sge: usize,
+    pub q: Mutex<VecDeque<RecvWqe>>,
+}
+
+/// A receive queue shared by several QPs of one protection domain.
+#[derive(Clone)]
+pub struct SharedReceiveQueue {
+    pub(crate) inner: Arc<SrqInner>,
+    pub(crate) pd: ProtectionDomain,
+}
+
+impl std::fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedReceiveQueue(pd {})", self.inner.pd)
+    }
+}
+
+impl SharedReceiveQueue {
+    pub(crate) fn new(
+        pd: &ProtectionDomain,
+        max_wr: usize,
+        max_sge: usize,
+    ) -> Result<SharedReceiveQueue> {
+        if max_wr == 0 || max_sge == 0 {
+            return Err(Error::inval("SRQ depth and SGE count must be > 0"));
+        }
+        Ok(SharedReceiveQueue {
+            inner: Arc::new(SrqInner {
+                pd: pd.id,
+                max_wr,
+                max_sge,
+                q: Mutex::new(VecDeque::new()),
+            }),
+            pd: pd.clone(),
+        })
+    }
+
+    /// Posts a receive buffer that any QP using this SRQ may consume.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        if wr.sgl.len() > self.inner.max_sge {
+            return Err(Error::inval("too many SGEs"));
+        }
+        let wqe = RecvWqe::resolve(&self.pd.dev.rt.core, self.inner.pd, wr)?;
+        let mut q = self.inner.q.lock();
+        if q.len() >= self.inner.max_wr {
+            return Err(Error::RecvQueueFull);
+        }
+        q.push_back(wqe);
+        Ok(())
+    }
+
+    /// Receive buffers posted and not yet consumed.
+    pub fn len(&self) -> usize {
+        self.inner.q.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,184 @@
+//! Work requests.
+
+use crate::mr::Access;
+
+/// A scatter/gather element: `length` bytes at virtual address `addr` of the
+/// region whose local key is `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// Send flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SendFlags(pub u32);
+
+impl SendFlags {
+    pub const NONE: SendFlags = SendFlags(0);
+    /// Generate a completion (always, whatever the QP's default).
+    pub const SIGNALED: SendFlags = SendFlags(1);
+    /// Do not start before every earlier RDMA Read has completed.
+    pub const FENCE: SendFlags = SendFlags(2);
+    /// Ask for a solicited event at the receiver (Sends only).
+    pub const SOLICITED: SendFlags = SendFlags(4);
+
+    pub fn contains(self, o: SendFlags) -> bool {
+        self.0 & o.0 == o.0
+    }
+}
+
+impl std::ops::BitOr for SendFlags {
+    type Output = SendFlags;
+    fn bitor(self, o: SendFlags) -> SendFlags {
+        SendFlags(self.0 | o.0)
+    }
+}
+
+/// The operation of a send-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WrOp {
+    Send,
+    /// Send with Invalidate: the peer invalidates `rkey` on receipt.
+    SendWithInv {
+        rkey: u32,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    /// RDMA Read into the (single) local SGE.
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    /// Invalidate a local STag.
+    LocalInv {
+        stag: u32,
+    },
+    /// Bind a fast-register region's index to the memory of `sgl` under a
+    /// new key byte, at virtual address `iova`, with `access`.
+    FastReg {
+        index_stag: u32,
+        key: u8,
+        iova: u64,
+        access: Access,
+    },
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub op: WrOp,
+    pub sgl: Vec<Sge>,
+    pub flags: SendFlags,
+}
+
+impl SendWr {
+    pub fn send(wr_id: u64, sgl: &[Sge]) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::Send,
+            sgl: sgl.to_vec(),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    pub fn send_inv(wr_id: u64, sgl: &[Sge], rkey: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::SendWithInv { rkey },
+            sgl: sgl.to_vec(),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    pub fn write(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::RdmaWrite { remote_addr, rkey },
+            sgl: sgl.to_vec(),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    pub fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::RdmaRead { remote_addr, rkey },
+            sgl: vec![sge],
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    pub fn local_inv(wr_id: u64, stag: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::LocalInv { stag },
+            sgl: Vec::new(),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    /// Builder: replace the flags.
+    pub fn flags(mut self, f: SendFlags) -> SendWr {
+        self.flags = f;
+        self
+    }
+    /// Builder: make unsignaled.
+    pub fn unsignaled(mut self) -> SendWr {
+        self.flags = SendFlags(self.flags.0 & !SendFlags::SIGNALED.0);
+        self
+    }
+    /// Builder: add the fence flag.
+    pub fn fenced(mut self) -> SendWr {
+        self.flags = self.flags | SendFlags::FENCE;
+        self
+    }
+    /// Builder: add the solicited flag.
+    pub fn solicited(mut self) -> SendWr {
+        self.flags = self.flags | SendFlags::SOLICITED;
+        self
+    }
+    pub fn total_len(&self) -> u64 {
+        self.sgl.iter().map(|s| s.length as u64).sum()
+    }
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sgl: Vec<Sge>,
+}
+
+impl RecvWr {
+    pub fn new(wr_id: u64, sgl: &[Sge]) -> RecvWr {
+        RecvWr {
+            wr_id,
+            sgl: sgl.to_vec(),
+        }
+    }
+}
+
+impl SendWr {
+    /// Fast-register: bind `fr`'s STag index, under key `key`, to the memory
+    /// of `sgl` (SGEs of registered regions), at virtual address `iova`.
+    pub fn fast_reg(
+        wr_id: u64,
+        fr: &crate::FastRegMr,
+        key: u8,
+        sgl: &[Sge],
+        iova: u64,
+        access: Access,
+    ) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::FastReg {
+                index_stag: fr.stag_with_key(key),
+                key,
+                iova,
+                access,
+            },
+            sgl: sgl.to_vec(),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+}

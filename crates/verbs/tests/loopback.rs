@@ -1,0 +1,438 @@
+//! Data-path tests between two QPs over loopback TCP.
+
+mod common;
+use common::*;
+use softrdma_verbs::*;
+
+fn all_params() -> Vec<ConnParams> {
+    let mut v = Vec::new();
+    for rev in [1u8, 2] {
+        for crc in [false, true] {
+            v.push(ConnParams {
+                mpa_revision: rev,
+                crc,
+                ..Default::default()
+            });
+        }
+    }
+    v
+}
+
+#[test]
+fn send_recv_sizes_all_mpa_modes() {
+    for p in all_params() {
+        let sizes = [0usize, 1, 7, 4096, 65_536, 100_000, 1 << 20];
+        let (c, s) = pair_with(p.clone(), ConnParams::default(), |_| {});
+        let rmr = s.pd.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+        let smr = c.pd.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+        for (i, &n) in sizes.iter().enumerate() {
+            let data = pattern(n, i as u8);
+            smr.write_at(0, &data);
+            s.qp.post_recv(&RecvWr::new(i as u64, &[rmr.sge_all()]))
+                .unwrap();
+            c.qp.post_send(&SendWr::send(100 + i as u64, &[smr.sge(0, n)]))
+                .unwrap();
+            let wc = wait(&c.cq);
+            assert_eq!(
+                (wc.status, wc.wr_id, wc.opcode),
+                (WcStatus::Success, 100 + i as u64, WcOpcode::Send)
+            );
+            let wc = wait(&s.cq);
+            assert_eq!(
+                (wc.status, wc.wr_id, wc.opcode),
+                (WcStatus::Success, i as u64, WcOpcode::Recv),
+                "{p:?} size {n}"
+            );
+            assert_eq!(wc.byte_len as usize, n);
+            let mut got = vec![0; n];
+            rmr.read_at(0, &mut got);
+            assert!(got == data, "payload mismatch at size {n} with {p:?}");
+        }
+        let np = c.qp.conn_params().unwrap();
+        assert_eq!(np.revision, p.mpa_revision);
+        assert_eq!(np.crc, p.crc);
+    }
+}
+
+#[test]
+fn rdma_write_and_read_multi_segment() {
+    for p in all_params() {
+        let (c, s) = pair_with(p.clone(), ConnParams::default(), |_| {});
+        let n = 3 * 65_536 + 123;
+        let remote =
+            s.pd.alloc_mr(
+                n,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+        let local = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+        let data = pattern(n, 9);
+        local.write_at(0, &data);
+        c.qp.post_send(&SendWr::write(
+            1,
+            &[local.sge_all()],
+            remote.addr(),
+            remote.rkey(),
+        ))
+        .unwrap();
+        assert_eq!(wait(&c.cq).status, WcStatus::Success);
+        // A Read after the Write sees the written data (RDMA ordering).
+        let back = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+        c.qp.post_send(&SendWr::read(
+            2,
+            back.sge_all(),
+            remote.addr(),
+            remote.rkey(),
+        ))
+        .unwrap();
+        let wc = wait(&c.cq);
+        assert_eq!(
+            (wc.status, wc.wr_id, wc.opcode),
+            (WcStatus::Success, 2, WcOpcode::RdmaRead)
+        );
+        assert!(back.to_vec() == data, "read-back mismatch with {p:?}");
+        assert!(remote.to_vec() == data);
+    }
+}
+
+#[test]
+fn scatter_gather_send_and_write() {
+    let (c, s) = pair();
+    let a = c.pd.alloc_mr(1000, Access::LOCAL_WRITE).unwrap();
+    let b = c.pd.alloc_mr(70_000, Access::LOCAL_WRITE).unwrap();
+    a.write_at(0, &pattern(1000, 1));
+    b.write_at(0, &pattern(70_000, 2));
+    let r1 = s.pd.alloc_mr(500, Access::LOCAL_WRITE).unwrap();
+    let r2 = s.pd.alloc_mr(80_000, Access::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(&RecvWr::new(7, &[r1.sge_all(), r2.sge_all()]))
+        .unwrap();
+    c.qp.post_send(&SendWr::send(1, &[a.sge_all(), b.sge_all()]))
+        .unwrap();
+    assert!(wait(&c.cq).is_ok());
+    let wc = wait(&s.cq);
+    assert_eq!(wc.byte_len, 71_000);
+    let mut want = pattern(1000, 1);
+    want.extend(pattern(70_000, 2));
+    let mut got = r1.to_vec();
+    got.extend(&r2.to_vec()[..70_500]);
+    assert!(got == want);
+}
+
+#[test]
+fn completions_in_order_with_unsignaled_and_fence() {
+    let (c, s) = pair();
+    let remote =
+        s.pd.alloc_mr(
+            1 << 20,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    remote.write_at(0, &pattern(1 << 20, 3));
+    let local = c.pd.alloc_mr(2 << 20, Access::LOCAL_WRITE).unwrap();
+    let mut wrs = Vec::new();
+    // A big Read, then Writes; completions come in post order.
+    wrs.push(SendWr::read(
+        1,
+        local.sge(0, 1 << 20),
+        remote.addr(),
+        remote.rkey(),
+    ));
+    for i in 0..20u64 {
+        let w = SendWr::write(
+            10 + i,
+            &[local.sge(1 << 20, 64)],
+            remote.addr(),
+            remote.rkey(),
+        );
+        wrs.push(if i % 2 == 0 { w.unsignaled() } else { w });
+    }
+    // A fenced Write of what the Read brought back.
+    wrs.push(
+        SendWr::write(
+            99,
+            &[local.sge(0, 4096)],
+            remote.addr() + 8192,
+            remote.rkey(),
+        )
+        .fenced(),
+    );
+    c.qp.post_send_batch(&wrs).unwrap();
+    let mut ids = Vec::new();
+    while ids.len() < 12 {
+        let wc = wait(&c.cq);
+        assert!(wc.is_ok(), "{wc:?}");
+        ids.push(wc.wr_id);
+    }
+    let mut want = vec![1];
+    want.extend((0..20u64).filter(|i| i % 2 == 1).map(|i| 10 + i));
+    want.push(99);
+    assert_eq!(ids, want);
+}
+
+#[test]
+fn send_with_invalidate_invalidates_before_completion() {
+    let (c, s) = pair();
+    // The server exposes a region and the client invalidates it with its
+    // reply.
+    let exposed =
+        s.pd.alloc_mr_with(
+            4096,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            RegOptions {
+                key: Some(0x5a),
+                invalidatable: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(exposed.rkey() & 0xff, 0x5a);
+    let rbuf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(&RecvWr::new(5, &[rbuf.sge_all()])).unwrap();
+    let m = c.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_send(&SendWr::send_inv(1, &[m.sge_all()], exposed.rkey()))
+        .unwrap();
+    assert!(wait(&c.cq).is_ok());
+    let wc = wait(&s.cq);
+    assert!(wc.is_ok());
+    assert_eq!(wc.invalidated_rkey, Some(exposed.rkey()));
+    assert!(!exposed.is_valid());
+    // A Write to the invalidated STag is refused by the target with a
+    // Terminate (invalid STag); both QPs end in ERROR. (An RDMA Write
+    // completes at the initiator once sent, as on any iWARP stack.)
+    c.qp.post_send(&SendWr::write(
+        2,
+        &[m.sge_all()],
+        exposed.addr(),
+        exposed.rkey(),
+    ))
+    .unwrap();
+    assert!(s.qp.wait_state(QpState::Error, T));
+    assert!(c.qp.wait_state(QpState::Error, T));
+    let mut saw = None;
+    while let Some(ev) = s.dev.next_event(std::time::Duration::from_millis(200)) {
+        if let AsyncEvent::Terminated { code, by_peer, .. } = ev {
+            saw = Some((code, by_peer));
+        }
+    }
+    let (code, _) = saw.expect("a Terminate event");
+    assert_eq!(code, wire::terminate::codes::DDP_TAGGED_INVALID_STAG);
+}
+
+#[test]
+fn solicited_only_notification() {
+    let (c, s) = pair();
+    let rbuf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..2 {
+        s.qp.post_recv(&RecvWr::new(i, &[rbuf.sge(0, 64)])).unwrap();
+    }
+    let m = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    s.cq.req_notify(true);
+    c.qp.post_send(&SendWr::send(1, &[m.sge_all()])).unwrap();
+    assert!(wait(&c.cq).is_ok());
+    // The plain Send arrives but does not fire a solicited-only event.
+    while s.cq.is_empty() {
+        std::thread::yield_now();
+    }
+    assert!(!s.cq.wait_event(Some(std::time::Duration::from_millis(50))));
+    c.qp.post_send(&SendWr::send(2, &[m.sge_all()]).solicited())
+        .unwrap();
+    assert!(s.cq.wait_event(Some(T)), "solicited Send fires the event");
+    let a = wait(&s.cq);
+    let b = wait(&s.cq);
+    assert!(!a.solicited && b.solicited);
+}
+
+#[test]
+fn fast_register_binds_new_key() {
+    let (c, s) = pair();
+    let backing = s.pd.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+    let fr = s.pd.alloc_fast_reg_mr().unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let iova = 0x1000_0000u64;
+    s.qp.post_send(&SendWr::fast_reg(
+        1,
+        &fr,
+        0x33,
+        &[backing.sge(4096, 4096)],
+        iova,
+        access,
+    ))
+    .unwrap();
+    let wc = wait(&s.cq);
+    assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::RegMr));
+    let stag = fr.stag_with_key(0x33);
+    assert_eq!(fr.current_stag(), Some(stag));
+    let m = c.pd.alloc_mr(100, Access::LOCAL_WRITE).unwrap();
+    m.write_at(0, &pattern(100, 4));
+    let r = s.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(&RecvWr::new(9, &[r.sge_all()])).unwrap();
+    c.qp.post_send(&SendWr::write(2, &[m.sge_all()], iova + 10, stag))
+        .unwrap();
+    // A Send after the Write: once it is received, the Write is placed.
+    c.qp.post_send(&SendWr::send(3, &[m.sge(0, 8)])).unwrap();
+    assert!(wait(&c.cq).is_ok());
+    assert!(wait(&c.cq).is_ok());
+    assert_eq!(wait(&s.cq).wr_id, 9);
+    s.qp.post_send(&SendWr::local_inv(3, stag)).unwrap();
+    assert!(wait(&s.cq).is_ok());
+    assert_eq!(fr.current_stag(), None);
+    let mut got = vec![0; 100];
+    backing.read_at(4096 + 10, &mut got);
+    assert_eq!(got, pattern(100, 4));
+}
+
+#[test]
+fn disconnect_flushes_both_sides() {
+    let (c, s) = pair();
+    let r = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..3 {
+        s.qp.post_recv(&RecvWr::new(i, &[r.sge_all()])).unwrap();
+    }
+    c.qp.disconnect();
+    assert_eq!(c.qp.state(), QpState::Error);
+    assert!(s.qp.wait_state(QpState::Error, T));
+    for _ in 0..3 {
+        assert_eq!(wait(&s.cq).status, WcStatus::WrFlushErr);
+    }
+    let ev = s.dev.next_event(T).unwrap();
+    assert!(matches!(ev, AsyncEvent::Disconnected { .. }), "{ev:?}");
+    // Posting on an errored QP completes at once with a flush status.
+    s.qp.post_recv(&RecvWr::new(9, &[r.sge_all()])).unwrap();
+    assert_eq!(wait(&s.cq).status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn reject_with_private_data() {
+    let dev = Device::open_default().unwrap();
+    let l = dev.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let req = l.get_request().unwrap();
+        assert_eq!(req.private_data(), b"hello");
+        req.reject(b"go away").unwrap();
+    });
+    let c = side(&dev, QpCaps::default());
+    let err =
+        c.qp.connect(
+            addr,
+            &ConnParams {
+                private_data: b"hello".to_vec(),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    match err {
+        Error::Rejected { private_data } => assert_eq!(private_data, b"go away"),
+        e => panic!("expected a reject, got {e}"),
+    }
+    t.join().unwrap();
+}
+
+#[test]
+fn private_data_and_ird_ord_negotiation() {
+    let pc = ConnParams {
+        private_data: b"from client".to_vec(),
+        ird: 4,
+        ord: 8,
+        ..Default::default()
+    };
+    let ps = ConnParams {
+        private_data: b"from server".to_vec(),
+        ird: 2,
+        ord: 3,
+        ..Default::default()
+    };
+    let dev = Device::open_default().unwrap();
+    let l = dev.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let s = side(&dev, QpCaps::default());
+    let t = std::thread::spawn(move || {
+        let req = l.get_request().unwrap();
+        assert_eq!(req.private_data(), b"from client");
+        assert_eq!(req.ird_ord(), Some((4, 8)));
+        req.accept(&s.qp, &ps).unwrap();
+        s
+    });
+    let c = side(&dev, QpCaps::default());
+    let pd = c.qp.connect(addr, &pc).unwrap();
+    let s = t.join().unwrap();
+    assert_eq!(pd, b"from server");
+    let nc = c.qp.conn_params().unwrap();
+    let ns = s.qp.conn_params().unwrap();
+    // Server: ORD limited by the client's IRD (4 > 3 so 3); IRD raised to
+    // the client's ORD (8).
+    assert_eq!((ns.ird, ns.ord), (8, 3));
+    // Client: ORD limited by the server's IRD (8).
+    assert_eq!((nc.ird, nc.ord), (4, 8));
+}
+
+#[test]
+fn peer_to_peer_rtr() {
+    let p = ConnParams {
+        p2p: true,
+        ..Default::default()
+    };
+    let (c, s) = pair_with(p, ConnParams::default(), |_| {});
+    assert!(c.qp.conn_params().unwrap().p2p);
+    assert!(s.qp.conn_params().unwrap().p2p);
+    // Server sends first: it must have waited for the RTR, then the Send
+    // goes through.
+    let r = c.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_recv(&RecvWr::new(1, &[r.sge_all()])).unwrap();
+    let m = s.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    m.write_at(0, b"after RTR, hello");
+    s.qp.post_send(&SendWr::send(2, &[m.sge_all()])).unwrap();
+    assert!(wait(&s.cq).is_ok());
+    assert!(wait(&c.cq).is_ok());
+    assert_eq!(r.to_vec(), b"after RTR, hello");
+}
+
+#[test]
+fn shared_receive_queue_serves_two_qps() {
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let srq = pd.create_srq(16, 1).unwrap();
+    let buf = pd.alloc_mr(4 * 64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        srq.post_recv(&RecvWr::new(i, &[buf.sge(i as usize * 64, 64)]))
+            .unwrap();
+    }
+    let l = dev.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut server_qps = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let mut attr = QpInitAttr::new(&cq);
+        attr.srq = Some(srq.clone());
+        let sq = pd.create_qp(attr).unwrap();
+        let c = side(&dev, QpCaps::default());
+        let t = std::thread::spawn(move || {
+            c.qp.connect(addr, &ConnParams::default()).unwrap();
+            c
+        });
+        l.get_request()
+            .unwrap()
+            .accept(&sq, &ConnParams::default())
+            .unwrap();
+        server_qps.push(sq);
+        clients.push(t.join().unwrap());
+    }
+    for (i, c) in clients.iter().enumerate() {
+        let m = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        m.write_at(0, &[i as u8; 8]);
+        c.qp.post_send(&SendWr::send(1, &[m.sge_all()])).unwrap();
+        assert!(wait(&c.cq).is_ok());
+    }
+    let mut qpns = Vec::new();
+    for _ in 0..2 {
+        let wc = wait(&cq);
+        assert!(wc.is_ok());
+        qpns.push(wc.qp_num);
+    }
+    qpns.sort();
+    let mut want: Vec<u32> = server_qps.iter().map(|q| q.qp_num()).collect();
+    want.sort();
+    assert_eq!(qpns, want);
+    assert_eq!(srq.len(), 2);
+}
