@@ -1,1 +1,17 @@
-//! placeholder
+//! softrdma-store: the highly available remote memory store.
+//!
+//! The engine-independent parts of the store, each usable and tested on its
+//! own; the RDMA verbs engine plugs in behind the message seam of
+//! [`node`] (see `docs/store.md`).
+//!
+//! * [`arena`]: fixed-address mappings (all `unsafe` lives there).
+//! * [`alloc`]: deterministic allocator over arena offsets.
+//! * [`object`]: object header and torn-read detection.
+//! * [`ptr`]: remote pointers, their encodings and validation.
+
+#![deny(missing_docs)]
+
+pub mod alloc;
+pub mod arena;
+pub mod object;
+pub mod ptr;

@@ -1,0 +1,431 @@
+//! Fixed-address memory arenas.
+//!
+//! A replica group's nodes all map their arena at the **same virtual
+//! address**, so that a [`RemotePtr`](crate::ptr::RemotePtr) (virtual address
+//! plus STag plus length) handed out by one node is valid on the other. This
+//! module owns that mapping:
+//!
+//! * [`Arena::map_at`] maps `len` anonymous bytes at exactly `addr` with
+//!   `mmap(MAP_FIXED_NOREPLACE)`. If any part of the range is already mapped
+//!   it fails with [`ArenaError::AddressTaken`], naming the address; it never
+//!   relocates silently and never clobbers an existing mapping.
+//! * [`Arena::map_anywhere`] lets the kernel choose (no hint) and keeps that
+//!   mapping: this is how a primary *proposes* the address that its
+//!   secondaries then request with [`Arena::map_at`].
+//! * [`Arena::read`] / [`Arena::write`] copy bytes in and out at an offset with
+//!   bounds checks. No Rust reference into the mapping is ever handed out: the
+//!   RDMA engine reads (and, during recovery, writes) the same memory through
+//!   raw pointers, so all access goes through `ptr::copy_nonoverlapping`.
+//!
+//! All of the crate's `unsafe` code lives in this file.
+//!
+//! The [`Memory`] trait abstracts "bytes at offsets" so that the replication
+//! state machine can run over a real [`Arena`] or, in the deterministic
+//! simulation where two nodes live in one process, over a [`HeapMemory`].
+
+use std::fmt;
+use std::ptr::NonNull;
+
+/// Size of a page; arena addresses and lengths must be multiples of it.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// Whether an arena's pages may be shared with a child process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArenaKind {
+    /// `MAP_PRIVATE | MAP_ANONYMOUS`.
+    Private,
+    /// `MAP_SHARED | MAP_ANONYMOUS`: survives `fork` as shared memory.
+    Shared,
+}
+
+/// Errors from mapping or accessing an arena.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArenaError {
+    /// Part of `[addr, addr + len)` is already mapped in this process.
+    #[error(
+        "arena address range {addr:#x}..{end:#x} ({len} bytes) is already in use in this process; \
+         choose another arena address (or let the primary propose one)",
+        end = addr + len
+    )]
+    AddressTaken {
+        /// Requested start address.
+        addr: u64,
+        /// Requested length.
+        len: u64,
+    },
+    /// The address or length is not page aligned, or the length is zero.
+    #[error("arena address {addr:#x} / length {len} must be non-zero multiples of {PAGE_SIZE}")]
+    Misaligned {
+        /// Requested start address.
+        addr: u64,
+        /// Requested length.
+        len: u64,
+    },
+    /// The kernel refused the mapping for another reason.
+    #[error("mmap of {len} bytes at {addr:#x} failed: {reason}")]
+    Map {
+        /// Requested start address (0: no hint).
+        addr: u64,
+        /// Requested length.
+        len: u64,
+        /// `strerror` text.
+        reason: String,
+    },
+    /// An access fell outside the arena.
+    #[error("access of {len} bytes at offset {offset} is outside the arena of {arena_len} bytes")]
+    OutOfBounds {
+        /// Offset of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Length of the arena.
+        arena_len: u64,
+    },
+}
+
+/// Bytes addressed by offset: an [`Arena`] or a [`HeapMemory`].
+pub trait Memory {
+    /// Length in bytes.
+    fn len(&self) -> u64;
+    /// Whether the memory has no bytes (never true for a valid arena).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `buf.len()` bytes at `offset` into `buf`.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArenaError>;
+    /// Copies `data` to `offset`.
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), ArenaError>;
+}
+
+fn check_range(offset: u64, len: usize, arena_len: u64) -> Result<(), ArenaError> {
+    let len = len as u64;
+    match offset.checked_add(len) {
+        Some(end) if end <= arena_len => Ok(()),
+        _ => Err(ArenaError::OutOfBounds {
+            offset,
+            len,
+            arena_len,
+        }),
+    }
+}
+
+/// An anonymous mapping at a fixed virtual address, unmapped on drop.
+pub struct Arena {
+    base: NonNull<u8>,
+    len: u64,
+    kind: ArenaKind,
+}
+
+// SAFETY: `Arena` owns its mapping exclusively (like a `Box<[u8]>`); the raw
+// pointer is only dereferenced inside `read` (shared access, `&self`) and
+// `write` (exclusive access, `&mut self`), so the usual borrow rules make it
+// safe to move and share across threads.
+unsafe impl Send for Arena {}
+// SAFETY: see `Send`; `&Arena` only permits reads.
+unsafe impl Sync for Arena {}
+
+impl fmt::Debug for Arena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arena")
+            .field("base", &format_args!("{:#x}", self.base_addr()))
+            .field("len", &self.len)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+fn flags(kind: ArenaKind) -> libc::c_int {
+    libc::MAP_ANONYMOUS
+        | match kind {
+            ArenaKind::Private => libc::MAP_PRIVATE,
+            ArenaKind::Shared => libc::MAP_SHARED,
+        }
+}
+
+fn errno_text() -> String {
+    std::io::Error::last_os_error().to_string()
+}
+
+fn check_aligned(addr: u64, len: u64) -> Result<(), ArenaError> {
+    if len == 0 || !len.is_multiple_of(PAGE_SIZE) || !addr.is_multiple_of(PAGE_SIZE) {
+        return Err(ArenaError::Misaligned { addr, len });
+    }
+    Ok(())
+}
+
+impl Arena {
+    /// Maps `len` bytes at exactly `addr`, refusing if any part is taken.
+    pub fn map_at(addr: u64, len: u64, kind: ArenaKind) -> Result<Arena, ArenaError> {
+        check_aligned(addr, len)?;
+        if addr == 0 || addr.checked_add(len).is_none() {
+            return Err(ArenaError::Misaligned { addr, len });
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping, so
+        // this cannot invalidate memory that other code relies on; the result
+        // is checked before use.
+        let got = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags(kind) | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if got == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EEXIST) {
+                return Err(ArenaError::AddressTaken { addr, len });
+            }
+            return Err(ArenaError::Map {
+                addr,
+                len,
+                reason: err.to_string(),
+            });
+        }
+        if got as u64 != addr {
+            // A kernel older than 4.17 treats the flag as a mere hint and
+            // may place the mapping elsewhere: undo it and report.
+            // SAFETY: `got` is the mapping just created, of `len` bytes, and
+            // nothing else refers to it.
+            unsafe { libc::munmap(got, len as usize) };
+            return Err(ArenaError::AddressTaken { addr, len });
+        }
+        let base = NonNull::new(got as *mut u8).expect("mmap returned a null mapping");
+        Ok(Arena { base, len, kind })
+    }
+
+    /// Maps `len` bytes wherever the kernel chooses and keeps the mapping;
+    /// [`base_addr`](Arena::base_addr) is then the address to propose to
+    /// the other nodes of the group.
+    pub fn map_anywhere(len: u64, kind: ArenaKind) -> Result<Arena, ArenaError> {
+        check_aligned(0, len)?;
+        // SAFETY: a null hint without MAP_FIXED lets the kernel pick an unused
+        // range; the result is checked before use.
+        let got = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags(kind),
+                -1,
+                0,
+            )
+        };
+        if got == libc::MAP_FAILED {
+            return Err(ArenaError::Map {
+                addr: 0,
+                len,
+                reason: errno_text(),
+            });
+        }
+        let base = NonNull::new(got as *mut u8).expect("mmap returned a null mapping");
+        Ok(Arena { base, len, kind })
+    }
+
+    /// Virtual address of the first byte.
+    pub fn base_addr(&self) -> u64 {
+        self.base.as_ptr() as u64
+    }
+
+    /// The mapping kind.
+    pub fn kind(&self) -> ArenaKind {
+        self.kind
+    }
+
+    /// Raw pointer to the first byte, for memory registration with the RDMA
+    /// engine. The engine may read and write through it concurrently with
+    /// this arena's own copies (that is what the object checksums are for).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Whether `[addr, addr + len)` lies inside the arena.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.base_addr()
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.base_addr() + self.len)
+    }
+}
+
+impl Memory for Arena {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArenaError> {
+        check_range(offset, buf.len(), self.len)?;
+        // SAFETY: the range was checked to lie inside the live mapping, and
+        // `buf` is a distinct Rust allocation, so the regions don't overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(offset as usize),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), ArenaError> {
+        check_range(offset, data.len(), self.len)?;
+        // SAFETY: as in `read`, with the direction reversed; `&mut self`
+        // excludes concurrent access from safe code.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.base.as_ptr().add(offset as usize),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` describe exactly the mapping created in the
+        // constructor, and no reference into it can outlive `self`.
+        let rc =
+            unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len as usize) };
+        debug_assert_eq!(rc, 0, "munmap failed: {}", errno_text());
+    }
+}
+
+/// Heap-backed [`Memory`], used where several nodes share one process
+/// (the simulation) and so cannot all map the same virtual address.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeapMemory {
+    bytes: Vec<u8>,
+}
+
+impl fmt::Debug for HeapMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HeapMemory({} bytes)", self.bytes.len())
+    }
+}
+
+impl HeapMemory {
+    /// `len` zero bytes.
+    pub fn new(len: u64) -> HeapMemory {
+        HeapMemory {
+            bytes: vec![0; len as usize],
+        }
+    }
+
+    /// Wraps existing bytes.
+    pub fn from_bytes(bytes: Vec<u8>) -> HeapMemory {
+        HeapMemory { bytes }
+    }
+
+    /// All bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Memory for HeapMemory {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArenaError> {
+        check_range(offset, buf.len(), self.len())?;
+        let o = offset as usize;
+        buf.copy_from_slice(&self.bytes[o..o + buf.len()]);
+        Ok(())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), ArenaError> {
+        check_range(offset, data.len(), self.len())?;
+        let o = offset as usize;
+        self.bytes[o..o + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn map_at_chosen_address_and_refuse_second_mapping() {
+        // Reserve a free range, release it, then map exactly there.
+        let probe = Arena::map_anywhere(4 * MIB, ArenaKind::Private).unwrap();
+        let addr = probe.base_addr();
+        drop(probe);
+        let mut a = match Arena::map_at(addr, 4 * MIB, ArenaKind::Private) {
+            Ok(a) => a,
+            // Another test thread may have taken the hole meanwhile; a
+            // fixed high address is then used instead.
+            Err(ArenaError::AddressTaken { .. }) => {
+                Arena::map_at(0x3a00_0000_0000, 4 * MIB, ArenaKind::Private).unwrap()
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let addr = a.base_addr();
+        assert_eq!(a.len(), 4 * MIB);
+        a.write(100, b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        a.read(100, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+
+        let err = Arena::map_at(addr, 4 * MIB, ArenaKind::Private).unwrap_err();
+        assert_eq!(err, ArenaError::AddressTaken { addr, len: 4 * MIB });
+        let text = err.to_string();
+        assert!(text.contains(&format!("{addr:#x}")), "{text}");
+        assert!(text.contains("already in use"), "{text}");
+
+        // A partial overlap is refused too, and the first mapping survives.
+        let err = Arena::map_at(addr + 2 * MIB, 4 * MIB, ArenaKind::Shared).unwrap_err();
+        assert!(matches!(err, ArenaError::AddressTaken { .. }));
+        a.read(100, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+    }
+
+    #[test]
+    fn fixed_address_is_honoured_and_released_on_drop() {
+        let addr = 0x3b00_0000_0000;
+        let a = Arena::map_at(addr, MIB, ArenaKind::Shared).unwrap();
+        assert_eq!(a.base_addr(), addr);
+        assert!(a.contains(addr, MIB));
+        assert!(!a.contains(addr, MIB + 1));
+        assert!(!a.contains(addr - 1, 1));
+        drop(a);
+        // After drop the range is free again.
+        let b = Arena::map_at(addr, MIB, ArenaKind::Private).unwrap();
+        assert_eq!(b.base_addr(), addr);
+    }
+
+    #[test]
+    fn bounds_and_alignment_are_checked() {
+        assert!(matches!(
+            Arena::map_at(0x3c00_0000_0001, MIB, ArenaKind::Private),
+            Err(ArenaError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            Arena::map_anywhere(100, ArenaKind::Private),
+            Err(ArenaError::Misaligned { .. })
+        ));
+        let mut a = Arena::map_anywhere(PAGE_SIZE, ArenaKind::Private).unwrap();
+        let mut buf = [0u8; 8];
+        assert!(a.read(PAGE_SIZE - 8, &mut buf).is_ok());
+        assert_eq!(
+            a.read(PAGE_SIZE - 7, &mut buf),
+            Err(ArenaError::OutOfBounds {
+                offset: PAGE_SIZE - 7,
+                len: 8,
+                arena_len: PAGE_SIZE
+            })
+        );
+        assert!(a.write(u64::MAX, b"x").is_err());
+        let mut h = HeapMemory::new(16);
+        assert!(h.write(15, b"ab").is_err());
+        h.write(14, b"ab").unwrap();
+        assert_eq!(&h.bytes()[14..], b"ab");
+    }
+}
