@@ -197,15 +197,23 @@ impl Allocator {
         }
     }
 
-    /// Allocates `len` bytes (rounded up to [`ALIGN`]); returns the offset.
-    pub fn alloc(&mut self, len: u64) -> Result<u64, AllocError> {
+    /// The offset [`alloc`](Allocator::alloc) would return for `len`,
+    /// without allocating.
+    pub fn find_fit(&self, len: u64) -> Result<u64, AllocError> {
         let rounded = self.check_len(len)?;
-        let Some(&(_, start)) = self.by_size.range((rounded, 0)..).next() else {
-            return Err(AllocError::Full {
+        match self.by_size.range((rounded, 0)..).next() {
+            Some(&(_, start)) => Ok(start),
+            None => Err(AllocError::Full {
                 requested: len,
                 largest_free: self.largest_free(),
-            });
-        };
+            }),
+        }
+    }
+
+    /// Allocates `len` bytes (rounded up to [`ALIGN`]); returns the offset.
+    pub fn alloc(&mut self, len: u64) -> Result<u64, AllocError> {
+        let start = self.find_fit(len)?;
+        let rounded = round_up(len).expect("checked by find_fit");
         self.carve(start, start, rounded);
         Ok(start)
     }

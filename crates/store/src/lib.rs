@@ -13,5 +13,9 @@
 
 pub mod alloc;
 pub mod arena;
+pub mod coord;
+pub mod node;
 pub mod object;
+pub mod proto;
 pub mod ptr;
+pub mod sim;

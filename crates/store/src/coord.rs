@@ -1,0 +1,264 @@
+//! Coordinators: who is primary of a group, under which epoch.
+//!
+//! A replica group's leadership lives in a coordinator, not in the nodes:
+//!
+//! * a **record** per group: `epoch`, `primary` and the `in_sync` secondary
+//!   (the one node holding every acknowledged write), each a
+//!   [`Member`] (node id + incarnation, so a restarted node that lost its
+//!   memory is not mistaken for its former self);
+//! * a **lease** with a TTL held by the primary, renewed by
+//!   [`Coordinator::keep_alive`].
+//!
+//! Rules (identical in every implementation):
+//!
+//! * [`campaign`](Coordinator::campaign) wins iff the lease is free (or
+//!   already the caller's) and the caller is *eligible*: there is no record
+//!   yet (bootstrap), or it is the record's primary or in-sync member. Winning
+//!   writes a new record `{new epoch, caller, in_sync: none}`.
+//! * [`set_in_sync`](Coordinator::set_in_sync) succeeds only for the current
+//!   primary holding the lease at the current epoch (compare-and-set) and
+//!   bumps the epoch.
+//! * Epochs only grow.
+//!
+//! Hence a primary may acknowledge writes alone ("degraded") only after it
+//! has recorded `in_sync: none`; from then on the former secondary can never
+//! win a campaign, so no acknowledged write can be lost by promoting it.
+//!
+//! Implementations: [`LeaseTable`] (pure, explicit time; the heart of the
+//! embedded coordinator and of the simulation), `embedded` (a tiny TCP
+//! server on loopback plus its client) and `etcd`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::proto::Member;
+
+// pub mod embedded;
+// pub mod etcd;
+
+/// A group's leadership record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupRecord {
+    /// Current epoch.
+    pub epoch: u64,
+    /// The primary elected at `epoch`.
+    pub primary: Member,
+    /// The secondary that holds every acknowledged write, if any.
+    pub in_sync: Option<Member>,
+    /// Whether the primary's lease is live.
+    pub lease_held: bool,
+}
+
+/// Result of a campaign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Campaign {
+    /// The caller is primary at `epoch`.
+    Won {
+        /// The new epoch.
+        epoch: u64,
+    },
+    /// Someone else is primary, or the caller is not eligible.
+    Lost {
+        /// The record as it stands.
+        record: Option<GroupRecord>,
+    },
+}
+
+/// Errors talking to a coordinator (not refusals: those are values).
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    /// I/O with the coordinator failed.
+    #[error("coordinator unreachable: {0}")]
+    Io(String),
+    /// The coordinator answered something unexpected.
+    #[error("coordinator protocol error: {0}")]
+    Protocol(String),
+    /// The coordinator could not be started.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// A coordinator, as used by a node's runtime (blocking calls).
+pub trait Coordinator: Send + Sync {
+    /// Tries to become primary of `group`.
+    fn campaign(&self, group: &str, me: Member, ttl: Duration) -> Result<Campaign, CoordError>;
+    /// Renews the lease; `false` if `me` is no longer primary at `epoch`.
+    fn keep_alive(&self, group: &str, me: Member, epoch: u64) -> Result<bool, CoordError>;
+    /// Records the in-sync secondary; returns the new epoch, or `None` if
+    /// `me` is no longer primary at `epoch`.
+    fn set_in_sync(
+        &self,
+        group: &str,
+        me: Member,
+        epoch: u64,
+        in_sync: Option<Member>,
+    ) -> Result<Option<u64>, CoordError>;
+    /// Gives up the lease (the record stays, so the in-sync secondary can
+    /// take over at once).
+    fn resign(&self, group: &str, me: Member, epoch: u64) -> Result<(), CoordError>;
+    /// Reads the record (poll).
+    fn get(&self, group: &str) -> Result<Option<GroupRecord>, CoordError>;
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    epoch: u64,
+    primary: Member,
+    in_sync: Option<Member>,
+    /// Lease expiry (time units of the caller), `None` when resigned.
+    expires: Option<u64>,
+    ttl: u64,
+}
+
+impl Entry {
+    fn held(&self, now: u64) -> bool {
+        self.expires.is_some_and(|e| now < e)
+    }
+    fn record(&self, now: u64) -> GroupRecord {
+        GroupRecord {
+            epoch: self.epoch,
+            primary: self.primary,
+            in_sync: self.in_sync,
+            lease_held: self.held(now),
+        }
+    }
+}
+
+/// The coordinator's rules over explicit time (any monotonic unit, e.g.
+/// microseconds). Deterministic; no I/O.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseTable {
+    groups: BTreeMap<String, Entry>,
+}
+
+impl LeaseTable {
+    /// An empty table.
+    pub fn new() -> LeaseTable {
+        LeaseTable::default()
+    }
+
+    /// See [`Coordinator::campaign`].
+    pub fn campaign(&mut self, group: &str, me: Member, ttl: u64, now: u64) -> Campaign {
+        let next_epoch = match self.groups.get(group) {
+            None => 1,
+            Some(e) => {
+                let lease_ok = !e.held(now) || e.primary == me;
+                let eligible = e.primary == me || e.in_sync == Some(me);
+                if !(lease_ok && eligible) {
+                    return Campaign::Lost {
+                        record: Some(e.record(now)),
+                    };
+                }
+                e.epoch + 1
+            }
+        };
+        self.groups.insert(
+            group.to_string(),
+            Entry {
+                epoch: next_epoch,
+                primary: me,
+                in_sync: None,
+                expires: Some(now + ttl),
+                ttl,
+            },
+        );
+        Campaign::Won { epoch: next_epoch }
+    }
+
+    fn current_mut(&mut self, group: &str, me: Member, epoch: u64, now: u64) -> Option<&mut Entry> {
+        self.groups
+            .get_mut(group)
+            .filter(|e| e.primary == me && e.epoch == epoch && e.held(now))
+    }
+
+    /// See [`Coordinator::keep_alive`].
+    pub fn keep_alive(&mut self, group: &str, me: Member, epoch: u64, now: u64) -> bool {
+        match self.current_mut(group, me, epoch, now) {
+            Some(e) => {
+                e.expires = Some(now + e.ttl);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// See [`Coordinator::set_in_sync`].
+    pub fn set_in_sync(
+        &mut self,
+        group: &str,
+        me: Member,
+        epoch: u64,
+        in_sync: Option<Member>,
+        now: u64,
+    ) -> Option<u64> {
+        let e = self.current_mut(group, me, epoch, now)?;
+        assert!(
+            in_sync.is_none_or(|m| m.node != me.node),
+            "a primary is not its own secondary"
+        );
+        e.in_sync = in_sync;
+        e.epoch += 1;
+        Some(e.epoch)
+    }
+
+    /// See [`Coordinator::resign`].
+    pub fn resign(&mut self, group: &str, me: Member, epoch: u64, now: u64) {
+        if let Some(e) = self.current_mut(group, me, epoch, now) {
+            e.expires = None;
+        }
+    }
+
+    /// See [`Coordinator::get`].
+    pub fn get(&self, group: &str, now: u64) -> Option<GroupRecord> {
+        self.groups.get(group).map(|e| e.record(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(node: u32, incarnation: u64) -> Member {
+        Member { node, incarnation }
+    }
+
+    #[test]
+    fn lease_table_rules() {
+        let mut t = LeaseTable::new();
+        let (a, b) = (m(1, 10), m(2, 20));
+        assert_eq!(t.campaign("g", a, 100, 0), Campaign::Won { epoch: 1 });
+        // b is not eligible and the lease is held.
+        assert!(matches!(t.campaign("g", b, 100, 50), Campaign::Lost { .. }));
+        assert!(t.keep_alive("g", a, 1, 90));
+        assert_eq!(t.set_in_sync("g", a, 1, Some(b), 95), Some(2));
+        assert_eq!(t.set_in_sync("g", a, 1, None, 96), None, "stale epoch");
+        // Lease renewed at 90 -> expires at 190: b must wait.
+        assert!(matches!(
+            t.campaign("g", b, 100, 189),
+            Campaign::Lost { .. }
+        ));
+        assert_eq!(t.campaign("g", b, 100, 190), Campaign::Won { epoch: 3 });
+        // The old primary is fenced: no renewal, no CAS.
+        assert!(!t.keep_alive("g", a, 2, 191));
+        assert_eq!(t.set_in_sync("g", a, 2, None, 191), None);
+        let r = t.get("g", 191).unwrap();
+        assert_eq!(
+            (r.epoch, r.primary, r.in_sync, r.lease_held),
+            (3, b, None, true)
+        );
+        // After b's lease lapses, a (no longer primary nor in sync) cannot win,
+        // and a restarted b (new incarnation) cannot either.
+        assert!(matches!(
+            t.campaign("g", a, 100, 400),
+            Campaign::Lost { .. }
+        ));
+        assert!(matches!(
+            t.campaign("g", m(2, 21), 100, 400),
+            Campaign::Lost { .. }
+        ));
+        // b itself can, under a new epoch.
+        assert_eq!(t.campaign("g", b, 100, 400), Campaign::Won { epoch: 4 });
+        t.resign("g", b, 4, 401);
+        assert!(!t.get("g", 401).unwrap().lease_held);
+    }
+}

@@ -1,0 +1,1416 @@
+//! The replication state machine of one node.
+//!
+//! [`Node`] is **pure**: it consumes [`Input`]s (a message from a peer or a
+//! client, a timer tick, a coordinator reply), each with the current time,
+//! and returns [`Output`]s (messages to send, coordinator calls to make). It
+//! performs no I/O and reads no clock, so the same code runs under the real
+//! thread-based transport and under the deterministic simulation
+//! ([`crate::sim`]). The transport must deliver messages between two
+//! parties reliably and in order (as a TCP or RDMA RC connection does), and
+//! may drop everything in flight when a party fails.
+//!
+//! # Roles
+//!
+//! * **Joining**: no valid data. Asks the coordinator who is primary and
+//!   sends it `Join`; bootstraps the group by campaigning if there is no
+//!   record at all.
+//! * **Secondary**: first copies the arena (`SyncStart`, then chunks — the
+//!   fallback for RDMA Reads of the primary's arena — while buffering the
+//!   writes forwarded meanwhile), then applies the buffered writes, says
+//!   `SyncDone`, and from then on applies and acknowledges every forwarded
+//!   write, in sequence order, at exactly the forwarded offsets. When the
+//!   primary falls silent it campaigns.
+//! * **Primary**: applies each client write locally, forwards it (as its
+//!   effects plus the client's reply) to the secondary at the same time, and
+//!   acknowledges the client once the secondary has acknowledged that
+//!   sequence number — or alone ("degraded") once the coordinator records
+//!   that no secondary is in sync. Responses are released in sequence order.
+//! * **Fenced**: a former primary that met a newer epoch or lost its lease;
+//!   keeps its data, stops acknowledging, asks the coordinator, and either
+//!   wins again or rejoins (wiping its data) as a secondary.
+//!
+//! # Epochs
+//!
+//! Every message carries the sender's epoch. A message from an older epoch is
+//! refused (`Stale`, or `StaleEpoch` for a client request) and changes
+//! nothing. A primary that sees a newer epoch steps down.
+
+use std::collections::BTreeMap;
+
+use crate::alloc::{AllocError, Allocator};
+use crate::arena::Memory;
+use crate::coord::{Campaign, GroupRecord};
+use crate::object::{self, HEADER_LEN};
+use crate::proto::{
+    Body, DedupEntry, Effect, Envelope, Member, NodeId, Op, RepOp, Reply, StatusInfo, StoreError,
+};
+use crate::ptr::{ArenaRef, PtrError, RemotePtr};
+
+/// Time in microseconds (any monotonic origin).
+pub type Micros = u64;
+
+/// Static configuration of a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node (id and incarnation).
+    pub member: Member,
+    /// The arena (base address, length, STag) shared by the group.
+    pub arena: ArenaRef,
+    /// Heartbeat and lease-renewal interval.
+    pub heartbeat_interval: Micros,
+    /// Silence after which a peer counts as failed.
+    pub heartbeat_timeout: Micros,
+    /// Lease TTL requested from the coordinator.
+    pub lease_ttl: Micros,
+    /// Bytes per recovery chunk.
+    pub sync_chunk: u32,
+    /// Chunk requests kept in flight during recovery.
+    pub sync_window: u32,
+}
+
+/// A party: a node of the group or a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Addr {
+    /// A node.
+    Node(NodeId),
+    /// A client.
+    Client(u64),
+}
+
+/// Calls a node asks its runtime to make on the coordinator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoordRequest {
+    /// [`Coordinator::campaign`](crate::coord::Coordinator::campaign).
+    Campaign,
+    /// [`Coordinator::keep_alive`](crate::coord::Coordinator::keep_alive).
+    KeepAlive {
+        /// Epoch the lease was won at.
+        epoch: u64,
+    },
+    /// [`Coordinator::set_in_sync`](crate::coord::Coordinator::set_in_sync).
+    SetInSync {
+        /// Current epoch.
+        epoch: u64,
+        /// The secondary, or none.
+        in_sync: Option<Member>,
+    },
+    /// [`Coordinator::get`](crate::coord::Coordinator::get).
+    Get,
+}
+
+/// Answers to [`CoordRequest`]s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoordReply {
+    /// To `Campaign`.
+    Campaign(Campaign),
+    /// To `KeepAlive`.
+    KeepAlive(bool),
+    /// To `SetInSync`.
+    SetInSync(Option<u64>),
+    /// To `Get`.
+    Get(Option<GroupRecord>),
+}
+
+/// What happened.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A message arrived.
+    Message {
+        /// Sender.
+        from: Addr,
+        /// The message.
+        env: Envelope,
+    },
+    /// Timer tick (call at least every heartbeat interval / 2).
+    Tick,
+    /// A coordinator call finished (`Err`: it could not be made).
+    Coord {
+        /// The id from [`Output::Coord`].
+        id: u64,
+        /// The answer.
+        reply: Result<CoordReply, String>,
+    },
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send a message.
+    Send {
+        /// Recipient.
+        to: Addr,
+        /// The message.
+        env: Envelope,
+    },
+    /// Call the coordinator and feed the answer back as [`Input::Coord`].
+    Coord {
+        /// Correlation id.
+        id: u64,
+        /// The call.
+        req: CoordRequest,
+    },
+}
+
+/// Public view of the role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// No valid data yet.
+    Joining,
+    /// Copying or replicating.
+    Secondary,
+    /// Serving writes.
+    Primary,
+    /// Superseded former primary.
+    Fenced,
+}
+
+#[derive(Debug, Clone)]
+struct Waiter {
+    to: Addr,
+    req_id: u64,
+    result: Result<Reply, StoreError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Replica {
+    /// No secondary: degraded (the coordinator records none in sync).
+    None,
+    /// Copying; its acks are not required.
+    Syncing { m: Member, last_heard: Micros },
+    /// Copy done; its acks are required; registering once it holds every
+    /// write released so far.
+    Registering {
+        m: Member,
+        last_heard: Micros,
+        coord: Option<u64>,
+        failed: bool,
+    },
+    /// In sync: acks required.
+    InSync { m: Member, last_heard: Micros },
+    /// Failed secondary being removed from the record: acks held.
+    Dropping { coord: Option<u64> },
+}
+
+impl Replica {
+    fn node(&self) -> Option<NodeId> {
+        match self {
+            Replica::Syncing { m, .. }
+            | Replica::Registering { m, .. }
+            | Replica::InSync { m, .. } => Some(m.node),
+            _ => None,
+        }
+    }
+    fn acks_required(&self) -> bool {
+        matches!(
+            self,
+            Replica::Registering { .. } | Replica::InSync { .. } | Replica::Dropping { .. }
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Primary {
+    next_seq: u64,
+    pending: BTreeMap<u64, Vec<Waiter>>,
+    replica: Replica,
+    replicated_through: u64,
+    max_released: u64,
+    lease_until: Micros,
+    keepalive: Option<(u64, Micros)>,
+    last_beat: Micros,
+}
+
+#[derive(Debug, Clone)]
+struct Copy {
+    next_offset: u64,
+    outstanding: u32,
+    buffered: Vec<(u64, RepOp)>,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Joining {
+        /// `Some(at)`: Join sent to `primary` at `at`.
+        join_sent: Option<(NodeId, Micros)>,
+        asked: Option<u64>,
+        last_try: Micros,
+    },
+    Secondary {
+        primary: NodeId,
+        last_heard: Micros,
+        last_beat: Micros,
+        copy: Option<Copy>,
+        campaign: Option<u64>,
+    },
+    Primary(Primary),
+    Fenced {
+        asked: Option<u64>,
+        last_try: Micros,
+    },
+}
+
+/// One node's replication state machine over memory `M`.
+pub struct Node<M: Memory> {
+    cfg: NodeConfig,
+    mem: M,
+    alloc: Allocator,
+    dedup: BTreeMap<u64, DedupEntry>,
+    epoch: u64,
+    applied_seq: u64,
+    state: State,
+    now: Micros,
+    next_coord_id: u64,
+    out: Vec<Output>,
+    divergences: u64,
+}
+
+fn ptr_error(e: PtrError) -> StoreError {
+    match e {
+        PtrError::WrongStag { got, expected } => StoreError::WrongStag { got, expected },
+        PtrError::OutOfArena { .. } => StoreError::OutOfArena,
+        PtrError::Freed { .. } => StoreError::Freed,
+        PtrError::NotAllocated { .. } | PtrError::Parse(_) => StoreError::NotAllocated,
+    }
+}
+
+impl<M: Memory> Node<M> {
+    /// A node that starts by joining its group. `mem` is its arena (its
+    /// contents are irrelevant: recovery overwrites all of it).
+    pub fn new(cfg: NodeConfig, mem: M) -> Node<M> {
+        assert_eq!(mem.len(), cfg.arena.len, "memory must be the arena's size");
+        assert!(cfg.heartbeat_timeout > cfg.heartbeat_interval);
+        assert!(cfg.sync_chunk > 0 && cfg.sync_window > 0);
+        Node {
+            alloc: Allocator::new(cfg.arena.len),
+            cfg,
+            mem,
+            dedup: BTreeMap::new(),
+            epoch: 0,
+            applied_seq: 0,
+            state: State::Joining {
+                join_sent: None,
+                asked: None,
+                last_try: 0,
+            },
+            now: 0,
+            next_coord_id: 1,
+            out: Vec::new(),
+            divergences: 0,
+        }
+    }
+
+    /// Handles one input at time `now`; returns what to do.
+    pub fn handle(&mut self, now: Micros, input: Input) -> Vec<Output> {
+        assert!(now >= self.now, "time must not go backwards");
+        self.now = now;
+        match input {
+            Input::Message { from, env } => self.on_message(from, env),
+            Input::Tick => self.on_tick(),
+            Input::Coord { id, reply } => self.on_coord(id, reply),
+        }
+        self.check_invariants();
+        std::mem::take(&mut self.out)
+    }
+
+    // ------------------------------------------------------------ accessors
+
+    /// Current role.
+    pub fn role(&self) -> Role {
+        match self.state {
+            State::Joining { .. } => Role::Joining,
+            State::Secondary { .. } => Role::Secondary,
+            State::Primary(_) => Role::Primary,
+            State::Fenced { .. } => Role::Fenced,
+        }
+    }
+    /// Current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    /// This node.
+    pub fn member(&self) -> Member {
+        self.cfg.member
+    }
+    /// The arena memory.
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+    /// The allocator.
+    pub fn allocator(&self) -> &Allocator {
+        &self.alloc
+    }
+    /// Highest applied write.
+    pub fn applied_seq(&self) -> u64 {
+        self.applied_seq
+    }
+    /// The retry table.
+    pub fn dedup_table(&self) -> Vec<DedupEntry> {
+        self.dedup.values().cloned().collect()
+    }
+    /// Replicated writes a secondary could not apply (always 0 unless there
+    /// is a bug; such a secondary rejoins).
+    pub fn divergences(&self) -> u64 {
+        self.divergences
+    }
+    /// Primary with an in-sync secondary.
+    pub fn is_redundant(&self) -> bool {
+        matches!(&self.state, State::Primary(p) if matches!(p.replica, Replica::InSync { .. }))
+    }
+    /// Secondary that finished copying.
+    pub fn is_synced_secondary(&self) -> bool {
+        matches!(self.state, State::Secondary { copy: None, .. })
+    }
+    /// Primary with no write awaiting acknowledgement.
+    pub fn is_idle(&self) -> bool {
+        match &self.state {
+            State::Primary(p) => p.pending.is_empty(),
+            _ => true,
+        }
+    }
+    /// Status report.
+    pub fn status(&self) -> StatusInfo {
+        let u = self.alloc.usage();
+        StatusInfo {
+            node: self.cfg.member.node,
+            role: match self.role() {
+                Role::Joining => 0,
+                Role::Secondary => 1,
+                Role::Primary => 2,
+                Role::Fenced => 3,
+            },
+            epoch: self.epoch,
+            arena_base: self.cfg.arena.base,
+            arena_len: self.cfg.arena.len,
+            stag: self.cfg.arena.stag,
+            allocated: u.allocated,
+            objects: u.allocations,
+            redundant: self.is_redundant(),
+            applied_seq: self.applied_seq,
+        }
+    }
+
+    fn check_invariants(&self) {
+        if let State::Primary(p) = &self.state {
+            assert_eq!(
+                p.next_seq,
+                self.applied_seq + 1,
+                "primary applies every seq it assigns"
+            );
+            if let Some((&first, _)) = p.pending.iter().next() {
+                assert!(first <= self.applied_seq);
+            }
+            if let Replica::InSync { .. } = p.replica {
+                assert!(p.replicated_through <= self.applied_seq);
+            }
+        }
+        debug_assert!({
+            self.alloc.check_invariants();
+            true
+        });
+    }
+
+    // ------------------------------------------------------------ helpers
+
+    fn send(&mut self, to: Addr, body: Body) {
+        self.out.push(Output::Send {
+            to,
+            env: Envelope {
+                epoch: self.epoch,
+                body,
+            },
+        });
+    }
+
+    fn coord(&mut self, req: CoordRequest) -> u64 {
+        let id = self.next_coord_id;
+        self.next_coord_id += 1;
+        self.out.push(Output::Coord { id, req });
+        id
+    }
+
+    fn primary_hint(&self) -> Option<NodeId> {
+        match &self.state {
+            State::Secondary { primary, .. } => Some(*primary),
+            State::Joining {
+                join_sent: Some((p, _)),
+                ..
+            } => Some(*p),
+            State::Primary(_) => Some(self.cfg.member.node),
+            _ => None,
+        }
+    }
+
+    /// Discards all data and starts joining under a fresh incarnation (the
+    /// coordinator must never mistake this empty node for its former self).
+    fn become_joining(&mut self, primary: Option<NodeId>) {
+        self.cfg.member.incarnation = self.cfg.member.incarnation.wrapping_add(1);
+        self.alloc = Allocator::new(self.cfg.arena.len);
+        self.dedup.clear();
+        self.applied_seq = 0;
+        self.state = State::Joining {
+            join_sent: None,
+            asked: None,
+            last_try: self.now,
+        };
+        if let Some(p) = primary {
+            self.send_join(p);
+        }
+    }
+
+    fn send_join(&mut self, primary: NodeId) {
+        self.state = State::Joining {
+            join_sent: Some((primary, self.now)),
+            asked: None,
+            last_try: self.now,
+        };
+        let member = self.cfg.member;
+        let arena_len = self.cfg.arena.len;
+        self.send(Addr::Node(primary), Body::Join { member, arena_len });
+    }
+
+    fn become_primary(&mut self, epoch: u64) {
+        assert!(epoch >= self.epoch, "won epochs only grow");
+        self.epoch = self.epoch.max(epoch);
+        // The lease began at the coordinator some time before this reply:
+        // count it as expired until a renewal sent from now on succeeds.
+        let id = self.coord(CoordRequest::KeepAlive { epoch: self.epoch });
+        self.state = State::Primary(Primary {
+            next_seq: self.applied_seq + 1,
+            pending: BTreeMap::new(),
+            replica: Replica::None,
+            replicated_through: 0,
+            max_released: 0,
+            lease_until: self.now,
+            keepalive: Some((id, self.now)),
+            last_beat: self.now,
+        });
+    }
+
+    fn step_down(&mut self) {
+        if let State::Primary(p) = std::mem::replace(
+            &mut self.state,
+            State::Fenced {
+                asked: None,
+                last_try: self.now,
+            },
+        ) {
+            for (_, ws) in p.pending {
+                for w in ws {
+                    self.send(
+                        w.to,
+                        Body::Response {
+                            req_id: w.req_id,
+                            result: Err(StoreError::NotPrimary { primary: None }),
+                        },
+                    );
+                }
+            }
+        }
+        let id = self.coord(CoordRequest::Get);
+        self.state = State::Fenced {
+            asked: Some(id),
+            last_try: self.now,
+        };
+    }
+
+    // ------------------------------------------------------------ messages
+
+    fn on_message(&mut self, from: Addr, env: Envelope) {
+        if env.epoch < self.epoch {
+            match env.body {
+                Body::Request { req_id, .. } => self.send(
+                    from,
+                    Body::Response {
+                        req_id,
+                        result: Err(StoreError::StaleEpoch {
+                            current: self.epoch,
+                        }),
+                    },
+                ),
+                Body::Stale | Body::Response { .. } => {}
+                _ => self.send(from, Body::Stale),
+            }
+            return;
+        }
+        if env.epoch > self.epoch {
+            match &self.state {
+                State::Primary(p) => {
+                    let cas_in_flight = matches!(
+                        p.replica,
+                        Replica::Registering { coord: Some(_), .. }
+                            | Replica::Dropping { coord: Some(_) }
+                    );
+                    if cas_in_flight {
+                        // Our own epoch bump may be in flight; the sender
+                        // (which learned it from the coordinator) retries.
+                        return;
+                    }
+                    self.epoch = env.epoch;
+                    self.step_down();
+                }
+                _ => self.epoch = env.epoch,
+            }
+        }
+        match env.body {
+            Body::Request { client, req_id, op } => self.on_request(from, client, req_id, op),
+            Body::Heartbeat => self.on_heartbeat(from),
+            Body::Replicate { seq, op } => self.on_replicate(from, seq, op),
+            Body::ReplicateAck { seq } => self.on_replicate_ack(from, seq),
+            Body::Join { member, arena_len } => self.on_join(from, member, arena_len),
+            Body::SyncStart {
+                start_seq,
+                alloc,
+                dedup,
+            } => self.on_sync_start(from, start_seq, alloc, dedup),
+            Body::SyncRequest { offset, len } => self.on_sync_request(from, offset, len),
+            Body::SyncChunk { offset, data } => self.on_sync_chunk(from, offset, data),
+            Body::SyncDone { through_seq } => self.on_sync_done(from, through_seq),
+            Body::JoinRefused { .. } => {
+                if let State::Joining { join_sent, .. } = &mut self.state {
+                    if join_sent.is_some_and(|(p, _)| Addr::Node(p) == from) {
+                        *join_sent = None;
+                    }
+                }
+            }
+            Body::Stale => {
+                // The sender is at a newer epoch (adopted above). A joining
+                // node retries at once.
+                if let State::Joining {
+                    join_sent: Some((p, _)),
+                    ..
+                } = self.state
+                {
+                    if Addr::Node(p) == from {
+                        self.send_join(p);
+                    }
+                }
+            }
+            Body::Response { .. } => {}
+        }
+    }
+
+    fn on_heartbeat(&mut self, from: Addr) {
+        let now = self.now;
+        match &mut self.state {
+            State::Primary(p) => {
+                if let Addr::Node(n) = from {
+                    touch(&mut p.replica, n, now);
+                }
+            }
+            State::Secondary {
+                primary,
+                last_heard,
+                ..
+            } if from == Addr::Node(*primary) => *last_heard = now,
+            _ => {}
+        }
+        if let Addr::Client(_) = from {
+            self.send(from, Body::Heartbeat);
+        }
+    }
+
+    fn on_request(&mut self, from: Addr, client: u64, req_id: u64, op: Op) {
+        if let Op::Status = op {
+            let s = self.status();
+            self.send(
+                from,
+                Body::Response {
+                    req_id,
+                    result: Ok(Reply::Status(s)),
+                },
+            );
+            return;
+        }
+        if !matches!(self.state, State::Primary(_)) {
+            let primary = self.primary_hint();
+            self.send(
+                from,
+                Body::Response {
+                    req_id,
+                    result: Err(StoreError::NotPrimary { primary }),
+                },
+            );
+            return;
+        }
+        if let Op::Read { ptr } = op {
+            let result = self.read(ptr);
+            self.send(from, Body::Response { req_id, result });
+            return;
+        }
+        // A retry of a write already applied: answer as before, once that
+        // write is safe.
+        if let Some(e) = self.dedup.get(&client) {
+            if e.req_id == req_id {
+                let (seq, reply) = (e.seq, e.reply.clone());
+                self.add_waiter(seq, from, req_id, Ok(reply));
+                self.release();
+                return;
+            }
+            if e.req_id > req_id {
+                return; // an old duplicate; the client has moved on
+            }
+        }
+        match self.plan(&op) {
+            Err(e) => self.send(
+                from,
+                Body::Response {
+                    req_id,
+                    result: Err(e),
+                },
+            ),
+            Ok((effects, reply)) => {
+                let State::Primary(p) = &mut self.state else {
+                    unreachable!()
+                };
+                let seq = p.next_seq;
+                p.next_seq += 1;
+                let rep = RepOp {
+                    client,
+                    req_id,
+                    effects,
+                    reply: reply.clone(),
+                };
+                self.apply(seq, &rep).expect("a planned write applies");
+                let State::Primary(p) = &self.state else {
+                    unreachable!()
+                };
+                if let Some(n) = p.replica.node() {
+                    self.send(Addr::Node(n), Body::Replicate { seq, op: rep });
+                }
+                self.add_waiter(seq, from, req_id, Ok(reply));
+                self.release();
+            }
+        }
+    }
+
+    fn add_waiter(&mut self, seq: u64, to: Addr, req_id: u64, result: Result<Reply, StoreError>) {
+        let State::Primary(p) = &mut self.state else {
+            unreachable!()
+        };
+        p.pending
+            .entry(seq)
+            .or_default()
+            .push(Waiter { to, req_id, result });
+    }
+
+    fn read(&self, ptr: RemotePtr) -> Result<Reply, StoreError> {
+        let off = ptr
+            .validate(&self.cfg.arena, &self.alloc)
+            .map_err(ptr_error)?;
+        match object::read_object(&self.mem, off, ptr.len as u64) {
+            Ok((version, data)) => Ok(Reply::Data { version, data }),
+            Err(object::ObjectError::Torn) => Err(StoreError::Torn),
+            Err(e) => Err(StoreError::Other(e.to_string())),
+        }
+    }
+
+    fn alloc_error(&self, e: AllocError, data_len: usize) -> StoreError {
+        match e {
+            AllocError::TooLarge { .. } => StoreError::TooLarge {
+                len: data_len as u64,
+                max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
+            },
+            AllocError::Full { largest_free, .. } => StoreError::Full { largest_free },
+            e => StoreError::Other(e.to_string()),
+        }
+    }
+
+    /// Decides a write's effects without changing anything.
+    fn plan(&self, op: &Op) -> Result<(Vec<Effect>, Reply), StoreError> {
+        let arena = self.cfg.arena;
+        let new_object = |data: &[u8]| -> Result<(u64, u64), StoreError> {
+            let need = object::encoded_len(data.len()) as u64;
+            if need > u32::MAX as u64 {
+                return Err(StoreError::TooLarge {
+                    len: data.len() as u64,
+                    max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
+                });
+            }
+            let off = self
+                .alloc
+                .find_fit(need)
+                .map_err(|e| self.alloc_error(e, data.len()))?;
+            Ok((off, crate::alloc::round_up(need).unwrap()))
+        };
+        let seq = self.applied_seq + 1;
+        let ptr_at = |off: u64, len: u64| RemotePtr {
+            addr: arena.base + off,
+            stag: arena.stag,
+            len: len as u32,
+        };
+        match op {
+            Op::Insert { data } => {
+                let (off, len) = new_object(data)?;
+                Ok((
+                    vec![
+                        Effect::Alloc { offset: off, len },
+                        Effect::Write {
+                            offset: off,
+                            version: seq,
+                            data: data.clone(),
+                        },
+                    ],
+                    Reply::Inserted(ptr_at(off, len)),
+                ))
+            }
+            Op::Update { ptr, data } => {
+                let off = ptr.validate(&arena, &self.alloc).map_err(ptr_error)?;
+                if object::encoded_len(data.len()) as u64 <= ptr.len as u64 {
+                    return Ok((
+                        vec![Effect::Write {
+                            offset: off,
+                            version: seq,
+                            data: data.clone(),
+                        }],
+                        Reply::Updated(*ptr),
+                    ));
+                }
+                let (new_off, len) = new_object(data)?;
+                Ok((
+                    vec![
+                        Effect::Alloc {
+                            offset: new_off,
+                            len,
+                        },
+                        Effect::Write {
+                            offset: new_off,
+                            version: seq,
+                            data: data.clone(),
+                        },
+                        Effect::Free { offset: off },
+                    ],
+                    Reply::Updated(ptr_at(new_off, len)),
+                ))
+            }
+            Op::Delete { ptr } => {
+                let off = ptr.validate(&arena, &self.alloc).map_err(ptr_error)?;
+                Ok((vec![Effect::Free { offset: off }], Reply::Deleted))
+            }
+            Op::Read { .. } | Op::Status => unreachable!("not a write"),
+        }
+    }
+
+    /// Applies a write's effects; identical on every replica.
+    fn apply(&mut self, seq: u64, op: &RepOp) -> Result<(), String> {
+        if seq != self.applied_seq + 1 {
+            return Err(format!(
+                "write {seq} out of order after {}",
+                self.applied_seq
+            ));
+        }
+        for e in &op.effects {
+            match e {
+                Effect::Alloc { offset, len } => self
+                    .alloc
+                    .alloc_at(*offset, *len)
+                    .map_err(|e| e.to_string())?,
+                Effect::Write {
+                    offset,
+                    version,
+                    data,
+                } => {
+                    let cap = self
+                        .alloc
+                        .allocation_at(*offset)
+                        .ok_or_else(|| format!("write to unallocated offset {offset}"))?;
+                    object::write_object(&mut self.mem, *offset, cap, *version, data)
+                        .map_err(|e| e.to_string())?;
+                }
+                Effect::Free { offset } => {
+                    self.alloc.free(*offset).map_err(|e| e.to_string())?;
+                    object::scrub(&mut self.mem, *offset).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        self.dedup.insert(
+            op.client,
+            DedupEntry {
+                client: op.client,
+                req_id: op.req_id,
+                seq,
+                reply: op.reply.clone(),
+            },
+        );
+        self.applied_seq = seq;
+        Ok(())
+    }
+
+    /// Sends the responses that may go now, in sequence order.
+    fn release(&mut self) {
+        let now = self.now;
+        let State::Primary(p) = &mut self.state else {
+            return;
+        };
+        if now >= p.lease_until {
+            return; // lease possibly lost: acknowledge nothing
+        }
+        let mut sends = Vec::new();
+        while let Some(entry) = p.pending.first_entry() {
+            let seq = *entry.key();
+            if p.replica.acks_required() && seq > p.replicated_through {
+                break;
+            }
+            for w in entry.remove() {
+                sends.push((w.to, w.req_id, w.result));
+            }
+            p.max_released = p.max_released.max(seq);
+        }
+        for (to, req_id, result) in sends {
+            self.send(to, Body::Response { req_id, result });
+        }
+        self.maybe_register();
+    }
+
+    /// Registers a caught-up secondary once it holds every released write.
+    fn maybe_register(&mut self) {
+        let State::Primary(p) = &mut self.state else {
+            return;
+        };
+        if let Replica::Registering {
+            m,
+            coord: None,
+            failed: false,
+            ..
+        } = p.replica
+        {
+            if p.replicated_through >= p.max_released {
+                let epoch = self.epoch;
+                let id = self.coord(CoordRequest::SetInSync {
+                    epoch,
+                    in_sync: Some(m),
+                });
+                if let State::Primary(p) = &mut self.state {
+                    if let Replica::Registering { coord, .. } = &mut p.replica {
+                        *coord = Some(id);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_replicate(&mut self, from: Addr, seq: u64, op: RepOp) {
+        let State::Secondary {
+            primary,
+            last_heard,
+            copy,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        if from != Addr::Node(*primary) {
+            return;
+        }
+        *last_heard = self.now;
+        if let Some(c) = copy {
+            c.buffered.push((seq, op));
+            return;
+        }
+        let primary = *primary;
+        match self.apply(seq, &op) {
+            Ok(()) => self.send(Addr::Node(primary), Body::ReplicateAck { seq }),
+            Err(_) => {
+                self.divergences += 1;
+                self.become_joining(Some(primary));
+            }
+        }
+    }
+
+    fn on_replicate_ack(&mut self, from: Addr, seq: u64) {
+        let now = self.now;
+        let State::Primary(p) = &mut self.state else {
+            return;
+        };
+        let Addr::Node(n) = from else { return };
+        if p.replica.node() != Some(n) || seq > self.applied_seq {
+            return;
+        }
+        touch(&mut p.replica, n, now);
+        p.replicated_through = p.replicated_through.max(seq);
+        self.release();
+    }
+
+    fn on_join(&mut self, from: Addr, member: Member, arena_len: u64) {
+        let Addr::Node(n) = from else { return };
+        let refuse = |s: &mut Self, reason: &str| {
+            s.send(
+                from,
+                Body::JoinRefused {
+                    reason: reason.to_string(),
+                },
+            )
+        };
+        if member.node != n || member.node == self.cfg.member.node {
+            return refuse(self, "bad member");
+        }
+        if arena_len != self.cfg.arena.len {
+            return refuse(self, "arena size differs");
+        }
+        let now = self.now;
+        let State::Primary(p) = &mut self.state else {
+            return refuse(self, "not the primary");
+        };
+        match p.replica {
+            Replica::None => {}
+            Replica::Syncing { m, .. } if m.node == n => {}
+            Replica::InSync { m, .. } if m.node == n => {
+                // It restarted: drop it from the record first.
+                let epoch = self.epoch;
+                let id = self.coord(CoordRequest::SetInSync {
+                    epoch,
+                    in_sync: None,
+                });
+                if let State::Primary(p) = &mut self.state {
+                    p.replica = Replica::Dropping { coord: Some(id) };
+                }
+                return refuse(self, "previous incarnation being removed; retry");
+            }
+            _ => return refuse(self, "another secondary is active"),
+        }
+        let start_seq = self.applied_seq + 1;
+        p.replica = Replica::Syncing {
+            m: member,
+            last_heard: now,
+        };
+        p.replicated_through = 0;
+        let alloc = self.alloc.snapshot();
+        let dedup = self.dedup_table();
+        self.send(
+            from,
+            Body::SyncStart {
+                start_seq,
+                alloc,
+                dedup,
+            },
+        );
+    }
+
+    fn on_sync_start(
+        &mut self,
+        from: Addr,
+        start_seq: u64,
+        alloc: crate::alloc::AllocSnapshot,
+        dedup: Vec<DedupEntry>,
+    ) {
+        let State::Joining {
+            join_sent: Some((p, _)),
+            ..
+        } = self.state
+        else {
+            return;
+        };
+        if from != Addr::Node(p) || start_seq == 0 {
+            return;
+        }
+        let Ok(a) = Allocator::from_snapshot(&alloc) else {
+            self.divergences += 1;
+            return self.become_joining(None);
+        };
+        if a.size() != self.alloc.size() {
+            return self.become_joining(None);
+        }
+        self.alloc = a;
+        self.dedup = dedup.into_iter().map(|d| (d.client, d)).collect();
+        self.applied_seq = start_seq - 1;
+        self.state = State::Secondary {
+            primary: p,
+            last_heard: self.now,
+            last_beat: self.now,
+            copy: Some(Copy {
+                next_offset: 0,
+                outstanding: 0,
+                buffered: Vec::new(),
+            }),
+            campaign: None,
+        };
+        self.request_chunks();
+    }
+
+    fn request_chunks(&mut self) {
+        let (chunk, window, len) = (
+            self.cfg.sync_chunk,
+            self.cfg.sync_window,
+            self.cfg.arena.len,
+        );
+        let State::Secondary {
+            primary,
+            copy: Some(c),
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        let primary = *primary;
+        let mut reqs = Vec::new();
+        while c.outstanding < window && c.next_offset < len {
+            let n = (chunk as u64).min(len - c.next_offset) as u32;
+            reqs.push((c.next_offset, n));
+            c.next_offset += n as u64;
+            c.outstanding += 1;
+        }
+        let done = c.outstanding == 0 && c.next_offset == len;
+        for (offset, len) in reqs {
+            self.send(Addr::Node(primary), Body::SyncRequest { offset, len });
+        }
+        if done {
+            self.finish_copy();
+        }
+    }
+
+    fn finish_copy(&mut self) {
+        let State::Secondary { primary, copy, .. } = &mut self.state else {
+            return;
+        };
+        let primary = *primary;
+        let c = copy.take().expect("copying");
+        for (seq, op) in c.buffered {
+            if self.apply(seq, &op).is_err() {
+                self.divergences += 1;
+                return self.become_joining(Some(primary));
+            }
+        }
+        let through_seq = self.applied_seq;
+        self.send(Addr::Node(primary), Body::SyncDone { through_seq });
+    }
+
+    fn on_sync_request(&mut self, from: Addr, offset: u64, len: u32) {
+        let State::Primary(p) = &self.state else {
+            return;
+        };
+        if !matches!(p.replica, Replica::Syncing { m, .. } if Addr::Node(m.node) == from) {
+            return;
+        }
+        let mut data = vec![0u8; len as usize];
+        if self.mem.read(offset, &mut data).is_ok() {
+            self.send(from, Body::SyncChunk { offset, data });
+        }
+    }
+
+    fn on_sync_chunk(&mut self, from: Addr, offset: u64, data: Vec<u8>) {
+        let State::Secondary {
+            primary,
+            last_heard,
+            copy: Some(c),
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        if from != Addr::Node(*primary) {
+            return;
+        }
+        *last_heard = self.now;
+        c.outstanding -= 1;
+        if self.mem.write(offset, &data).is_err() {
+            self.divergences += 1;
+            return self.become_joining(None);
+        }
+        self.request_chunks();
+    }
+
+    fn on_sync_done(&mut self, from: Addr, through_seq: u64) {
+        let now = self.now;
+        let State::Primary(p) = &mut self.state else {
+            return;
+        };
+        let Replica::Syncing { m, .. } = p.replica else {
+            return;
+        };
+        if Addr::Node(m.node) != from || through_seq > self.applied_seq {
+            return;
+        }
+        p.replica = Replica::Registering {
+            m,
+            last_heard: now,
+            coord: None,
+            failed: false,
+        };
+        p.replicated_through = through_seq;
+        self.release();
+    }
+
+    // ------------------------------------------------------------ timers
+
+    fn on_tick(&mut self) {
+        let now = self.now;
+        let cfg = self.cfg.clone();
+        let due = |last: Micros| now.saturating_sub(last) >= cfg.heartbeat_interval;
+        let dead = |last: Micros| now.saturating_sub(last) > cfg.heartbeat_timeout;
+        match &mut self.state {
+            State::Joining {
+                join_sent,
+                asked,
+                last_try,
+            } => {
+                if let Some((_, at)) = join_sent {
+                    if dead(*at) {
+                        *join_sent = None;
+                    }
+                }
+                if join_sent.is_none() && asked.is_none() && due(*last_try) {
+                    *last_try = now;
+                    let id = self.coord(CoordRequest::Get);
+                    if let State::Joining { asked, .. } = &mut self.state {
+                        *asked = Some(id);
+                    }
+                }
+            }
+            State::Fenced { asked, last_try } => {
+                if asked.is_none() && due(*last_try) {
+                    *last_try = now;
+                    let id = self.coord(CoordRequest::Get);
+                    self.state = State::Fenced {
+                        asked: Some(id),
+                        last_try: now,
+                    };
+                }
+            }
+            State::Secondary {
+                primary,
+                last_heard,
+                last_beat,
+                copy,
+                campaign,
+            } => {
+                let primary = *primary;
+                let beat = due(*last_beat);
+                if beat {
+                    *last_beat = now;
+                }
+                let silent = dead(*last_heard);
+                let copying = copy.is_some();
+                let can_campaign = campaign.is_none();
+                if silent && !copying && can_campaign {
+                    // Campaign again after one more interval if this fails.
+                    *last_heard = now - cfg.heartbeat_timeout + cfg.heartbeat_interval;
+                }
+                if beat {
+                    self.send(Addr::Node(primary), Body::Heartbeat);
+                }
+                if silent && copying {
+                    self.become_joining(None);
+                } else if silent && can_campaign {
+                    let id = self.coord(CoordRequest::Campaign);
+                    if let State::Secondary { campaign, .. } = &mut self.state {
+                        *campaign = Some(id);
+                    }
+                }
+            }
+            State::Primary(p) => {
+                if due(p.last_beat) {
+                    p.last_beat = now;
+                    if let Some(n) = p.replica.node() {
+                        self.send(Addr::Node(n), Body::Heartbeat);
+                    }
+                    let State::Primary(p) = &mut self.state else {
+                        unreachable!()
+                    };
+                    if p.keepalive.is_none() {
+                        let epoch = self.epoch;
+                        let id = self.coord(CoordRequest::KeepAlive { epoch });
+                        if let State::Primary(p) = &mut self.state {
+                            p.keepalive = Some((id, now));
+                        }
+                    }
+                }
+                let State::Primary(p) = &mut self.state else {
+                    unreachable!()
+                };
+                match p.replica {
+                    Replica::Syncing { last_heard, .. } if dead(last_heard) => {
+                        p.replica = Replica::None;
+                    }
+                    Replica::Registering {
+                        last_heard,
+                        coord: None,
+                        ..
+                    } if dead(last_heard) => {
+                        p.replica = Replica::None;
+                    }
+                    Replica::Registering {
+                        last_heard,
+                        ref mut failed,
+                        ..
+                    } if dead(last_heard) => {
+                        *failed = true;
+                    }
+                    Replica::InSync { last_heard, .. } if dead(last_heard) => {
+                        self.drop_replica();
+                    }
+                    _ => {}
+                }
+                self.release();
+            }
+        }
+    }
+
+    fn drop_replica(&mut self) {
+        let epoch = self.epoch;
+        let id = self.coord(CoordRequest::SetInSync {
+            epoch,
+            in_sync: None,
+        });
+        if let State::Primary(p) = &mut self.state {
+            p.replica = Replica::Dropping { coord: Some(id) };
+        }
+    }
+
+    // ------------------------------------------------------------ coordinator
+
+    fn on_coord(&mut self, id: u64, reply: Result<CoordReply, String>) {
+        let now = self.now;
+        match (&mut self.state, reply) {
+            (State::Primary(p), reply) if p.keepalive.is_some_and(|(k, _)| k == id) => {
+                let (_, sent) = p.keepalive.take().unwrap();
+                match reply {
+                    Ok(CoordReply::KeepAlive(true)) => {
+                        p.lease_until = p.lease_until.max(sent + self.cfg.lease_ttl);
+                        self.release();
+                    }
+                    Ok(CoordReply::KeepAlive(false)) => self.step_down(),
+                    _ => {} // retried on the next beat
+                }
+            }
+            (State::Primary(p), reply) => {
+                let (cas_for, was_registering) = match &p.replica {
+                    Replica::Registering { coord: Some(c), .. } => (*c, true),
+                    Replica::Dropping { coord: Some(c) } => (*c, false),
+                    _ => return,
+                };
+                if cas_for != id {
+                    return;
+                }
+                match reply {
+                    Ok(CoordReply::SetInSync(Some(epoch))) => {
+                        assert!(epoch > self.epoch, "the coordinator's epochs only grow");
+                        self.epoch = epoch;
+                        let State::Primary(p) = &mut self.state else {
+                            unreachable!()
+                        };
+                        if was_registering {
+                            let Replica::Registering {
+                                m,
+                                last_heard,
+                                failed,
+                                ..
+                            } = p.replica
+                            else {
+                                unreachable!()
+                            };
+                            p.replica = Replica::InSync { m, last_heard };
+                            if failed {
+                                self.drop_replica();
+                            }
+                        } else {
+                            p.replica = Replica::None;
+                        }
+                        self.release();
+                    }
+                    Ok(CoordReply::SetInSync(None)) => self.step_down(),
+                    _ => {
+                        // Could not reach the coordinator: ask again.
+                        let epoch = self.epoch;
+                        let in_sync = match &p.replica {
+                            Replica::Registering { m, .. } => Some(*m),
+                            _ => None,
+                        };
+                        let nid = self.coord(CoordRequest::SetInSync { epoch, in_sync });
+                        if let State::Primary(p) = &mut self.state {
+                            match &mut p.replica {
+                                Replica::Registering { coord, .. }
+                                | Replica::Dropping { coord } => *coord = Some(nid),
+                                _ => unreachable!(),
+                            }
+                        }
+                    }
+                }
+            }
+            (State::Secondary { campaign, .. }, reply) if *campaign == Some(id) => {
+                *campaign = None;
+                match reply {
+                    Ok(CoordReply::Campaign(Campaign::Won { epoch })) => self.become_primary(epoch),
+                    Ok(CoordReply::Campaign(Campaign::Lost { record })) => {
+                        self.after_lost(record);
+                    }
+                    _ => {}
+                }
+            }
+            (State::Joining { asked, .. }, reply) if *asked == Some(id) => {
+                *asked = None;
+                match reply {
+                    Ok(CoordReply::Get(None)) => {
+                        let id = self.coord(CoordRequest::Campaign);
+                        if let State::Joining { asked, .. } = &mut self.state {
+                            *asked = Some(id);
+                        }
+                    }
+                    Ok(CoordReply::Get(Some(r))) => {
+                        self.epoch = self.epoch.max(r.epoch);
+                        if r.lease_held && r.primary.node != self.cfg.member.node {
+                            self.send_join(r.primary.node);
+                        }
+                    }
+                    Ok(CoordReply::Campaign(Campaign::Won { epoch })) => {
+                        // Bootstrap: an empty group starts with this node.
+                        self.become_primary(epoch);
+                    }
+                    _ => {}
+                }
+            }
+            (State::Fenced { asked, .. }, reply) if *asked == Some(id) => {
+                *asked = None;
+                match reply {
+                    Ok(CoordReply::Get(r)) => {
+                        let r = r.filter(|r| r.lease_held && r.primary != self.cfg.member);
+                        match r {
+                            Some(r) => {
+                                self.epoch = self.epoch.max(r.epoch);
+                                self.become_joining(Some(r.primary.node));
+                            }
+                            None => {
+                                let id = self.coord(CoordRequest::Campaign);
+                                self.state = State::Fenced {
+                                    asked: Some(id),
+                                    last_try: now,
+                                };
+                            }
+                        }
+                    }
+                    Ok(CoordReply::Campaign(Campaign::Won { epoch })) => self.become_primary(epoch),
+                    Ok(CoordReply::Campaign(Campaign::Lost { record })) => self.after_lost(record),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// After a lost campaign: stay secondary if still the in-sync one of a
+    /// live primary, otherwise rejoin that primary; wait if nobody leads.
+    fn after_lost(&mut self, record: Option<GroupRecord>) {
+        let Some(r) = record else { return };
+        self.epoch = self.epoch.max(r.epoch);
+        if !r.lease_held {
+            return; // retry later
+        }
+        let me = self.cfg.member;
+        match self.state {
+            State::Secondary { primary, .. }
+                if primary == r.primary.node && r.in_sync == Some(me) => {}
+            _ => self.become_joining(Some(r.primary.node)),
+        }
+    }
+}
+
+fn touch(r: &mut Replica, n: NodeId, now: Micros) {
+    match r {
+        Replica::Syncing { m, last_heard }
+        | Replica::Registering { m, last_heard, .. }
+        | Replica::InSync { m, last_heard }
+            if m.node == n =>
+        {
+            *last_heard = now
+        }
+        _ => {}
+    }
+}

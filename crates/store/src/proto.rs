@@ -1,0 +1,1043 @@
+//! The store's messages and their binary codec.
+//!
+//! One protocol serves clients talking to nodes and nodes talking to each
+//! other (replication, heartbeats, recovery). Every message travels in an
+//! [`Envelope`] that carries the **sender's epoch**: a receiver refuses
+//! anything from an epoch older than its own (see [`crate::node`]).
+//!
+//! Codec: little-endian, a tag byte per enum, `u32` length prefixes for byte
+//! strings and lists. [`decode`] checks every length against the bytes that
+//! remain (and against [`MAX_MESSAGE`]) before allocating, rejects unknown
+//! tags and trailing bytes, and never panics on garbage. Framing on a stream
+//! (a `u32` length before each message) is the transport's business.
+
+use crate::alloc::AllocSnapshot;
+use crate::ptr::RemotePtr;
+
+/// Largest encoded message accepted by [`decode`].
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// Identifies a node of a group.
+pub type NodeId = u32;
+
+/// A node together with its incarnation (random per process start), so a
+/// restarted node, which has lost its memory, is told apart from its former
+/// self.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Member {
+    /// Node id.
+    pub node: NodeId,
+    /// Incarnation.
+    pub incarnation: u64,
+}
+
+/// A message with the sender's epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// The sender's current epoch.
+    pub epoch: u64,
+    /// The message.
+    pub body: Body,
+}
+
+/// Messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// Client -> node: an operation. `(client, req_id)` identifies it across
+    /// retries, so a retried write is applied once.
+    Request {
+        /// Client id (random per client).
+        client: u64,
+        /// Request number, increasing per client.
+        req_id: u64,
+        /// The operation.
+        op: Op,
+    },
+    /// Node -> client: the outcome of a request.
+    Response {
+        /// Request number.
+        req_id: u64,
+        /// Outcome.
+        result: Result<Reply, StoreError>,
+    },
+    /// Liveness, both directions, between any two parties.
+    Heartbeat,
+    /// Primary -> secondary: apply this write, in `seq` order.
+    Replicate {
+        /// Sequence number (dense, increasing).
+        seq: u64,
+        /// What to apply.
+        op: RepOp,
+    },
+    /// Secondary -> primary: everything up to `seq` is applied.
+    ReplicateAck {
+        /// Highest applied sequence number.
+        seq: u64,
+    },
+    /// Anyone -> sender of a message from an older epoch: refused.
+    Stale,
+    /// Joining node -> primary: please make me your secondary.
+    Join {
+        /// Who joins.
+        member: Member,
+        /// Its arena size (must match).
+        arena_len: u64,
+    },
+    /// Primary -> joining node: the copy starts. Writes from `start_seq` on
+    /// follow as `Replicate`.
+    SyncStart {
+        /// First write not reflected in `alloc`/`dedup`.
+        start_seq: u64,
+        /// Allocator state as of `start_seq`.
+        alloc: AllocSnapshot,
+        /// Retry table as of `start_seq`.
+        dedup: Vec<DedupEntry>,
+    },
+    /// Joining node -> primary: send these arena bytes (the fallback for an
+    /// RDMA Read of the primary's arena).
+    SyncRequest {
+        /// Arena offset.
+        offset: u64,
+        /// Length.
+        len: u32,
+    },
+    /// Primary -> joining node: arena bytes.
+    SyncChunk {
+        /// Arena offset.
+        offset: u64,
+        /// Bytes.
+        data: Vec<u8>,
+    },
+    /// Joining node -> primary: copy done and writes up to `through_seq`
+    /// applied; from now on I acknowledge every write.
+    SyncDone {
+        /// Highest applied sequence number.
+        through_seq: u64,
+    },
+    /// Primary -> joining node: not now (e.g. another node is the secondary).
+    JoinRefused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Client operations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Store bytes; answer with a pointer.
+    Insert {
+        /// The data.
+        data: Vec<u8>,
+    },
+    /// Replace an object's bytes (in place when they fit).
+    Update {
+        /// The object.
+        ptr: RemotePtr,
+        /// The data.
+        data: Vec<u8>,
+    },
+    /// Server-side read (the fallback for one-sided reads).
+    Read {
+        /// The object.
+        ptr: RemotePtr,
+    },
+    /// Free an object.
+    Delete {
+        /// The object.
+        ptr: RemotePtr,
+    },
+    /// Report the node's state.
+    Status,
+}
+
+/// Successful outcomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Insert: where the object is.
+    Inserted(RemotePtr),
+    /// Update: where the object is now (the same pointer if in place).
+    Updated(RemotePtr),
+    /// Read: the object.
+    Data {
+        /// Version.
+        version: u64,
+        /// Bytes.
+        data: Vec<u8>,
+    },
+    /// Delete done.
+    Deleted,
+    /// Status.
+    Status(StatusInfo),
+}
+
+/// A node's view of itself and its group.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StatusInfo {
+    /// Node id.
+    pub node: NodeId,
+    /// Role: 0 joining, 1 secondary, 2 primary, 3 fenced.
+    pub role: u8,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Arena base address.
+    pub arena_base: u64,
+    /// Arena length.
+    pub arena_len: u64,
+    /// Arena STag.
+    pub stag: u32,
+    /// Bytes allocated.
+    pub allocated: u64,
+    /// Number of objects.
+    pub objects: u64,
+    /// Primary only: whether an in-sync secondary holds every write.
+    pub redundant: bool,
+    /// Highest applied write.
+    pub applied_seq: u64,
+}
+
+/// One effect of a write, applied identically on every replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Allocate exactly `[offset, offset + len)`.
+    Alloc {
+        /// Arena offset.
+        offset: u64,
+        /// Rounded length.
+        len: u64,
+    },
+    /// Write an object (header + data) at `offset`.
+    Write {
+        /// Arena offset.
+        offset: u64,
+        /// Object version.
+        version: u64,
+        /// Data.
+        data: Vec<u8>,
+    },
+    /// Zero the header at `offset` and free the allocation.
+    Free {
+        /// Arena offset.
+        offset: u64,
+    },
+}
+
+/// A replicated write: its effects and the reply the client gets, which the
+/// secondary records so that a retry after failover gets the same answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepOp {
+    /// Client id.
+    pub client: u64,
+    /// Request number.
+    pub req_id: u64,
+    /// Effects, in order.
+    pub effects: Vec<Effect>,
+    /// The reply.
+    pub reply: Reply,
+}
+
+/// One row of the retry table: the last write of a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedupEntry {
+    /// Client id.
+    pub client: u64,
+    /// Request number.
+    pub req_id: u64,
+    /// Sequence number of the write.
+    pub seq: u64,
+    /// The reply.
+    pub reply: Reply,
+}
+
+/// Errors returned to clients.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The request's epoch is older than the node's; retry with the
+    /// envelope's epoch.
+    #[error("stale epoch (node is at epoch {current})")]
+    StaleEpoch {
+        /// The node's epoch.
+        current: u64,
+    },
+    /// This node does not serve writes now; try `primary` if known.
+    #[error("not the primary (primary: {primary:?}); retry there")]
+    NotPrimary {
+        /// Known primary.
+        primary: Option<NodeId>,
+    },
+    /// Wrong STag.
+    #[error("wrong STag {got:#010x} (arena STag {expected:#010x})")]
+    WrongStag {
+        /// In the pointer.
+        got: u32,
+        /// The arena's.
+        expected: u32,
+    },
+    /// Pointer outside the arena.
+    #[error("pointer outside the arena")]
+    OutOfArena,
+    /// Pointer to freed space.
+    #[error("pointer refers to freed space")]
+    Freed,
+    /// Pointer not at an allocation.
+    #[error("pointer does not match an allocation")]
+    NotAllocated,
+    /// Value larger than the largest possible allocation.
+    #[error("value of {len} bytes exceeds the largest possible allocation ({max} bytes)")]
+    TooLarge {
+        /// Value length.
+        len: u64,
+        /// Largest possible allocation, minus the header.
+        max: u64,
+    },
+    /// No free range large enough.
+    #[error("arena full (largest free range {largest_free} bytes)")]
+    Full {
+        /// Largest free range.
+        largest_free: u64,
+    },
+    /// The object was being changed; retry.
+    #[error("torn read; retry")]
+    Torn,
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Why bytes are not a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Ran out of bytes.
+    #[error("message truncated at byte {at} (needed {needed} more)")]
+    Truncated {
+        /// Position.
+        at: usize,
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// Unknown tag.
+    #[error("unknown {what} tag {tag}")]
+    BadTag {
+        /// Which enum.
+        what: &'static str,
+        /// Tag byte.
+        tag: u8,
+    },
+    /// Bytes left over.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    /// Too large.
+    #[error("message of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    /// Text not UTF-8.
+    #[error("invalid UTF-8 in a string field")]
+    Utf8,
+}
+
+// ---------------------------------------------------------------- encoding
+
+struct W(Vec<u8>);
+
+impl W {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn len(&mut self, n: usize) {
+        self.u32(u32::try_from(n).expect("field longer than 4 GiB"));
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.len(b.len());
+        self.0.extend_from_slice(b);
+    }
+    fn ptr(&mut self, p: &RemotePtr) {
+        self.0.extend_from_slice(&p.encode());
+    }
+    fn bool(&mut self, b: bool) {
+        self.u8(b as u8);
+    }
+}
+
+/// Encodes a message.
+pub fn encode(env: &Envelope) -> Vec<u8> {
+    let mut w = W(Vec::with_capacity(64));
+    w.u64(env.epoch);
+    enc_body(&mut w, &env.body);
+    w.0
+}
+
+fn enc_body(w: &mut W, b: &Body) {
+    match b {
+        Body::Request { client, req_id, op } => {
+            w.u8(1);
+            w.u64(*client);
+            w.u64(*req_id);
+            enc_op(w, op);
+        }
+        Body::Response { req_id, result } => {
+            w.u8(2);
+            w.u64(*req_id);
+            match result {
+                Ok(r) => {
+                    w.u8(0);
+                    enc_reply(w, r);
+                }
+                Err(e) => {
+                    w.u8(1);
+                    enc_error(w, e);
+                }
+            }
+        }
+        Body::Heartbeat => w.u8(3),
+        Body::Replicate { seq, op } => {
+            w.u8(4);
+            w.u64(*seq);
+            w.u64(op.client);
+            w.u64(op.req_id);
+            w.len(op.effects.len());
+            for e in &op.effects {
+                enc_effect(w, e);
+            }
+            enc_reply(w, &op.reply);
+        }
+        Body::ReplicateAck { seq } => {
+            w.u8(5);
+            w.u64(*seq);
+        }
+        Body::Stale => w.u8(6),
+        Body::Join { member, arena_len } => {
+            w.u8(7);
+            w.u32(member.node);
+            w.u64(member.incarnation);
+            w.u64(*arena_len);
+        }
+        Body::SyncStart {
+            start_seq,
+            alloc,
+            dedup,
+        } => {
+            w.u8(8);
+            w.u64(*start_seq);
+            w.u64(alloc.size);
+            w.len(alloc.allocations.len());
+            for &(o, l) in &alloc.allocations {
+                w.u64(o);
+                w.u64(l);
+            }
+            w.len(alloc.freed.len());
+            for &f in &alloc.freed {
+                w.u64(f);
+            }
+            w.len(dedup.len());
+            for d in dedup {
+                w.u64(d.client);
+                w.u64(d.req_id);
+                w.u64(d.seq);
+                enc_reply(w, &d.reply);
+            }
+        }
+        Body::SyncRequest { offset, len } => {
+            w.u8(9);
+            w.u64(*offset);
+            w.u32(*len);
+        }
+        Body::SyncChunk { offset, data } => {
+            w.u8(10);
+            w.u64(*offset);
+            w.bytes(data);
+        }
+        Body::SyncDone { through_seq } => {
+            w.u8(11);
+            w.u64(*through_seq);
+        }
+        Body::JoinRefused { reason } => {
+            w.u8(12);
+            w.bytes(reason.as_bytes());
+        }
+    }
+}
+
+fn enc_op(w: &mut W, op: &Op) {
+    match op {
+        Op::Insert { data } => {
+            w.u8(1);
+            w.bytes(data);
+        }
+        Op::Update { ptr, data } => {
+            w.u8(2);
+            w.ptr(ptr);
+            w.bytes(data);
+        }
+        Op::Read { ptr } => {
+            w.u8(3);
+            w.ptr(ptr);
+        }
+        Op::Delete { ptr } => {
+            w.u8(4);
+            w.ptr(ptr);
+        }
+        Op::Status => w.u8(5),
+    }
+}
+
+fn enc_reply(w: &mut W, r: &Reply) {
+    match r {
+        Reply::Inserted(p) => {
+            w.u8(1);
+            w.ptr(p);
+        }
+        Reply::Updated(p) => {
+            w.u8(2);
+            w.ptr(p);
+        }
+        Reply::Data { version, data } => {
+            w.u8(3);
+            w.u64(*version);
+            w.bytes(data);
+        }
+        Reply::Deleted => w.u8(4),
+        Reply::Status(s) => {
+            w.u8(5);
+            w.u32(s.node);
+            w.u8(s.role);
+            w.u64(s.epoch);
+            w.u64(s.arena_base);
+            w.u64(s.arena_len);
+            w.u32(s.stag);
+            w.u64(s.allocated);
+            w.u64(s.objects);
+            w.bool(s.redundant);
+            w.u64(s.applied_seq);
+        }
+    }
+}
+
+fn enc_effect(w: &mut W, e: &Effect) {
+    match e {
+        Effect::Alloc { offset, len } => {
+            w.u8(1);
+            w.u64(*offset);
+            w.u64(*len);
+        }
+        Effect::Write {
+            offset,
+            version,
+            data,
+        } => {
+            w.u8(2);
+            w.u64(*offset);
+            w.u64(*version);
+            w.bytes(data);
+        }
+        Effect::Free { offset } => {
+            w.u8(3);
+            w.u64(*offset);
+        }
+    }
+}
+
+fn enc_error(w: &mut W, e: &StoreError) {
+    match e {
+        StoreError::StaleEpoch { current } => {
+            w.u8(1);
+            w.u64(*current);
+        }
+        StoreError::NotPrimary { primary } => {
+            w.u8(2);
+            match primary {
+                Some(p) => {
+                    w.u8(1);
+                    w.u32(*p);
+                }
+                None => w.u8(0),
+            }
+        }
+        StoreError::WrongStag { got, expected } => {
+            w.u8(3);
+            w.u32(*got);
+            w.u32(*expected);
+        }
+        StoreError::OutOfArena => w.u8(4),
+        StoreError::Freed => w.u8(5),
+        StoreError::NotAllocated => w.u8(6),
+        StoreError::TooLarge { len, max } => {
+            w.u8(7);
+            w.u64(*len);
+            w.u64(*max);
+        }
+        StoreError::Full { largest_free } => {
+            w.u8(8);
+            w.u64(*largest_free);
+        }
+        StoreError::Torn => w.u8(9),
+        StoreError::Other(s) => {
+            w.u8(10);
+            w.bytes(s.as_bytes());
+        }
+    }
+}
+
+// ---------------------------------------------------------------- decoding
+
+struct R<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() - self.at < n {
+            return Err(DecodeError::Truncated {
+                at: self.at,
+                needed: n - (self.b.len() - self.at),
+            });
+        }
+        let s = &self.b[self.at..self.at + n];
+        self.at += n;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            tag => Err(DecodeError::BadTag { what: "bool", tag }),
+        }
+    }
+    /// A list length, checked against the bytes left given each element's
+    /// minimum encoded size, so garbage cannot make us allocate much.
+    fn count(&mut self, min_elem: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        let left = self.b.len() - self.at;
+        if n.saturating_mul(min_elem.max(1)) > left {
+            return Err(DecodeError::Truncated {
+                at: self.at,
+                needed: n * min_elem.max(1) - left,
+            });
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
+        let n = self.count(1)?;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?).map_err(|_| DecodeError::Utf8)
+    }
+    fn ptr(&mut self) -> Result<RemotePtr, DecodeError> {
+        Ok(RemotePtr::decode(self.take(crate::ptr::ENCODED_LEN)?).expect("exact length"))
+    }
+}
+
+/// Decodes one whole message.
+pub fn decode(b: &[u8]) -> Result<Envelope, DecodeError> {
+    if b.len() > MAX_MESSAGE {
+        return Err(DecodeError::TooLarge(b.len()));
+    }
+    let mut r = R { b, at: 0 };
+    let epoch = r.u64()?;
+    let body = dec_body(&mut r)?;
+    if r.at != b.len() {
+        return Err(DecodeError::Trailing(b.len() - r.at));
+    }
+    Ok(Envelope { epoch, body })
+}
+
+fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Body::Request {
+            client: r.u64()?,
+            req_id: r.u64()?,
+            op: dec_op(r)?,
+        },
+        2 => {
+            let req_id = r.u64()?;
+            let result = match r.u8()? {
+                0 => Ok(dec_reply(r)?),
+                1 => Err(dec_error(r)?),
+                tag => {
+                    return Err(DecodeError::BadTag {
+                        what: "result",
+                        tag,
+                    })
+                }
+            };
+            Body::Response { req_id, result }
+        }
+        3 => Body::Heartbeat,
+        4 => {
+            let seq = r.u64()?;
+            let client = r.u64()?;
+            let req_id = r.u64()?;
+            let n = r.count(9)?;
+            let mut effects = Vec::with_capacity(n);
+            for _ in 0..n {
+                effects.push(dec_effect(r)?);
+            }
+            let reply = dec_reply(r)?;
+            Body::Replicate {
+                seq,
+                op: RepOp {
+                    client,
+                    req_id,
+                    effects,
+                    reply,
+                },
+            }
+        }
+        5 => Body::ReplicateAck { seq: r.u64()? },
+        6 => Body::Stale,
+        7 => Body::Join {
+            member: Member {
+                node: r.u32()?,
+                incarnation: r.u64()?,
+            },
+            arena_len: r.u64()?,
+        },
+        8 => {
+            let start_seq = r.u64()?;
+            let size = r.u64()?;
+            let n = r.count(16)?;
+            let mut allocations = Vec::with_capacity(n);
+            for _ in 0..n {
+                allocations.push((r.u64()?, r.u64()?));
+            }
+            let n = r.count(8)?;
+            let mut freed = Vec::with_capacity(n);
+            for _ in 0..n {
+                freed.push(r.u64()?);
+            }
+            let n = r.count(25)?;
+            let mut dedup = Vec::with_capacity(n);
+            for _ in 0..n {
+                dedup.push(DedupEntry {
+                    client: r.u64()?,
+                    req_id: r.u64()?,
+                    seq: r.u64()?,
+                    reply: dec_reply(r)?,
+                });
+            }
+            Body::SyncStart {
+                start_seq,
+                alloc: AllocSnapshot {
+                    size,
+                    allocations,
+                    freed,
+                },
+                dedup,
+            }
+        }
+        9 => Body::SyncRequest {
+            offset: r.u64()?,
+            len: r.u32()?,
+        },
+        10 => Body::SyncChunk {
+            offset: r.u64()?,
+            data: r.bytes()?,
+        },
+        11 => Body::SyncDone {
+            through_seq: r.u64()?,
+        },
+        12 => Body::JoinRefused {
+            reason: r.string()?,
+        },
+        tag => return Err(DecodeError::BadTag { what: "body", tag }),
+    })
+}
+
+fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Op::Insert { data: r.bytes()? },
+        2 => Op::Update {
+            ptr: r.ptr()?,
+            data: r.bytes()?,
+        },
+        3 => Op::Read { ptr: r.ptr()? },
+        4 => Op::Delete { ptr: r.ptr()? },
+        5 => Op::Status,
+        tag => return Err(DecodeError::BadTag { what: "op", tag }),
+    })
+}
+
+fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Reply::Inserted(r.ptr()?),
+        2 => Reply::Updated(r.ptr()?),
+        3 => Reply::Data {
+            version: r.u64()?,
+            data: r.bytes()?,
+        },
+        4 => Reply::Deleted,
+        5 => Reply::Status(StatusInfo {
+            node: r.u32()?,
+            role: r.u8()?,
+            epoch: r.u64()?,
+            arena_base: r.u64()?,
+            arena_len: r.u64()?,
+            stag: r.u32()?,
+            allocated: r.u64()?,
+            objects: r.u64()?,
+            redundant: r.bool()?,
+            applied_seq: r.u64()?,
+        }),
+        tag => return Err(DecodeError::BadTag { what: "reply", tag }),
+    })
+}
+
+fn dec_effect(r: &mut R<'_>) -> Result<Effect, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Effect::Alloc {
+            offset: r.u64()?,
+            len: r.u64()?,
+        },
+        2 => Effect::Write {
+            offset: r.u64()?,
+            version: r.u64()?,
+            data: r.bytes()?,
+        },
+        3 => Effect::Free { offset: r.u64()? },
+        tag => {
+            return Err(DecodeError::BadTag {
+                what: "effect",
+                tag,
+            })
+        }
+    })
+}
+
+fn dec_error(r: &mut R<'_>) -> Result<StoreError, DecodeError> {
+    Ok(match r.u8()? {
+        1 => StoreError::StaleEpoch { current: r.u64()? },
+        2 => StoreError::NotPrimary {
+            primary: if r.bool()? { Some(r.u32()?) } else { None },
+        },
+        3 => StoreError::WrongStag {
+            got: r.u32()?,
+            expected: r.u32()?,
+        },
+        4 => StoreError::OutOfArena,
+        5 => StoreError::Freed,
+        6 => StoreError::NotAllocated,
+        7 => StoreError::TooLarge {
+            len: r.u64()?,
+            max: r.u64()?,
+        },
+        8 => StoreError::Full {
+            largest_free: r.u64()?,
+        },
+        9 => StoreError::Torn,
+        10 => StoreError::Other(r.string()?),
+        tag => return Err(DecodeError::BadTag { what: "error", tag }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ptr() -> impl Strategy<Value = RemotePtr> {
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, stag, len)| RemotePtr {
+            addr,
+            stag,
+            len,
+        })
+    }
+
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(any::<u8>(), 0..40)
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        prop_oneof![
+            ptr().prop_map(Reply::Inserted),
+            ptr().prop_map(Reply::Updated),
+            (any::<u64>(), bytes()).prop_map(|(version, data)| Reply::Data { version, data }),
+            Just(Reply::Deleted),
+            (
+                any::<u32>(),
+                any::<u8>(),
+                any::<u64>(),
+                any::<bool>(),
+                any::<u64>()
+            )
+                .prop_map(|(node, role, epoch, redundant, x)| Reply::Status(
+                    StatusInfo {
+                        node,
+                        role,
+                        epoch,
+                        arena_base: x,
+                        arena_len: x / 3,
+                        stag: node ^ 7,
+                        allocated: x / 5,
+                        objects: x / 7,
+                        redundant,
+                        applied_seq: x / 11,
+                    }
+                )),
+        ]
+    }
+
+    fn error() -> impl Strategy<Value = StoreError> {
+        prop_oneof![
+            any::<u64>().prop_map(|current| StoreError::StaleEpoch { current }),
+            any::<Option<u32>>().prop_map(|primary| StoreError::NotPrimary { primary }),
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(got, expected)| StoreError::WrongStag { got, expected }),
+            Just(StoreError::OutOfArena),
+            Just(StoreError::Freed),
+            Just(StoreError::NotAllocated),
+            (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::TooLarge { len, max }),
+            any::<u64>().prop_map(|largest_free| StoreError::Full { largest_free }),
+            Just(StoreError::Torn),
+            "[a-z é]{0,12}".prop_map(StoreError::Other),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            bytes().prop_map(|data| Op::Insert { data }),
+            (ptr(), bytes()).prop_map(|(ptr, data)| Op::Update { ptr, data }),
+            ptr().prop_map(|ptr| Op::Read { ptr }),
+            ptr().prop_map(|ptr| Op::Delete { ptr }),
+            Just(Op::Status),
+        ]
+    }
+
+    fn effect() -> impl Strategy<Value = Effect> {
+        prop_oneof![
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Effect::Alloc { offset, len }),
+            (any::<u64>(), any::<u64>(), bytes()).prop_map(|(offset, version, data)| {
+                Effect::Write {
+                    offset,
+                    version,
+                    data,
+                }
+            }),
+            any::<u64>().prop_map(|offset| Effect::Free { offset }),
+        ]
+    }
+
+    fn body() -> impl Strategy<Value = Body> {
+        prop_oneof![
+            (any::<u64>(), any::<u64>(), op()).prop_map(|(client, req_id, op)| Body::Request {
+                client,
+                req_id,
+                op
+            }),
+            (any::<u64>(), prop::result::maybe_ok(reply(), error()))
+                .prop_map(|(req_id, result)| Body::Response { req_id, result }),
+            Just(Body::Heartbeat),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                prop::collection::vec(effect(), 0..4),
+                reply()
+            )
+                .prop_map(|(seq, client, req_id, effects, reply)| Body::Replicate {
+                    seq,
+                    op: RepOp {
+                        client,
+                        req_id,
+                        effects,
+                        reply
+                    }
+                }),
+            any::<u64>().prop_map(|seq| Body::ReplicateAck { seq }),
+            Just(Body::Stale),
+            (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+                |(node, incarnation, arena_len)| {
+                    Body::Join {
+                        member: Member { node, incarnation },
+                        arena_len,
+                    }
+                }
+            ),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                prop::collection::vec((any::<u64>(), any::<u64>()), 0..4),
+                prop::collection::vec(any::<u64>(), 0..4),
+                prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), reply()), 0..3)
+            )
+                .prop_map(|(start_seq, size, allocations, freed, d)| Body::SyncStart {
+                    start_seq,
+                    alloc: AllocSnapshot {
+                        size,
+                        allocations,
+                        freed
+                    },
+                    dedup: d
+                        .into_iter()
+                        .map(|(client, req_id, seq, reply)| DedupEntry {
+                            client,
+                            req_id,
+                            seq,
+                            reply
+                        })
+                        .collect(),
+                }),
+            (any::<u64>(), any::<u32>())
+                .prop_map(|(offset, len)| Body::SyncRequest { offset, len }),
+            (any::<u64>(), bytes()).prop_map(|(offset, data)| Body::SyncChunk { offset, data }),
+            any::<u64>().prop_map(|through_seq| Body::SyncDone { through_seq }),
+            "[a-z]{0,10}".prop_map(|reason| Body::JoinRefused { reason }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(epoch in any::<u64>(), body in body()) {
+            let env = Envelope { epoch, body };
+            let bytes = encode(&env);
+            prop_assert_eq!(decode(&bytes), Ok(env.clone()));
+            // Every strict prefix is rejected, as is any extra byte.
+            for cut in 0..bytes.len() {
+                prop_assert!(decode(&bytes[..cut]).is_err());
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            prop_assert_eq!(decode(&longer), Err(DecodeError::Trailing(1)));
+        }
+
+        #[test]
+        fn garbage_never_panics(b in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode(&b);
+        }
+
+        #[test]
+        fn mutated_messages_never_panic(epoch in any::<u64>(), body in body(), at in any::<usize>(), v in any::<u8>()) {
+            let mut bytes = encode(&Envelope { epoch, body });
+            let i = at % bytes.len();
+            bytes[i] = v;
+            let _ = decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn huge_counts_are_rejected_before_allocating() {
+        // A SyncStart claiming 2^32-1 allocations in a few bytes.
+        let mut b = vec![0u8; 8];
+        b.push(8);
+        b.extend_from_slice(&[0; 16]);
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode(&b), Err(DecodeError::Truncated { .. })));
+        assert_eq!(
+            decode(&vec![0; MAX_MESSAGE + 1]),
+            Err(DecodeError::TooLarge(MAX_MESSAGE + 1))
+        );
+    }
+}
