@@ -25,16 +25,16 @@
 //! win a campaign, so no acknowledged write can be lost by promoting it.
 //!
 //! Implementations: [`LeaseTable`] (pure, explicit time; the heart of the
-//! embedded coordinator and of the simulation), `embedded` (a tiny TCP
-//! server on loopback plus its client) and `etcd`.
+//! embedded coordinator and of the simulation), [`embedded`] (a tiny TCP
+//! server on loopback plus its client) and [`etcd`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::proto::Member;
 
-// pub mod embedded;
-// pub mod etcd;
+pub mod embedded;
+pub mod etcd;
 
 /// A group's leadership record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,6 +13,7 @@
 
 pub mod alloc;
 pub mod arena;
+pub mod config;
 pub mod coord;
 pub mod node;
 pub mod object;

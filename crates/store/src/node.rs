@@ -262,6 +262,7 @@ pub struct Node<M: Memory> {
     next_coord_id: u64,
     out: Vec<Output>,
     divergences: u64,
+    last_divergence: Option<String>,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -296,6 +297,7 @@ impl<M: Memory> Node<M> {
             next_coord_id: 1,
             out: Vec::new(),
             divergences: 0,
+            last_divergence: None,
         }
     }
 
@@ -352,6 +354,16 @@ impl<M: Memory> Node<M> {
     pub fn divergences(&self) -> u64 {
         self.divergences
     }
+    /// Why the last divergence happened.
+    pub fn last_divergence(&self) -> Option<&str> {
+        self.last_divergence.as_deref()
+    }
+
+    fn diverged(&mut self, why: String) {
+        self.divergences += 1;
+        self.last_divergence = Some(why);
+    }
+
     /// Primary with an in-sync secondary.
     pub fn is_redundant(&self) -> bool {
         matches!(&self.state, State::Primary(p) if matches!(p.replica, Replica::InSync { .. }))
@@ -517,6 +529,16 @@ impl<M: Memory> Node<M> {
 
     fn on_message(&mut self, from: Addr, env: Envelope) {
         if env.epoch < self.epoch {
+            if let (State::Secondary { primary, .. }, Body::Replicate { seq, .. }) =
+                (&self.state, &env.body)
+            {
+                if from == Addr::Node(*primary) {
+                    // Refusing part of the stream would leave a gap.
+                    let (primary, seq) = (*primary, *seq);
+                    self.diverged(format!("write {seq} from my primary at an older epoch"));
+                    return self.become_joining(Some(primary));
+                }
+            }
             match env.body {
                 Body::Request { req_id, .. } => self.send(
                     from,
@@ -548,7 +570,21 @@ impl<M: Memory> Node<M> {
                     self.epoch = env.epoch;
                     self.step_down();
                 }
-                _ => self.epoch = env.epoch,
+                // A secondary takes its epoch only from its primary's
+                // stream: adopting a newer one from elsewhere (a client that
+                // already saw the primary's latest epoch bump) would make it
+                // refuse writes still in flight from its primary, leaving a
+                // gap in the sequence.
+                State::Secondary { primary, .. } => {
+                    if from == Addr::Node(*primary) {
+                        self.epoch = env.epoch;
+                    }
+                }
+                _ => {
+                    if let Addr::Node(_) = from {
+                        self.epoch = env.epoch;
+                    }
+                }
             }
         }
         match env.body {
@@ -909,8 +945,8 @@ impl<M: Memory> Node<M> {
         let primary = *primary;
         match self.apply(seq, &op) {
             Ok(()) => self.send(Addr::Node(primary), Body::ReplicateAck { seq }),
-            Err(_) => {
-                self.divergences += 1;
+            Err(e) => {
+                self.diverged(e);
                 self.become_joining(Some(primary));
             }
         }
@@ -1003,7 +1039,7 @@ impl<M: Memory> Node<M> {
             return;
         }
         let Ok(a) = Allocator::from_snapshot(&alloc) else {
-            self.divergences += 1;
+            self.diverged("bad allocator snapshot".into());
             return self.become_joining(None);
         };
         if a.size() != self.alloc.size() {
@@ -1064,8 +1100,8 @@ impl<M: Memory> Node<M> {
         let primary = *primary;
         let c = copy.take().expect("copying");
         for (seq, op) in c.buffered {
-            if self.apply(seq, &op).is_err() {
-                self.divergences += 1;
+            if let Err(e) = self.apply(seq, &op) {
+                self.diverged(e);
                 return self.become_joining(Some(primary));
             }
         }
@@ -1102,7 +1138,7 @@ impl<M: Memory> Node<M> {
         *last_heard = self.now;
         c.outstanding -= 1;
         if self.mem.write(offset, &data).is_err() {
-            self.divergences += 1;
+            self.diverged(format!("chunk at {offset} outside the arena"));
             return self.become_joining(None);
         }
         self.request_chunks();
@@ -1389,15 +1425,19 @@ impl<M: Memory> Node<M> {
     /// live primary, otherwise rejoin that primary; wait if nobody leads.
     fn after_lost(&mut self, record: Option<GroupRecord>) {
         let Some(r) = record else { return };
-        self.epoch = self.epoch.max(r.epoch);
         if !r.lease_held {
             return; // retry later
         }
         let me = self.cfg.member;
         match self.state {
+            // Still the in-sync secondary of a live primary: keep the epoch
+            // of its stream (see `on_message`).
             State::Secondary { primary, .. }
                 if primary == r.primary.node && r.in_sync == Some(me) => {}
-            _ => self.become_joining(Some(r.primary.node)),
+            _ => {
+                self.epoch = self.epoch.max(r.epoch);
+                self.become_joining(Some(r.primary.node));
+            }
         }
     }
 }

@@ -529,6 +529,9 @@ impl Sim {
         }
         let node = self.nodes.remove(&victim).expect("victim alive");
         self.divergences += node.divergences();
+        if let Some(d) = node.last_divergence() {
+            self.violations.push(format!("node {victim} diverged: {d}"));
+        }
         *self.gen.get_mut(&victim).unwrap() += 1;
         self.report.crashes += 1;
         let at = self.now + self.rng.range(5_000, 60_000);
@@ -621,7 +624,9 @@ impl Sim {
         let div = self.divergences + p.divergences() + s.divergences();
         if div != 0 {
             v.push(format!(
-                "{div} forwarded writes failed to apply on a secondary"
+                "{div} forwarded writes failed to apply on a secondary ({:?} {:?})",
+                p.last_divergence(),
+                s.last_divergence()
             ));
         }
         self.violations.extend(v);
@@ -804,7 +809,8 @@ mod tests {
         let mut crashes = 0;
         let mut elections = 0;
         let (mut retries, mut ops) = (0, 0);
-        for seed in 0..seeds(40, 2000) {
+        let first: u64 = std::env::var("SOFTRDMA_SEED").map_or(0, |s| s.parse().unwrap());
+        for seed in first..first + seeds(40, 2000) {
             let r = run(seed, &cfg).unwrap_or_else(|e| panic!("{e}"));
             crashes += r.crashes;
             elections += r.elections;

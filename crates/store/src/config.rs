@@ -1,0 +1,371 @@
+//! TOML configuration of `softrdma store serve --config FILE`.
+//!
+//! ```toml
+//! group = "demo"
+//! node_id = 1
+//! role = "primary"                 # hint: "primary" | "secondary" | "auto"
+//! listen = "127.0.0.1:7401"
+//! peers = ["127.0.0.1:7402"]
+//! arena_size = "64MiB"             # or a byte count
+//! arena_addr = "0x7e00_0000_0000"  # optional: else the primary proposes one
+//! stag = "0x00012345"              # optional: else the primary generates one
+//! heartbeat_interval_ms = 50
+//! heartbeat_timeout_ms = 250
+//!
+//! [coordinator]
+//! kind = "embedded"                # or "etcd"
+//! addr = "127.0.0.1:7400"
+//! # kind = "etcd"
+//! # endpoints = ["http://127.0.0.1:2379"]
+//! ```
+//!
+//! Defaults aim at sub-second failover: heartbeats every 50 ms, a peer is
+//! declared failed after 250 ms of silence, leases last 200 ms.
+//! [`Config::validate`] rejects inconsistent values with a message naming
+//! the field; command-line flags override fields after parsing.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::arena::PAGE_SIZE;
+
+/// Role hint; the coordinator decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleHint {
+    /// Campaign at start.
+    Primary,
+    /// Join an existing primary.
+    Secondary,
+    /// Ask the coordinator.
+    #[default]
+    Auto,
+}
+
+/// Which coordinator.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum CoordinatorConfig {
+    /// The embedded coordinator at `addr` (started by one process of the
+    /// group or the demo).
+    Embedded {
+        /// Loopback address.
+        addr: SocketAddr,
+    },
+    /// An etcd cluster.
+    Etcd {
+        /// Client URLs.
+        endpoints: Vec<String>,
+    },
+}
+
+/// A byte size: an integer, or a string like `"64MiB"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SizeRepr")]
+pub struct ByteSize(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    N(u64),
+    S(String),
+}
+
+impl TryFrom<SizeRepr> for ByteSize {
+    type Error = String;
+    fn try_from(r: SizeRepr) -> Result<ByteSize, String> {
+        match r {
+            SizeRepr::N(n) => Ok(ByteSize(n)),
+            SizeRepr::S(s) => parse_size(&s).map(ByteSize),
+        }
+    }
+}
+
+/// Parses `"4096"`, `"64KiB"`, `"64MiB"`, `"1GiB"` (also `K`, `M`, `G`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        u => return Err(format!("bad size unit {u:?} in {s:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+/// A hex (`0x…`, underscores allowed) or decimal integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SizeRepr")]
+pub struct HexU64(pub u64);
+
+impl TryFrom<SizeRepr> for HexU64 {
+    type Error = String;
+    fn try_from(r: SizeRepr) -> Result<HexU64, String> {
+        match r {
+            SizeRepr::N(n) => Ok(HexU64(n)),
+            SizeRepr::S(s) => {
+                let t = s.trim().replace('_', "");
+                let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+                    Some(h) => u64::from_str_radix(h, 16),
+                    None => t.parse(),
+                };
+                v.map(HexU64).map_err(|_| format!("bad number {s:?}"))
+            }
+        }
+    }
+}
+
+fn default_hb_interval() -> u64 {
+    50
+}
+fn default_hb_timeout() -> u64 {
+    250
+}
+fn default_lease() -> u64 {
+    200
+}
+
+/// A node's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Replica group name.
+    pub group: String,
+    /// This node's id (unique in the group, non-zero).
+    pub node_id: u32,
+    /// Role hint.
+    #[serde(default)]
+    pub role: RoleHint,
+    /// Address to listen on (clients and peers).
+    pub listen: SocketAddr,
+    /// The other nodes.
+    #[serde(default)]
+    pub peers: Vec<SocketAddr>,
+    /// Arena size (multiple of 4096).
+    pub arena_size: ByteSize,
+    /// Arena address; if absent the primary proposes one.
+    #[serde(default)]
+    pub arena_addr: Option<HexU64>,
+    /// STag; if absent the primary generates one.
+    #[serde(default)]
+    pub stag: Option<HexU64>,
+    /// Heartbeat interval in ms.
+    #[serde(default = "default_hb_interval")]
+    pub heartbeat_interval_ms: u64,
+    /// Silence in ms after which a peer counts as failed.
+    #[serde(default = "default_hb_timeout")]
+    pub heartbeat_timeout_ms: u64,
+    /// Lease TTL in ms.
+    #[serde(default = "default_lease")]
+    pub lease_ttl_ms: u64,
+    /// Coordinator.
+    pub coordinator: CoordinatorConfig,
+}
+
+/// A configuration error.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Unreadable file.
+    #[error("cannot read {path}: {err}")]
+    Io {
+        /// File.
+        path: String,
+        /// Error.
+        err: std::io::Error,
+    },
+    /// Not valid TOML or wrong fields.
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+    /// Inconsistent values.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Io {
+            path: path.display().to_string(),
+            err,
+        })?;
+        Config::parse(&text)
+    }
+
+    /// Checks the values are consistent.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.group.is_empty() || self.group.contains(['/', ' ', '\n']) {
+            return bad(format!(
+                "group {:?}: non-empty, no '/' or spaces",
+                self.group
+            ));
+        }
+        if self.node_id == 0 {
+            return bad("node_id must be non-zero".into());
+        }
+        let size = self.arena_size.0;
+        if size == 0 || !size.is_multiple_of(PAGE_SIZE) {
+            return bad(format!(
+                "arena_size {size} must be a non-zero multiple of {PAGE_SIZE}"
+            ));
+        }
+        if let Some(HexU64(a)) = self.arena_addr {
+            if a == 0 || !a.is_multiple_of(PAGE_SIZE) {
+                return bad(format!(
+                    "arena_addr {a:#x} must be non-zero and page aligned"
+                ));
+            }
+        }
+        if let Some(HexU64(s)) = self.stag {
+            if s > u32::MAX as u64 {
+                return bad(format!("stag {s:#x} exceeds 32 bits"));
+            }
+        }
+        if self.heartbeat_interval_ms == 0
+            || self.heartbeat_timeout_ms <= self.heartbeat_interval_ms
+        {
+            return bad(format!(
+                "heartbeat_timeout_ms ({}) must exceed heartbeat_interval_ms ({}) > 0",
+                self.heartbeat_timeout_ms, self.heartbeat_interval_ms
+            ));
+        }
+        if self.lease_ttl_ms <= self.heartbeat_interval_ms {
+            return bad(format!(
+                "lease_ttl_ms ({}) must exceed heartbeat_interval_ms ({}): leases are renewed each beat",
+                self.lease_ttl_ms, self.heartbeat_interval_ms
+            ));
+        }
+        if self.peers.contains(&self.listen) {
+            return bad(format!(
+                "peers include this node's own address {}",
+                self.listen
+            ));
+        }
+        if let CoordinatorConfig::Etcd { endpoints } = &self.coordinator {
+            if endpoints.is_empty() {
+                return bad("coordinator.endpoints is empty".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Heartbeat interval.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+    /// Heartbeat timeout.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_timeout_ms)
+    }
+    /// Lease TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+    /// The STag, if configured.
+    pub fn stag(&self) -> Option<u32> {
+        self.stag.map(|s| s.0 as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+        group = "demo"
+        node_id = 1
+        role = "primary"
+        listen = "127.0.0.1:7401"
+        peers = ["127.0.0.1:7402"]
+        arena_size = "64MiB"
+        arena_addr = "0x7e00_0000_0000"
+        stag = "0x00012345"
+        heartbeat_interval_ms = 20
+        heartbeat_timeout_ms = 100
+        [coordinator]
+        kind = "embedded"
+        addr = "127.0.0.1:7400"
+    "#;
+
+    #[test]
+    fn full_config_parses() {
+        let c = Config::parse(FULL).unwrap();
+        assert_eq!(c.group, "demo");
+        assert_eq!(c.role, RoleHint::Primary);
+        assert_eq!(c.arena_size, ByteSize(64 << 20));
+        assert_eq!(c.arena_addr, Some(HexU64(0x7e00_0000_0000)));
+        assert_eq!(c.stag(), Some(0x12345));
+        assert_eq!(c.heartbeat_interval(), Duration::from_millis(20));
+        assert_eq!(c.lease_ttl(), Duration::from_millis(200));
+        assert_eq!(
+            c.coordinator,
+            CoordinatorConfig::Embedded {
+                addr: "127.0.0.1:7400".parse().unwrap()
+            }
+        );
+    }
+
+    #[test]
+    fn minimal_config_gets_subsecond_defaults() {
+        let c = Config::parse(
+            r#"
+            group = "g"
+            node_id = 2
+            listen = "127.0.0.1:7402"
+            arena_size = 1048576
+            coordinator = { kind = "etcd", endpoints = ["http://127.0.0.1:2379"] }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.role, RoleHint::Auto);
+        assert_eq!(c.arena_addr, None);
+        assert!(c.heartbeat_timeout() < Duration::from_secs(1));
+        assert!(c.heartbeat_interval() < c.heartbeat_timeout());
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let cases = [
+            (
+                "arena_size = \"64MiB\"",
+                "arena_size = \"1000\"",
+                "arena_size",
+            ),
+            (
+                "arena_addr = \"0x7e00_0000_0000\"",
+                "arena_addr = \"0x7e00_0000_0001\"",
+                "arena_addr",
+            ),
+            ("stag = \"0x00012345\"", "stag = \"0x1_0000_0000\"", "stag"),
+            (
+                "heartbeat_timeout_ms = 100",
+                "heartbeat_timeout_ms = 10",
+                "heartbeat_timeout_ms",
+            ),
+            ("node_id = 1", "node_id = 0", "node_id"),
+            ("role = \"primary\"", "role = \"boss\"", "role"),
+            ("group = \"demo\"", "group = \"demo\"\nbogus = 1", "bogus"),
+        ];
+        for (from, to, field) in cases {
+            let text = FULL.replace(from, to);
+            let err = Config::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert!(parse_size("4 parsecs").is_err());
+    }
+}
