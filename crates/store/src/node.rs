@@ -176,7 +176,12 @@ enum Replica {
     /// No secondary: degraded (the coordinator records none in sync).
     None,
     /// Copying; its acks are not required.
-    Syncing { m: Member, last_heard: Micros },
+    Syncing {
+        m: Member,
+        last_heard: Micros,
+        /// The copy session.
+        session: u64,
+    },
     /// Copy done; its acks are required; registering once it holds every
     /// write released so far.
     Registering {
@@ -222,6 +227,8 @@ struct Primary {
 
 #[derive(Debug, Clone)]
 struct Copy {
+    /// The session of the SyncStart being followed.
+    session: u64,
     next_offset: u64,
     outstanding: u32,
     buffered: Vec<(u64, RepOp)>,
@@ -263,6 +270,8 @@ pub struct Node<M: Memory> {
     out: Vec<Output>,
     divergences: u64,
     last_divergence: Option<String>,
+    /// Copy sessions started (as primary); numbers them uniquely.
+    sessions: u64,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -298,6 +307,7 @@ impl<M: Memory> Node<M> {
             out: Vec::new(),
             divergences: 0,
             last_divergence: None,
+            sessions: 0,
         }
     }
 
@@ -594,13 +604,25 @@ impl<M: Memory> Node<M> {
             Body::ReplicateAck { seq } => self.on_replicate_ack(from, seq),
             Body::Join { member, arena_len } => self.on_join(from, member, arena_len),
             Body::SyncStart {
+                session,
                 start_seq,
                 alloc,
                 dedup,
-            } => self.on_sync_start(from, start_seq, alloc, dedup),
-            Body::SyncRequest { offset, len } => self.on_sync_request(from, offset, len),
-            Body::SyncChunk { offset, data } => self.on_sync_chunk(from, offset, data),
-            Body::SyncDone { through_seq } => self.on_sync_done(from, through_seq),
+            } => self.on_sync_start(from, session, start_seq, alloc, dedup),
+            Body::SyncRequest {
+                session,
+                offset,
+                len,
+            } => self.on_sync_request(from, session, offset, len),
+            Body::SyncChunk {
+                session,
+                offset,
+                data,
+            } => self.on_sync_chunk(from, session, offset, data),
+            Body::SyncDone {
+                session,
+                through_seq,
+            } => self.on_sync_done(from, session, through_seq),
             Body::JoinRefused { .. } => {
                 if let State::Joining { join_sent, .. } = &mut self.state {
                     if join_sent.is_some_and(|(p, _)| Addr::Node(p) == from) {
@@ -1004,9 +1026,15 @@ impl<M: Memory> Node<M> {
             _ => return refuse(self, "another secondary is active"),
         }
         let start_seq = self.applied_seq + 1;
+        self.sessions += 1;
+        let session = self.sessions;
+        let State::Primary(p) = &mut self.state else {
+            unreachable!()
+        };
         p.replica = Replica::Syncing {
             m: member,
             last_heard: now,
+            session,
         };
         p.replicated_through = 0;
         let alloc = self.alloc.snapshot();
@@ -1014,6 +1042,7 @@ impl<M: Memory> Node<M> {
         self.send(
             from,
             Body::SyncStart {
+                session,
                 start_seq,
                 alloc,
                 dedup,
@@ -1024,16 +1053,22 @@ impl<M: Memory> Node<M> {
     fn on_sync_start(
         &mut self,
         from: Addr,
+        session: u64,
         start_seq: u64,
         alloc: crate::alloc::AllocSnapshot,
         dedup: Vec<DedupEntry>,
     ) {
-        let State::Joining {
-            join_sent: Some((p, _)),
-            ..
-        } = self.state
-        else {
-            return;
+        // Accepted from the primary we joined, also while copying or after:
+        // the primary restarts a session when it sees a (possibly late,
+        // duplicate) Join, and only the newest session's stream is
+        // contiguous, so always follow the newest SyncStart.
+        let p = match self.state {
+            State::Joining {
+                join_sent: Some((p, _)),
+                ..
+            } => p,
+            State::Secondary { primary, .. } => primary,
+            _ => return,
         };
         if from != Addr::Node(p) || start_seq == 0 {
             return;
@@ -1053,6 +1088,7 @@ impl<M: Memory> Node<M> {
             last_heard: self.now,
             last_beat: self.now,
             copy: Some(Copy {
+                session,
                 next_offset: 0,
                 outstanding: 0,
                 buffered: Vec::new(),
@@ -1077,6 +1113,7 @@ impl<M: Memory> Node<M> {
             return;
         };
         let primary = *primary;
+        let session = c.session;
         let mut reqs = Vec::new();
         while c.outstanding < window && c.next_offset < len {
             let n = (chunk as u64).min(len - c.next_offset) as u32;
@@ -1086,7 +1123,14 @@ impl<M: Memory> Node<M> {
         }
         let done = c.outstanding == 0 && c.next_offset == len;
         for (offset, len) in reqs {
-            self.send(Addr::Node(primary), Body::SyncRequest { offset, len });
+            self.send(
+                Addr::Node(primary),
+                Body::SyncRequest {
+                    session,
+                    offset,
+                    len,
+                },
+            );
         }
         if done {
             self.finish_copy();
@@ -1099,6 +1143,7 @@ impl<M: Memory> Node<M> {
         };
         let primary = *primary;
         let c = copy.take().expect("copying");
+        let session = c.session;
         for (seq, op) in c.buffered {
             if let Err(e) = self.apply(seq, &op) {
                 self.diverged(e);
@@ -1106,23 +1151,41 @@ impl<M: Memory> Node<M> {
             }
         }
         let through_seq = self.applied_seq;
-        self.send(Addr::Node(primary), Body::SyncDone { through_seq });
+        self.send(
+            Addr::Node(primary),
+            Body::SyncDone {
+                session,
+                through_seq,
+            },
+        );
     }
 
-    fn on_sync_request(&mut self, from: Addr, offset: u64, len: u32) {
-        let State::Primary(p) = &self.state else {
+    fn on_sync_request(&mut self, from: Addr, session: u64, offset: u64, len: u32) {
+        let now = self.now;
+        let State::Primary(p) = &mut self.state else {
             return;
         };
-        if !matches!(p.replica, Replica::Syncing { m, .. } if Addr::Node(m.node) == from) {
+        let Replica::Syncing { m, session: s, .. } = p.replica else {
+            return;
+        };
+        if Addr::Node(m.node) != from || s != session {
             return;
         }
+        touch(&mut p.replica, m.node, now);
         let mut data = vec![0u8; len as usize];
         if self.mem.read(offset, &mut data).is_ok() {
-            self.send(from, Body::SyncChunk { offset, data });
+            self.send(
+                from,
+                Body::SyncChunk {
+                    session,
+                    offset,
+                    data,
+                },
+            );
         }
     }
 
-    fn on_sync_chunk(&mut self, from: Addr, offset: u64, data: Vec<u8>) {
+    fn on_sync_chunk(&mut self, from: Addr, session: u64, offset: u64, data: Vec<u8>) {
         let State::Secondary {
             primary,
             last_heard,
@@ -1132,8 +1195,8 @@ impl<M: Memory> Node<M> {
         else {
             return;
         };
-        if from != Addr::Node(*primary) {
-            return;
+        if from != Addr::Node(*primary) || session != c.session {
+            return; // a chunk of an abandoned session
         }
         *last_heard = self.now;
         c.outstanding -= 1;
@@ -1144,15 +1207,15 @@ impl<M: Memory> Node<M> {
         self.request_chunks();
     }
 
-    fn on_sync_done(&mut self, from: Addr, through_seq: u64) {
+    fn on_sync_done(&mut self, from: Addr, session: u64, through_seq: u64) {
         let now = self.now;
         let State::Primary(p) = &mut self.state else {
             return;
         };
-        let Replica::Syncing { m, .. } = p.replica else {
+        let Replica::Syncing { m, session: s, .. } = p.replica else {
             return;
         };
-        if Addr::Node(m.node) != from || through_seq > self.applied_seq {
+        if Addr::Node(m.node) != from || s != session || through_seq > self.applied_seq {
             return;
         }
         p.replica = Replica::Registering {
@@ -1444,7 +1507,7 @@ impl<M: Memory> Node<M> {
 
 fn touch(r: &mut Replica, n: NodeId, now: Micros) {
     match r {
-        Replica::Syncing { m, last_heard }
+        Replica::Syncing { m, last_heard, .. }
         | Replica::Registering { m, last_heard, .. }
         | Replica::InSync { m, last_heard }
             if m.node == n =>

@@ -86,6 +86,9 @@ pub enum Body {
     /// Primary -> joining node: the copy starts. Writes from `start_seq` on
     /// follow as `Replicate`.
     SyncStart {
+        /// Identifies this copy session (unique per primary); echoed in
+        /// `SyncRequest`, `SyncChunk` and `SyncDone`.
+        session: u64,
         /// First write not reflected in `alloc`/`dedup`.
         start_seq: u64,
         /// Allocator state as of `start_seq`.
@@ -96,6 +99,8 @@ pub enum Body {
     /// Joining node -> primary: send these arena bytes (the fallback for an
     /// RDMA Read of the primary's arena).
     SyncRequest {
+        /// The copy session (its `start_seq`), echoed in the chunk.
+        session: u64,
         /// Arena offset.
         offset: u64,
         /// Length.
@@ -103,6 +108,8 @@ pub enum Body {
     },
     /// Primary -> joining node: arena bytes.
     SyncChunk {
+        /// The session of the request.
+        session: u64,
         /// Arena offset.
         offset: u64,
         /// Bytes.
@@ -111,6 +118,8 @@ pub enum Body {
     /// Joining node -> primary: copy done and writes up to `through_seq`
     /// applied; from now on I acknowledge every write.
     SyncDone {
+        /// The copy session.
+        session: u64,
         /// Highest applied sequence number.
         through_seq: u64,
     },
@@ -416,11 +425,13 @@ fn enc_body(w: &mut W, b: &Body) {
             w.u64(*arena_len);
         }
         Body::SyncStart {
+            session,
             start_seq,
             alloc,
             dedup,
         } => {
             w.u8(8);
+            w.u64(*session);
             w.u64(*start_seq);
             w.u64(alloc.size);
             w.len(alloc.allocations.len());
@@ -440,18 +451,32 @@ fn enc_body(w: &mut W, b: &Body) {
                 enc_reply(w, &d.reply);
             }
         }
-        Body::SyncRequest { offset, len } => {
+        Body::SyncRequest {
+            session,
+            offset,
+            len,
+        } => {
             w.u8(9);
+            w.u64(*session);
             w.u64(*offset);
             w.u32(*len);
         }
-        Body::SyncChunk { offset, data } => {
+        Body::SyncChunk {
+            session,
+            offset,
+            data,
+        } => {
             w.u8(10);
+            w.u64(*session);
             w.u64(*offset);
             w.bytes(data);
         }
-        Body::SyncDone { through_seq } => {
+        Body::SyncDone {
+            session,
+            through_seq,
+        } => {
             w.u8(11);
+            w.u64(*session);
             w.u64(*through_seq);
         }
         Body::JoinRefused { reason } => {
@@ -707,6 +732,7 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
             arena_len: r.u64()?,
         },
         8 => {
+            let session = r.u64()?;
             let start_seq = r.u64()?;
             let size = r.u64()?;
             let n = r.count(16)?;
@@ -730,6 +756,7 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
                 });
             }
             Body::SyncStart {
+                session,
                 start_seq,
                 alloc: AllocSnapshot {
                     size,
@@ -740,14 +767,17 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
             }
         }
         9 => Body::SyncRequest {
+            session: r.u64()?,
             offset: r.u64()?,
             len: r.u32()?,
         },
         10 => Body::SyncChunk {
+            session: r.u64()?,
             offset: r.u64()?,
             data: r.bytes()?,
         },
         11 => Body::SyncDone {
+            session: r.u64()?,
             through_seq: r.u64()?,
         },
         12 => Body::JoinRefused {
@@ -974,6 +1004,7 @@ mod tests {
                 prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), reply()), 0..3)
             )
                 .prop_map(|(start_seq, size, allocations, freed, d)| Body::SyncStart {
+                    session: start_seq.rotate_left(7) ^ size,
                     start_seq,
                     alloc: AllocSnapshot {
                         size,
@@ -990,10 +1021,24 @@ mod tests {
                         })
                         .collect(),
                 }),
-            (any::<u64>(), any::<u32>())
-                .prop_map(|(offset, len)| Body::SyncRequest { offset, len }),
-            (any::<u64>(), bytes()).prop_map(|(offset, data)| Body::SyncChunk { offset, data }),
-            any::<u64>().prop_map(|through_seq| Body::SyncDone { through_seq }),
+            (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(session, offset, len)| {
+                Body::SyncRequest {
+                    session,
+                    offset,
+                    len,
+                }
+            }),
+            (any::<u64>(), any::<u64>(), bytes()).prop_map(|(session, offset, data)| {
+                Body::SyncChunk {
+                    session,
+                    offset,
+                    data,
+                }
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(session, through_seq)| Body::SyncDone {
+                session,
+                through_seq
+            }),
             "[a-z]{0,10}".prop_map(|reason| Body::JoinRefused { reason }),
         ]
     }
@@ -1032,7 +1077,7 @@ mod tests {
         // A SyncStart claiming 2^32-1 allocations in a few bytes.
         let mut b = vec![0u8; 8];
         b.push(8);
-        b.extend_from_slice(&[0; 16]);
+        b.extend_from_slice(&[0; 24]);
         b.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(decode(&b), Err(DecodeError::Truncated { .. })));
         assert_eq!(

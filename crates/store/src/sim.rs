@@ -200,6 +200,22 @@ struct Sim {
     divergences: u64,
     violations: Vec<String>,
     report: SimReport,
+    trace: bool,
+}
+
+fn summarize(i: &Input) -> String {
+    match i {
+        Input::Tick => String::new(),
+        Input::Coord { reply, .. } => format!("coord {reply:?}"),
+        Input::Message { from, env } => match &env.body {
+            Body::Request { .. }
+            | Body::Heartbeat
+            | Body::SyncChunk { .. }
+            | Body::SyncRequest { .. } => String::new(),
+            Body::Replicate { seq, .. } => format!("from {from:?} e{} Replicate {seq}", env.epoch),
+            b => format!("from {from:?} e{} {b:?}", env.epoch),
+        },
+    }
 }
 
 fn other(n: NodeId) -> NodeId {
@@ -300,8 +316,23 @@ impl Sim {
             return;
         };
         let before = node.role();
+        let summary = if self.trace {
+            Some(summarize(&input))
+        } else {
+            None
+        };
         let outs = node.handle(self.now, input);
         let after = node.role();
+        if let Some(sm) = summary.filter(|s| !s.is_empty()) {
+            eprintln!(
+                "{:>9} n{n} {:?}->{:?} e{} a{} {sm}",
+                self.now,
+                before,
+                after,
+                node.epoch(),
+                node.applied_seq()
+            );
+        }
         if after == Role::Primary && before != Role::Primary {
             self.report.elections += 1;
         }
@@ -657,6 +688,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         divergences: 0,
         violations: Vec::new(),
         report: SimReport::default(),
+        trace: std::env::var("SOFTRDMA_SIM_TRACE").is_ok_and(|v| v == "1"),
     };
     for n in NODE_IDS {
         sim.start_node(n);
@@ -810,7 +842,8 @@ mod tests {
         let mut elections = 0;
         let (mut retries, mut ops) = (0, 0);
         let first: u64 = std::env::var("SOFTRDMA_SEED").map_or(0, |s| s.parse().unwrap());
-        for seed in first..first + seeds(40, 2000) {
+        let count = std::env::var("SOFTRDMA_SEEDS").map_or(seeds(40, 2000), |s| s.parse().unwrap());
+        for seed in first..first + count {
             let r = run(seed, &cfg).unwrap_or_else(|e| panic!("{e}"));
             crashes += r.crashes;
             elections += r.elections;
