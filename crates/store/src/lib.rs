@@ -8,6 +8,11 @@
 //! * [`alloc`]: deterministic allocator over arena offsets.
 //! * [`object`]: object header and torn-read detection.
 //! * [`ptr`]: remote pointers, their encodings and validation.
+//! * [`proto`]: messages (every one carries the sender's epoch) and codec.
+//! * [`node`]: the pure replication state machine of one node.
+//! * [`coord`]: coordinators (rules, embedded TCP server, etcd).
+//! * [`config`]: TOML configuration of `softrdma store serve`.
+//! * [`sim`]: deterministic simulation of a replica group.
 
 #![deny(missing_docs)]
 
