@@ -4,6 +4,7 @@
 #   2. cargo build --release --workspace --bins
 #   3. cargo test --workspace --release   (includes the interop tests against Linux siw)
 # Exits non-zero on any failure. Long soak/stress runs only with SOFTRDMA_SOAK=1.
+# Set CARGO_TARGET_DIR to build elsewhere than target/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -23,6 +24,15 @@ cargo build --release --workspace --bins
 
 step "cargo test --workspace --release${SOFTRDMA_SOAK:+ (SOFTRDMA_SOAK=$SOFTRDMA_SOAK)}"
 # Release: the interop and engine tests move real data; debug builds are slow.
-cargo test --workspace --release --no-fail-fast
+# A hung test must fail CI, not stall it: the whole run is bounded
+# (SOFTRDMA_TEST_TIMEOUT seconds, default 40 min; `timeout` kills cargo and
+# the test processes, which share its process group).
+limit=${SOFTRDMA_TEST_TIMEOUT:-2400}
+rc=0
+timeout -k 30 "$limit" cargo test --workspace --release --no-fail-fast || rc=$?
+if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  echo "scripts/test.sh: cargo test did not finish within $limit s (a test hangs?)" >&2
+fi
+[ $rc -eq 0 ] || exit $rc
 
 step "all tests passed in $(( $(date +%s) - t0 )) s"

@@ -265,9 +265,38 @@ fn host_listening(port: u16) -> bool {
     })
 }
 
+/// Kills (SIGKILL) `child` and everything descended from it: its process
+/// group, and by pid every descendant found in /proc (coreutils `timeout`,
+/// which run.sh uses around qemu, moves itself and qemu to a group of
+/// their own).
 fn kill_group(child: &Child) {
+    let root = child.id();
+    let mut parent_of = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // "pid (comm) state ppid ...": comm may hold spaces; split after ')'.
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+        {
+            parent_of.push((pid, ppid));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    let mut args = vec!["-KILL".to_string(), "--".to_string(), format!("-{root}")];
+    args.extend(tree.iter().map(|p| p.to_string()));
     let _ = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .args(&args)
         .stderr(Stdio::null())
         .status();
 }
@@ -298,6 +327,16 @@ struct HostProc {
     child: Child,
     out: PathBuf,
     err: PathBuf,
+}
+
+impl Drop for HostProc {
+    /// A process left running (its test failed early) does not outlive it.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl HostProc {
@@ -630,6 +669,8 @@ impl Capture {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&err).unwrap())
+            // Its own process group: tshark runs dumpcap, which must go too.
+            .process_group(0)
             .spawn()
             .expect("cannot start tshark");
         let mut cap = Capture {
@@ -674,7 +715,7 @@ impl Capture {
 impl Drop for Capture {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
+            kill_group(&c);
             let _ = c.wait();
         }
     }
@@ -1363,10 +1404,12 @@ fn softrdma_client_vs_guest_rping_server() {
                     let e = cases
                         .iter()
                         .find(|c| &c.name == name)
-                        .and_then(|c| c.result.clone());
+                        .and_then(|c| c.result.clone())
+                        .and_then(|r| r.err())
+                        .unwrap_or_default();
                     guest.abort(&format!(
                         "{name}: the host client failed and the guest's rping server did not \
-                         finish (guest stopped):\n  {e:?}"
+                         finish (guest stopped):\n  {e}"
                     ));
                 }
             },
