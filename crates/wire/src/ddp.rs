@@ -1,44 +1,84 @@
 //! DDP (RFC 5041) segment headers with the RDMAP (RFC 5040) control byte and
 //! RDMAP header fields.
 //!
-//! Tagged header (14 bytes): `DDP ctrl | RDMAP ctrl | STag (32) | TO (64)`.
-//! Untagged header (18 bytes): `DDP ctrl | RDMAP ctrl | RDMAP word (32) |
-//! QN (32) | MSN (32) | MO (32)`, where the RDMAP word is the STag to
-//! invalidate for Send with Invalidate and 0 otherwise.
+//! Tagged header (14 bytes, RFC 5041 section 4.2):
+//! `DDP ctrl | RDMAP ctrl | STag (32) | TO (64)`.
+//! Untagged header (18 bytes, RFC 5041 section 4.3):
+//! `DDP ctrl | RDMAP ctrl | RDMAP word (32) | QN (32) | MSN (32) | MO (32)`,
+//! where the RDMAP word is the STag to invalidate for Send with Invalidate
+//! and 0 otherwise (RFC 5040 section 4.1, Figure 3).
+//!
+//! The DDP control byte is `T | L | Rsvd (4) | DV (2)` (RFC 5041 section
+//! 4.1); the RDMAP control byte that follows it is `RV (2) | Rsv (2) |
+//! OpCode (4)` (RFC 5040 section 4.1). Reserved bits are sent as zero and
+//! ignored on receive.
 
 use crate::{be32, be64, WireError};
 
-/// DDP control byte: tagged flag.
+/// DDP control byte: T, the tagged flag (RFC 5041 section 4.1).
 pub const DDP_TAGGED: u8 = 0x80;
-/// DDP control byte: last segment of a message.
+/// DDP control byte: L, last segment of a message (RFC 5041 section 4.1).
 pub const DDP_LAST: u8 = 0x40;
-/// DDP control byte: reserved bits.
+/// DDP control byte: reserved bits (RFC 5041 section 4.1).
 pub const DDP_RSVD: u8 = 0x3C;
-/// DDP version 1.
+/// DDP control byte: mask of the 2-bit DDP version field, DV.
+pub const DDP_VERSION_MASK: u8 = 0x03;
+/// DDP version 1 (DV = 01b, RFC 5041 section 4.1).
 pub const DDP_VERSION: u8 = 1;
-/// RDMAP version 1 (top two bits of the RDMAP control byte).
+/// RDMAP version 1 (RV = 01b, the top two bits of the RDMAP control byte,
+/// RFC 5040 section 4.1). RFC 5040 also calls RV = 00b (the RDMA
+/// Consortium's protocol) valid; like Linux siw, this crate accepts only 1.
 pub const RDMAP_VERSION: u8 = 1;
+/// RDMAP control byte: mask of the OpCode field (RFC 5040 section 4.1).
+pub const RDMAP_OPCODE_MASK: u8 = 0x0F;
 
+/// Length of a tagged DDP header, RDMAP control byte included
+/// (RFC 5041 section 4.2).
 pub const TAGGED_LEN: usize = 14;
+/// Length of an untagged DDP header, RDMAP control byte and Invalidate
+/// STag included (RFC 5041 section 4.3).
 pub const UNTAGGED_LEN: usize = 18;
 
-/// Untagged queue numbers used by RDMAP.
+/// Untagged queue 0: Send and its variants (RFC 5040 section 4.1, Figure 4).
 pub const QN_SEND: u32 = 0;
+/// Untagged queue 1: RDMA Read Request (RFC 5040 section 4.1, Figure 4).
 pub const QN_READ_REQUEST: u32 = 1;
+/// Untagged queue 2: Terminate (RFC 5040 section 4.1, Figure 4).
 pub const QN_TERMINATE: u32 = 2;
 
-/// RDMAP opcodes of RFC 5040 (0..=7). Opcodes above 7 are not decoded:
-/// this stack negotiates no extension that uses them.
+/// The Terminate code for a segment whose DDP version is not 1, given its
+/// DDP control byte: the tagged or the untagged "invalid DDP version" code
+/// after the segment's T bit (RFC 5041 section 7.2).
+pub fn invalid_version_code(ddp_ctrl: u8) -> crate::TermCode {
+    if ddp_ctrl & DDP_TAGGED != 0 {
+        crate::terminate::codes::DDP_TAGGED_INVALID_VERSION
+    } else {
+        crate::terminate::codes::DDP_UNTAGGED_INVALID_VERSION
+    }
+}
+
+/// RDMAP opcodes of RFC 5040 (0..=7, section 4.1 Figure 4 and section 4.2
+/// Figure 5). Opcodes above 7 are reserved there (RFC 7306 assigns some to
+/// atomics and immediate data); they are not decoded, as this stack
+/// negotiates no extension that uses them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
+    /// 0000b: RDMA Write, tagged.
     Write = 0,
+    /// 0001b: RDMA Read Request, untagged on queue 1, with a 28-byte body.
     ReadRequest = 1,
+    /// 0010b: RDMA Read Response, tagged.
     ReadResponse = 2,
+    /// 0011b: Send, untagged on queue 0.
     Send = 3,
+    /// 0100b: Send with Invalidate, untagged on queue 0.
     SendInvalidate = 4,
+    /// 0101b: Send with Solicited Event, untagged on queue 0.
     SendSe = 5,
+    /// 0110b: Send with Solicited Event and Invalidate, untagged on queue 0.
     SendSeInvalidate = 6,
+    /// 0111b: Terminate, untagged on queue 2.
     Terminate = 7,
 }
 
@@ -194,14 +234,14 @@ impl DdpHeader {
             return Err(WireError::Short(need - buf.len()));
         }
         let ctrl = buf[0];
-        if ctrl & 0x03 != DDP_VERSION {
-            return Err(WireError::DdpVersion(ctrl & 0x03));
+        if ctrl & DDP_VERSION_MASK != DDP_VERSION {
+            return Err(WireError::DdpVersion(ctrl & DDP_VERSION_MASK));
         }
         let rctrl = buf[1];
         if rctrl >> 6 != RDMAP_VERSION {
             return Err(WireError::RdmapVersion(rctrl >> 6));
         }
-        let opcode = Opcode::from_u8(rctrl & 0x0F)?;
+        let opcode = Opcode::from_u8(rctrl & RDMAP_OPCODE_MASK)?;
         let tagged = ctrl & DDP_TAGGED != 0;
         let last = ctrl & DDP_LAST != 0;
         if tagged != opcode.is_tagged() {
@@ -231,7 +271,9 @@ impl DdpHeader {
     }
 }
 
-/// The body of an RDMA Read Request (28 bytes, after the untagged header).
+/// The body of an RDMA Read Request (28 bytes, after the untagged header;
+/// RFC 5040 section 4.4, Figure 6): sink STag, sink TO, RDMA Read Message
+/// Size, source STag, source TO.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadRequest {
     pub sink_stag: u32,
@@ -242,6 +284,7 @@ pub struct ReadRequest {
 }
 
 impl ReadRequest {
+    /// Encoded length (224 bits, RFC 5040 section 4.4).
     pub const LEN: usize = 28;
 
     pub fn encode(&self, out: &mut [u8]) -> usize {

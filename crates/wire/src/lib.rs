@@ -60,20 +60,44 @@ pub enum WireError {
 
 impl WireError {
     /// The Terminate error code a receiver sends when it meets this error.
+    ///
+    /// * [`WireError::Short`]: a DDP segment or Read Request too short for
+    ///   its header. Neither RFC 5040 nor RFC 5041 has a code for that; the
+    ///   stream cannot be parsed further, so this is RDMAP's "catastrophic
+    ///   error, localized to RDMAP Stream" (0/2/0x07). (When it comes from
+    ///   an MPA set-up frame it only means "read more".)
+    /// * MPA set-up frame errors: "invalid MPA Request or Reply frame"
+    ///   (2/0/0x04, RFC 5044 section 8). RFC 5044 says to close the TCP
+    ///   connection then rather than send a Terminate.
+    /// * [`WireError::DdpVersion`]: the untagged "invalid DDP version"
+    ///   code (1/2/0x06); the tagged one (1/1/0x04) applies to a tagged
+    ///   segment, which [`WireError::term_code_in`] tells apart.
+    /// * [`WireError::Terminate`]: a malformed Terminate. RDMAP never
+    ///   answers a Terminate with another; the code is only for reporting.
     pub fn term_code(&self) -> TermCode {
         use terminate::codes::*;
         match self {
-            WireError::Short(_) => MPA_INVALID_ULPDU_LENGTH,
+            WireError::Short(_) => RDMAP_CATASTROPHIC_STREAM,
             WireError::MpaKey
             | WireError::MpaRevision(_)
             | WireError::MpaMarkers
             | WireError::MpaPrivateDataLength(_)
-            | WireError::MpaV2Block => MPA_INVALID_ULPDU_LENGTH,
+            | WireError::MpaV2Block => MPA_INVALID_REQ_REP,
             WireError::DdpVersion(_) => DDP_UNTAGGED_INVALID_VERSION,
             WireError::RdmapVersion(_) => RDMAP_INVALID_VERSION,
             WireError::Opcode(_) | WireError::OpcodeModel { .. } => RDMAP_UNEXPECTED_OPCODE,
             WireError::QueueNumber(_) => DDP_UNTAGGED_INVALID_QN,
             WireError::Terminate => RDMAP_UNEXPECTED_OPCODE,
+        }
+    }
+
+    /// Like [`WireError::term_code`], for an error met decoding the DDP
+    /// segment `ulpdu`: a bad DDP version in a tagged segment gets the
+    /// tagged code (RFC 5041 section 7.2).
+    pub fn term_code_in(&self, ulpdu: &[u8]) -> TermCode {
+        match (self, ulpdu.first()) {
+            (WireError::DdpVersion(_), Some(&ctrl)) => ddp::invalid_version_code(ctrl),
+            _ => self.term_code(),
         }
     }
 }

@@ -1,34 +1,54 @@
 //! MPA (RFC 5044) connection set-up frames, with the RFC 6581 revision 2
 //! "enhanced" IRD/ORD block, and FPDU framing helpers.
 //!
-//! Set-up frame layout:
-//! `key (16) | flags (8) | revision (8) | private data length (16) | private data`.
-//! With revision 2 and the enhanced bit, the private data starts with the
-//! 4-byte IRD/ORD block, which is counted in the length.
+//! Set-up frame layout (RFC 5044 section 7.1.1, RFC 6581 section 6):
+//! `key (16) | M C R S Res(4) | Rev (8) | PD_Length (16) | private data`.
+//! With revision 2 and the S ("enhanced") bit, the private data starts with
+//! the 4-byte IRD/ORD block (RFC 6581 section 9), which is counted in
+//! PD_Length.
+//!
+//! FPDU layout (RFC 5044 section 4.1):
+//! `ULPDU_Length (16) | ULPDU | pad to 4 bytes | CRC (32)`. The CRC is
+//! CRC32c (RFC 5044 section 4.4, as in iSCSI, RFC 3720) over the length
+//! field, the ULPDU and the pad, sent least significant byte first (the
+//! byte order of RFC 3720's test vectors, of Linux siw and of Wireshark);
+//! the field is present, and zero, when CRC was not negotiated.
 
 use crate::{be16, WireError};
 
+/// Key of an MPA Request frame (RFC 5044 section 7.1.1).
 pub const REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
+/// Key of an MPA Reply frame (RFC 5044 section 7.1.1).
 pub const REP_KEY: &[u8; 16] = b"MPA ID Rep Frame";
-/// Fixed part of a set-up frame.
+/// Fixed part of a set-up frame: key, flags, revision, PD_Length.
 pub const HEADER_LEN: usize = 20;
-/// RFC 5044: private data is at most 512 bytes.
+/// Private data is at most 512 bytes, the RFC 6581 block included
+/// (RFC 5044 section 7.1.1, RFC 6581 section 7). Linux siw allows 256.
 pub const MAX_PRIVATE_DATA: usize = 512;
 
+/// Flags byte (byte 16): M, markers wanted (RFC 5044 section 7.1.1).
 pub const FLAG_MARKERS: u8 = 0x80;
+/// Flags byte: C, CRC wanted (RFC 5044 section 7.1.1).
 pub const FLAG_CRC: u8 = 0x40;
+/// Flags byte: R, connection rejected, in a Reply (RFC 5044 section 7.1.1).
 pub const FLAG_REJECT: u8 = 0x20;
+/// Flags byte: S, private data starts with the enhanced connection
+/// establishment block (RFC 6581 section 6).
 pub const FLAG_ENHANCED: u8 = 0x10;
 
-/// IRD word: peer-to-peer (RTR) wanted.
+/// IRD word: A, peer-to-peer connection model, i.e. an RTR message ends
+/// the set-up (RFC 6581 section 9).
 pub const IRD_P2P: u16 = 0x8000;
-/// IRD word: a zero-length Send may serve as RTR.
+/// IRD word: B, a zero-length Send may serve as RTR (RFC 6581 section 9).
 pub const IRD_RTR_SEND: u16 = 0x4000;
-/// ORD word: a zero-length RDMA Write may serve as RTR.
+/// ORD word: C, a zero-length RDMA Write may serve as RTR
+/// (RFC 6581 section 9).
 pub const ORD_RTR_WRITE: u16 = 0x8000;
-/// ORD word: a zero-length RDMA Read may serve as RTR.
+/// ORD word: D, a zero-length RDMA Read may serve as RTR
+/// (RFC 6581 section 9).
 pub const ORD_RTR_READ: u16 = 0x4000;
-/// Low 14 bits of IRD/ORD; 0x3FFF means "no value given".
+/// Low 14 bits of the IRD and ORD words: the 14-bit unsigned value
+/// (RFC 6581 section 9); 0x3FFF means "no value given".
 pub const IRD_ORD_MASK: u16 = 0x3FFF;
 
 /// Request or reply.
@@ -166,13 +186,15 @@ impl MpaFrame {
         false
     }
 
-    /// Encodes the frame. Fails if the private data is too long.
+    /// Encodes the frame. Fails if the private data is too long, if the
+    /// revision is not 1 or 2, or if a v2 block is given with revision 1
+    /// (the enhanced block needs revision 2, RFC 6581 section 6).
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
         let pd_len = self.v2.map_or(0, |_| MpaV2::LEN) + self.private_data.len();
         if pd_len > MAX_PRIVATE_DATA {
             return Err(WireError::MpaPrivateDataLength(pd_len));
         }
-        if self.revision == 0 || self.revision > 2 {
+        if self.revision == 0 || self.revision > 2 || (self.v2.is_some() && self.revision != 2) {
             return Err(WireError::MpaRevision(self.revision));
         }
         let mut out = Vec::with_capacity(HEADER_LEN + pd_len);
@@ -241,7 +263,7 @@ impl MpaFrame {
 /// `2 + ulpdu_len + pad` is a multiple of 4.
 #[inline]
 pub const fn pad_len(ulpdu_len: usize) -> usize {
-    (4 - ((2 + ulpdu_len) & 3)) & 3
+    (4 - (ulpdu_len.wrapping_add(2) & 3)) & 3
 }
 
 /// Whole FPDU length on the wire: length field, ULPDU, pad and CRC.
@@ -250,11 +272,17 @@ pub const fn fpdu_len(ulpdu_len: usize) -> usize {
     2 + ulpdu_len + pad_len(ulpdu_len) + 4
 }
 
-/// Largest ULPDU that fits in an FPDU of at most `max_fpdu` bytes
-/// (the FPDU for a given MULPDU, RFC 5044 section 4.1).
+/// Largest ULPDU that fits in an FPDU of at most `max_fpdu` bytes (the
+/// MULPDU for a given maximum FPDU size, RFC 5044 section 4.1). The answer
+/// always needs no pad (`2 + ulpdu` is a multiple of 4), and is capped at
+/// 65534, the largest such length the 16-bit ULPDU_Length allows. Below 8
+/// bytes nothing fits and the answer is 0.
 #[inline]
 pub const fn max_ulpdu_for(max_fpdu: usize) -> usize {
-    // 2 + ulpdu + pad + 4 <= max_fpdu, the ulpdu chosen so that pad is 0.
+    // 2 + ulpdu + pad + 4 <= max_fpdu; the largest such ulpdu has pad 0.
+    if max_fpdu < 8 {
+        return 0;
+    }
     let room = max_fpdu - 6;
     let ulpdu = room - ((room + 2) & 3);
     if ulpdu > 0xFFFF {
@@ -332,4 +360,18 @@ pub enum FpduError {
     Short(usize),
     #[error("CRC mismatch: computed {want:#010x}, received {got:#010x}")]
     Crc { want: u32, got: u32 },
+}
+
+impl FpduError {
+    /// The Terminate code for this failure: a CRC mismatch is the MPA CRC
+    /// error (2/0/0x02, RFC 5044 section 8). A short buffer only means
+    /// "read more"; if the stream ends there, the connection is lost
+    /// (2/0/0x01).
+    pub fn term_code(&self) -> crate::TermCode {
+        use crate::terminate::codes::{MPA_CRC, MPA_TCP_LOST};
+        match self {
+            FpduError::Short(_) => MPA_TCP_LOST,
+            FpduError::Crc { .. } => MPA_CRC,
+        }
+    }
 }
