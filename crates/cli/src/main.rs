@@ -1,1 +1,50 @@
-fn main() {}
+//! `softrdma`: the command-line front end of the softrdma system.
+
+use clap::{Parser, Subcommand};
+
+mod info;
+mod rping;
+
+#[derive(Parser)]
+#[command(name = "softrdma", version, about = "Software RDMA (iWARP over TCP) and the services on top of it")]
+struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
+    #[arg(short = 'v', long = "log-verbose", action = clap::ArgAction::Count, global = true)]
+    log: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Show softrdma devices of running processes, with their QPs and MRs
+    /// (like `rdma resource show`).
+    Info(info::Args),
+    /// rping-compatible ping over RDMA Send / Read / Write (rdma-core's
+    /// rping protocol; interoperates with rping on Linux siw).
+    Rping(rping::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let level = match cli.log {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let res = match cli.cmd {
+        Cmd::Info(a) => info::run(a),
+        Cmd::Rping(a) => rping::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("softrdma: error: {e:#}");
+        std::process::exit(1);
+    }
+}

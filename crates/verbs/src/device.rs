@@ -58,6 +58,8 @@ pub struct DeviceConfig {
     /// Largest ULPDU this side sends in one FPDU (at most 65535 - 2).
     pub max_ulpdu: usize,
     pub attr: DeviceAttr,
+    /// Publish the device's resources for `softrdma info`.
+    pub publish: bool,
 }
 
 impl Default for DeviceConfig {
@@ -68,6 +70,7 @@ impl Default for DeviceConfig {
             progress_threads: 2,
             max_ulpdu: softrdma_wire::mpa::max_ulpdu_for(65535),
             attr: DeviceAttr::default(),
+            publish: true,
         }
     }
 }
@@ -123,10 +126,12 @@ impl Core {
 pub(crate) struct Runtime {
     pub core: Arc<Core>,
     pub progress: Vec<Progress>,
+    publisher: Option<crate::registry::Publisher>,
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        self.publisher.take();
         for p in &self.progress {
             p.stop();
         }
@@ -176,8 +181,17 @@ impl Device {
         for i in 0..n {
             progress.push(Progress::start(core.clone(), i)?);
         }
+        let publisher = if core.config.publish {
+            crate::registry::Publisher::start(core.clone(), n)
+        } else {
+            None
+        };
         Ok(Device {
-            rt: Arc::new(Runtime { core, progress }),
+            rt: Arc::new(Runtime {
+                core,
+                progress,
+                publisher,
+            }),
         })
     }
 
@@ -231,7 +245,17 @@ impl Device {
 
     /// A snapshot of the device's resources, like `rdma resource show`.
     pub fn info(&self) -> DeviceInfo {
-        let core = &self.rt.core;
+        self.rt.core.info(self.rt.progress.len())
+    }
+
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        self.rt.core.next_qpn.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Core {
+    pub(crate) fn info(&self, progress_threads: usize) -> DeviceInfo {
+        let core = self;
         let mut qps: Vec<QpInfo> = core.qps.read().values().map(|q| q.info()).collect();
         qps.sort_by_key(|q| q.qpn);
         let mut mrs: Vec<MrInfo> = core
@@ -252,14 +276,10 @@ impl Device {
         DeviceInfo {
             name: core.config.name.clone(),
             addr: core.config.addr,
-            progress_threads: self.rt.progress.len(),
+            progress_threads,
             qps,
             mrs,
         }
-    }
-
-    pub(crate) fn alloc_qpn(&self) -> u32 {
-        self.rt.core.next_qpn.fetch_add(1, Ordering::Relaxed)
     }
 }
 

@@ -55,6 +55,7 @@ mod iwarp;
 mod mr;
 mod progress;
 mod qp;
+pub mod registry;
 mod srq;
 mod sys;
 mod wr;

@@ -1,0 +1,199 @@
+//! Publishing device state to `softrdma info`, like `rdma resource show`.
+//!
+//! Every open device listens on a Unix socket in a per-user directory
+//! (`$XDG_RUNTIME_DIR/softrdma` or `/tmp/softrdma-<uid>`), named
+//! `<pid>-<device>.sock`. A client writes `text\n` or `json\n` and reads the
+//! device's resources back. Stale sockets (their process gone) are removed
+//! by the reader.
+
+use crate::device::{Core, DeviceInfo};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The directory holding the sockets.
+pub fn dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("softrdma");
+    }
+    // SAFETY: getuid has no arguments and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/softrdma-{uid}"))
+}
+
+pub(crate) struct Publisher {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Publisher {
+    pub fn start(core: Arc<Core>, threads: usize) -> Option<Publisher> {
+        let d = dir();
+        std::fs::create_dir_all(&d).ok()?;
+        let path = d.join(format!("{}-{}.sock", std::process::id(), core.config.name));
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).ok()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("softrdma-info".into())
+            .spawn(move || {
+                for conn in l.incoming() {
+                    if s.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let Ok(mut c) = conn else { continue };
+                    let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+                    let mut line = String::new();
+                    let _ = BufReader::new(&mut c).read_line(&mut line);
+                    let info = core.info(threads);
+                    let out = if line.trim() == "json" {
+                        to_json(&info)
+                    } else {
+                        render_text(&info)
+                    };
+                    let _ = c.write_all(out.as_bytes());
+                }
+            })
+            .ok()?;
+        Some(Publisher {
+            path,
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = UnixStream::connect(&self.path);
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Asks every published device; returns (pid, answer) pairs.
+pub fn query_all(json: bool) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir()) else {
+        return out;
+    };
+    let mut paths: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    for p in paths {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
+        let Some(pid) = name.split('-').next().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        match UnixStream::connect(&p) {
+            Ok(mut s) => {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let _ = s.write_all(if json { b"json\n" } else { b"text\n" });
+                let mut text = String::new();
+                if s.read_to_string(&mut text).is_ok() {
+                    out.push((pid, text));
+                }
+            }
+            Err(_) => {
+                // The process is gone: remove its stale socket.
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// The device's resources as one JSON object.
+pub fn to_json(i: &DeviceInfo) -> String {
+    let qps: Vec<String> = i
+        .qps
+        .iter()
+        .map(|q| {
+            format!(
+                "{{\"qpn\":{},\"pd\":{},\"state\":\"{:?}\",\"local\":\"{}\",\"peer\":\"{}\",\"sq_outstanding\":{},\"rq_posted\":{},\"mpa_revision\":{},\"crc\":{},\"ird\":{},\"ord\":{}}}",
+                q.qpn,
+                q.pd,
+                q.state,
+                q.local.map(|a| a.to_string()).unwrap_or_default(),
+                q.peer.map(|a| a.to_string()).unwrap_or_default(),
+                q.sq_outstanding,
+                q.rq_posted,
+                q.mpa_revision,
+                q.crc,
+                q.ird,
+                q.ord
+            )
+        })
+        .collect();
+    let mrs: Vec<String> = i
+        .mrs
+        .iter()
+        .map(|m| {
+            format!(
+                "{{\"stag\":\"{:#010x}\",\"pd\":{},\"iova\":\"{:#x}\",\"len\":{},\"access\":{},\"valid\":{},\"fast_reg\":{}}}",
+                m.stag, m.pd, m.iova, m.len, m.access.0, m.valid, m.fast_reg
+            )
+        })
+        .collect();
+    format!(
+        "{{\"name\":\"{}\",\"addr\":\"{}\",\"progress_threads\":{},\"qps\":[{}],\"mrs\":[{}]}}",
+        esc(&i.name),
+        i.addr,
+        i.progress_threads,
+        qps.join(","),
+        mrs.join(",")
+    )
+}
+
+/// The device's resources as a table.
+pub fn render_text(i: &DeviceInfo) -> String {
+    let mut s = format!(
+        "dev {} addr {} progress_threads {} qps {} mrs {}\n",
+        i.name,
+        i.addr,
+        i.progress_threads,
+        i.qps.len(),
+        i.mrs.len()
+    );
+    for q in &i.qps {
+        s += &format!(
+            "qp {} pd {} state {:?} local {} peer {} sq {} rq {} mpa {} crc {} ird {} ord {}\n",
+            q.qpn,
+            q.pd,
+            q.state,
+            q.local.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            q.peer.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            q.sq_outstanding,
+            q.rq_posted,
+            q.mpa_revision,
+            if q.crc { "on" } else { "off" },
+            q.ird,
+            q.ord
+        );
+    }
+    for m in &i.mrs {
+        s += &format!(
+            "mr stag {:#010x} pd {} iova {:#x} len {} access {:#x}{}{}\n",
+            m.stag,
+            m.pd,
+            m.iova,
+            m.len,
+            m.access.0,
+            if m.valid { "" } else { " invalid" },
+            if m.fast_reg { " fast-reg" } else { "" }
+        );
+    }
+    s
+}
