@@ -8,6 +8,7 @@
 
 use crate::device::{Core, DeviceInfo};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +28,9 @@ pub fn dir() -> PathBuf {
 
 pub(crate) struct Publisher {
     path: PathBuf,
+    /// The listening socket, owned by the accept thread; used only to
+    /// shut it down, which wakes a blocked `accept`.
+    fd: std::os::fd::RawFd,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
 }
@@ -35,9 +39,18 @@ impl Publisher {
     pub fn start(core: Arc<Core>, threads: usize) -> Option<Publisher> {
         let d = dir();
         std::fs::create_dir_all(&d).ok()?;
-        let path = d.join(format!("{}-{}.sock", std::process::id(), core.config.name));
+        // A process may open several devices with the same name: a sequence
+        // number keeps their sockets apart.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = d.join(format!(
+            "{}-{}-{seq}.sock",
+            std::process::id(),
+            core.config.name
+        ));
         let _ = std::fs::remove_file(&path);
         let l = UnixListener::bind(&path).ok()?;
+        let fd = l.as_raw_fd();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let handle = std::thread::Builder::new()
@@ -47,7 +60,12 @@ impl Publisher {
                     if s.load(Ordering::Acquire) {
                         return;
                     }
-                    let Ok(mut c) = conn else { continue };
+                    let Ok(mut c) = conn else {
+                        if s.load(Ordering::Acquire) {
+                            return;
+                        }
+                        continue;
+                    };
                     let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
                     let mut line = String::new();
                     let _ = BufReader::new(&mut c).read_line(&mut line);
@@ -63,6 +81,7 @@ impl Publisher {
             .ok()?;
         Some(Publisher {
             path,
+            fd,
             stop,
             handle: Some(handle),
         })
@@ -72,7 +91,10 @@ impl Publisher {
 impl Drop for Publisher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        let _ = UnixStream::connect(&self.path);
+        // SAFETY: the accept thread owns the listener and is still running
+        // (joined below), so `fd` is open; shutdown does not close it, it
+        // only makes the blocked accept return an error.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
         let _ = std::fs::remove_file(&self.path);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
