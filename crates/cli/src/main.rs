@@ -6,7 +6,11 @@ mod info;
 mod rping;
 
 #[derive(Parser)]
-#[command(name = "softrdma", version, about = "Software RDMA (iWARP over TCP) and the services on top of it")]
+#[command(
+    name = "softrdma",
+    version,
+    about = "Software RDMA (iWARP over TCP) and the services on top of it"
+)]
 struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
     #[arg(short = 'v', long = "log-verbose", action = clap::ArgAction::Count, global = true)]

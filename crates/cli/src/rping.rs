@@ -47,8 +47,11 @@ pub struct Args {
     retry: bool,
 }
 
-/// rping's minimum buffer: room for "rdma-ping-%d: " with any int.
-pub const MIN_SIZE: usize = 26;
+/// rping's minimum buffer (`RPING_MIN_BUFSIZE`, 23: see
+/// docs/rping-protocol.md section 1).
+pub const MIN_SIZE: usize = 23;
+/// rping's maximum is 65535; softrdma against softrdma accepts up to this.
+pub const MAX_SIZE: usize = 64 << 20;
 
 /// The data rping's client puts in its source buffer for iteration `ping`.
 pub fn ping_pattern(ping: u64, start: &mut u8, size: usize) -> Vec<u8> {
@@ -106,6 +109,9 @@ impl Ctx {
         attr.caps.max_send_wr = 16;
         attr.caps.max_recv_wr = 4;
         let qp = pd.create_qp(attr)?;
+        // Receives may be posted from INIT on; rping posts its receive
+        // before connecting or accepting.
+        qp.modify(QpState::Init)?;
         let recv = pd.alloc_mr(16, Access::LOCAL_WRITE)?;
         let send = pd.alloc_mr(16, Access::LOCAL_WRITE)?;
         Ok((
@@ -147,7 +153,8 @@ impl Ctx {
 
     fn send_msg(&self, m: &[u8; 16]) -> Result<()> {
         self.send.write_at(0, m);
-        self.qp.post_send(&SendWr::send(2, &[self.send.sge_all()]))?;
+        self.qp
+            .post_send(&SendWr::send(2, &[self.send.sge_all()]))?;
         self.wait_for("Send", WcOpcode::Send)?;
         Ok(())
     }
@@ -159,6 +166,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.size < MIN_SIZE {
         bail!("size {} below rping's minimum of {MIN_SIZE}", a.size);
+    }
+    if a.size > MAX_SIZE {
+        bail!("size {} above the maximum of {MAX_SIZE}", a.size);
     }
     let dev = Device::open(DeviceConfig {
         progress_threads: 1,
@@ -185,7 +195,10 @@ fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
         .with_context(|| format!("listen on {}:{}", a.addr, a.port))?;
     println!("rping server listening on {}", listener.local_addr()?);
     let (ctx, pd) = Ctx::new(dev)?;
-    let rdma = pd.alloc_mr(a.size, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE)?;
+    let rdma = pd.alloc_mr(
+        a.size,
+        Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+    )?;
     let req = listener.get_request()?;
     ctx.post_recv()?;
     req.accept(&ctx.qp, params)?;
@@ -217,7 +230,8 @@ fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
             bail!("client buffer of {len} bytes exceeds ours ({})", a.size);
         }
         ctx.post_recv()?;
-        ctx.qp.post_send(&SendWr::read(3, rdma.sge(0, len as usize), addr, rkey))?;
+        ctx.qp
+            .post_send(&SendWr::read(3, rdma.sge(0, len as usize), addr, rkey))?;
         ctx.wait_for("RDMA Read", WcOpcode::RdmaRead)?;
         if a.verbose {
             println!("server ping data: {}", cstr(&rdma.to_vec()));
@@ -229,7 +243,8 @@ fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
         let (addr, rkey, len2) = parse_info(&ctx.recv.to_vec());
         ctx.post_recv()?;
         let n = (len2 as usize).min(len as usize);
-        ctx.qp.post_send(&SendWr::write(4, &[rdma.sge(0, n)], addr, rkey))?;
+        ctx.qp
+            .post_send(&SendWr::write(4, &[rdma.sge(0, n)], addr, rkey))?;
         ctx.wait_for("RDMA Write", WcOpcode::RdmaWrite)?;
         ctx.send_msg(&[0u8; 16])?;
         i += 1;

@@ -366,6 +366,30 @@ impl HostProc {
         self.check(deadline, Some(expect))
     }
 
+    /// For a run that is expected to connect and then fail (MPA revision 1
+    /// against rping): checks only that it connected with revision `rev`
+    /// and the CRC setting asked for, and that it exited.
+    fn connected_only(mut self, deadline: Instant, rev: u32, crc: bool) -> Result<(), String> {
+        let st = wait_deadline(&mut self.child, deadline);
+        let out = fs::read_to_string(&self.out).unwrap_or_default();
+        let err = fs::read_to_string(&self.err).unwrap_or_default();
+        println!("host| {} finished: {st:?}", self.name);
+        let want = format!("(MPA rev {rev}, CRC {})", if crc { "on" } else { "off" });
+        let connected = out
+            .lines()
+            .any(|l| l.starts_with("connected to ") && l.ends_with(&want));
+        if st.is_some() && connected {
+            return Ok(());
+        }
+        Err(format!(
+            "{} (softrdma {}): expected a connection {want} and an exit; exit {st:?}\n    --- stdout:\n{}\n    --- stderr:\n{}",
+            self.name,
+            self.args.join(" "),
+            indent(&out),
+            indent(&err)
+        ))
+    }
+
     /// The report of a process that stopped (or never started listening)
     /// before its peer ran.
     fn premature(self) -> String {
@@ -890,6 +914,18 @@ fn check_conn(
     rev: u32,
     crc: bool,
 ) -> Result<(), String> {
+    // rping uses Send (3), RDMA Read Request (1), Read Response (2), Write (0).
+    check_conn_ops(conns, port, rev, crc, &[0, 1, 2, 3])
+}
+
+/// [`check_conn`] with the RDMAP opcodes that must appear.
+fn check_conn_ops(
+    conns: &BTreeMap<u16, ConnWire>,
+    port: u16,
+    rev: u32,
+    crc: bool,
+    ops: &[u32],
+) -> Result<(), String> {
     let Some(c) = conns.get(&port) else {
         return Err(format!("port {port}: no iWARP traffic decoded"));
     };
@@ -924,8 +960,7 @@ fn check_conn(
             c.fpdus_checked_crc
         ));
     }
-    // rping uses Send (3), RDMA Read Request (1), Read Response (2), Write (0).
-    for op in [0u32, 1, 2, 3] {
+    for &op in ops {
         if !c.opcodes.contains(&op) {
             p.push(format!("no RDMAP opcode {op} seen (saw {:?})", c.opcodes));
         }
@@ -1167,7 +1202,6 @@ fn guest_self_check() {
 /// request is a protocol error for siw, so revision 1 is covered by the
 /// host-client test only.
 #[test]
-#[ignore = "needs softrdma rping (issue 2)"]
 fn guest_rping_client_vs_softrdma_server() {
     let Some(env) = guest_env("guest_rping_client_vs_softrdma_server") else {
         return;
@@ -1328,7 +1362,6 @@ fn guest_rping_client_vs_softrdma_server() {
 /// The guest prints `SERVER-READY NAME` once its rping listens; only then
 /// does the host start that case's client.
 #[test]
-#[ignore = "needs softrdma rping (issue 2)"]
 fn softrdma_client_vs_guest_rping_server() {
     let Some(env) = guest_env("softrdma_client_vs_guest_rping_server") else {
         return;
@@ -1451,7 +1484,11 @@ fn softrdma_client_vs_guest_rping_server() {
         }
         let p = HostProc::spawn(&work, &c.name, &args);
         let expect = rping_verbose_lines(false, count, c.size);
-        let r = p.finish(Instant::now() + Duration::from_secs(ct), &expect);
+        let r = if c.rev == 1 {
+            p.connected_only(Instant::now() + Duration::from_secs(ct), 1, c.crc)
+        } else {
+            p.finish(Instant::now() + Duration::from_secs(ct), &expect)
+        };
         if r.is_err() {
             waiting = Some((c.name.clone(), Instant::now() + Duration::from_secs(15)));
         }
@@ -1464,7 +1501,15 @@ fn softrdma_client_vs_guest_rping_server() {
     let mut problems = Vec::new();
     for c in &mut cases {
         match gcases.get(&c.name) {
-            Some((rc, data)) if rc == "0" && data == "match" => {}
+            Some((rc, data)) if c.rev == 2 && rc == "0" && data == "match" => {}
+            // MPA revision 1 carries no IRD/ORD: siw reports IRD = ORD = 0
+            // in the connect request, rping accepts with them, and its
+            // first RDMA Read cannot be posted ("post send error"): rping
+            // fails after receiving our first Send (docs/interop.md): either
+            // the post fails (exit 255) or the Read stalls on an empty ORQ
+            // until the guest's `timeout` stops rping (exit 143).
+            Some((rc, data)) if c.rev == 1 && (rc == "255" || rc == "143") && data == "missing" => {
+            }
             other => problems.push(format!("{}: guest rping server: {other:?}", c.name)),
         }
         match c.result.take() {
@@ -1485,7 +1530,11 @@ fn softrdma_client_vs_guest_rping_server() {
     let conns = analyse_capture(&pcap, &ports);
     let errs: Vec<String> = cases
         .iter()
-        .filter_map(|c| check_conn(&conns, c.host_port, c.rev, c.crc).err())
+        .filter_map(|c| {
+            // Revision 1 against rping: the handshake and one Send only.
+            let ops: &[u32] = if c.rev == 1 { &[3] } else { &[0, 1, 2, 3] };
+            check_conn_ops(&conns, c.host_port, c.rev, c.crc, ops).err()
+        })
         .collect();
     assert!(
         errs.is_empty(),

@@ -31,6 +31,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Smallest segment size FPDUs are sized for, whatever TCP reports.
+const MIN_SEG: usize = 536;
+
 /// An established connection under a QP.
 pub(crate) struct Conn {
     pub stream: TcpStream,
@@ -39,6 +42,10 @@ pub(crate) struct Conn {
     pub peer: SocketAddr,
     pub params: Negotiated,
     pub epoll: Arc<Epoll>,
+    /// Largest TCP segment payload (TCP_MAXSEG): FPDUs are sized to fit
+    /// one segment and written so that none straddles two (RFC 5044 FPDU
+    /// alignment; also what Wireshark's MPA dissector expects).
+    pub seg: usize,
     out_armed: AtomicBool,
     closed: AtomicBool,
 }
@@ -47,8 +54,11 @@ impl Conn {
     pub fn new(stream: TcpStream, params: Negotiated, epoll: Arc<Epoll>) -> io::Result<Conn> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
+        let fd = stream.as_raw_fd();
+        let seg = sys::tcp_mss(fd).unwrap_or(1460).clamp(MIN_SEG, 65535);
         Ok(Conn {
-            fd: stream.as_raw_fd(),
+            fd,
+            seg,
             local: stream.local_addr()?,
             peer: stream.peer_addr()?,
             stream,
@@ -162,6 +172,12 @@ struct Batch {
     ref_idx: usize,
     ref_off: usize,
     fins: Vec<Fin>,
+    /// Byte offsets (into the batch) where a TCP segment must begin: each
+    /// run between two cuts holds whole FPDUs and fits one segment, and is
+    /// written with MSG_EOR.
+    cuts: Vec<usize>,
+    cut_idx: usize,
+    chunk_start: usize,
 }
 
 const BATCH_REFS: usize = 60;
@@ -178,6 +194,18 @@ impl Batch {
             ref_idx: 0,
             ref_off: 0,
             fins: Vec::new(),
+            cuts: Vec::new(),
+            cut_idx: 0,
+            chunk_start: 0,
+        }
+    }
+
+    /// Called after each FPDU (which began at batch offset `start`): if the
+    /// current run no longer fits one segment, the FPDU starts a new run.
+    fn fpdu_done(&mut self, start: usize, seg: usize) {
+        if self.total - self.chunk_start > seg && start > self.chunk_start {
+            self.cuts.push(start);
+            self.chunk_start = start;
         }
     }
 
@@ -198,6 +226,9 @@ impl Batch {
         self.sent = 0;
         self.ref_idx = 0;
         self.ref_off = 0;
+        self.cuts.clear();
+        self.cut_idx = 0;
+        self.chunk_start = 0;
     }
 
     fn push_hdr(&mut self, start: usize) {
@@ -230,10 +261,15 @@ impl Batch {
             len: 0,
         }; 64];
         while self.sent < self.total {
+            while self.cut_idx < self.cuts.len() && self.cuts[self.cut_idx] <= self.sent {
+                self.cut_idx += 1;
+            }
+            let limit = self.cuts.get(self.cut_idx).copied().unwrap_or(self.total);
+            let mut want = limit - self.sent;
             let mut n = 0;
             let mut off = self.ref_off;
             for r in &self.refs[self.ref_idx..] {
-                if n == spans.len() {
+                if n == spans.len() || want == 0 {
                     break;
                 }
                 let (ptr, len) = match *r {
@@ -246,18 +282,22 @@ impl Batch {
                     }
                     IoRef::Mem(s) => (s.ptr, s.len),
                 };
+                let k = (len - off).min(want);
                 // SAFETY: off < len for the first ref (cursor invariant), 0 after.
                 spans[n] = RawSpan {
                     ptr: unsafe { ptr.add(off) },
-                    len: len - off,
+                    len: k,
                 };
+                want -= k;
                 off = 0;
                 n += 1;
             }
             // SAFETY: header spans point into self.hdrs, which is not touched
             // during the call; memory spans belong to registrations held by
             // the WRs (or read responses) that own these bytes.
-            match unsafe { sys::send_spans(fd, &spans[..n]) } {
+            // A run that ends at a cut (or the batch's end) closes its
+            // segment; a run cut short by the iovec limit does not.
+            match unsafe { sys::send_spans(fd, &spans[..n], want == 0) } {
                 Ok(mut w) => {
                     self.sent += w;
                     // Advance the cursor.
@@ -569,8 +609,9 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
 
 /// Appends FPDUs of `m` to the batch until it is full or the message is
 /// done. Returns true when the whole message is composed.
-fn compose(m: &mut TxMsg, b: &mut Batch, max_ulpdu: usize, crc_on: bool) -> bool {
+fn compose(m: &mut TxMsg, b: &mut Batch, max_ulpdu: usize, seg: usize, crc_on: bool) -> bool {
     while !b.full() {
+        let fpdu_start = b.total;
         let hl = m.hdr.len() + m.extra_len;
         let room = (max_ulpdu - hl) as u64;
         let rem = m.total - m.off;
@@ -628,9 +669,13 @@ fn compose(m: &mut TxMsg, b: &mut Batch, max_ulpdu: usize, crc_on: bool) -> bool
                 let ctrl = &mut b.hdrs[start + 2];
                 *ctrl &= !ddp::DDP_LAST;
             }
-            return finish_fpdu(m, b, start, &pieces[..np], n2, ulpdu2, crc_on, false);
+            let done = finish_fpdu(m, b, start, &pieces[..np], n2, ulpdu2, crc_on, false);
+            b.fpdu_done(fpdu_start, seg);
+            return done;
         }
-        if finish_fpdu(m, b, start, &pieces[..np], n, ulpdu_len, crc_on, last) {
+        let done = finish_fpdu(m, b, start, &pieces[..np], n, ulpdu_len, crc_on, last);
+        b.fpdu_done(fpdu_start, seg);
+        if done {
             return true;
         }
     }
@@ -685,7 +730,7 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
     if c.is_closed() {
         return Ok(());
     }
-    let max_ulpdu = q.core.config.max_ulpdu;
+    let max_ulpdu = q.core.config.max_ulpdu.min(mpa::max_ulpdu_for(c.seg));
     loop {
         if !sq.tx.batch.is_empty() {
             if !sq.tx.batch.write(c.fd)? {
@@ -731,7 +776,7 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
             }
             let tx = &mut sq.tx;
             let m = tx.cur.as_mut().expect("current message");
-            if compose(m, &mut tx.batch, max_ulpdu, c.params.crc) {
+            if compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc) {
                 let m = tx.cur.take().expect("current message");
                 if matches!(
                     m.hdr,

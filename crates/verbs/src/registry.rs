@@ -111,7 +111,11 @@ pub fn query_all(json: bool) -> Vec<(u32, String)> {
     let mut paths: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.sort();
     for p in paths {
-        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_string();
         let Some(pid) = name.split('-').next().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };

@@ -155,11 +155,14 @@ pub struct RawSpan {
 unsafe impl Send for RawSpan {}
 unsafe impl Sync for RawSpan {}
 
-/// `sendmsg` of a list of spans, non-blocking, without SIGPIPE.
+/// `sendmsg` of a list of spans, non-blocking, without SIGPIPE. With `eor`
+/// the call passes `MSG_EOR`: TCP appends nothing further to the segment
+/// buffer that ends with these bytes, so the next write starts a new
+/// segment (MPA's FPDU alignment).
 ///
 /// # Safety
 /// Every span must be readable memory that stays valid during the call.
-pub unsafe fn send_spans(fd: RawFd, spans: &[RawSpan]) -> io::Result<usize> {
+pub unsafe fn send_spans(fd: RawFd, spans: &[RawSpan], eor: bool) -> io::Result<usize> {
     let mut iov: [libc::iovec; 64] = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
@@ -177,7 +180,25 @@ pub unsafe fn send_spans(fd: RawFd, spans: &[RawSpan]) -> io::Result<usize> {
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = n as _;
     // SAFETY: the caller guarantees every span is valid readable memory.
-    cvt_size(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | if eor { libc::MSG_EOR } else { 0 };
+    cvt_size(unsafe { libc::sendmsg(fd, &msg, flags) })
+}
+
+/// The connection's maximum segment size (`TCP_MAXSEG`), or `None`.
+pub fn tcp_mss(fd: RawFd) -> Option<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v and len are valid for writes of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            &mut v as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0 && v > 0).then_some(v as usize)
 }
 
 /// `recvmsg` into a list of spans (direct data placement), non-blocking.
