@@ -13,6 +13,7 @@
 //! * [`coord`]: coordinators (rules, embedded TCP server, etcd).
 //! * [`config`]: TOML configuration of `softrdma store serve`.
 //! * [`sim`]: deterministic simulation of a replica group.
+//! * [`net`]: the store on the verbs engine (links, node server, client).
 
 #![deny(missing_docs)]
 
@@ -20,6 +21,7 @@ pub mod alloc;
 pub mod arena;
 pub mod config;
 pub mod coord;
+pub mod net;
 pub mod node;
 pub mod object;
 pub mod proto;

@@ -1,0 +1,396 @@
+//! `softrdma demo`: the HA store's failover, end to end, in ~20 s.
+//!
+//! Starts the embedded coordinator (in this process), a primary and a
+//! secondary (`softrdma store serve`, separate processes) and a verifying
+//! client workload (`softrdma store load`, a separate process); kills the
+//! primary with SIGKILL half-way; the clients fail over to the secondary,
+//! which the coordinator promotes under a new epoch; the killed node is
+//! restarted and rejoins as secondary (copying the arena while writes go
+//! on). At the end the workload reads back every acknowledged write; the
+//! demo prints the summary and `lost writes: N` and exits non-zero if any
+//! check failed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use indicatif::{ProgressBar, ProgressStyle};
+use softrdma_store::coord::embedded::EmbeddedServer;
+use softrdma_store::net::client::{ClientConfig, StoreClient};
+
+#[derive(ClapArgs)]
+pub struct Args {
+    /// Seconds of client load.
+    #[arg(long, default_value_t = 14.0)]
+    duration: f64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Seconds into the load at which the primary is killed.
+    #[arg(long)]
+    kill_at: Option<f64>,
+    /// Arena size.
+    #[arg(long, default_value = "64MiB")]
+    arena: String,
+    /// Random seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Keep the nodes' logs here (default: a temporary directory, removed
+    /// on success).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn write_config(
+    dir: &Path,
+    id: u32,
+    listen: SocketAddr,
+    peer: SocketAddr,
+    coord: SocketAddr,
+    arena: &str,
+) -> Result<PathBuf> {
+    let p = dir.join(format!("node{id}.toml"));
+    let text = format!(
+        "group = \"demo\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
+         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\n\
+         [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
+        if id == 1 { "primary" } else { "secondary" }
+    );
+    std::fs::write(&p, text)?;
+    Ok(p)
+}
+
+/// Starts `softrdma store serve` and waits for its `ready` line.
+fn start_node(dir: &Path, id: u32, cfg: &Path, role: &str) -> Result<Proc> {
+    let exe = std::env::current_exe()?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("node{id}.log")))?;
+    let mut child = Command::new(exe)
+        .args(["-v", "store", "serve", "--config"])
+        .arg(cfg)
+        .args(["--role", role])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .context("start a store node")?;
+    let out = child.stdout.take().expect("piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
+            let _ = tx.send(line);
+        }
+    });
+    let p = Proc {
+        name: format!("node {id}"),
+        child,
+    };
+    match rx.recv_timeout(Duration::from_secs(40)) {
+        Ok(l) if l.starts_with("ready") => {
+            println!("  {l}");
+            Ok(p)
+        }
+        Ok(l) => bail!("{}: unexpected output {l:?}", p.name),
+        Err(_) => bail!(
+            "{} did not become ready (log: {})",
+            p.name,
+            dir.join(format!("node{id}.log")).display()
+        ),
+    }
+}
+
+/// Polls status until `pred` holds for the group or `timeout` passes.
+fn wait_group(
+    c: &mut StoreClient,
+    timeout: Duration,
+    pred: impl Fn(&[(u32, u8, bool)]) -> bool,
+) -> Option<Vec<(u32, u8, bool)>> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let st: Vec<(u32, u8, bool)> = c
+            .status_all()
+            .into_iter()
+            .filter_map(|(_, r)| r.ok().map(|s| (s.node, s.role, s.redundant)))
+            .collect();
+        if pred(&st) {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+const PRIMARY: u8 = 2;
+
+/// A line above the progress bar (or plain, when there is no terminal).
+fn say(bar: &ProgressBar, msg: String) {
+    if bar.is_hidden() {
+        println!("{msg}");
+    } else {
+        bar.println(msg);
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let t_start = Instant::now();
+    let tmp;
+    let dir = match &a.workdir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = std::env::temp_dir().join(format!("softrdma-demo-{}", std::process::id()));
+            std::fs::create_dir_all(&tmp)?;
+            tmp.clone()
+        }
+    };
+    println!("softrdma demo: HA remote memory store, failover under load");
+    let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
+    let n1: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let n2: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let c1 = write_config(&dir, 1, n1, n2, coord.addr(), &a.arena)?;
+    let c2 = write_config(&dir, 2, n2, n1, coord.addr(), &a.arena)?;
+    println!(
+        "  coordinator (embedded) at {}; nodes at {n1} and {n2}; logs in {}",
+        coord.addr(),
+        dir.display()
+    );
+    let mut nodes: Vec<Option<Proc>> = vec![Some(start_node(&dir, 1, &c1, "primary")?), None];
+    nodes[1] = Some(start_node(&dir, 2, &c2, "secondary")?);
+    let mut probe = StoreClient::new(ClientConfig::new(vec![n1, n2]))?;
+    let t_red = Instant::now();
+    let Some(st) = wait_group(&mut probe, Duration::from_secs(30), |s| {
+        s.len() == 2 && s.iter().any(|x| x.1 == PRIMARY && x.2)
+    }) else {
+        bail!("the group did not become redundant");
+    };
+    let primary = st.iter().find(|x| x.1 == PRIMARY).map(|x| x.0).unwrap_or(1);
+    println!(
+        "  group redundant after {:.2} s: primary node {primary}, arena {}",
+        t_red.elapsed().as_secs_f64(),
+        probe
+            .arena()
+            .map(|r| format!("{:#x} stag {:#010x}", r.base, r.stag))
+            .unwrap_or_default()
+    );
+
+    // The workload.
+    let exe = std::env::current_exe()?;
+    let mut load = Command::new(exe)
+        .args(["store", "load", "--progress", "--nodes"])
+        .arg(format!("{n1},{n2}"))
+        .args([
+            "--duration",
+            &a.duration.to_string(),
+            "--clients",
+            &a.clients.to_string(),
+        ])
+        .args(["--seed", &a.seed.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("load.log"))?)
+        .spawn()?;
+    let out = load.stdout.take().expect("piped");
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
+            let _ = tx.send(line);
+        }
+    });
+    let bar = ProgressBar::new((a.duration * 1000.0) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("  [{bar:40}] {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    let kill_at = a.kill_at.unwrap_or(a.duration * 0.35);
+    let mut killed: Option<(u32, Instant)> = None;
+    let mut rejoined: Option<f64> = None;
+    let mut summary: Option<serde_json::Value> = None;
+    let mut events: Vec<String> = Vec::new();
+    let mut rejoin_started: Option<Instant> = None;
+    let mut restarted = false;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) => {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                match v["type"].as_str() {
+                    Some("progress") => {
+                        let t = v["t"].as_f64().unwrap_or(0.0);
+                        bar.set_position((t * 1000.0) as u64);
+                        bar.set_message(format!(
+                            "{:>5.1} s  {:>7.0} ops/s  {} ops{}",
+                            t,
+                            v["ops_per_s"].as_f64().unwrap_or(0.0),
+                            v["ops"],
+                            match (&killed, rejoined) {
+                                (None, _) => "".to_string(),
+                                (Some((n, _)), None) => format!("  (node {n} killed)"),
+                                (Some(_), Some(_)) => "  (redundant again)".to_string(),
+                            }
+                        ));
+                        if killed.is_none() && t >= kill_at {
+                            let st = wait_group(&mut probe, Duration::from_secs(2), |s| {
+                                s.iter().any(|x| x.1 == PRIMARY)
+                            })
+                            .unwrap_or_default();
+                            let p = st
+                                .iter()
+                                .find(|x| x.1 == PRIMARY)
+                                .map(|x| x.0)
+                                .unwrap_or(primary);
+                            if let Some(mut proc_) = nodes[(p - 1) as usize].take() {
+                                let _ = proc_.child.kill(); // SIGKILL
+                                let _ = proc_.child.wait();
+                                drop(proc_);
+                            }
+                            events
+                                .push(format!("{t:.1} s: node {p} (primary) killed with SIGKILL"));
+                            say(
+                                &bar,
+                                format!("  ! {t:.1} s: killed the primary, node {p} (SIGKILL)"),
+                            );
+                            killed = Some((p, Instant::now()));
+                        }
+                    }
+                    Some("summary") => {
+                        summary = Some(v);
+                    }
+                    _ => {}
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        // Restart the killed node once the survivor has taken over.
+        if let Some((p, at)) = killed {
+            if !restarted && at.elapsed() > Duration::from_millis(1500) {
+                restarted = true;
+                let cfg = if p == 1 { &c1 } else { &c2 };
+                match start_node(&dir, p, cfg, "secondary") {
+                    Ok(pr) => {
+                        say(
+                            &bar,
+                            format!("  + node {p} restarted; rejoining as secondary"),
+                        );
+                        nodes[(p - 1) as usize] = Some(pr);
+                        rejoin_started = Some(Instant::now());
+                    }
+                    Err(e) => say(&bar, format!("  ! restart failed: {e:#}")),
+                }
+            }
+            if let (Some(rs), None) = (rejoin_started, rejoined) {
+                let st: Vec<_> = probe
+                    .status_all()
+                    .into_iter()
+                    .filter_map(|(_, r)| r.ok())
+                    .collect();
+                if st
+                    .iter()
+                    .any(|s| s.role == PRIMARY && s.redundant && s.node != p)
+                {
+                    let secs = rs.elapsed().as_secs_f64();
+                    rejoined = Some(secs);
+                    say(
+                        &bar,
+                        format!("  + node {p} back in sync after {secs:.2} s: redundant again"),
+                    );
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let status = load.wait()?;
+    let Some(s) = summary else {
+        bail!(
+            "the workload printed no summary ({status}); see {}",
+            dir.join("load.log").display()
+        );
+    };
+    // Final state of the group.
+    let fin = wait_group(&mut probe, Duration::from_secs(10), |s| {
+        s.len() == 2 && s.iter().any(|x| x.1 == PRIMARY && x.2)
+    });
+    println!();
+    println!("summary");
+    println!(
+        "  operations: {} in {:.1} s = {:.0} ops/s ({} clients, one-sided reads {}, torn reads retried {})",
+        s["ops"], s["secs"].as_f64().unwrap_or(0.0), s["ops_per_s"].as_f64().unwrap_or(0.0),
+        a.clients, s["one_sided_reads"], s["torn_reads"]
+    );
+    if let Some(l) = s["latency"].as_array() {
+        for op in l {
+            println!(
+                "  {:<7} {:>7} ops  p50 {:>7.1} us  p99 {:>8.1} us",
+                op["op"].as_str().unwrap_or("?"),
+                op["count"],
+                op["p50_us"].as_f64().unwrap_or(0.0),
+                op["p99_us"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    for e in &events {
+        println!("  {e}");
+    }
+    println!(
+        "  failover gap (longest time without a completed operation): {:.0} ms",
+        s["max_gap_ms"].as_f64().unwrap_or(0.0)
+    );
+    match rejoined {
+        Some(r) => println!("  rejoin: the restarted node was back in sync after {r:.2} s"),
+        None => println!("  rejoin: the restarted node did NOT get back in sync"),
+    }
+    println!(
+        "  verified at the end: {} objects read back exactly; errors: {}",
+        s["verified"], s["errors"]
+    );
+    if let Some(e) = s["first_error"].as_str() {
+        println!("  first error: {e}");
+    }
+    let lost = s["lost_writes"].as_u64().unwrap_or(u64::MAX);
+    let resurrected = s["resurrected"].as_u64().unwrap_or(0);
+    println!("  resurrected deletes: {resurrected}");
+    println!("lost writes: {lost}");
+    println!("(took {:.1} s)", t_start.elapsed().as_secs_f64());
+    std::io::stdout().flush()?;
+    let ok = lost == 0
+        && resurrected == 0
+        && s["errors"].as_u64() == Some(0)
+        && killed.is_some()
+        && rejoined.is_some()
+        && fin.is_some();
+    drop(nodes);
+    if !ok {
+        bail!("demo checks failed (logs kept in {})", dir.display());
+    }
+    if a.workdir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}

@@ -1,0 +1,470 @@
+//! `softrdma store serve`: one node of a replica group on the verbs engine.
+//!
+//! Threads: the engine's progress thread; the link receiver thread (see
+//! [`super::link`]); a listener accepting peers and clients; one dialer per
+//! configured peer (each node sends to a peer on the link it dialed and
+//! receives on the link the peer dialed); a ticker; a coordinator thread
+//! making the blocking [`Coordinator`] calls; and the **node loop**, the only
+//! owner of the [`Node`] state machine and of the arena's contents, which
+//! turns every event into [`Node::handle`] and carries out its outputs.
+//!
+//! The arena is registered once, for remote reads, under the group's STag at
+//! its own virtual address, so a client's one-sided RDMA Read of a
+//! [`RemotePtr`](crate::ptr::RemotePtr) works on either node. The arena is
+//! never unmapped while the process runs: the engine may be reading it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softrdma_verbs::{Access, ConnParams, RegOptions};
+
+use super::link::{Endpoint, Link, LinkEvent};
+use super::{
+    decode_hello, encode_accept, parse_accept, random_u64, Hello, NodeHello, CONNECT_TIMEOUT,
+};
+use crate::arena::{Arena, ArenaKind};
+use crate::config::{Config, CoordinatorConfig};
+use crate::coord::embedded::EmbeddedClient;
+use crate::coord::etcd::EtcdCoordinator;
+use crate::coord::Coordinator;
+use crate::node::{Addr, CoordReply, CoordRequest, Input, Node, NodeConfig, Output};
+use crate::proto::{self, Member, NodeId};
+use crate::ptr::ArenaRef;
+
+/// Errors that stop `serve` from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Invalid configuration or arena placement.
+    #[error("{0}")]
+    Setup(String),
+}
+
+fn setup(e: impl std::fmt::Display) -> ServeError {
+    ServeError::Setup(e.to_string())
+}
+
+enum Ev {
+    Link(LinkEvent),
+    Tick,
+    Coord {
+        id: u64,
+        reply: Result<CoordReply, String>,
+    },
+    Accepted {
+        link: Arc<Link>,
+        who: Addr,
+    },
+    Dialed {
+        link: Arc<Link>,
+        node: NodeId,
+    },
+}
+
+fn coordinator(cfg: &Config) -> Result<Arc<dyn Coordinator>, ServeError> {
+    Ok(match &cfg.coordinator {
+        CoordinatorConfig::Embedded { addr } => Arc::new(EmbeddedClient::new(*addr)),
+        CoordinatorConfig::Etcd { endpoints } => {
+            Arc::new(EtcdCoordinator::connect(endpoints).map_err(setup)?)
+        }
+    })
+}
+
+/// Finds the group's arena: from the configuration, else from a peer that
+/// has one (its accept reply), else, when the group has no record yet and
+/// this node may start it, a new one (address chosen by the kernel, STag
+/// generated here). Returns the mapped arena and its reference.
+fn find_arena(
+    cfg: &Config,
+    ep: &Endpoint,
+    coord: &dyn Coordinator,
+    me: Member,
+) -> Result<(Arena, ArenaRef), ServeError> {
+    let len = cfg.arena_size.0;
+    if let (Some(addr), Some(stag)) = (cfg.arena_addr, cfg.stag()) {
+        let a = Arena::map_at(addr.0, len, ArenaKind::Private).map_err(setup)?;
+        return Ok((
+            a,
+            ArenaRef {
+                base: addr.0,
+                len,
+                stag,
+            },
+        ));
+    }
+    let hello = Hello::Node(NodeHello {
+        member: me,
+        group: cfg.group.clone(),
+    })
+    .encode();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for &p in &cfg.peers {
+            if let Ok((link, reply)) = ep.connect(p, &hello, CONNECT_TIMEOUT) {
+                ep.remove(link.id());
+                if let Some((_, Some(r))) = parse_accept(&reply) {
+                    if r.len != len {
+                        return Err(ServeError::Setup(format!(
+                            "peer {p} has an arena of {} bytes, this node is configured for {len}",
+                            r.len
+                        )));
+                    }
+                    let a = Arena::map_at(r.base, len, ArenaKind::Private).map_err(|e| {
+                        ServeError::Setup(format!(
+                            "cannot map the group's arena at the primary's address: {e}"
+                        ))
+                    })?;
+                    tracing::info!(base = r.base, stag = r.stag, "arena adopted from peer {p}");
+                    return Ok((a, r));
+                }
+            }
+        }
+        let record = coord.get(&cfg.group).map_err(setup)?;
+        if record.is_none() && cfg.role != crate::config::RoleHint::Secondary {
+            let a = match cfg.arena_addr {
+                Some(addr) => Arena::map_at(addr.0, len, ArenaKind::Private),
+                None => Arena::map_anywhere(len, ArenaKind::Private),
+            }
+            .map_err(setup)?;
+            let stag = cfg.stag().unwrap_or_else(|| {
+                // A 24-bit index in the upper half (local regions use low
+                // indexes) and a random key byte.
+                let r = random_u64();
+                (0x80_0000 | (r as u32 & 0x7f_ffff)) << 8 | (r >> 32) as u32 & 0xff
+            });
+            let r = ArenaRef {
+                base: a.base_addr(),
+                len,
+                stag,
+            };
+            tracing::info!(base = r.base, stag = r.stag, "new arena for group");
+            return Ok((a, r));
+        }
+        if Instant::now() > deadline {
+            return Err(ServeError::Setup(
+                "no peer answered with the group's arena and the group already exists; \
+                 is a primary running?"
+                    .into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs a node until the process is killed. `ready` is called once the node
+/// listens, with the arena it serves.
+pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeError> {
+    cfg.validate().map_err(setup)?;
+    let me = Member {
+        node: cfg.node_id,
+        incarnation: random_u64(),
+    };
+    let (tx, rx) = mpsc::channel::<Ev>();
+    let txl = tx.clone();
+    let ep = Endpoint::open(&format!("store{}", cfg.node_id), move |e| {
+        let _ = txl.send(Ev::Link(e));
+    })
+    .map_err(setup)?;
+    let coord = coordinator(&cfg)?;
+    let (arena, aref) = find_arena(&cfg, &ep, coord.as_ref(), me)?;
+    // SAFETY: the arena is mapped for reads and writes and is never unmapped
+    // while the process runs (it is leaked below, inside the Node that this
+    // function never returns); the registration only allows remote reads.
+    let mr = unsafe {
+        ep.pd().register_raw(
+            arena.as_ptr(),
+            aref.len as usize,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+            RegOptions {
+                stag: Some(aref.stag),
+                iova: Some(aref.base),
+                ..Default::default()
+            },
+        )
+    }
+    .map_err(|e| {
+        ServeError::Setup(format!(
+            "cannot register the arena under {:#010x}: {e}",
+            aref.stag
+        ))
+    })?;
+    std::mem::forget(mr);
+
+    let hb = cfg.heartbeat_interval();
+    let ncfg = NodeConfig {
+        member: me,
+        arena: aref,
+        heartbeat_interval: hb.as_micros() as u64,
+        heartbeat_timeout: cfg.heartbeat_timeout().as_micros() as u64,
+        lease_ttl: cfg.lease_ttl().as_micros() as u64,
+        sync_chunk: 16 * 1024,
+        sync_window: 8,
+    };
+    let node = Node::new(ncfg, arena);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // Listener.
+    let listener = ep
+        .device()
+        .listen(cfg.listen)
+        .map_err(|e| ServeError::Setup(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    {
+        let ep = ep.clone();
+        let tx = tx.clone();
+        let stop = stop.clone();
+        let reply = encode_accept(me.node, Some(aref));
+        let group = cfg.group.clone();
+        std::thread::Builder::new()
+            .name("store-listen".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let Ok(Some(req)) = listener.get_request_timeout(Duration::from_millis(200))
+                    else {
+                        continue;
+                    };
+                    let who = match decode_hello(req.private_data()) {
+                        Some(Hello::Node(h)) if h.group == group => Addr::Node(h.member.node),
+                        Some(Hello::Client(c)) => Addr::Client(c),
+                        _ => {
+                            let _ = req.reject(b"softrdma-store: unknown peer or group");
+                            continue;
+                        }
+                    };
+                    let Ok(link) = ep.new_link() else {
+                        let _ = req.reject(b"softrdma-store: out of resources");
+                        continue;
+                    };
+                    link.set_peer(req.peer_addr().to_string());
+                    let params = ConnParams {
+                        private_data: reply.clone(),
+                        ..Default::default()
+                    };
+                    if req.accept(link.qp(), &params).is_ok() {
+                        let _ = tx.send(Ev::Accepted { link, who });
+                    } else {
+                        ep.remove(link.id());
+                    }
+                }
+            })
+            .map_err(setup)?;
+    }
+    // Dialers.
+    for &peer in &cfg.peers {
+        let ep = ep.clone();
+        let tx = tx.clone();
+        let stop = stop.clone();
+        let hello = Hello::Node(NodeHello {
+            member: me,
+            group: cfg.group.clone(),
+        })
+        .encode();
+        std::thread::Builder::new()
+            .name("store-dial".into())
+            .spawn(move || dialer(ep, peer, hello, tx, stop, hb))
+            .map_err(setup)?;
+    }
+    // Ticker.
+    {
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name("store-tick".into())
+            .spawn(move || loop {
+                std::thread::sleep(hb / 2);
+                if tx.send(Ev::Tick).is_err() {
+                    return;
+                }
+            })
+            .map_err(setup)?;
+    }
+    // Coordinator calls.
+    let (ctx, crx) = mpsc::channel::<(u64, CoordRequest)>();
+    {
+        let tx = tx.clone();
+        let group = cfg.group.clone();
+        let ttl = cfg.lease_ttl();
+        std::thread::Builder::new()
+            .name("store-coord".into())
+            .spawn(move || {
+                for (id, req) in crx {
+                    let c = coord.as_ref();
+                    let reply = match req {
+                        CoordRequest::Campaign => {
+                            c.campaign(&group, me, ttl).map(CoordReply::Campaign)
+                        }
+                        CoordRequest::KeepAlive { epoch } => {
+                            c.keep_alive(&group, me, epoch).map(CoordReply::KeepAlive)
+                        }
+                        CoordRequest::SetInSync { epoch, in_sync } => c
+                            .set_in_sync(&group, me, epoch, in_sync)
+                            .map(CoordReply::SetInSync),
+                        CoordRequest::Get => c.get(&group).map(CoordReply::Get),
+                    }
+                    .map_err(|e| e.to_string());
+                    if tx.send(Ev::Coord { id, reply }).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(setup)?;
+    }
+    ready(&aref);
+    drop(tx);
+    node_loop(node, ep, rx, ctx);
+    Ok(())
+}
+
+fn dialer(
+    ep: Arc<Endpoint>,
+    peer: SocketAddr,
+    hello: Vec<u8>,
+    tx: Sender<Ev>,
+    stop: Arc<AtomicBool>,
+    hb: Duration,
+) {
+    while !stop.load(Ordering::Acquire) {
+        match ep.connect(peer, &hello, CONNECT_TIMEOUT) {
+            Ok((link, reply)) => match parse_accept(&reply) {
+                Some((node, _)) => {
+                    if tx
+                        .send(Ev::Dialed {
+                            link: link.clone(),
+                            node,
+                        })
+                        .is_err()
+                    {
+                        return;
+                    }
+                    while !link.is_dead() && !stop.load(Ordering::Acquire) {
+                        std::thread::sleep(hb / 2);
+                    }
+                }
+                None => {
+                    ep.remove(link.id());
+                }
+            },
+            Err(e) => tracing::debug!(%peer, error = %e, "dial failed"),
+        }
+        std::thread::sleep(hb);
+    }
+}
+
+/// Logs the recovery and membership messages (not the steady traffic).
+fn log_msg(what: &str, peer: Addr, env: &proto::Envelope) {
+    use proto::Body::*;
+    let name = match &env.body {
+        Join { .. } => "Join",
+        SyncStart { .. } => "SyncStart",
+        SyncDone { .. } => "SyncDone",
+        JoinRefused { reason } => {
+            tracing::info!(?peer, %reason, "{what} JoinRefused");
+            return;
+        }
+        Stale => "Stale",
+        _ => return,
+    };
+    tracing::info!(?peer, epoch = env.epoch, "{what} {name}");
+}
+
+fn node_loop(
+    mut node: Node<Arena>,
+    ep: Arc<Endpoint>,
+    rx: Receiver<Ev>,
+    coord: Sender<(u64, CoordRequest)>,
+) {
+    let t0 = Instant::now();
+    let now = || t0.elapsed().as_micros() as u64;
+    let mut owner: HashMap<u32, Addr> = HashMap::new();
+    let mut to_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
+    let mut from_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
+    let mut clients: HashMap<u64, Arc<Link>> = HashMap::new();
+    let send_timeout = Duration::from_millis(200);
+    for ev in rx {
+        let input = match ev {
+            Ev::Tick => Input::Tick,
+            Ev::Coord { id, reply } => Input::Coord { id, reply },
+            Ev::Accepted { link, who } => {
+                owner.insert(link.id(), who);
+                match who {
+                    Addr::Client(c) => {
+                        if let Some(old) = clients.insert(c, link) {
+                            old.close();
+                        }
+                    }
+                    Addr::Node(n) => {
+                        from_node.insert(n, link);
+                    }
+                }
+                continue;
+            }
+            Ev::Dialed { link, node: n } => {
+                owner.insert(link.id(), Addr::Node(n));
+                if let Some(old) = to_node.insert(n, link) {
+                    old.close();
+                }
+                continue;
+            }
+            Ev::Link(LinkEvent::Down { link }) => {
+                owner.remove(&link);
+                to_node.retain(|_, l| l.id() != link);
+                from_node.retain(|_, l| l.id() != link);
+                clients.retain(|_, l| l.id() != link);
+                ep.remove(link);
+                continue;
+            }
+            Ev::Link(LinkEvent::Frame { link, bytes }) => {
+                let Some(&from) = owner.get(&link) else {
+                    continue;
+                };
+                match proto::decode(&bytes) {
+                    Ok(env) => {
+                        log_msg("received", from, &env);
+                        Input::Message { from, env }
+                    }
+                    Err(e) => {
+                        tracing::warn!(?from, error = %e, "undecodable message; closing link");
+                        ep.remove(link);
+                        continue;
+                    }
+                }
+            }
+        };
+        let before = (node.role(), node.epoch(), node.is_redundant());
+        let outs = node.handle(now(), input);
+        let after = (node.role(), node.epoch(), node.is_redundant());
+        if before != after {
+            tracing::info!(
+                role = ?after.0,
+                epoch = after.1,
+                redundant = after.2,
+                "node state changed"
+            );
+        }
+        for out in outs {
+            match out {
+                Output::Send { to, env } => {
+                    let link = match to {
+                        Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
+                        Addr::Client(c) => clients.get(&c),
+                    };
+                    log_msg("sending", to, &env);
+                    let Some(link) = link else {
+                        tracing::debug!(?to, "no link; message dropped");
+                        continue;
+                    };
+                    let bytes = proto::encode(&env);
+                    if let Err(e) = link.send(&bytes, send_timeout) {
+                        tracing::debug!(?to, error = %e, "send failed; closing link");
+                        let id = link.id();
+                        ep.remove(id);
+                    }
+                }
+                Output::Coord { id, req } => {
+                    let _ = coord.send((id, req));
+                }
+            }
+        }
+    }
+}
