@@ -631,8 +631,10 @@ impl<M: Memory> Node<M> {
                 }
             }
             Body::Stale => {
-                // The sender is at a newer epoch (adopted above). A joining
-                // node retries at once.
+                // The sender is at a newer epoch (adopted above). A synced
+                // secondary re-sends its (cumulative) ack at once: the
+                // refused message may have been one. A joining node retries
+                // at once.
                 if let State::Joining {
                     join_sent: Some((p, _)),
                     ..
@@ -640,6 +642,17 @@ impl<M: Memory> Node<M> {
                 {
                     if Addr::Node(p) == from {
                         self.send_join(p);
+                    }
+                }
+                if let State::Secondary {
+                    primary,
+                    copy: None,
+                    ..
+                } = self.state
+                {
+                    if Addr::Node(primary) == from {
+                        let seq = self.applied_seq;
+                        self.send(from, Body::ReplicateAck { seq });
                     }
                 }
             }
@@ -1285,6 +1298,13 @@ impl<M: Memory> Node<M> {
                 }
                 if beat {
                     self.send(Addr::Node(primary), Body::Heartbeat);
+                    if !copying {
+                        // Acks are cumulative: repeating the latest one
+                        // repairs an ack the primary refused (sent just
+                        // before an epoch bump) or a link lost.
+                        let seq = self.applied_seq;
+                        self.send(Addr::Node(primary), Body::ReplicateAck { seq });
+                    }
                 }
                 if silent && copying {
                     self.become_joining(None);

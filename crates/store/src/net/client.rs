@@ -434,8 +434,21 @@ impl StoreClient {
         out
     }
 
-    /// One attempt at node `i` only (no failover).
+    /// Node `i` only (no failover); a stale epoch is adopted and retried.
     fn request_at(&mut self, i: usize, op: Op) -> Result<Reply, ClientError> {
+        let mut tries = 0;
+        loop {
+            match self.request_at_once(i, op.clone()) {
+                Err(ClientError::Store(StoreError::StaleEpoch { current })) if tries < 3 => {
+                    self.epoch = self.epoch.max(current);
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn request_at_once(&mut self, i: usize, op: Op) -> Result<Reply, ClientError> {
         self.next_req += 1;
         let req_id = self.next_req;
         let link = self.link(i)?;

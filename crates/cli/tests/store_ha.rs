@@ -1,0 +1,411 @@
+//! The HA store end to end: real processes (`softrdma store serve`), real
+//! RDMA links over loopback TCP, the embedded coordinator, SIGKILL.
+//!
+//! * `crash_primary_20_times`: 20 rounds, each a verifying mixed
+//!   insert/update/read/delete load (`softrdma store load`, its own seed)
+//!   during which the primary is killed with SIGKILL and restarted to rejoin;
+//!   every round's load must end with no acknowledged write lost or altered,
+//!   no deleted object back and no torn read.
+//! * `secondary_loss_and_resync`: the secondary dies, the primary keeps
+//!   serving (degraded, reported by status), a replacement re-syncs and the
+//!   group is redundant again with every object intact.
+//! * `bad_pointers_and_limits`: wrong STag, pointer outside the arena or to
+//!   freed space, double delete, value too large, arena full: each a clear
+//!   error and the store's state unchanged.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use softrdma_store::coord::embedded::EmbeddedServer;
+use softrdma_store::net::client::{ClientConfig, ClientError, StoreClient};
+use softrdma_store::proto::{StatusInfo, StoreError};
+use softrdma_store::ptr::RemotePtr;
+
+const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
+const PRIMARY: u8 = 2;
+
+struct Node {
+    id: u32,
+    cfg: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Node {
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    fn start(&mut self, dir: &Path, role: &str) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("node{}.log", self.id)))
+            .unwrap();
+        let mut child = Command::new(SOFTRDMA)
+            .args(["-v", "store", "serve", "--config"])
+            .arg(&self.cfg)
+            .args(["--role", role])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start softrdma store serve");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(|l| l.ok()) {
+                let _ = tx.send(l);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(40))
+            .unwrap_or_else(|_| {
+                panic!("node {} did not get ready; see {}", self.id, dir.display())
+            });
+        assert!(line.starts_with("ready"), "node {}: {line}", self.id);
+        self.child = Some(child);
+    }
+}
+
+struct Group {
+    dir: PathBuf,
+    _coord: EmbeddedServer,
+    nodes: Vec<Node>,
+    addrs: Vec<SocketAddr>,
+    probe: StoreClient,
+}
+
+fn port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Group {
+    fn new(name: &str, arena: &str) -> Group {
+        let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let coord = EmbeddedServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addrs: Vec<SocketAddr> = (0..2)
+            .map(|_| format!("127.0.0.1:{}", port()).parse().unwrap())
+            .collect();
+        let mut nodes = Vec::new();
+        for i in 0..2 {
+            let cfg = dir.join(format!("node{}.toml", i + 1));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "group = \"{name}\"\nnode_id = {}\nlisten = \"{}\"\npeers = [\"{}\"]\n\
+                     arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\n\
+                     lease_ttl_ms = 300\n[coordinator]\nkind = \"embedded\"\naddr = \"{}\"\n",
+                    i + 1,
+                    addrs[i],
+                    addrs[1 - i],
+                    coord.addr()
+                ),
+            )
+            .unwrap();
+            nodes.push(Node {
+                id: i as u32 + 1,
+                cfg,
+                child: None,
+            });
+        }
+        nodes[0].start(&dir, "primary");
+        nodes[1].start(&dir, "secondary");
+        let probe = StoreClient::new(ClientConfig::new(addrs.clone())).unwrap();
+        let mut g = Group {
+            dir,
+            _coord: coord,
+            nodes,
+            addrs,
+            probe,
+        };
+        g.wait_redundant(Duration::from_secs(30));
+        g
+    }
+
+    fn status(&mut self) -> Vec<StatusInfo> {
+        self.probe
+            .status_all()
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .collect()
+    }
+
+    /// Waits until a primary reports the group redundant; returns its id.
+    fn wait_redundant(&mut self, timeout: Duration) -> u32 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.status();
+            if st.len() == 2 {
+                if let Some(p) = st.iter().find(|s| s.role == PRIMARY && s.redundant) {
+                    return p.node;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group not redundant in {timeout:?}: {st:?} (logs in {})",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn primary(&mut self) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(p) = self.status().iter().find(|s| s.role == PRIMARY) {
+                return p.node;
+            }
+            assert!(Instant::now() < deadline, "no primary");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn nodes_arg(&self) -> String {
+        format!("{},{}", self.addrs[0], self.addrs[1])
+    }
+}
+
+/// Starts `softrdma store load`; returns the child and its stdout lines.
+fn start_load(g: &Group, seed: u64, secs: f64) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(SOFTRDMA)
+        .args(["store", "load", "--progress", "--clients", "2", "--nodes"])
+        .arg(g.nodes_arg())
+        .args(["--duration", &secs.to_string(), "--seed", &seed.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(|l| l.ok()) {
+            let _ = tx.send(l);
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for a progress line at or after `t` seconds of load.
+fn wait_progress(rx: &mpsc::Receiver<String>, t: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_secs(1)) {
+            let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_default();
+            if v["type"] == "progress" && v["t"].as_f64().unwrap_or(0.0) >= t {
+                return;
+            }
+        }
+    }
+    panic!("the load made no progress");
+}
+
+/// Waits for the load's end; returns its summary.
+fn finish_load(mut child: Child, rx: mpsc::Receiver<String>) -> serde_json::Value {
+    let st = child.wait().unwrap();
+    let mut summary = None;
+    for l in rx.iter() {
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_default();
+        if v["type"] == "summary" {
+            summary = Some(v);
+        }
+    }
+    let s = summary.unwrap_or_else(|| panic!("load printed no summary ({st})"));
+    assert!(st.success(), "load failed ({st}): {s}");
+    s
+}
+
+#[test]
+fn crash_primary_20_times() {
+    let mut g = Group::new("crash", "32MiB");
+    let rounds: u64 = std::env::var("SOFTRDMA_CRASH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let mut total_ops = 0;
+    let mut worst_gap: f64 = 0.0;
+    for seed in 1..=rounds {
+        let (child, rx) = start_load(&g, seed, 2.0);
+        wait_progress(&rx, 0.5 + (seed % 5) as f64 * 0.2);
+        let p = g.primary();
+        g.nodes[(p - 1) as usize].kill();
+        // Restart the killed node at once: it must rejoin as secondary.
+        let dir = g.dir.clone();
+        g.nodes[(p - 1) as usize].start(&dir, "secondary");
+        let s = finish_load(child, rx);
+        assert_eq!(s["lost_writes"], 0, "round {seed}: {s}");
+        assert_eq!(s["resurrected"], 0, "round {seed}: {s}");
+        assert_eq!(s["errors"], 0, "round {seed}: {s}");
+        assert!(s["verified"].as_u64().unwrap() > 0, "round {seed}: {s}");
+        total_ops += s["ops"].as_u64().unwrap();
+        worst_gap = worst_gap.max(s["max_gap_ms"].as_f64().unwrap());
+        let np = g.wait_redundant(Duration::from_secs(30));
+        assert_ne!(
+            np, p,
+            "round {seed}: the killed node cannot be primary again yet"
+        );
+    }
+    println!("{rounds} primary crashes: {total_ops} acknowledged ops verified, worst gap {worst_gap:.0} ms");
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+#[test]
+fn secondary_loss_and_resync() {
+    let mut g = Group::new("secloss", "16MiB");
+    let p = g.primary();
+    let s = 3 - p;
+    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut objs: Vec<(RemotePtr, Vec<u8>)> = (0..50u32)
+        .map(|i| {
+            let v = format!("before-{i}").into_bytes();
+            (c.insert(&v).unwrap(), v)
+        })
+        .collect();
+    g.nodes[(s - 1) as usize].kill();
+    // The primary goes on alone once the coordinator records it degraded.
+    for i in 0..50u32 {
+        let v = format!("degraded-{i}").into_bytes();
+        objs.push((c.insert(&v).unwrap(), v));
+    }
+    let st = g.status();
+    assert_eq!(st.len(), 1, "only the primary answers: {st:?}");
+    assert_eq!(st[0].node, p);
+    assert_eq!(st[0].role, PRIMARY);
+    assert!(!st[0].redundant, "status must report the group degraded");
+    // A replacement joins, copies the arena and the group is redundant.
+    let dir = g.dir.clone();
+    g.nodes[(s - 1) as usize].start(&dir, "secondary");
+    assert_eq!(g.wait_redundant(Duration::from_secs(30)), p);
+    let st = g.status();
+    let (a, b) = (&st[0], &st[1]);
+    assert_eq!((a.allocated, a.objects), (b.allocated, b.objects), "{st:?}");
+    // Now lose the primary: the re-synced node must hold everything.
+    g.nodes[(p - 1) as usize].kill();
+    for (ptr, v) in &objs {
+        assert_eq!(&c.read(*ptr).unwrap(), v, "{ptr}");
+    }
+    assert_eq!(g.primary(), s);
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+#[test]
+fn bad_pointers_and_limits() {
+    let mut g = Group::new("badptr", "1MiB");
+    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let p = c.insert(b"hello").unwrap();
+    let arena = c.arena().expect("arena known");
+    let before = g.status();
+    let check_unchanged = |g: &mut Group| {
+        let now = g.status();
+        let f = |s: &[StatusInfo]| {
+            let mut v: Vec<_> = s.iter().map(|x| (x.node, x.allocated, x.objects)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(f(&now), f(&before), "state changed by a refused request");
+    };
+    let store_err = |r: Result<Vec<u8>, ClientError>| match r {
+        Err(ClientError::Store(e)) => e,
+        other => panic!("expected a store error, got {other:?}"),
+    };
+    // Wrong STag.
+    let bad = RemotePtr {
+        stag: p.stag ^ 0x100,
+        ..p
+    };
+    assert!(matches!(
+        store_err(c.read(bad)),
+        StoreError::WrongStag { .. }
+    ));
+    assert!(matches!(
+        c.update(bad, b"x"),
+        Err(ClientError::Store(StoreError::WrongStag { .. }))
+    ));
+    assert!(matches!(
+        c.delete(bad),
+        Err(ClientError::Store(StoreError::WrongStag { .. }))
+    ));
+    // Outside the arena.
+    let out = RemotePtr {
+        addr: arena.base + arena.len,
+        ..p
+    };
+    assert!(matches!(store_err(c.read(out)), StoreError::OutOfArena));
+    assert!(matches!(
+        c.delete(out),
+        Err(ClientError::Store(StoreError::OutOfArena))
+    ));
+    // Not the start of an allocation.
+    let mid = RemotePtr {
+        addr: p.addr + 64,
+        ..p
+    };
+    assert!(c.read(mid).is_err());
+    check_unchanged(&mut g);
+    // Freed space and double delete.
+    let q = c.insert(b"short-lived").unwrap();
+    c.delete(q).unwrap();
+    assert!(matches!(
+        store_err(c.read(q)),
+        StoreError::Freed | StoreError::NotAllocated
+    ));
+    assert!(matches!(
+        c.delete(q),
+        Err(ClientError::Store(
+            StoreError::Freed | StoreError::NotAllocated
+        ))
+    ));
+    assert!(matches!(
+        c.update(q, b"zombie"),
+        Err(ClientError::Store(
+            StoreError::Freed | StoreError::NotAllocated
+        ))
+    ));
+    check_unchanged(&mut g);
+    // Value larger than any message the client sends.
+    assert!(matches!(
+        c.insert(&vec![7u8; 1 << 20]),
+        Err(ClientError::ValueTooLarge { .. })
+    ));
+    // Arena full: fill 1 MiB with ~30 KiB values until refused.
+    let big = vec![0xabu8; 30_000];
+    let mut n = 0;
+    let full = loop {
+        match c.insert(&big) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+        assert!(n < 100, "a 1 MiB arena took {n} x 30 KB");
+    };
+    assert!(
+        matches!(full, ClientError::Store(StoreError::Full { .. })),
+        "{full:?}"
+    );
+    assert!(n > 20, "only {n} values fit");
+    // The first object is intact, on both nodes (read after failover).
+    assert_eq!(c.read(p).unwrap(), b"hello");
+    let pr = g.primary();
+    g.nodes[(pr - 1) as usize].kill();
+    assert_eq!(c.read(p).unwrap(), b"hello");
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
