@@ -200,8 +200,9 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         heartbeat_interval: hb.as_micros() as u64,
         heartbeat_timeout: cfg.heartbeat_timeout().as_micros() as u64,
         lease_ttl: cfg.lease_ttl().as_micros() as u64,
-        sync_chunk: 16 * 1024,
-        sync_window: 8,
+        // Chunks are RDMA Reads of the primary's arena (see node_loop).
+        sync_chunk: 256 * 1024,
+        sync_window: 4,
     };
     let node = Node::new(ncfg, arena);
 
@@ -312,7 +313,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
     }
     ready(&aref);
     drop(tx);
-    node_loop(node, ep, rx, ctx);
+    node_loop(node, aref, ep, rx, ctx);
     Ok(())
 }
 
@@ -368,8 +369,39 @@ fn log_msg(what: &str, peer: Addr, env: &proto::Envelope) {
     tracing::info!(?peer, epoch = env.epoch, "{what} {name}");
 }
 
+/// Reads `len` bytes at `offset` of the primary's arena over `link`.
+fn sync_read(
+    link: &Link,
+    scratch: &mut Option<softrdma_verbs::MemoryRegion>,
+    ep: &Endpoint,
+    aref: ArenaRef,
+    offset: u64,
+    len: u32,
+) -> Result<Vec<u8>, super::link::LinkError> {
+    let len = len as usize;
+    if scratch.as_ref().is_none_or(|m| m.len() < len) {
+        *scratch = Some(
+            ep.pd()
+                .alloc_mr(len.next_power_of_two(), Access::LOCAL_WRITE)
+                .map_err(|e| super::link::LinkError::Verbs(e.to_string()))?,
+        );
+    }
+    let mr = scratch.as_ref().expect("scratch buffer");
+    link.read(
+        mr,
+        len,
+        aref.base + offset,
+        aref.stag,
+        Duration::from_secs(5),
+    )?;
+    let mut data = vec![0u8; len];
+    mr.read_at(0, &mut data);
+    Ok(data)
+}
+
 fn node_loop(
     mut node: Node<Arena>,
+    aref: ArenaRef,
     ep: Arc<Endpoint>,
     rx: Receiver<Ev>,
     coord: Sender<(u64, CoordRequest)>,
@@ -381,6 +413,7 @@ fn node_loop(
     let mut from_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut clients: HashMap<u64, Arc<Link>> = HashMap::new();
     let send_timeout = Duration::from_millis(200);
+    let mut scratch: Option<softrdma_verbs::MemoryRegion> = None;
     for ev in rx {
         let input = match ev {
             Ev::Tick => Input::Tick,
@@ -431,38 +464,71 @@ fn node_loop(
                 }
             }
         };
-        let before = (node.role(), node.epoch(), node.is_redundant());
-        let outs = node.handle(now(), input);
-        let after = (node.role(), node.epoch(), node.is_redundant());
-        if before != after {
-            tracing::info!(
-                role = ?after.0,
-                epoch = after.1,
-                redundant = after.2,
-                "node state changed"
-            );
-        }
-        for out in outs {
-            match out {
-                Output::Send { to, env } => {
-                    let link = match to {
-                        Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
-                        Addr::Client(c) => clients.get(&c),
-                    };
-                    log_msg("sending", to, &env);
-                    let Some(link) = link else {
-                        tracing::debug!(?to, "no link; message dropped");
-                        continue;
-                    };
-                    let bytes = proto::encode(&env);
-                    if let Err(e) = link.send(&bytes, send_timeout) {
-                        tracing::debug!(?to, error = %e, "send failed; closing link");
-                        let id = link.id();
-                        ep.remove(id);
+        let mut inputs = std::collections::VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let before = (node.role(), node.epoch(), node.is_redundant());
+            let outs = node.handle(now(), input);
+            let after = (node.role(), node.epoch(), node.is_redundant());
+            if before != after {
+                tracing::info!(
+                    role = ?after.0,
+                    epoch = after.1,
+                    redundant = after.2,
+                    "node state changed"
+                );
+            }
+            for out in outs {
+                match out {
+                    Output::Send { to, env } => {
+                        let link = match to {
+                            Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
+                            Addr::Client(c) => clients.get(&c),
+                        };
+                        log_msg("sending", to, &env);
+                        let Some(link) = link else {
+                            tracing::debug!(?to, "no link; message dropped");
+                            continue;
+                        };
+                        // Recovery copies the primary's arena with one-sided
+                        // RDMA Reads: a chunk request becomes a Read of that
+                        // range of the primary's arena, whose bytes go back
+                        // to the node as the chunk.
+                        if let proto::Body::SyncRequest {
+                            session,
+                            offset,
+                            len,
+                        } = env.body
+                        {
+                            match sync_read(link, &mut scratch, &ep, aref, offset, len) {
+                                Ok(data) => inputs.push_back(Input::Message {
+                                    from: to,
+                                    env: proto::Envelope {
+                                        epoch: env.epoch,
+                                        body: proto::Body::SyncChunk {
+                                            session,
+                                            offset,
+                                            data,
+                                        },
+                                    },
+                                }),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "RDMA Read of the primary's arena failed");
+                                    let id = link.id();
+                                    ep.remove(id);
+                                }
+                            }
+                            continue;
+                        }
+                        let bytes = proto::encode(&env);
+                        if let Err(e) = link.send(&bytes, send_timeout) {
+                            tracing::debug!(?to, error = %e, "send failed; closing link");
+                            let id = link.id();
+                            ep.remove(id);
+                        }
                     }
-                }
-                Output::Coord { id, req } => {
-                    let _ = coord.send((id, req));
+                    Output::Coord { id, req } => {
+                        let _ = coord.send((id, req));
+                    }
                 }
             }
         }
