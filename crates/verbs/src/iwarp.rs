@@ -985,9 +985,13 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     let s = rx.start;
     let ulpdu_len = u16::from_be_bytes([rx.stage[s], rx.stage[s + 1]]) as usize;
     let hl = DdpHeader::len_from_ctrl(rx.stage[s + 2]);
+    // A ULPDU too short for its DDP header has no code in RFC 5041 or RFC
+    // 5044 (MPA's 0x04 is for set-up frames): the stream cannot be parsed,
+    // RDMAP's "catastrophic error, localized to RDMAP stream", the code the
+    // wire crate gives every truncated header.
     if ulpdu_len < hl {
         return Err(RxEnd::Fatal(
-            codes::MPA_INVALID_ULPDU_LENGTH,
+            codes::RDMAP_CATASTROPHIC_STREAM,
             None,
             WcStatus::WrFlushErr,
         ));
@@ -999,14 +1003,18 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     let raw = &rx.stage[s + 2..s + 2 + hl];
     let hdr = match DdpHeader::decode(raw) {
         Ok(h) => h,
-        Err(e) => return Err(fatal(e.term_code(), raw, WcStatus::WrFlushErr)),
+        // term_code_in: a bad DDP version in a tagged segment gets the
+        // tagged code (RFC 5041 section 7.2).
+        Err(e) => return Err(fatal(e.term_code_in(raw), raw, WcStatus::WrFlushErr)),
     };
     let extra = match hdr.opcode() {
         Opcode::ReadRequest => ReadRequest::LEN,
         Opcode::Terminate => {
+            // Longer than any Terminate: too long for the queue 2 buffer
+            // (RFC 5041 section 7.2).
             if ulpdu_len - hl > MAX_TERM_ULPDU {
                 return Err(fatal(
-                    codes::MPA_INVALID_ULPDU_LENGTH,
+                    codes::DDP_UNTAGGED_TOO_LONG,
                     raw,
                     WcStatus::WrFlushErr,
                 ));
@@ -1017,7 +1025,7 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     };
     if ulpdu_len < hl + extra {
         return Err(fatal(
-            codes::MPA_INVALID_ULPDU_LENGTH,
+            codes::RDMAP_CATASTROPHIC_STREAM,
             raw,
             WcStatus::WrFlushErr,
         ));
@@ -1147,10 +1155,23 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                     ));
                 }
                 if cur.received + payload_len as u64 > cur.wqe.len {
+                    // The receive the message was for completes with a
+                    // length error (as in siw); the flush completes the
+                    // others. (The status handed to the QP's failure goes
+                    // to a send WR, which is not at fault.)
+                    let cur = rx.cur_recv.take().expect("receive in progress");
+                    q.recv_cq.push(WorkCompletion {
+                        wr_id: cur.wqe.wr_id,
+                        status: WcStatus::LocLenErr,
+                        opcode: WcOpcode::Recv,
+                        byte_len: cur.received as u32,
+                        qp_num: q.qpn,
+                        ..Default::default()
+                    });
                     return Err(fatal(
                         codes::DDP_UNTAGGED_TOO_LONG,
                         &raw,
-                        WcStatus::LocLenErr,
+                        WcStatus::WrFlushErr,
                     ));
                 }
                 let mut t = std::mem::take(&mut rx.target);
@@ -1159,9 +1180,12 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                 Action::Send
             }
             Opcode::ReadRequest => {
+                // Bytes after the 28-byte body: the message is too long for
+                // the queue 1 buffer of one Read Request (RFC 5041 section
+                // 7.2, RFC 5040 section 4.4).
                 if payload_len != 0 {
                     return Err(fatal(
-                        codes::MPA_INVALID_ULPDU_LENGTH,
+                        codes::DDP_UNTAGGED_TOO_LONG,
                         &raw,
                         WcStatus::WrFlushErr,
                     ));

@@ -133,6 +133,8 @@ pub enum AccessError {
     WrongPd,
     Rights,
     Bounds,
+    /// The tagged offset plus the length passes 2^64.
+    ToWrap,
 }
 
 impl AccessError {
@@ -143,6 +145,7 @@ impl AccessError {
             AccessError::WrongPd => codes::RDMAP_STAG_NOT_ASSOC,
             AccessError::Rights => codes::RDMAP_ACCESS_RIGHTS,
             AccessError::Bounds => codes::RDMAP_BASE_BOUNDS,
+            AccessError::ToWrap => codes::RDMAP_TO_WRAP,
         }
     }
 
@@ -153,13 +156,16 @@ impl AccessError {
             AccessError::WrongPd => codes::DDP_TAGGED_STAG_NOT_ASSOC,
             AccessError::Rights => codes::RDMAP_ACCESS_RIGHTS,
             AccessError::Bounds => codes::DDP_TAGGED_BASE_BOUNDS,
+            AccessError::ToWrap => codes::DDP_TAGGED_TO_WRAP,
         }
     }
 }
 
 impl MrInner {
     /// Checks an access of `len` bytes at virtual address `to`, in the order
-    /// siw uses: valid, protection domain, rights, bounds.
+    /// siw uses: valid, protection domain, rights, bounds (a range whose
+    /// end passes 2^64 is the "TO wrap" error of RFC 5040 Figure 9 and RFC
+    /// 5041 section 7.2).
     pub fn check(&self, pd: u32, need: Access, to: u64, len: u64) -> Result<(), AccessError> {
         if !self.valid.load(Ordering::Acquire) {
             return Err(AccessError::InvalidStag);
@@ -170,7 +176,7 @@ impl MrInner {
         if !self.access.contains(need) {
             return Err(AccessError::Rights);
         }
-        let end = to.checked_add(len).ok_or(AccessError::Bounds)?;
+        let end = to.checked_add(len).ok_or(AccessError::ToWrap)?;
         if to < self.iova || end > self.iova + self.len {
             return Err(AccessError::Bounds);
         }

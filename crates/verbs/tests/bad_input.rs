@@ -1,0 +1,1241 @@
+//! Bad input from a misbehaving iWARP peer.
+//!
+//! Every test drives a real TCP socket by hand (`std::net::TcpStream`)
+//! against a real softrdma-verbs device: the raw peer does a correct MPA
+//! revision 2 "enhanced" handshake (RFC 5044 section 7.1, RFC 6581) with
+//! the wire crate's codecs, then sends one kind of bad input. Each test
+//! checks
+//!
+//! * what the peer reads back: a Terminate (RDMAP opcode 7 on DDP queue 2,
+//!   RFC 5040 section 4.8) with the layer / error type / error code that
+//!   RFC 5040 section 4.8 (Figure 9) and RFC 5041 section 7.2 prescribe,
+//!   followed by the end of the stream; or just the end of the stream where
+//!   no Terminate can be sent (rules below);
+//! * that the engine's QP goes to ERROR, that the receives (and send WRs)
+//!   posted beforehand complete, with the specific error status where one
+//!   applies and a flush status otherwise, and that the engine reports the
+//!   Terminate it chose as an async event;
+//! * that no byte outside a registered region is written, nor one inside
+//!   a region the bad request was refused for: regions are registered over
+//!   the middle of a larger buffer whose guard bytes on both sides are
+//!   checked afterwards (the buffers are leaked, so they outlive every
+//!   registration, as `register_raw` requires);
+//! * that the process did not panic and the device still works: a fresh,
+//!   good connection on the same device (through the same listener where
+//!   the engine is the passive side) moves one Send.
+//!
+//! Rules applied where the RFCs leave a choice:
+//!
+//! * Garbage where the MPA Request is due: the listener closes the TCP
+//!   connection without a reply. FPDU framing is not established, so no
+//!   Terminate can be framed: RFC 5044 has an invalid Request answered by
+//!   closing the TCP connection, and its code for it (2/0/0x04, section 8)
+//!   is only reported locally (see `WireError::term_code`).
+//! * Garbage after the handshake: the receiver has no way to tell garbage
+//!   from an FPDU, so it parses the bytes as one and reports the first check
+//!   that fails, in Linux siw's order (`siw_get_hdr`): the DDP version (RFC
+//!   5041 section 7.2: tagged 1/1/0x04 or untagged 1/2/0x06, after the T bit
+//!   of the "header"), then the RDMAP version and opcode. A ULPDU length
+//!   too short for the DDP header it announces has no code in RFC 5041 or
+//!   5044; it is RDMAP's "catastrophic error, localized to RDMAP stream"
+//!   (0/2/0x07), as the wire crate maps every truncated header.
+//! * A CRC mismatch is MPA's error 2/0/0x02 (RFC 5044 section 8); the
+//!   stream is still framed, so the Terminate is sent (siw does the same).
+//! * The peer closing inside an FPDU: the connection is lost (RFC 5044
+//!   section 8, code 0x01, reported locally): no Terminate can reach it.
+//! * More Read Requests than the IRD: RDMAP remote operation error,
+//!   catastrophic error localized to the RDMAP stream (0/2/0x07), the code
+//!   Linux siw uses (`siw_init_rresp`). Such a request can only be noticed
+//!   while the Read Responses already owed are stuck behind a full socket;
+//!   a Terminate must not cut into the Read Response in progress (siw:
+//!   `siw_send_terminate`, "must not interfere with an incomplete current
+//!   transmit operation"; this engine: `Tx::queue_terminate`), so the peer
+//!   sees the response cut off and the end of the stream, and the code is
+//!   checked in the engine's async event.
+
+mod common;
+use common::{side, Side, T};
+use softrdma_verbs::wire::ddp::{
+    self, DdpHeader, Opcode, ReadRequest, TaggedHeader, UntaggedHeader,
+};
+use softrdma_verbs::wire::mpa::{self, MpaFrame, MpaHeader, MpaKind, MpaV2};
+use softrdma_verbs::wire::terminate::{codes, Terminate};
+use softrdma_verbs::wire::TermCode;
+use softrdma_verbs::*;
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+// ------------------------------------------------------------ the raw peer
+
+/// How the raw peer negotiates.
+#[derive(Debug, Clone, Copy)]
+struct RawOpts {
+    crc: bool,
+    ird: u16,
+    ord: u16,
+}
+
+impl Default for RawOpts {
+    fn default() -> Self {
+        RawOpts {
+            crc: false,
+            ird: 8,
+            ord: 8,
+        }
+    }
+}
+
+/// What the raw peer read next.
+enum Next {
+    /// A whole FPDU (its ULPDU; the CRC checked when negotiated).
+    Fpdu(Vec<u8>),
+    /// End of stream (or reset), with this many bytes of an unfinished FPDU.
+    End { tail: usize },
+}
+
+/// An iWARP peer driven by hand over a plain TCP socket.
+struct Raw {
+    s: TcpStream,
+    crc: bool,
+    send_msn: u32,
+    rr_msn: u32,
+    inbuf: Vec<u8>,
+}
+
+fn read_mpa_frame(s: &mut TcpStream) -> MpaFrame {
+    let mut h = [0u8; mpa::HEADER_LEN];
+    s.read_exact(&mut h).expect("MPA frame header");
+    let hdr = MpaHeader::decode(&h).expect("valid MPA frame");
+    let mut pd = vec![0u8; hdr.pd_len as usize];
+    s.read_exact(&mut pd).expect("MPA private data");
+    MpaFrame::decode(&hdr, &pd).expect("valid MPA frame")
+}
+
+/// A DDP segment: header then body.
+fn ulpdu(h: DdpHeader, body: &[u8]) -> Vec<u8> {
+    let mut b = [0u8; ddp::UNTAGGED_LEN];
+    let n = h.encode(&mut b);
+    let mut v = b[..n].to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+impl Raw {
+    fn from_stream(s: TcpStream, crc: bool) -> Raw {
+        s.set_read_timeout(Some(T)).unwrap();
+        s.set_write_timeout(Some(T)).unwrap();
+        s.set_nodelay(true).unwrap();
+        Raw {
+            s,
+            crc,
+            send_msn: 1,
+            rr_msn: 1,
+            inbuf: Vec::new(),
+        }
+    }
+
+    /// Active side: TCP connect, MPA Request (revision 2, enhanced, with
+    /// IRD/ORD), then the engine's Reply.
+    fn connect(addr: SocketAddr, o: RawOpts) -> Raw {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let req = MpaFrame {
+            kind: MpaKind::Request,
+            markers: false,
+            crc: o.crc,
+            reject: false,
+            revision: 2,
+            v2: Some(MpaV2 {
+                ird: o.ird,
+                ord: o.ord,
+                ..Default::default()
+            }),
+            private_data: b"bad input".to_vec(),
+        };
+        s.write_all(&req.encode().unwrap()).unwrap();
+        let rep = read_mpa_frame(&mut s);
+        assert_eq!(rep.kind, MpaKind::Reply);
+        assert!(!rep.reject && !rep.markers, "{rep:?}");
+        assert_eq!(rep.revision, 2);
+        assert_eq!(rep.crc, o.crc, "the reply mirrors the C bit");
+        assert!(
+            rep.v2.is_some(),
+            "an enhanced request gets an enhanced reply"
+        );
+        Raw::from_stream(s, o.crc)
+    }
+
+    /// Passive side: reads the engine's MPA Request and accepts it.
+    fn accept(l: &TcpListener, o: RawOpts) -> Raw {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let req = read_mpa_frame(&mut s);
+        assert_eq!(req.kind, MpaKind::Request);
+        let crc = req.crc || o.crc;
+        let rep = MpaFrame {
+            kind: MpaKind::Reply,
+            markers: false,
+            crc,
+            reject: false,
+            revision: req.revision,
+            v2: req.v2.map(|_| MpaV2 {
+                ird: o.ird,
+                ord: o.ord,
+                ..Default::default()
+            }),
+            private_data: Vec::new(),
+        };
+        s.write_all(&rep.encode().unwrap()).unwrap();
+        Raw::from_stream(s, crc)
+    }
+
+    /// Limits the receive buffer (so that the engine's socket fills up).
+    fn set_rcvbuf(&self, bytes: i32) {
+        // SAFETY: a valid socket and a pointer to an i32 of the given size.
+        let r = unsafe {
+            libc::setsockopt(
+                self.s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                &bytes as *const i32 as *const libc::c_void,
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "setsockopt(SO_RCVBUF)");
+    }
+
+    fn fpdu(&self, ulpdu: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        mpa::encode_fpdu(ulpdu, self.crc, &mut v);
+        v
+    }
+
+    fn send_bytes(&mut self, b: &[u8]) {
+        self.s.write_all(b).expect("raw peer write");
+    }
+
+    /// Writes bytes the engine may stop reading half way (it terminates
+    /// first): errors from a closed connection are expected.
+    fn send_bytes_lossy(&mut self, b: &[u8]) {
+        let _ = self.s.write_all(b);
+    }
+
+    fn send_fpdu(&mut self, u: &[u8]) {
+        let f = self.fpdu(u);
+        self.send_bytes(&f);
+    }
+
+    /// A whole Send-type message (one segment) on queue 0.
+    fn send_ulpdu(&mut self, opcode: Opcode, inval_stag: u32, payload: &[u8]) -> Vec<u8> {
+        let h = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode,
+            inval_stag,
+            qn: ddp::QN_SEND,
+            msn: self.send_msn,
+            mo: 0,
+        });
+        self.send_msn += 1;
+        ulpdu(h, payload)
+    }
+
+    fn write_ulpdu(&self, stag: u32, to: u64, payload: &[u8]) -> Vec<u8> {
+        let h = DdpHeader::Tagged(TaggedHeader {
+            last: true,
+            opcode: Opcode::Write,
+            stag,
+            to,
+        });
+        ulpdu(h, payload)
+    }
+
+    fn read_request_ulpdu(&mut self, rr: &ReadRequest) -> Vec<u8> {
+        let h = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: Opcode::ReadRequest,
+            inval_stag: 0,
+            qn: ddp::QN_READ_REQUEST,
+            msn: self.rr_msn,
+            mo: 0,
+        });
+        self.rr_msn += 1;
+        let mut body = [0u8; ReadRequest::LEN];
+        rr.encode(&mut body);
+        ulpdu(h, &body)
+    }
+
+    /// Reads more bytes; 0 at end of stream (a reset counts as the end).
+    fn fill(&mut self) -> usize {
+        let mut b = vec![0u8; 1 << 16];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(n) => {
+                    self.inbuf.extend_from_slice(&b[..n]);
+                    return n;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return 0,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    panic!(
+                        "raw peer: the engine sent nothing and kept the connection open for {T:?}"
+                    )
+                }
+                Err(e) => panic!("raw peer read: {e}"),
+            }
+        }
+    }
+
+    fn next(&mut self) -> Next {
+        loop {
+            if self.inbuf.len() >= 2 {
+                let len = u16::from_be_bytes([self.inbuf[0], self.inbuf[1]]) as usize;
+                if self.inbuf.len() >= mpa::fpdu_len(len) {
+                    let (u, n) = mpa::decode_fpdu(&self.inbuf, self.crc)
+                        .expect("the engine's FPDU (CRC checked when negotiated)");
+                    let u = u.to_vec();
+                    self.inbuf.drain(..n);
+                    return Next::Fpdu(u);
+                }
+            }
+            if self.fill() == 0 {
+                return Next::End {
+                    tail: self.inbuf.len(),
+                };
+            }
+        }
+    }
+
+    /// The next FPDU, or None at the end of the stream on an FPDU boundary.
+    fn read_fpdu(&mut self) -> Option<Vec<u8>> {
+        match self.next() {
+            Next::Fpdu(u) => Some(u),
+            Next::End { tail: 0 } => None,
+            Next::End { tail } => panic!("stream ended {tail} bytes into an FPDU"),
+        }
+    }
+
+    /// The engine closed the connection, sending nothing more.
+    fn expect_closed(&mut self) {
+        if let Some(u) = self.read_fpdu() {
+            panic!(
+                "expected the end of the stream, got {:?}",
+                DdpHeader::decode(&u)
+            );
+        }
+    }
+
+    /// The next FPDU must be a Terminate (RFC 5040 section 4.8: untagged,
+    /// queue 2, MSN 1, MO 0, last), and the stream must end after it.
+    fn expect_terminate(&mut self) -> Terminate {
+        let u = self
+            .read_fpdu()
+            .expect("a Terminate, not the end of the stream");
+        match DdpHeader::decode(&u).expect("a valid DDP header") {
+            DdpHeader::Untagged(h) => {
+                assert_eq!(h.opcode, Opcode::Terminate, "{h:?}");
+                assert_eq!((h.qn, h.msn, h.mo, h.last), (ddp::QN_TERMINATE, 1, 0, true));
+            }
+            h => panic!("{h:?} where a Terminate was due"),
+        }
+        let t = Terminate::decode(&u[ddp::UNTAGGED_LEN..]).expect("a valid Terminate");
+        self.expect_closed();
+        t
+    }
+}
+
+// ------------------------------------------------------------ engine side
+
+fn device() -> Device {
+    Device::open(DeviceConfig {
+        publish: false,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// The engine as the passive side: a device and a listener on it.
+struct Server {
+    dev: Device,
+    l: Listener,
+}
+
+impl Server {
+    fn new() -> Server {
+        let dev = device();
+        let l = dev.listen("127.0.0.1:0").unwrap();
+        Server { dev, l }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.l.local_addr().unwrap()
+    }
+
+    /// A fresh QP (in its own PD) accepting a raw peer that connects with `o`.
+    fn accept_raw(&self, params: &ConnParams, o: RawOpts) -> (Side, Raw) {
+        let s = side(&self.dev, QpCaps::default());
+        let addr = self.addr();
+        let raw = std::thread::scope(|sc| {
+            let h = sc.spawn(|| {
+                let req = self.l.get_request().unwrap();
+                req.accept(&s.qp, params).unwrap();
+            });
+            let raw = Raw::connect(addr, o);
+            h.join().unwrap();
+            raw
+        });
+        assert_eq!(s.qp.state(), QpState::Rts);
+        (s, raw)
+    }
+
+    fn accept_default(&self) -> (Side, Raw) {
+        self.accept_raw(&ConnParams::default(), RawOpts::default())
+    }
+
+    /// The device and its listener still work: a good engine client on the
+    /// same device connects, a fresh QP accepts, one Send moves.
+    fn prove_usable(&self) {
+        let s = side(&self.dev, QpCaps::default());
+        let c = side(&self.dev, QpCaps::default());
+        let addr = self.addr();
+        std::thread::scope(|sc| {
+            let h = sc.spawn(|| {
+                let req = self.l.get_request().unwrap();
+                req.accept(&s.qp, &ConnParams::default()).unwrap();
+            });
+            c.qp.connect(addr, &ConnParams::default()).unwrap();
+            h.join().unwrap();
+        });
+        send_one(&c, &s);
+    }
+}
+
+/// The engine as the active side: a fresh QP on `dev` connects to a raw
+/// listener.
+fn connect_raw(dev: &Device, params: &ConnParams, o: RawOpts) -> (Side, Raw) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = side(dev, QpCaps::default());
+    let raw = std::thread::scope(|sc| {
+        let h = sc.spawn(|| c.qp.connect(addr, params).unwrap());
+        let raw = Raw::accept(&l, o);
+        h.join().unwrap();
+        raw
+    });
+    assert_eq!(c.qp.state(), QpState::Rts);
+    (c, raw)
+}
+
+/// One good Send from `c` to `s`.
+fn send_one(c: &Side, s: &Side) {
+    let data = common::pattern(64, 0x33);
+    let r = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(&RecvWr::new(77, &[r.sge_all()])).unwrap();
+    let m = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    m.write_at(0, &data);
+    c.qp.post_send(&SendWr::send(78, &[m.sge_all()])).unwrap();
+    let wc = common::wait(&c.cq);
+    assert_eq!((wc.wr_id, wc.status), (78, WcStatus::Success));
+    let wc = common::wait(&s.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (77, WcStatus::Success, 64)
+    );
+    assert_eq!(r.to_vec(), data);
+}
+
+/// Collects exactly the completions `want` (wr_id -> status), in any
+/// order, and checks that no other one is queued.
+fn expect_wcs(cq: &CompletionQueue, want: &[(u64, WcStatus)]) {
+    let mut got = BTreeMap::new();
+    for _ in 0..want.len() {
+        let wc = cq.wait_one(T).expect("a completion within 10 s");
+        assert!(
+            got.insert(wc.wr_id, wc.status).is_none(),
+            "two completions for WR {}",
+            wc.wr_id
+        );
+    }
+    let want: BTreeMap<u64, WcStatus> = want.iter().copied().collect();
+    assert_eq!(got, want);
+    assert_eq!(cq.poll_one(), None, "an unexpected extra completion");
+}
+
+/// Waits for the async event `Terminated` of `qpn`, sent by the engine.
+fn expect_term_event(dev: &Device, qpn: u32, code: TermCode) {
+    let deadline = Instant::now() + T;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match dev.next_event(left).expect("a Terminated event") {
+            AsyncEvent::Terminated {
+                qpn: q,
+                code: c,
+                by_peer,
+            } if q == qpn => {
+                assert!(!by_peer, "the engine sent the Terminate");
+                assert_eq!(c, code, "Terminate code in the event: {c}");
+                return;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The engine's QP went to ERROR because of a Terminate it sent with
+/// `code`, and completed the given WRs.
+fn expect_engine_terminated(s: &Side, code: TermCode, wcs: &[(u64, WcStatus)]) {
+    assert!(s.qp.wait_state(QpState::Error, T), "QP in ERROR");
+    expect_wcs(&s.cq, wcs);
+    expect_term_event(&s.dev, s.qp.qp_num(), code);
+}
+
+// ------------------------------------------------------------ guarded memory
+
+const GUARD: usize = 512;
+const GUARD_BYTE: u8 = 0xA5;
+/// What the raw peer tries to place.
+const EVIL: u8 = 0xEE;
+
+/// A buffer of `len` bytes (filled with `fill`) between two guard zones.
+/// The allocation is leaked, so it outlives every registration over it.
+struct Guarded {
+    base: *mut u8,
+    len: usize,
+    fill: u8,
+}
+
+impl Guarded {
+    fn new(len: usize, fill: u8) -> Guarded {
+        let mut v = vec![GUARD_BYTE; GUARD + len + GUARD];
+        v[GUARD..GUARD + len].fill(fill);
+        let base = Box::into_raw(v.into_boxed_slice()) as *mut u8;
+        Guarded { base, len, fill }
+    }
+
+    /// Registers the middle part (not the guards).
+    fn register(&self, pd: &ProtectionDomain, access: Access, opts: RegOptions) -> MemoryRegion {
+        // SAFETY: the range lies inside an allocation that is never freed
+        // and that nothing else in the test writes while it is registered.
+        unsafe { pd.register_raw(self.base.add(GUARD), self.len, access, opts) }.unwrap()
+    }
+
+    /// Guards, region, guards.
+    fn bytes(&self) -> Vec<u8> {
+        let mut v = vec![0u8; GUARD + self.len + GUARD];
+        // SAFETY: the whole allocation is readable; it is only read once
+        // the QP that could place into it is in ERROR.
+        unsafe { std::ptr::copy_nonoverlapping(self.base, v.as_mut_ptr(), v.len()) };
+        v
+    }
+
+    fn assert_guards(&self, what: &str) {
+        let b = self.bytes();
+        let bad = b[..GUARD]
+            .iter()
+            .chain(&b[GUARD + self.len..])
+            .filter(|&&x| x != GUARD_BYTE)
+            .count();
+        assert_eq!(
+            bad, 0,
+            "{what}: {bad} guard bytes outside the region changed"
+        );
+    }
+
+    /// Guards intact and region bytes `[from, to)` unchanged.
+    fn assert_unchanged(&self, from: usize, to: usize, what: &str) {
+        self.assert_guards(what);
+        let b = self.bytes();
+        let bad = b[GUARD + from..GUARD + to]
+            .iter()
+            .filter(|&&x| x != self.fill)
+            .count();
+        assert_eq!(bad, 0, "{what}: {bad} bytes of the refused region changed");
+    }
+
+    fn assert_untouched(&self, what: &str) {
+        self.assert_unchanged(0, self.len, what);
+    }
+}
+
+const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+
+/// A guarded region with receives 1 and 2 posted into its two halves.
+fn guarded_recvs(s: &Side, len: usize) -> (Guarded, MemoryRegion) {
+    let g = Guarded::new(len, 0x5A);
+    let mr = g.register(&s.pd, Access::LOCAL_WRITE, RegOptions::default());
+    s.qp.post_recv(&RecvWr::new(1, &[mr.sge(0, len / 2)]))
+        .unwrap();
+    s.qp.post_recv(&RecvWr::new(2, &[mr.sge(len / 2, len / 2)]))
+        .unwrap();
+    (g, mr)
+}
+
+const FLUSHED: [(u64, WcStatus); 2] = [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)];
+
+// ------------------------------------------------------------ the cases
+
+/// (1) Garbage instead of an FPDU after the handshake. See the module
+/// comment for the rule: the bytes are parsed as an FPDU and the first
+/// failing check decides the Terminate.
+#[test]
+fn garbage_instead_of_fpdu_after_handshake() {
+    let srv = Server::new();
+    let short_ulpdu = {
+        // An FPDU whose 4-byte ULPDU cannot hold the 18-byte untagged DDP
+        // header its first byte announces.
+        let mut v = Vec::new();
+        mpa::encode_fpdu(&[0x41, 0x43, 0, 0], false, &mut v);
+        v
+    };
+    let cases: [(&str, Vec<u8>, TermCode); 3] = [
+        // 'G' 'E' = ULPDU length 0x4745, then 'T' = 0x54: untagged, DDP
+        // version 0.
+        (
+            "an HTTP request",
+            b"GET / HTTP/1.1\r\nHost: softrdma\r\n\r\n".to_vec(),
+            codes::DDP_UNTAGGED_INVALID_VERSION,
+        ),
+        // Length 0xFFFF, control byte 0xFF: tagged, DDP version 3.
+        (
+            "0xFF bytes",
+            vec![0xFF; 64],
+            codes::DDP_TAGGED_INVALID_VERSION,
+        ),
+        (
+            "a ULPDU shorter than its DDP header",
+            short_ulpdu,
+            codes::RDMAP_CATASTROPHIC_STREAM,
+        ),
+    ];
+    for (what, bytes, want) in cases {
+        let (s, mut raw) = srv.accept_default();
+        let (g, _mr) = guarded_recvs(&s, 256);
+        raw.send_bytes_lossy(&bytes);
+        let t = raw.expect_terminate();
+        assert_eq!(t.code, want, "{what}: got {}", t.code);
+        expect_engine_terminated(&s, want, &FLUSHED);
+        g.assert_untouched(what);
+    }
+    srv.prove_usable();
+}
+
+/// (1b) Garbage where the MPA Request is due: no FPDU framing exists yet,
+/// so the listener just closes the connection (no Reply, no Terminate) and
+/// goes on serving good connection requests.
+#[test]
+fn garbage_instead_of_mpa_request_closes() {
+    let srv = Server::new();
+    let s = side(&srv.dev, QpCaps::default());
+    let c = side(&srv.dev, QpCaps::default());
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            // Skips the garbage connection, returns the good one.
+            let req = srv.l.get_request().unwrap();
+            req.accept(&s.qp, &ConnParams::default()).unwrap();
+        });
+        let mut bad = TcpStream::connect(srv.addr()).unwrap();
+        bad.set_read_timeout(Some(T)).unwrap();
+        bad.write_all(&[0x17; 64]).unwrap();
+        let mut buf = [0u8; 64];
+        let outcome = bad.read(&mut buf);
+        // Connect the good client before judging, so that the listener
+        // thread always returns.
+        c.qp.connect(srv.addr(), &ConnParams::default()).unwrap();
+        h.join().unwrap();
+        match outcome {
+            Ok(0) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+            Ok(n) => panic!("the listener answered garbage with {n} bytes"),
+            Err(e) => panic!("the listener did not close the connection: {e}"),
+        }
+    });
+    send_one(&c, &s);
+}
+
+/// (2) Oversized ULPDU lengths.
+///
+/// MPA negotiates no MULPDU with the receiver: the MULPDU is the sender's
+/// own limit (RFC 5044), the 16-bit ULPDU_Length allows 65535 and Linux siw
+/// accepts any length, as this engine does. What is oversized is the DDP
+/// message for the buffer it lands in: a Send larger than the posted
+/// receive is "DDP message too long for available buffer" (RFC 5041
+/// section 7.2, 1/2/0x05; siw reports it as 1/2/0x02 but also completes
+/// the receive with a length error), and so is a Read Request longer than
+/// the 28-byte Read Request that queue 1 holds (RFC 5040 section 4.4).
+#[test]
+fn oversized_ulpdu_length() {
+    let srv = Server::new();
+
+    // A Send in the largest FPDU MPA can frame, into a 64-byte receive.
+    let (s, mut raw) = srv.accept_default();
+    let (g, _mr) = guarded_recvs(&s, 128);
+    let u = raw.send_ulpdu(Opcode::Send, 0, &vec![EVIL; 0xFFFF - ddp::UNTAGGED_LEN]);
+    assert_eq!(u.len(), 0xFFFF);
+    let f = raw.fpdu(&u);
+    raw.send_bytes_lossy(&f);
+    let t = raw.expect_terminate();
+    assert_eq!(t.code, codes::DDP_UNTAGGED_TOO_LONG, "got {}", t.code);
+    assert_eq!(t.ddp_header.as_deref(), Some(&u[..ddp::UNTAGGED_LEN]));
+    // The receive it was for fails with a length error, the other is
+    // flushed; nothing was placed.
+    expect_engine_terminated(
+        &s,
+        codes::DDP_UNTAGGED_TOO_LONG,
+        &[(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)],
+    );
+    g.assert_untouched("Send longer than the receive");
+
+    // A Read Request with 4 bytes after its 28-byte body: refused before
+    // any Read Response goes out.
+    let (s, mut raw) = srv.accept_default();
+    let (g, _rmr) = guarded_recvs(&s, 128);
+    let src = Guarded::new(4096, 0x77);
+    let mr = src.register(&s.pd, RW, RegOptions::default());
+    let mut u = raw.read_request_ulpdu(&ReadRequest {
+        sink_stag: 0x0000_4200,
+        sink_to: 0,
+        size: 16,
+        src_stag: mr.rkey(),
+        src_to: mr.addr(),
+    });
+    u.extend_from_slice(&[EVIL; 4]);
+    raw.send_fpdu(&u);
+    let t = raw.expect_terminate();
+    assert_eq!(t.code, codes::DDP_UNTAGGED_TOO_LONG, "got {}", t.code);
+    expect_engine_terminated(&s, codes::DDP_UNTAGGED_TOO_LONG, &FLUSHED);
+    g.assert_untouched("Read Request with trailing bytes");
+    src.assert_untouched("Read Request with trailing bytes");
+
+    srv.prove_usable();
+}
+
+/// (3) RDMAP opcodes outside RFC 5040's 0..=7 (0xA is RFC 7306's Atomic
+/// Request, never negotiated here), and a Send carried in a tagged segment:
+/// remote operation error, unexpected opcode (RFC 5040 Figure 9, 0/2/0x06).
+#[test]
+fn unknown_rdmap_opcode() {
+    let srv = Server::new();
+    let mut cases: Vec<(String, Vec<u8>)> = [0x8u8, 0xA, 0xC, 0xF]
+        .iter()
+        .map(|&op| {
+            // Untagged, last, DDP version 1; RDMAP version 1 and `op`;
+            // QN 0, MSN 1, MO 0; then a 28-byte body.
+            let mut u = vec![0u8; ddp::UNTAGGED_LEN];
+            u[0] = ddp::DDP_LAST | ddp::DDP_VERSION;
+            u[1] = (ddp::RDMAP_VERSION << 6) | op;
+            u[13] = 1;
+            u.extend_from_slice(&[EVIL; 28]);
+            (format!("opcode {op:#x}"), u)
+        })
+        .collect();
+    // Tagged, last, version 1, with the Send opcode; STag 0x100, TO 0.
+    let mut tagged_send = vec![0xC1, 0x43, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    tagged_send.extend_from_slice(&[EVIL; 16]);
+    cases.push(("a Send in a tagged segment".into(), tagged_send));
+    for (what, u) in cases {
+        let (s, mut raw) = srv.accept_default();
+        let (g, _mr) = guarded_recvs(&s, 128);
+        raw.send_fpdu(&u);
+        let t = raw.expect_terminate();
+        assert_eq!(
+            t.code,
+            codes::RDMAP_UNEXPECTED_OPCODE,
+            "{what}: got {}",
+            t.code
+        );
+        expect_engine_terminated(&s, codes::RDMAP_UNEXPECTED_OPCODE, &FLUSHED);
+        g.assert_untouched(&what);
+    }
+    srv.prove_usable();
+}
+
+/// Sends an RDMA Write of 32 bytes to `stag`/`to` and expects the Terminate
+/// `want` echoing the Write's DDP header.
+fn refused_write(raw: &mut Raw, stag: u32, to: u64, want: TermCode, what: &str) {
+    let u = raw.write_ulpdu(stag, to, &[EVIL; 32]);
+    raw.send_fpdu(&u);
+    let t = raw.expect_terminate();
+    assert_eq!(t.code, want, "{what}: got {}", t.code);
+    assert_eq!(
+        t.ddp_header.as_deref(),
+        Some(&u[..ddp::TAGGED_LEN]),
+        "{what}: the Terminate carries the Write's DDP header"
+    );
+}
+
+/// Sends a Read Request and expects the Terminate `want` (and no Read
+/// Response before it), echoing the request's DDP and RDMAP headers.
+fn refused_read(raw: &mut Raw, rr: &ReadRequest, want: TermCode, what: &str) {
+    let u = raw.read_request_ulpdu(rr);
+    raw.send_fpdu(&u);
+    let t = raw.expect_terminate();
+    assert_eq!(t.code, want, "{what}: got {}", t.code);
+    assert_eq!(t.ddp_header.as_deref(), Some(&u[..ddp::UNTAGGED_LEN]));
+    assert_eq!(
+        t.parsed_rdmap_header()
+            .expect("R: the Read Request is attached"),
+        Ok(*rr),
+        "{what}"
+    );
+}
+
+/// (4) An RDMA Write to an STag that was never registered, to a registered
+/// STag's index under another key, and to STag 0: DDP tagged buffer error,
+/// invalid STag (RFC 5041 section 7.2, 1/1/0x00).
+#[test]
+fn write_to_invalid_stag() {
+    let srv = Server::new();
+    for (what, stag) in [
+        ("an unregistered STag", None),
+        ("a registered index with the wrong key", Some(0xFFu32)),
+        ("STag 0", Some(0)),
+    ] {
+        let (s, mut raw) = srv.accept_default();
+        let (g, _rmr) = guarded_recvs(&s, 128);
+        let target = Guarded::new(4096, 0x77);
+        let mr = target.register(
+            &s.pd,
+            RW,
+            RegOptions {
+                key: Some(0x5A),
+                ..Default::default()
+            },
+        );
+        let stag = match stag {
+            None => 0x00FF_FE00 | 0x11,
+            Some(0) => 0,
+            Some(x) => mr.rkey() ^ x,
+        };
+        refused_write(
+            &mut raw,
+            stag,
+            mr.addr(),
+            codes::DDP_TAGGED_INVALID_STAG,
+            what,
+        );
+        expect_engine_terminated(&s, codes::DDP_TAGGED_INVALID_STAG, &FLUSHED);
+        target.assert_untouched(what);
+        g.assert_untouched(what);
+    }
+    srv.prove_usable();
+}
+
+/// (5) An RDMA Write to an STag that is no longer valid: invalidated by the
+/// peer's Send with Invalidate, by a local invalidate, or deregistered.
+/// DDP tagged buffer error, invalid STag (RFC 5041 section 7.2, 1/1/0x00).
+#[test]
+fn write_to_invalidated_stag() {
+    let srv = Server::new();
+    for how in ["Send with Invalidate", "local invalidate", "deregistration"] {
+        let (s, mut raw) = srv.accept_default();
+        let target = Guarded::new(4096, 0x77);
+        let mr = target.register(
+            &s.pd,
+            RW,
+            RegOptions {
+                key: Some(0x42),
+                invalidatable: true,
+                ..Default::default()
+            },
+        );
+        let rbuf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        s.qp.post_recv(&RecvWr::new(1, &[rbuf.sge(0, 32)])).unwrap();
+        s.qp.post_recv(&RecvWr::new(2, &[rbuf.sge(32, 32)]))
+            .unwrap();
+        let stag = mr.rkey();
+        let addr = mr.addr();
+        let mut keep = Some(mr);
+        match how {
+            "Send with Invalidate" => {
+                let u = raw.send_ulpdu(Opcode::SendInvalidate, stag, b"done with it");
+                raw.send_fpdu(&u);
+                let wc = common::wait(&s.cq);
+                assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+                assert_eq!(wc.invalidated_rkey, Some(stag));
+            }
+            "local invalidate" => {
+                s.qp.post_send(&SendWr::local_inv(9, stag)).unwrap();
+                let wc = common::wait(&s.cq);
+                assert_eq!(
+                    (wc.wr_id, wc.status, wc.opcode),
+                    (9, WcStatus::Success, WcOpcode::LocalInv)
+                );
+            }
+            _ => keep = None,
+        }
+        if let Some(mr) = &keep {
+            assert!(!mr.is_valid());
+        }
+        refused_write(&mut raw, stag, addr, codes::DDP_TAGGED_INVALID_STAG, how);
+        let wcs: &[(u64, WcStatus)] = if how == "Send with Invalidate" {
+            &[(2, WcStatus::WrFlushErr)]
+        } else {
+            &FLUSHED
+        };
+        expect_engine_terminated(&s, codes::DDP_TAGGED_INVALID_STAG, wcs);
+        target.assert_untouched(how);
+    }
+    srv.prove_usable();
+}
+
+/// (6) Tagged offsets outside the region. RDMA Write: DDP tagged buffer
+/// errors (RFC 5041 section 7.2): base or bounds violation (1/1/0x01), or
+/// TO wrap (1/1/0x03) when TO + length passes 2^64. RDMA Read Request whose
+/// source range is outside: RDMAP remote protection errors (RFC 5040
+/// Figure 9): base or bounds violation (0/1/0x01), TO wrap (0/1/0x04).
+/// Nothing is placed, not even the part of a Write that is in bounds, and
+/// no Read Response goes out.
+#[test]
+fn tagged_offset_outside_region() {
+    const LEN: usize = 4096;
+    let srv = Server::new();
+    type Case = (&'static str, fn(u64) -> (u64, u32), bool, TermCode);
+    let cases: [Case; 6] = [
+        (
+            "Write past the end",
+            |a| (a + LEN as u64 - 8, 32),
+            false,
+            codes::DDP_TAGGED_BASE_BOUNDS,
+        ),
+        (
+            "Write before the start",
+            |a| (a - 8, 32),
+            false,
+            codes::DDP_TAGGED_BASE_BOUNDS,
+        ),
+        (
+            "Write just after the end",
+            |a| (a + LEN as u64, 32),
+            false,
+            codes::DDP_TAGGED_BASE_BOUNDS,
+        ),
+        (
+            "Write wrapping 2^64",
+            |_| (u64::MAX - 7, 32),
+            false,
+            codes::DDP_TAGGED_TO_WRAP,
+        ),
+        (
+            "Read past the end",
+            |a| (a + 4000, 200),
+            true,
+            codes::RDMAP_BASE_BOUNDS,
+        ),
+        (
+            "Read wrapping 2^64",
+            |_| (u64::MAX - 15, 64),
+            true,
+            codes::RDMAP_TO_WRAP,
+        ),
+    ];
+    for (what, range, read, want) in cases {
+        let (s, mut raw) = srv.accept_default();
+        let (g, _rmr) = guarded_recvs(&s, 128);
+        let target = Guarded::new(LEN, 0x77);
+        let mr = target.register(&s.pd, RW, RegOptions::default());
+        let (to, len) = range(mr.addr());
+        if read {
+            let rr = ReadRequest {
+                sink_stag: 0x0000_4200,
+                sink_to: 0,
+                size: len,
+                src_stag: mr.rkey(),
+                src_to: to,
+            };
+            refused_read(&mut raw, &rr, want, what);
+        } else {
+            let u = raw.write_ulpdu(mr.rkey(), to, &vec![EVIL; len as usize]);
+            raw.send_fpdu(&u);
+            let t = raw.expect_terminate();
+            assert_eq!(t.code, want, "{what}: got {}", t.code);
+            assert_eq!(t.ddp_header.as_deref(), Some(&u[..ddp::TAGGED_LEN]));
+        }
+        expect_engine_terminated(&s, want, &FLUSHED);
+        target.assert_untouched(what);
+        g.assert_untouched(what);
+    }
+    srv.prove_usable();
+}
+
+/// (7) An STag registered in another protection domain of the same device
+/// than the QP's. Write: DDP tagged buffer error, STag not associated with
+/// the DDP stream (RFC 5041 section 7.2, 1/1/0x02). Read Request: RDMAP
+/// remote protection error, STag not associated with the RDMAP stream
+/// (RFC 5040 Figure 9, 0/1/0x03).
+#[test]
+fn wrong_protection_domain() {
+    let srv = Server::new();
+    let other_pd = srv.dev.alloc_pd().unwrap();
+    for read in [false, true] {
+        let (s, mut raw) = srv.accept_default();
+        assert_ne!(s.pd.id(), other_pd.id());
+        let (g, _rmr) = guarded_recvs(&s, 128);
+        let target = Guarded::new(4096, 0x77);
+        let mr = target.register(&other_pd, RW, RegOptions::default());
+        let want = if read {
+            let rr = ReadRequest {
+                sink_stag: 0x0000_4200,
+                sink_to: 0,
+                size: 64,
+                src_stag: mr.rkey(),
+                src_to: mr.addr(),
+            };
+            refused_read(&mut raw, &rr, codes::RDMAP_STAG_NOT_ASSOC, "Read, other PD");
+            codes::RDMAP_STAG_NOT_ASSOC
+        } else {
+            refused_write(
+                &mut raw,
+                mr.rkey(),
+                mr.addr(),
+                codes::DDP_TAGGED_STAG_NOT_ASSOC,
+                "Write, other PD",
+            );
+            codes::DDP_TAGGED_STAG_NOT_ASSOC
+        };
+        expect_engine_terminated(&s, want, &FLUSHED);
+        target.assert_untouched("other PD");
+        g.assert_untouched("other PD");
+    }
+    srv.prove_usable();
+}
+
+/// (8) More RDMA Read Requests than the IRD negotiated (1): RDMAP remote
+/// operation error, catastrophic error localized to the RDMAP stream
+/// (0/2/0x07, as Linux siw). The first request's 16 MiB response is stuck
+/// behind the peer's small receive window, so the second one overflows the
+/// IRD; the Terminate cannot cut into the response in progress (module
+/// comment), so the peer reads a correct prefix of the response and then
+/// the end of the stream, never a Terminate or a byte from outside the
+/// source range.
+#[test]
+fn read_requests_beyond_ird() {
+    const SRC: usize = 16 << 20;
+    let srv = Server::new();
+    let params = ConnParams {
+        ird: 1,
+        ord: 1,
+        ..Default::default()
+    };
+    let (s, mut raw) = srv.accept_raw(
+        &params,
+        RawOpts {
+            ird: 1,
+            ord: 1,
+            ..Default::default()
+        },
+    );
+    assert_eq!(s.qp.conn_params().unwrap().ird, 1, "IRD negotiated to 1");
+    raw.set_rcvbuf(64 << 10);
+    let (_g, _rmr) = guarded_recvs(&s, 128);
+    let src = s.pd.alloc_mr(SRC, RW).unwrap();
+    let data = common::pattern(SRC, 7);
+    src.write_at(0, &data);
+    let sink_stag = 0x0012_3400;
+    let rr1 = ReadRequest {
+        sink_stag,
+        sink_to: 0,
+        size: SRC as u32,
+        src_stag: src.rkey(),
+        src_to: src.addr(),
+    };
+    let rr2 = ReadRequest {
+        sink_to: SRC as u64,
+        size: 16,
+        ..rr1
+    };
+    let u1 = raw.read_request_ulpdu(&rr1);
+    let u2 = raw.read_request_ulpdu(&rr2);
+    let mut both = raw.fpdu(&u1);
+    both.extend(raw.fpdu(&u2));
+    raw.send_bytes(&both);
+
+    expect_engine_terminated(&s, codes::RDMAP_CATASTROPHIC_STREAM, &FLUSHED);
+
+    // Whole FPDUs of the response, then the end of the stream (possibly
+    // inside an FPDU: the rest of the engine's batch is dropped).
+    let mut got = 0usize;
+    while let Next::Fpdu(u) = raw.next() {
+        match DdpHeader::decode(&u).expect("valid DDP header") {
+            DdpHeader::Tagged(h) if h.opcode == Opcode::ReadResponse => {
+                assert_eq!((h.stag, h.to), (sink_stag, got as u64));
+                let p = &u[ddp::TAGGED_LEN..];
+                assert!(got + p.len() < SRC, "the whole response went out");
+                assert!(p == &data[got..got + p.len()], "response bytes at {got}");
+                assert!(!h.last);
+                got += p.len();
+            }
+            h => panic!("{h:?} after {got} response bytes: only the response may precede the end"),
+        }
+    }
+    assert!(got > 0, "the first Read was being answered");
+    srv.prove_usable();
+}
+
+/// (9) The peer closes the connection inside an FPDU (in the DDP header,
+/// in the payload, in the CRC field), with a half-close or a full close.
+/// The connection is lost (RFC 5044 section 8, 2/0/0x01, reported locally):
+/// no Terminate, the QP goes to ERROR, the outstanding RDMA Read completes
+/// with the connection-lost status, the receives are flushed.
+#[test]
+fn peer_closes_mid_frame() {
+    let dev = device();
+    type Cut = fn(usize) -> usize;
+    let cases: [(&str, Cut, bool); 3] = [
+        ("in the DDP header", |_| 2 + 9, true),
+        ("in the payload", |_| 2 + ddp::UNTAGGED_LEN + 10, false),
+        ("in the CRC field", |n| n - 2, true),
+    ];
+    for (what, cut, half_close) in cases {
+        let (c, mut raw) = connect_raw(&dev, &ConnParams::default(), RawOpts::default());
+        let (g, _mr) = guarded_recvs(&c, 128);
+        let sink = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        c.qp.post_send(&SendWr::read(3, sink.sge_all(), 0x1000, 0x0000_4200))
+            .unwrap();
+        let u = raw.read_fpdu().expect("the Read Request");
+        assert!(
+            matches!(DdpHeader::decode(&u), Ok(DdpHeader::Untagged(h)) if h.opcode == Opcode::ReadRequest)
+        );
+        let u = raw.send_ulpdu(Opcode::Send, 0, &[EVIL; 40]);
+        let f = raw.fpdu(&u);
+        raw.send_bytes(&f[..cut(f.len())]);
+        let mut open = if half_close {
+            raw.s.shutdown(Shutdown::Write).unwrap();
+            Some(raw)
+        } else {
+            drop(raw);
+            None
+        };
+        assert!(c.qp.wait_state(QpState::Error, T), "{what}: QP in ERROR");
+        expect_wcs(
+            &c.cq,
+            &[
+                (1, WcStatus::WrFlushErr),
+                (2, WcStatus::WrFlushErr),
+                (3, WcStatus::RetryExcErr),
+            ],
+        );
+        let deadline = Instant::now() + T;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match dev.next_event(left).expect("a Disconnected event") {
+                AsyncEvent::Disconnected { qpn } if qpn == c.qp.qp_num() => break,
+                AsyncEvent::Terminated { qpn, .. } if qpn == c.qp.qp_num() => {
+                    panic!("{what}: a Terminate on a lost connection")
+                }
+                _ => {}
+            }
+        }
+        if let Some(raw) = open.as_mut() {
+            raw.expect_closed();
+        }
+        // Receive 1 may hold the part of the Send that arrived (DDP places
+        // on arrival); receive 2's half and the guards are untouched.
+        g.assert_unchanged(40, 128, what);
+        assert_eq!(
+            sink.to_vec(),
+            vec![0; 64],
+            "{what}: nothing placed in the Read sink"
+        );
+    }
+    let (c, s) = common::pair_on(
+        &dev,
+        &dev,
+        ConnParams::default(),
+        ConnParams::default(),
+        |_| {},
+    );
+    send_one(&c, &s);
+}
+
+/// (10) A bad MPA CRC when CRC was negotiated: MPA's "CRC error" (RFC 5044
+/// section 8, LLP layer, 2/0/0x02), in a Terminate whose own CRC is right.
+/// A good FPDU first proves the peer's CRCs are right otherwise. The
+/// corrupted Send never completes successfully.
+#[test]
+fn bad_mpa_crc() {
+    let dev = device();
+    let params = ConnParams {
+        crc: true,
+        ..Default::default()
+    };
+    let (c, mut raw) = connect_raw(&dev, &params, RawOpts::default());
+    assert!(c.qp.conn_params().unwrap().crc && raw.crc, "CRC negotiated");
+    let (g, mr) = guarded_recvs(&c, 128);
+    let good = common::pattern(16, 3);
+    let u = raw.send_ulpdu(Opcode::Send, 0, &good);
+    raw.send_fpdu(&u);
+    let wc = common::wait(&c.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (1, WcStatus::Success, 16)
+    );
+    let mut got = vec![0; 16];
+    mr.read_at(0, &mut got);
+    assert_eq!(got, good);
+
+    let u = raw.send_ulpdu(Opcode::Send, 0, &[EVIL; 24]);
+    let mut f = raw.fpdu(&u);
+    *f.last_mut().unwrap() ^= 0x01;
+    raw.send_bytes(&f);
+    let t = raw.expect_terminate();
+    assert_eq!(t.code, codes::MPA_CRC, "got {}", t.code);
+    assert!(c.qp.wait_state(QpState::Error, T));
+    expect_wcs(&c.cq, &[(2, WcStatus::WrFlushErr)]);
+    expect_term_event(&dev, c.qp.qp_num(), codes::MPA_CRC);
+    // Receive 2 (bytes 64..) may hold the corrupted payload (placed before
+    // the CRC could be checked) but was never completed.
+    g.assert_unchanged(16, 64, "bad CRC");
+    g.assert_unchanged(64 + 24, 128, "bad CRC");
+    let (c2, s2) = common::pair_on(&dev, &dev, params.clone(), params, |_| {});
+    send_one(&c2, &s2);
+}
+
+/// (11) A Write to a region registered without REMOTE_WRITE, and a Read
+/// Request from one without REMOTE_READ: RDMAP remote protection error,
+/// access rights violation (RFC 5040 Figure 9, 0/1/0x02). (Linux siw
+/// reports the Write case as DDP "invalid STag", 1/1/0x00, because RFC 5041
+/// has no access-rights code; RFC 5040's code is the precise one.)
+#[test]
+fn write_without_remote_write_access() {
+    let srv = Server::new();
+    for read in [false, true] {
+        let (s, mut raw) = srv.accept_default();
+        let (g, _rmr) = guarded_recvs(&s, 128);
+        let target = Guarded::new(4096, 0x77);
+        let access = if read {
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE
+        } else {
+            Access::LOCAL_WRITE | Access::REMOTE_READ
+        };
+        let mr = target.register(&s.pd, access, RegOptions::default());
+        if read {
+            let rr = ReadRequest {
+                sink_stag: 0x0000_4200,
+                sink_to: 0,
+                size: 64,
+                src_stag: mr.rkey(),
+                src_to: mr.addr(),
+            };
+            refused_read(
+                &mut raw,
+                &rr,
+                codes::RDMAP_ACCESS_RIGHTS,
+                "Read without REMOTE_READ",
+            );
+        } else {
+            refused_write(
+                &mut raw,
+                mr.rkey(),
+                mr.addr(),
+                codes::RDMAP_ACCESS_RIGHTS,
+                "Write without REMOTE_WRITE",
+            );
+        }
+        expect_engine_terminated(&s, codes::RDMAP_ACCESS_RIGHTS, &FLUSHED);
+        target.assert_untouched("access rights");
+        g.assert_untouched("access rights");
+    }
+    srv.prove_usable();
+}
