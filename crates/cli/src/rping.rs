@@ -153,9 +153,11 @@ impl Ctx {
 
     fn send_msg(&self, m: &[u8; 16]) -> Result<()> {
         self.send.write_at(0, m);
+        // Unsignaled: the peer's answer (a Recv on the same CQ) may arrive
+        // before this Send's completion would; a failed Send still
+        // completes (with an error) and fails the next wait.
         self.qp
-            .post_send(&SendWr::send(2, &[self.send.sge_all()]))?;
-        self.wait_for("Send", WcOpcode::Send)?;
+            .post_send(&SendWr::send(2, &[self.send.sge_all()]).unsignaled())?;
         Ok(())
     }
 }

@@ -99,6 +99,12 @@ fn port() -> u16 {
 
 impl Group {
     fn new(name: &str, arena: &str) -> Group {
+        Group::with_coordinator(name, arena, None)
+    }
+
+    /// `etcd`: client URL of an etcd to coordinate through (else the
+    /// embedded coordinator, which this test process runs).
+    fn with_coordinator(name: &str, arena: &str, etcd: Option<&str>) -> Group {
         let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -114,11 +120,14 @@ impl Group {
                 format!(
                     "group = \"{name}\"\nnode_id = {}\nlisten = \"{}\"\npeers = [\"{}\"]\n\
                      arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\n\
-                     lease_ttl_ms = 300\n[coordinator]\nkind = \"embedded\"\naddr = \"{}\"\n",
+                     lease_ttl_ms = 300\n[coordinator]\n{}\n",
                     i + 1,
                     addrs[i],
                     addrs[1 - i],
-                    coord.addr()
+                    match etcd {
+                        None => format!("kind = \"embedded\"\naddr = \"{}\"", coord.addr()),
+                        Some(url) => format!("kind = \"etcd\"\nendpoints = [\"{url}\"]"),
+                    }
                 ),
             )
             .unwrap();
@@ -407,5 +416,89 @@ fn bad_pointers_and_limits() {
     let pr = g.primary();
     g.nodes[(pr - 1) as usize].kill();
     assert_eq!(c.read(p).unwrap(), b"hello");
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    url: String,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Debian's etcd on free loopback ports (installed by scripts/setup.sh).
+fn start_etcd() -> Etcd {
+    let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("etcd not found: run scripts/setup.sh (apt-get install etcd-server)");
+    let (cp, pp) = (port(), port());
+    let dir = std::env::temp_dir().join(format!("softrdma-ha-etcd-{}", std::process::id()));
+    let url = format!("http://127.0.0.1:{cp}");
+    let peer = format!("http://127.0.0.1:{pp}");
+    let child = Command::new(bin)
+        .args(["--name", "t", "--data-dir"])
+        .arg(&dir)
+        .args([
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("t={peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn etcd");
+    let e = Etcd { child, dir, url };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        use softrdma_store::coord::Coordinator;
+        let ok =
+            softrdma_store::coord::etcd::EtcdCoordinator::connect(std::slice::from_ref(&e.url))
+                .and_then(|c| c.get("probe"))
+                .is_ok();
+        if ok {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "etcd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn failover_with_etcd_coordinator() {
+    let etcd = start_etcd();
+    let mut g = Group::with_coordinator("etcdha", "16MiB", Some(&etcd.url));
+    let (child, rx) = start_load(&g, 77, 4.0);
+    wait_progress(&rx, 1.0);
+    let p = g.primary();
+    g.nodes[(p - 1) as usize].kill();
+    let dir = g.dir.clone();
+    g.nodes[(p - 1) as usize].start(&dir, "secondary");
+    let s = finish_load(child, rx);
+    assert_eq!(s["lost_writes"], 0, "{s}");
+    assert_eq!(s["errors"], 0, "{s}");
+    assert_eq!(s["resurrected"], 0, "{s}");
+    let np = g.wait_redundant(Duration::from_secs(30));
+    assert_ne!(np, p);
+    println!(
+        "etcd failover: {} ops, gap {:.0} ms",
+        s["ops"],
+        s["max_gap_ms"].as_f64().unwrap_or(0.0)
+    );
     let _ = std::fs::remove_dir_all(&g.dir);
 }
