@@ -280,8 +280,10 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             })
             .map_err(setup)?;
     }
-    // Coordinator calls.
-    let (ctx, crx) = mpsc::channel::<(u64, CoordRequest)>();
+    // Coordinator calls, each made as the member the node is when it asks:
+    // a node that rejoins takes a new incarnation (see `Node`), and the
+    // coordinator's record names that one as the in-sync secondary.
+    let (ctx, crx) = mpsc::channel::<(u64, CoordRequest, Member)>();
     {
         let tx = tx.clone();
         let group = cfg.group.clone();
@@ -289,7 +291,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         std::thread::Builder::new()
             .name("store-coord".into())
             .spawn(move || {
-                for (id, req) in crx {
+                for (id, req, me) in crx {
                     let c = coord.as_ref();
                     let reply = match req {
                         CoordRequest::Campaign => {
@@ -404,7 +406,7 @@ fn node_loop(
     aref: ArenaRef,
     ep: Arc<Endpoint>,
     rx: Receiver<Ev>,
-    coord: Sender<(u64, CoordRequest)>,
+    coord: Sender<(u64, CoordRequest, Member)>,
 ) {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_micros() as u64;
@@ -527,7 +529,7 @@ fn node_loop(
                         }
                     }
                     Output::Coord { id, req } => {
-                        let _ = coord.send((id, req));
+                        let _ = coord.send((id, req, node.member()));
                     }
                 }
             }
