@@ -35,6 +35,9 @@ enum Cmd {
     Status(NodesArg),
     /// A verifying mixed workload (used by `softrdma demo` and the tests).
     Load(LoadArgs),
+    /// Throughput and latency of insert/update/one-sided read against Redis
+    /// (primary + replica) at the same concurrency (own group and Redis).
+    Bench(crate::store_bench::Args),
 }
 
 #[derive(ClapArgs)]
@@ -138,6 +141,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Bench(b) => crate::store_bench::run(b),
     }
 }
 

@@ -1,0 +1,801 @@
+//! `softrdma store bench`: the HA store against Redis, in one run.
+//!
+//! Starts its own replica group (the embedded coordinator in this process,
+//! a primary and a secondary as `softrdma store serve` child processes) and
+//! a Redis primary with one attached replica (`redis-server`, child
+//! processes). For every value size and client count it measures, for the
+//! same duration each:
+//!
+//! * `insert`: new objects (acknowledged once both nodes hold them);
+//! * `update`: in-place updates of the objects just inserted (same size,
+//!   so the pointer stays);
+//! * `read`: one-sided RDMA Reads of those objects ([`StoreClient::read`]);
+//!
+//! with N client threads, each with its own [`StoreClient`] (its own
+//! connection), recording every operation's latency; and runs
+//! `redis-benchmark -t set,get` at the same concurrency and value size.
+//! Insert and update compare with SET (target: at least Redis's rate, which
+//! acknowledges before replicating while the store acknowledges after), read
+//! with GET (target: twice Redis's rate).
+//!
+//! Output: one JSON object per (op, value size, clients) with `--json`,
+//! else a table. Every child process is killed when the bench ends, on
+//! every path (drop guards).
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use hdrhistogram::Histogram;
+use softrdma_store::coord::embedded::EmbeddedServer;
+use softrdma_store::net::client::{ClientConfig, ClientError, ClientStats, StoreClient};
+use softrdma_store::proto::StoreError;
+use softrdma_store::ptr::RemotePtr;
+
+#[derive(ClapArgs)]
+pub struct Args {
+    /// Print one JSON object per line (else a table).
+    #[arg(long)]
+    json: bool,
+    /// Value sizes in bytes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [100usize, 4096])]
+    sizes: Vec<usize>,
+    /// Concurrent clients, comma-separated (each a thread with its own
+    /// connection; for Redis, `redis-benchmark -c`).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16])]
+    clients: Vec<usize>,
+    /// Seconds per measured operation and point.
+    #[arg(long, default_value_t = 3.0)]
+    secs: f64,
+    /// Arena size of the store's nodes.
+    #[arg(long, default_value = "512MiB")]
+    arena: String,
+    /// Keep the nodes' and Redis's logs here (default: a temporary
+    /// directory, removed on success).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+}
+
+const REDIS_BINS: [&str; 3] = ["redis-server", "redis-benchmark", "redis-cli"];
+const PRIMARY: u8 = 2;
+
+/// A child process, killed (SIGKILL) and reaped when dropped.
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+// ---------------------------------------------------------------------------
+// The store's group.
+
+/// The group's configuration: the demo's timings except a heartbeat timeout
+/// of 3 s instead of 250 ms. The joiner copies the arena with blocking RDMA
+/// Reads in its node loop and sends no heartbeat meanwhile (about 1.7 s per
+/// GiB here); with 250 ms the primary drops a joiner whose copy takes longer
+/// and it never becomes redundant. The timeout only matters on failures,
+/// which the bench does not provoke.
+fn write_config(
+    dir: &Path,
+    id: u32,
+    listen: SocketAddr,
+    peer: SocketAddr,
+    coord: SocketAddr,
+    arena: &str,
+) -> Result<PathBuf> {
+    let p = dir.join(format!("node{id}.toml"));
+    let text = format!(
+        "group = \"bench\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
+         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 3000\nlease_ttl_ms = 300\n\n\
+         [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
+        if id == 1 { "primary" } else { "secondary" }
+    );
+    std::fs::write(&p, text)?;
+    Ok(p)
+}
+
+/// Starts `softrdma store serve` and waits for its `ready` line.
+fn start_node(dir: &Path, id: u32, cfg: &Path, role: &str) -> Result<Proc> {
+    let exe = std::env::current_exe()?;
+    let log = dir.join(format!("node{id}.log"));
+    let mut child = Command::new(exe)
+        .args(["store", "serve", "--config"])
+        .arg(cfg)
+        .args(["--role", role])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("start a store node")?;
+    let out = child.stdout.take().expect("piped");
+    let p = Proc {
+        name: format!("node {id}"),
+        child,
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
+            let _ = tx.send(line);
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(40)) {
+        Ok(l) if l.starts_with("ready") => Ok(p),
+        Ok(l) => bail!("{}: unexpected output {l:?}", p.name),
+        Err(_) => bail!("{} did not become ready (log: {})", p.name, log.display()),
+    }
+}
+
+/// The store's group: coordinator and two nodes, stopped when dropped.
+struct Group {
+    nodes: Vec<SocketAddr>,
+    _procs: Vec<Proc>,
+    _coord: EmbeddedServer,
+}
+
+fn start_group(dir: &Path, arena: &str) -> Result<Group> {
+    let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
+    let n1: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let n2: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let c1 = write_config(dir, 1, n1, n2, coord.addr(), arena)?;
+    let c2 = write_config(dir, 2, n2, n1, coord.addr(), arena)?;
+    let mut procs = vec![start_node(dir, 1, &c1, "primary")?];
+    procs.push(start_node(dir, 2, &c2, "secondary")?);
+    let group = Group {
+        nodes: vec![n1, n2],
+        _procs: procs,
+        _coord: coord,
+    };
+    let mut probe = StoreClient::new(ClientConfig::new(group.nodes.clone()))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st: Vec<_> = probe
+            .status_all()
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .collect();
+        // Node 1 (the clients' first target) primary, with its secondary
+        // in sync.
+        if st.len() == 2
+            && st
+                .iter()
+                .any(|s| s.role == PRIMARY && s.redundant && s.node == 1)
+        {
+            return Ok(group);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the store's group did not become redundant (logs in {})",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The store's measurements.
+
+const OPS: [&str; 3] = ["insert", "update", "read"];
+
+/// What one client thread measured.
+struct ThreadResult {
+    /// Per op: completed operations, measured time, latency (ns).
+    ops: [u64; 3],
+    elapsed: [Duration; 3],
+    hist: [Histogram<u64>; 3],
+    /// Per op: client counters during that op.
+    stats: [ClientStats; 3],
+    /// The arena filled up during the insert phase (which then ended early
+    /// for this client).
+    arena_full: bool,
+    error: Option<String>,
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+fn delta(a: ClientStats, b: ClientStats) -> ClientStats {
+    ClientStats {
+        retries: b.retries - a.retries,
+        one_sided_reads: b.one_sided_reads - a.one_sided_reads,
+        torn_reads: b.torn_reads - a.torn_reads,
+        server_reads: b.server_reads - a.server_reads,
+    }
+}
+
+/// One client: connect, then insert, update and read for `secs` each
+/// (every phase starts when all clients are ready), then delete what it
+/// inserted (not measured). Never leaves the barrier protocol early, so an
+/// error in one client does not stall the others.
+fn client_thread(
+    nodes: Vec<SocketAddr>,
+    size: usize,
+    secs: Duration,
+    barrier: Arc<Barrier>,
+    idx: u64,
+) -> ThreadResult {
+    let mut r = ThreadResult {
+        ops: [0; 3],
+        elapsed: [Duration::ZERO; 3],
+        hist: [hist(), hist(), hist()],
+        stats: Default::default(),
+        arena_full: false,
+        error: None,
+    };
+    let mut value = vec![0u8; size];
+    for (i, b) in value.iter_mut().enumerate() {
+        *b = (i as u64 ^ idx) as u8;
+    }
+    let mut ptrs: Vec<RemotePtr> = Vec::new();
+    // Connect and learn the arena before the clock starts.
+    let mut client = match StoreClient::new(ClientConfig::new(nodes)) {
+        Ok(mut c) => match c.insert(&value) {
+            Ok(p) => {
+                ptrs.push(p);
+                Some(c)
+            }
+            Err(e) => {
+                r.error = Some(format!("client {idx}: first insert: {e}"));
+                None
+            }
+        },
+        Err(e) => {
+            r.error = Some(format!("client {idx}: {e}"));
+            None
+        }
+    };
+    let mut n = 0u64;
+    for (k, op) in OPS.iter().enumerate() {
+        barrier.wait();
+        let Some(c) = client.as_mut().filter(|_| r.error.is_none()) else {
+            continue;
+        };
+        let before = c.stats();
+        let t0 = Instant::now();
+        let until = t0 + secs;
+        let mut i = 0usize;
+        loop {
+            let t = Instant::now();
+            if t >= until {
+                break;
+            }
+            n += 1;
+            let res = match k {
+                0 => {
+                    value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
+                    c.insert(&value).map(|p| ptrs.push(p))
+                }
+                1 => {
+                    value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
+                    let at = i % ptrs.len();
+                    c.update(ptrs[at], &value).map(|p| ptrs[at] = p)
+                }
+                _ => c.read(ptrs[i % ptrs.len()]).and_then(|d| {
+                    if d.len() == size {
+                        Ok(())
+                    } else {
+                        Err(ClientError::Protocol(format!(
+                            "read {} bytes, expected {size}",
+                            d.len()
+                        )))
+                    }
+                }),
+            };
+            let ns = t.elapsed().as_nanos() as u64;
+            if let Err(ClientError::Store(StoreError::Full { .. })) = &res {
+                // Measured up to here; reported with the result.
+                r.arena_full = true;
+                break;
+            }
+            if let Err(e) = res {
+                r.error = Some(format!("client {idx}: {op}: {e}"));
+                break;
+            }
+            let _ = r.hist[k].record(ns.max(1));
+            r.ops[k] += 1;
+            i += 1;
+        }
+        r.elapsed[k] = t0.elapsed();
+        r.stats[k] = delta(before, c.stats());
+    }
+    barrier.wait();
+    // Free the space for the next point.
+    if let Some(c) = client.as_mut() {
+        for p in ptrs {
+            if let Err(e) = c.delete(p) {
+                r.error.get_or_insert(format!("client {idx}: delete: {e}"));
+                break;
+            }
+        }
+    }
+    r
+}
+
+/// The store's result for one op at one point.
+struct Measured {
+    ops: u64,
+    ops_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    stats: ClientStats,
+    arena_full: bool,
+}
+
+/// Runs the three ops with `clients` threads; results in `OPS` order.
+fn measure_store(
+    nodes: &[SocketAddr],
+    size: usize,
+    clients: usize,
+    secs: f64,
+) -> Result<Vec<Measured>> {
+    let barrier = Arc::new(Barrier::new(clients));
+    let secs = Duration::from_secs_f64(secs);
+    let hs: Vec<_> = (0..clients)
+        .map(|i| {
+            let nodes = nodes.to_vec();
+            let barrier = barrier.clone();
+            std::thread::Builder::new()
+                .name(format!("bench-client-{i}"))
+                .spawn(move || client_thread(nodes, size, secs, barrier, i as u64))
+        })
+        .collect::<std::io::Result<_>>()
+        .context("start client threads")?;
+    let mut results = Vec::new();
+    for h in hs {
+        results.push(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))?,
+        );
+    }
+    if let Some(e) = results.iter().find_map(|r| r.error.clone()) {
+        bail!("store {size} B x {} clients: {e}", clients);
+    }
+    Ok((0..OPS.len())
+        .map(|k| {
+            let mut h = hist();
+            let mut ops = 0;
+            let mut longest = Duration::ZERO;
+            let mut stats = ClientStats::default();
+            for r in &results {
+                h.add(&r.hist[k]).expect("same bounds");
+                ops += r.ops[k];
+                longest = longest.max(r.elapsed[k]);
+                stats.retries += r.stats[k].retries;
+                stats.one_sided_reads += r.stats[k].one_sided_reads;
+                stats.torn_reads += r.stats[k].torn_reads;
+                stats.server_reads += r.stats[k].server_reads;
+            }
+            Measured {
+                ops,
+                ops_per_s: ops as f64 / longest.as_secs_f64().max(1e-9),
+                p50_us: h.value_at_quantile(0.5) as f64 / 1e3,
+                p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
+                stats,
+                arena_full: k == 0 && results.iter().any(|r| r.arena_full),
+            }
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------------------
+// Redis.
+
+/// Redis primary + replica, killed when dropped.
+struct Redis {
+    port: u16,
+    _procs: Vec<Proc>,
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("run redis-cli")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn start_redis_server(dir: &Path, name: &str, port: u16, extra: &[String]) -> Result<Proc> {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d)?;
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--logfile", "", "--dir"])
+        .arg(&d)
+        .args(["--repl-diskless-sync-delay", "0"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join(format!("{name}.log")))?)
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start redis-server")?;
+    let p = Proc {
+        name: format!("redis {name}"),
+        child,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_cli(port, &["ping"])?.trim() != "PONG" {
+        if Instant::now() > deadline {
+            bail!(
+                "{} on port {port} did not answer PING (log: {})",
+                p.name,
+                dir.join(format!("{name}.log")).display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(p)
+}
+
+fn start_redis(dir: &Path) -> Result<Redis> {
+    let port = free_port()?;
+    let primary = start_redis_server(dir, "redis-primary", port, &[])?;
+    let rport = free_port()?;
+    let replica = start_redis_server(
+        dir,
+        "redis-replica",
+        rport,
+        &["--replicaof".into(), "127.0.0.1".into(), port.to_string()],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = redis_cli(rport, &["info", "replication"])?;
+        let up = info.lines().any(|l| l.trim() == "master_link_status:up");
+        let attached = redis_cli(port, &["info", "replication"])?
+            .lines()
+            .any(|l| l.trim() == "connected_slaves:1");
+        if up && attached {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the Redis replica did not attach to its primary (logs in {})",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Redis {
+        port,
+        _procs: vec![primary, replica],
+    })
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct RedisResult {
+    ops_per_s: f64,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+}
+
+/// Parses `redis-benchmark --csv`: a header line (Redis >= 7: `"test",
+/// "rps", "avg_latency_ms", ..., "p50_latency_ms", ..., "p99_latency_ms",
+/// ...`) then one line per test; older versions print `"TEST","rps"` lines
+/// without a header.
+fn parse_csv(text: &str) -> Vec<(String, RedisResult)> {
+    let split = |l: &str| -> Vec<String> {
+        l.split(',')
+            .map(|f| f.trim().trim_matches('"').to_string())
+            .collect()
+    };
+    let mut header: Option<Vec<String>> = None;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with('"')) {
+        let f = split(line);
+        if f.first().is_some_and(|t| t == "test") {
+            header = Some(f);
+            continue;
+        }
+        let col = |name: &str, default: Option<usize>| -> Option<f64> {
+            let i = match &header {
+                Some(h) => h.iter().position(|c| c == name)?,
+                None => default?,
+            };
+            f.get(i)?.parse().ok()
+        };
+        let Some(rps) = col("rps", Some(1)) else {
+            continue;
+        };
+        out.push((
+            f[0].clone(),
+            RedisResult {
+                ops_per_s: rps,
+                p50_us: col("p50_latency_ms", None).map(|ms| ms * 1e3),
+                p99_us: col("p99_latency_ms", None).map(|ms| ms * 1e3),
+            },
+        ));
+    }
+    out
+}
+
+fn redis_benchmark(port: u16, tests: &str, size: usize, clients: usize, n: u64) -> Result<String> {
+    // Random keys over a keyspace that the SETs cover ~5 times, so nearly
+    // every GET finds a value of `size` bytes.
+    let keyspace = (n / 5).clamp(100, 1_000_000);
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &port.to_string(), "-t", tests])
+        .args(["-d", &size.to_string(), "-c", &clients.to_string()])
+        .args(["-n", &n.to_string(), "-r", &keyspace.to_string(), "--csv"])
+        .stdin(Stdio::null())
+        .output()
+        .context("run redis-benchmark")?;
+    if !out.status.success() {
+        bail!(
+            "redis-benchmark failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// SET and GET at one point; each runs about `secs` (the request count is
+/// calibrated by a short SET run).
+fn measure_redis(
+    redis: &Redis,
+    size: usize,
+    clients: usize,
+    secs: f64,
+) -> Result<(RedisResult, RedisResult)> {
+    let cal_n = 2000.max(1000 * clients as u64);
+    let cal = parse_csv(&redis_benchmark(redis.port, "set", size, clients, cal_n)?);
+    let rate = cal
+        .iter()
+        .find(|(t, _)| t == "SET")
+        .map(|(_, r)| r.ops_per_s)
+        .context("redis-benchmark printed no SET result")?;
+    let n = ((rate * secs) as u64).clamp(1000, 10_000_000);
+    let text = redis_benchmark(redis.port, "set,get", size, clients, n)?;
+    let res = parse_csv(&text);
+    let get = |t: &str| {
+        res.iter()
+            .find(|(x, _)| x == t)
+            .map(|(_, r)| *r)
+            .with_context(|| format!("redis-benchmark printed no {t} result: {text:?}"))
+    };
+    let out = (get("SET")?, get("GET")?);
+    redis_cli(redis.port, &["flushall"])?;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------
+// The run.
+
+struct Row {
+    op: &'static str,
+    size: usize,
+    clients: usize,
+    ours: Measured,
+    redis_op: &'static str,
+    redis: RedisResult,
+    target: f64,
+}
+
+impl Row {
+    fn ratio(&self) -> f64 {
+        self.ours.ops_per_s / self.redis.ops_per_s.max(1e-9)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let r = |x: f64| (x * 100.0).round() / 100.0;
+        serde_json::json!({
+            "op": self.op,
+            "value_size": self.size,
+            "clients": self.clients,
+            "ops": self.ours.ops,
+            "ops_per_s": r(self.ours.ops_per_s),
+            "p50_us": r(self.ours.p50_us),
+            "p99_us": r(self.ours.p99_us),
+            "redis_op": self.redis_op,
+            "redis_ops_per_s": r(self.redis.ops_per_s),
+            "redis_p50_us": self.redis.p50_us.map(r),
+            "redis_p99_us": self.redis.p99_us.map(r),
+            "ratio": (self.ratio() * 1000.0).round() / 1000.0,
+            "target": self.target,
+            "meets_target": self.ratio() >= self.target,
+            "retries": self.ours.stats.retries,
+            "one_sided_reads": self.ours.stats.one_sided_reads,
+            "torn_reads": self.ours.stats.torn_reads,
+            "server_reads": self.ours.stats.server_reads,
+            "arena_full": self.ours.arena_full,
+        })
+    }
+}
+
+fn print_header() {
+    println!(
+        "{:<7} {:>6} {:>7} | {:>10} {:>9} {:>9} | {:<5} {:>10} {:>9} {:>9} | {:>6} {:>6} {:>4}",
+        "op",
+        "size",
+        "clients",
+        "ops/s",
+        "p50 us",
+        "p99 us",
+        "redis",
+        "ops/s",
+        "p50 us",
+        "p99 us",
+        "ratio",
+        "target",
+        "met"
+    );
+}
+
+fn print_row(r: &Row) {
+    let opt = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    println!(
+        "{:<7} {:>6} {:>7} | {:>10.0} {:>9.1} {:>9.1} | {:<5} {:>10.0} {:>9} {:>9} | {:>6.2} {:>6.1} {:>4}",
+        r.op,
+        r.size,
+        r.clients,
+        r.ours.ops_per_s,
+        r.ours.p50_us,
+        r.ours.p99_us,
+        r.redis_op,
+        r.redis.ops_per_s,
+        opt(r.redis.p50_us),
+        opt(r.redis.p99_us),
+        r.ratio(),
+        r.target,
+        if r.ratio() >= r.target { "yes" } else { "NO" }
+    );
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let missing: Vec<_> = REDIS_BINS
+        .iter()
+        .filter(|b| find_in_path(b).is_none())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} not found in PATH: the bench compares with Redis (Debian packages \
+             redis-server and redis-tools; run scripts/setup.sh)",
+            missing
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if a.sizes.is_empty() || a.clients.is_empty() || a.clients.contains(&0) {
+        bail!("--sizes and --clients need at least one value, clients > 0");
+    }
+    if !(a.secs > 0.0 && a.secs.is_finite()) {
+        bail!("--secs must be positive");
+    }
+    if let Some(&s) = a
+        .sizes
+        .iter()
+        .find(|&&s| s > softrdma_store::net::link::MAX_VALUE)
+    {
+        bail!(
+            "value size {s} exceeds the store's limit of {} bytes",
+            softrdma_store::net::link::MAX_VALUE
+        );
+    }
+    let tmp;
+    let dir = match &a.workdir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = std::env::temp_dir().join(format!("softrdma-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&tmp)?;
+            tmp.clone()
+        }
+    };
+    let t0 = Instant::now();
+    let say = |m: String| eprintln!("[{:6.1} s] {m}", t0.elapsed().as_secs_f64());
+    let group = start_group(&dir, &a.arena)?;
+    say(format!(
+        "store group redundant: primary {}, secondary {} (logs in {})",
+        group.nodes[0],
+        group.nodes[1],
+        dir.display()
+    ));
+    let redis = start_redis(&dir)?;
+    say(format!(
+        "redis primary on port {} with one attached replica",
+        redis.port
+    ));
+    if !a.json {
+        print_header();
+    }
+    for &size in &a.sizes {
+        for &clients in &a.clients {
+            say(format!("store: {size} B values, {clients} clients"));
+            let ours = measure_store(&group.nodes, size, clients, a.secs)?;
+            say(format!("redis: {size} B values, {clients} clients"));
+            let (set, get) = measure_redis(&redis, size, clients, a.secs)?;
+            if ours[0].arena_full {
+                say(format!(
+                    "warning: the arena ({}) filled up during the insert phase; \
+                     insert measured until then (use a larger --arena)",
+                    a.arena
+                ));
+            }
+            for (k, m) in ours.into_iter().enumerate() {
+                let (redis_op, redis, target) = match OPS[k] {
+                    "read" => ("GET", get, 2.0),
+                    _ => ("SET", set, 1.0),
+                };
+                let row = Row {
+                    op: OPS[k],
+                    size,
+                    clients,
+                    ours: m,
+                    redis_op,
+                    redis,
+                    target,
+                };
+                if a.json {
+                    println!("{}", row.json());
+                } else {
+                    print_row(&row);
+                }
+            }
+        }
+    }
+    drop(redis);
+    drop(group);
+    say("done".into());
+    if a.workdir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redis_7_csv() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                    \"SET\",\"17953.32\",\"0.052\",\"0.008\",\"0.023\",\"0.047\",\"0.175\",\"23.647\"\n\
+                    \"GET\",\"16366.61\",\"0.058\",\"0.008\",\"0.023\",\"0.039\",\"0.399\",\"39.359\"\n";
+        let r = parse_csv(text);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].0, "SET");
+        assert!((r[0].1.ops_per_s - 17953.32).abs() < 1e-6);
+        assert!((r[0].1.p50_us.unwrap() - 23.0).abs() < 1e-6);
+        assert!((r[1].1.p99_us.unwrap() - 399.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn parses_old_csv_without_header() {
+        let r = parse_csv("\"SET\",\"1000.50\"\n\"GET\",\"2000.00\"\n");
+        assert_eq!(r.len(), 2);
+        assert!((r[1].1.ops_per_s - 2000.0).abs() < 1e-6);
+        assert!(r[1].1.p50_us.is_none());
+    }
+}

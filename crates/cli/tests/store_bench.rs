@@ -1,0 +1,60 @@
+//! `softrdma store bench --json` end to end, shortened: its own store group
+//! and a Redis primary + replica, one point (100-byte values, one client,
+//! 0.5 s per op). Every output line must be a JSON object with positive
+//! rates for the store and for Redis. Redis is required (installed by
+//! scripts/setup.sh); without it the test fails.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
+
+#[test]
+fn bench_json_one_point() {
+    let t = Instant::now();
+    let out = Command::new(SOFTRDMA)
+        .args([
+            "store",
+            "bench",
+            "--json",
+            "--sizes",
+            "100",
+            "--clients",
+            "1",
+        ])
+        .args(["--secs", "0.5"])
+        .output()
+        .expect("run softrdma");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "softrdma store bench failed ({}); if redis-server/redis-benchmark are missing, \
+         run scripts/setup.sh\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
+    let ops: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}\nstderr:\n{stderr}"));
+            for f in ["ops_per_s", "redis_ops_per_s", "ratio", "p50_us", "p99_us"] {
+                let x = v[f].as_f64().unwrap_or_else(|| panic!("no {f}: {l}"));
+                if f.ends_with("ops_per_s") {
+                    assert!(x > 0.0, "{f} must be positive: {l}");
+                }
+            }
+            assert_eq!(v["value_size"], 100, "{l}");
+            assert_eq!(v["clients"], 1, "{l}");
+            assert!(v["meets_target"].is_boolean(), "{l}");
+            v["op"].as_str().expect("op").to_string()
+        })
+        .collect();
+    assert_eq!(ops, ["insert", "update", "read"], "stdout:\n{stdout}");
+    assert!(
+        t.elapsed() < Duration::from_secs(60),
+        "the shortened bench took {:?}",
+        t.elapsed()
+    );
+}
