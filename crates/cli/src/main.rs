@@ -2,10 +2,12 @@
 
 use clap::{Parser, Subcommand};
 
+mod cmatose;
 mod demo;
 mod info;
 mod rping;
 mod store;
+mod store_bench;
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +31,9 @@ enum Cmd {
     /// rping-compatible ping over RDMA Send / Read / Write (rdma-core's
     /// rping protocol; interoperates with rping on Linux siw).
     Rping(rping::Args),
+    /// ucmatose-compatible Send exchange (rdma-core's cmatose protocol;
+    /// interoperates with ucmatose on Linux siw, any message size).
+    Cmatose(cmatose::Args),
     /// The highly available remote memory store: serve a node, client
     /// operations, status, a verifying workload.
     Store(store::Args),
@@ -55,6 +60,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Info(a) => info::run(a),
         Cmd::Rping(a) => rping::run(a),
+        Cmd::Cmatose(a) => cmatose::run(a),
         Cmd::Store(a) => store::run(a),
         Cmd::Demo(a) => demo::run(a),
     };

@@ -15,6 +15,10 @@
 //!   `softrdma rping --server`.
 //! - `softrdma_client_vs_guest_rping_server`: `softrdma rping --client`
 //!   against guest `rping -s`.
+//! - `guest_ucmatose_client_vs_softrdma_server` and
+//!   `softrdma_client_vs_guest_ucmatose_server`: rdma-core's `ucmatose`
+//!   (Sends of any size, 1 byte to 1 MiB here) against `softrdma cmatose`,
+//!   both ways (docs/cmatose-protocol.md).
 //!
 //! A missing guest image is a failure (run `scripts/setup.sh`), unless
 //! `SOFTRDMA_NO_GUEST=1` is set. Guest boots are serialised (one at a time).
@@ -390,6 +394,38 @@ impl HostProc {
         ))
     }
 
+    /// Waits for exit (killing it at `deadline`); Ok when it exited 0 and
+    /// every string of `want` is in some line of its stdout (for
+    /// `softrdma cmatose`).
+    fn finish_lines(mut self, deadline: Instant, want: &[String]) -> Result<(), String> {
+        let st = wait_deadline(&mut self.child, deadline);
+        let out = fs::read_to_string(&self.out).unwrap_or_default();
+        let err = fs::read_to_string(&self.err).unwrap_or_default();
+        println!("host| {} finished: {st:?}", self.name);
+        let mut problems = Vec::new();
+        match st {
+            None => problems.push("did not exit in time (killed)".to_string()),
+            Some(s) if !s.success() => problems.push(s.to_string()),
+            Some(_) => {}
+        }
+        for w in want {
+            if !out.lines().any(|l| l.contains(w.as_str())) {
+                problems.push(format!("no line with `{w}`"));
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "{} (softrdma {}): {}\n    --- stdout:\n{}\n    --- stderr:\n{}",
+            self.name,
+            self.args.join(" "),
+            problems.join("; "),
+            indent(&out),
+            indent(&err)
+        ))
+    }
+
     /// The report of a process that stopped (or never started listening)
     /// before its peer ran.
     fn premature(self) -> String {
@@ -724,6 +760,19 @@ impl Capture {
 
     /// Stops the capture (SIGINT, so tshark finishes the file) and returns it.
     fn stop(mut self) -> PathBuf {
+        // dumpcap may lag behind a burst (MiB-sized messages on a busy
+        // two-core machine), and what it has not read from the kernel when
+        // it stops is lost: wait until the file has stopped growing.
+        let size = |f: &Path| fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut last = size(&self.file);
+        let mut still = 0;
+        while still < 10 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(100));
+            let now = size(&self.file);
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+        }
         let mut child = self.child.take().unwrap();
         let _ = Command::new("kill")
             .args(["-INT", &child.id().to_string()])
@@ -970,6 +1019,48 @@ fn check_conn_ops(
     } else {
         Err(format!("port {port}: {} ({c:?})", p.join("; ")))
     }
+}
+
+/// Complete Send messages (RDMAP opcode 3 with the DDP Last flag) on the
+/// connections to server port `port`: (towards the server, from it).
+fn send_messages(file: &Path, port: u16) -> (usize, usize) {
+    let fields = tshark_read(
+        file,
+        &[
+            "-Y",
+            &format!("iwarp_ddp && tcp.port == {port}"),
+            "-T",
+            "fields",
+            "-E",
+            "occurrence=a",
+            "-E",
+            "aggregator=,",
+            "-e",
+            "tcp.dstport",
+            "-e",
+            "iwarp_rdma.opcode",
+            "-e",
+            "iwarp_ddp.last_flag",
+        ],
+    );
+    let (mut up, mut down) = (0, 0);
+    for line in fields.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() < 3 {
+            continue;
+        }
+        let n = f[1]
+            .split(',')
+            .zip(f[2].split(','))
+            .filter(|(op, last)| parse_num(op) == Some(3) && truthy(last))
+            .count();
+        if parse_num(f[0]) == Some(port as u32) {
+            up += n;
+        } else {
+            down += n;
+        }
+    }
+    (up, down)
 }
 
 /// A one-connection TCP relay on the host, 127.0.0.1:(returned port) ->
@@ -1535,6 +1626,426 @@ fn softrdma_client_vs_guest_rping_server() {
             let ops: &[u32] = if c.rev == 1 { &[3] } else { &[0, 1, 2, 3] };
             check_conn_ops(&conns, c.host_port, c.rev, c.crc, ops).err()
         })
+        .collect();
+    assert!(
+        errs.is_empty(),
+        "capture checks failed:\n  {}",
+        errs.join("\n  ")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// ucmatose (docs/cmatose-protocol.md)
+// ---------------------------------------------------------------------------
+
+/// Message sizes of the ucmatose cases: 1 byte to 1 MiB (rping's range is
+/// only 23..=65535).
+const CMA_SIZES: [usize; 4] = [1, 4096, 65536, 1 << 20];
+
+/// Messages each way per ucmatose case: 4 (SOFTRDMA_SOAK=1: 32).
+fn cma_count() -> usize {
+    match std::env::var("SOFTRDMA_SOAK").as_deref() {
+        Ok("1") => 32,
+        _ => 4,
+    }
+}
+
+/// Seconds one ucmatose case may take inside the guest: 1 MiB messages
+/// through the emulated guest take a while.
+fn cma_case_timeout_s(size: usize, count: usize) -> u64 {
+    30 + (size * count) as u64 / (256 << 10)
+}
+
+/// The cases: every size with CRC off and on, named `PREFIX<size>-crc<0|1>`.
+fn cma_cases(prefix: &str) -> Vec<(String, usize, bool)> {
+    CMA_SIZES
+        .iter()
+        .flat_map(|s| [(*s, false), (*s, true)])
+        .map(|(s, crc)| (format!("{prefix}{s}-crc{}", crc as u8), s, crc))
+        .collect()
+}
+
+/// What ucmatose prints on stdout when all goes well (rdma-core 44), as a
+/// file for the guest's `report` under `dir`; returns its guest path.
+fn write_cma_expect(dir: &Path, name: &str, server: bool) -> String {
+    let lines: &[&str] = if server {
+        &[
+            "cmatose: starting server",
+            "initiating data transfers",
+            "completing sends",
+            "receiving data transfers",
+            "data transfers complete",
+            "cmatose: disconnecting",
+            "disconnected",
+            "test complete",
+            "return status 0",
+        ]
+    } else {
+        &[
+            "cmatose: starting client",
+            "cmatose: connecting",
+            "receiving data transfers",
+            "sending replies",
+            "data transfers complete",
+            "test complete",
+            "return status 0",
+        ]
+    };
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join(name), lines.join("\n") + "\n").unwrap();
+    format!("/opt/expect/{name}")
+}
+
+/// `softrdma cmatose` arguments for a case (the client's with `server`).
+fn cma_args(server: Option<&str>, port: u16, count: usize, size: usize, crc: bool) -> Vec<String> {
+    let mut a: Vec<String> = vec!["cmatose".into()];
+    if let Some(s) = server {
+        a.extend(["--server-addr".into(), s.into()]);
+    }
+    a.extend(
+        [
+            "--port",
+            &port.to_string(),
+            "--count",
+            &count.to_string(),
+            "--size",
+            &size.to_string(),
+            "--mpa-rev",
+            "2",
+            "--timeout",
+            "60",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    if crc {
+        a.push("--crc".into());
+    }
+    if server.is_none() {
+        // ucmatose's server sends first. siw as the initiator fails a
+        // connection whose MPA reply is followed by more bytes in the same
+        // read (`siw_recv_mpa_rr` reads 4 bytes beyond the reply: "peer sent
+        // extra data"), and qemu's user networking delivers back-to-back
+        // bytes together; so the server lets siw take the reply first
+        // (docs/cmatose-protocol.md, "Who sends first").
+        a.extend(["--send-delay-ms".into(), "200".into()]);
+    }
+    a
+}
+
+/// The capture checks of one ucmatose connection: decodes, MPA rev 2, the
+/// CRC setting, Sends seen, and `count` complete Send messages each way.
+fn check_cma_conn(
+    conns: &BTreeMap<u16, ConnWire>,
+    pcap: &Path,
+    port: u16,
+    crc: bool,
+    count: usize,
+) -> Result<(), String> {
+    check_conn_ops(conns, port, 2, crc, &[3])?;
+    match send_messages(pcap, port) {
+        (up, down) if up == count && down == count => Ok(()),
+        (up, down) => Err(format!(
+            "port {port}: {down} Send messages from the server and {up} to it, expected {count} each"
+        )),
+    }
+}
+
+/// Guest `ucmatose -s 10.0.2.2` (siw client) against `softrdma cmatose`
+/// servers on the host: 1 byte to 1 MiB, CRC off and on (siw asks for no
+/// CRC; our server's `--crc` grants it anyway and siw follows).
+#[test]
+fn guest_ucmatose_client_vs_softrdma_server() {
+    let Some(env) = guest_env("guest_ucmatose_client_vs_softrdma_server") else {
+        return;
+    };
+    let _serial = lock_guest();
+    let work = Work::new("cma-srv");
+    let count = cma_count();
+    let expect_dir = work.path("expect");
+
+    struct Case {
+        name: String,
+        port: u16,
+        size: usize,
+        crc: bool,
+        proc_: Option<HostProc>,
+    }
+    let combos = cma_cases("s");
+    let ports = free_ports(combos.len());
+    let mut cases: Vec<Case> = combos
+        .into_iter()
+        .zip(ports)
+        .map(|((name, size, crc), port)| Case {
+            name,
+            port,
+            size,
+            crc,
+            proc_: None,
+        })
+        .collect();
+    let mut script = guest_prelude();
+    let mut total_ct = 0;
+    for c in &mut cases {
+        let args = cma_args(None, c.port, count, c.size, c.crc);
+        c.proc_ = Some(HostProc::spawn(&work, &c.name, &args));
+        let ec = write_cma_expect(&expect_dir, &c.name, false);
+        let ct = cma_case_timeout_s(c.size, count);
+        total_ct += ct;
+        script += &format!(
+            "marker 'CLIENT-START {name}'\n\
+             t0=$(date +%s)\n\
+             timeout {ct} ucmatose -s 10.0.2.2 -p {port} -C {count} -S {size} > /tmp/c.out 2> /tmp/c.err\n\
+             rc=$?; echo \"TIME {name} $(( $(date +%s) - t0 )) s\"\n\
+             report {name} $rc /tmp/c.out {ec} /tmp/c.err\n",
+            name = c.name,
+            port = c.port,
+            size = c.size
+        );
+    }
+    script += "exit $fail\n";
+    // Every server listens before the guest boots.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for c in &mut cases {
+        while !host_listening(c.port) {
+            let p = c.proc_.as_mut().unwrap();
+            if p.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                let e = c.proc_.take().unwrap().premature();
+                panic!(
+                    "softrdma cmatose server {} never listened on {}: {e}",
+                    c.name, c.port
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let ports: Vec<u16> = cases.iter().map(|c| c.port).collect();
+    let cap = Capture::start(&work, &ports);
+    let mut guest = Guest::boot(&env, &work, &script, &[], &[expect_dir], 120 + total_ct);
+    while let Some(line) = guest.next_line() {
+        let Some(name) = line.trim().strip_prefix("CLIENT-START ") else {
+            continue;
+        };
+        let Some(c) = cases.iter_mut().find(|c| c.name == name) else {
+            continue;
+        };
+        if c.proc_
+            .as_mut()
+            .unwrap()
+            .child
+            .try_wait()
+            .unwrap()
+            .is_some()
+        {
+            let e = c.proc_.take().unwrap().premature();
+            guest.abort(&format!(
+                "softrdma cmatose server {} exited before its client started: {e}",
+                c.name
+            ));
+        }
+    }
+    let exit = guest.finish();
+    let pcap = cap.stop();
+
+    let gcases = guest.cases();
+    let mut problems = Vec::new();
+    let end = Instant::now() + Duration::from_secs(30);
+    for c in &mut cases {
+        match gcases.get(&c.name) {
+            Some((rc, data)) if rc == "0" && data == "match" => {}
+            other => problems.push(format!("{}: guest ucmatose client: {other:?}", c.name)),
+        }
+        let want = [
+            format!(
+                "(MPA rev 2, CRC {},",
+                if c.crc { "on" } else { "off" }
+            ),
+            format!(
+                "cmatose: 1 connection(s): {count} messages of {} bytes sent and {count} echoed back, verified",
+                c.size
+            ),
+            "disconnected".to_string(),
+            "return status 0".to_string(),
+        ];
+        if let Err(e) = c.proc_.take().unwrap().finish_lines(end, &want) {
+            problems.push(e);
+        }
+    }
+    if exit != 0 {
+        problems.push(format!("GUEST-EXIT {exit}"));
+    }
+    if !problems.is_empty() {
+        guest.fail(&format!(
+            "guest ucmatose client -> softrdma cmatose server:\n  {}",
+            problems.join("\n  ")
+        ));
+    }
+    let conns = analyse_capture(&pcap, &ports);
+    let errs: Vec<String> = cases
+        .iter()
+        .filter_map(|c| check_cma_conn(&conns, &pcap, c.port, c.crc, count).err())
+        .collect();
+    assert!(
+        errs.is_empty(),
+        "capture checks failed:\n  {}",
+        errs.join("\n  ")
+    );
+}
+
+/// `softrdma cmatose --server-addr` on the host against guest
+/// `ucmatose -b 10.0.2.15` (siw server) through qemu's port forwarding:
+/// 1 byte to 1 MiB, CRC off and on (our client asks; siw mirrors it). The
+/// guest prints `SERVER-READY NAME` once ucmatose listens; only then does
+/// the host start that case's client.
+#[test]
+fn softrdma_client_vs_guest_ucmatose_server() {
+    let Some(env) = guest_env("softrdma_client_vs_guest_ucmatose_server") else {
+        return;
+    };
+    let _serial = lock_guest();
+    let work = Work::new("cma-cli");
+    let count = cma_count();
+    let expect_dir = work.path("expect");
+
+    struct Case {
+        name: String,
+        host_port: u16,
+        guest_port: u16,
+        size: usize,
+        crc: bool,
+        result: Option<Result<(), String>>,
+    }
+    let combos = cma_cases("c");
+    let ports = free_ports(combos.len());
+    let mut cases: Vec<Case> = combos
+        .into_iter()
+        .zip(ports)
+        .enumerate()
+        .map(|(i, ((name, size, crc), host_port))| Case {
+            name,
+            host_port,
+            guest_port: 7300 + i as u16,
+            size,
+            crc,
+            result: None,
+        })
+        .collect();
+    let mut script = guest_prelude();
+    let mut total_ct = 0;
+    for c in &cases {
+        let es = write_cma_expect(&expect_dir, &c.name, true);
+        let ct = cma_case_timeout_s(c.size, count);
+        total_ct += ct;
+        script += &format!(
+            "t0=$(date +%s)\n\
+             timeout {ct} ucmatose -b 10.0.2.15 -p {gp} -C {count} -S {size} > /tmp/s.out 2> /tmp/s.err &\n\
+             spid=$!\n\
+             if wait_listen {gp}; then marker 'SERVER-READY {name}'; else echo 'SERVER-NOT-LISTENING {name}'; fi\n\
+             wait $spid\n\
+             rc=$?; echo \"TIME {name} $(( $(date +%s) - t0 )) s\"\n\
+             report {name} $rc /tmp/s.out {es} /tmp/s.err\n",
+            gp = c.guest_port,
+            size = c.size,
+            name = c.name
+        );
+    }
+    script += "exit $fail\n";
+    let fwd: Vec<(u16, u16)> = cases.iter().map(|c| (c.host_port, c.guest_port)).collect();
+    let ports: Vec<u16> = cases.iter().map(|c| c.host_port).collect();
+    let cap = Capture::start(&work, &ports);
+    let mut guest = Guest::boot(&env, &work, &script, &fwd, &[expect_dir], 120 + total_ct);
+    // After a failed host client the guest's ucmatose server may wait on:
+    // give it a little while to report, then stop the guest.
+    let mut waiting: Option<(String, Instant)> = None;
+    loop {
+        let line = match &waiting {
+            None => guest.next_line(),
+            Some((name, until)) => match guest.next_line_by(*until) {
+                Ok(l) => l,
+                Err(()) => {
+                    let e = cases
+                        .iter()
+                        .find(|c| &c.name == name)
+                        .and_then(|c| c.result.clone())
+                        .and_then(|r| r.err())
+                        .unwrap_or_default();
+                    guest.abort(&format!(
+                        "{name}: the host client failed and the guest's ucmatose server did \
+                         not finish (guest stopped):\n  {e}"
+                    ));
+                }
+            },
+        };
+        let Some(line) = line else { break };
+        if waiting
+            .as_ref()
+            .is_some_and(|(n, _)| line.starts_with(&format!("CASE {n} ")))
+        {
+            waiting = None;
+        }
+        let Some(name) = line.trim().strip_prefix("SERVER-READY ") else {
+            continue;
+        };
+        let Some(c) = cases.iter_mut().find(|c| c.name == name) else {
+            continue;
+        };
+        let args = cma_args(Some("127.0.0.1"), c.host_port, count, c.size, c.crc);
+        let t0 = Instant::now();
+        let p = HostProc::spawn(&work, &c.name, &args);
+        let want = [
+            format!(
+                "cmatose: connected to 127.0.0.1:{} (MPA rev 2, CRC {},",
+                c.host_port,
+                if c.crc { "on" } else { "off" }
+            ),
+            format!(
+                "cmatose: 1 connection(s): {count} messages of {} bytes received, {count} replies sent",
+                c.size
+            ),
+            "disconnected".to_string(),
+            "return status 0".to_string(),
+        ];
+        let ct = cma_case_timeout_s(c.size, count);
+        let r = p.finish_lines(Instant::now() + Duration::from_secs(ct), &want);
+        println!(
+            "host| {}: client took {:.1} s",
+            c.name,
+            t0.elapsed().as_secs_f64()
+        );
+        if r.is_err() {
+            waiting = Some((c.name.clone(), Instant::now() + Duration::from_secs(15)));
+        }
+        c.result = Some(r);
+    }
+    let exit = guest.finish();
+    let pcap = cap.stop();
+
+    let gcases = guest.cases();
+    let mut problems = Vec::new();
+    for c in &mut cases {
+        match gcases.get(&c.name) {
+            Some((rc, data)) if rc == "0" && data == "match" => {}
+            other => problems.push(format!("{}: guest ucmatose server: {other:?}", c.name)),
+        }
+        match c.result.take() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => problems.push(e),
+            None => problems.push(format!("{}: host client never ran", c.name)),
+        }
+    }
+    if exit != 0 {
+        problems.push(format!("GUEST-EXIT {exit}"));
+    }
+    if !problems.is_empty() {
+        guest.fail(&format!(
+            "softrdma cmatose client -> guest ucmatose server:\n  {}",
+            problems.join("\n  ")
+        ));
+    }
+    let conns = analyse_capture(&pcap, &ports);
+    let errs: Vec<String> = cases
+        .iter()
+        .filter_map(|c| check_cma_conn(&conns, &pcap, c.host_port, c.crc, count).err())
         .collect();
     assert!(
         errs.is_empty(),
