@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod cmatose;
 mod demo;
 mod info;
@@ -34,6 +35,9 @@ enum Cmd {
     /// ucmatose-compatible Send exchange (rdma-core's cmatose protocol;
     /// interoperates with ucmatose on Linux siw, any message size).
     Cmatose(cmatose::Args),
+    /// perftest-style benchmarks (write/read/send bandwidth and latency,
+    /// idle QPs) with a raw TCP baseline measured in the same run.
+    Bench(bench::Args),
     /// The highly available remote memory store: serve a node, client
     /// operations, status, a verifying workload.
     Store(store::Args),
@@ -61,6 +65,7 @@ fn main() {
         Cmd::Info(a) => info::run(a),
         Cmd::Rping(a) => rping::run(a),
         Cmd::Cmatose(a) => cmatose::run(a),
+        Cmd::Bench(a) => bench::run(a),
         Cmd::Store(a) => store::run(a),
         Cmd::Demo(a) => demo::run(a),
     };

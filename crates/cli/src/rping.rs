@@ -45,6 +45,14 @@ pub struct Args {
     /// that is still starting).
     #[arg(long)]
     retry: bool,
+    /// Client: wait this long after the connection is established before
+    /// the first Send. Linux siw as the responder installs its RDMA-mode
+    /// socket callback only after sending the MPA reply (siw_accept); an
+    /// FPDU arriving in between stays unnoticed in the socket until more
+    /// data comes, and rping's server waits for it forever. rdma-core's
+    /// rping client never sends that fast; we do without this pause.
+    #[arg(long, default_value_t = 50)]
+    first_send_delay_ms: u64,
 }
 
 /// rping's minimum buffer (`RPING_MIN_BUFSIZE`, 23: see
@@ -313,6 +321,9 @@ fn client(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
         np.revision,
         if np.crc { "on" } else { "off" }
     );
+    // Not synchronisation with anything we could wait for: see the
+    // option's documentation (a race in the Linux siw responder).
+    std::thread::sleep(Duration::from_millis(a.first_send_delay_ms));
     let mut first = 65u8;
     let mut i = 0u64;
     while a.count == 0 || i < a.count {

@@ -551,6 +551,11 @@ impl MemoryRegion {
         // SAFETY: the range was bounds-checked and we hold the registration.
         unsafe { crate::mr::copy_from_spans(&spans, 0, out) }
     }
+    /// Reads the byte at `offset` with a volatile load (for polling memory
+    /// that a peer's RDMA Write fills, as perftest's latency tests do).
+    pub fn peek_u8(&self, offset: usize) -> u8 {
+        self.inner.peek_u8(offset)
+    }
     /// Copies bytes into the region.
     pub fn write_at(&self, offset: usize, data: &[u8]) {
         assert!(

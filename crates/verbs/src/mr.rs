@@ -185,6 +185,25 @@ impl MrInner {
 
     /// The pieces of memory behind `[to, to+len)`, appended to `out`. The
     /// range must have been checked.
+    /// Reads one byte at `offset` with a volatile load after an acquire
+    /// fence, for consumers that poll memory a peer writes with RDMA Write
+    /// (perftest-style latency tests). Panics outside the region.
+    pub fn peek_u8(&self, mut offset: usize) -> u8 {
+        assert!((offset as u64) < self.len, "peek outside the region");
+        for s in &self.spans {
+            if offset < s.len {
+                std::sync::atomic::fence(Ordering::Acquire);
+                // SAFETY: offset < s.len, so the byte lies inside a span of
+                // this live registration (we hold a reference to it); a
+                // concurrent placement may write it, which a byte-sized
+                // volatile load tolerates (it sees the old or the new value).
+                return unsafe { std::ptr::read_volatile(s.ptr.add(offset)) };
+            }
+            offset -= s.len;
+        }
+        unreachable!("spans add up to len")
+    }
+
     pub fn resolve(&self, to: u64, len: u64, out: &mut Vec<RawSpan>) {
         debug_assert!(to >= self.iova && to + len <= self.iova + self.len);
         let mut off = (to - self.iova) as usize;

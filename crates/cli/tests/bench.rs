@@ -1,0 +1,138 @@
+//! `softrdma bench --loopback` end to end: every test at small counts, the
+//! JSON fields the issue asks for, the TCP baseline and its ratio, several
+//! QPs, CRC, MPA revision 1, the idle-QP report and a clear error for
+//! atomics. Speed is not asserted here (BENCHMARKS.md records it).
+
+use serde_json::Value;
+use std::process::Command;
+
+const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
+
+fn bench(args: &[&str]) -> Vec<Value> {
+    let out = Command::new(SOFTRDMA)
+        .args(["bench", "--loopback", "--json"])
+        .args(args)
+        .output()
+        .expect("run softrdma");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "softrdma bench {args:?} failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64()
+        .unwrap_or_else(|| panic!("field {k} missing or not a number in {v}"))
+}
+
+fn check_line(v: &Value, test: &str, size: u64, iters: u64) {
+    assert_eq!(v["test"], test, "{v}");
+    assert_eq!(v["transport"], "iwarp-tcp", "{v}");
+    assert_eq!(v["size"].as_u64(), Some(size), "{v}");
+    assert_eq!(v["iters"].as_u64(), Some(iters), "{v}");
+    assert!(f(v, "gbps") > 0.0, "{v}");
+    assert!(f(v, "msg_rate") > 0.0, "{v}");
+    let (p50, p99, max) = (f(v, "lat_us_p50"), f(v, "lat_us_p99"), f(v, "lat_us_max"));
+    assert!(p50 > 0.0 && p50 <= p99 && p99 <= max, "{v}");
+}
+
+#[test]
+fn bandwidth_tests_with_baseline() {
+    for test in ["write_bw", "read_bw", "send_bw"] {
+        let lines = bench(&[
+            "--test",
+            test,
+            "--size",
+            "2,4096,1M",
+            "--iters",
+            "300",
+            "--baseline",
+            "tcp",
+        ]);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        for (v, size) in lines.iter().zip([2, 4096, 1 << 20]) {
+            check_line(v, test, size, 300);
+            let (g, b, r) = (f(v, "gbps"), f(v, "baseline_gbps"), f(v, "ratio"));
+            assert!(b > 0.0, "{v}");
+            assert!(
+                (r - g / b).abs() < 0.01 * r.max(0.01) + 0.002,
+                "ratio != gbps/baseline: {v}"
+            );
+        }
+    }
+}
+
+#[test]
+fn latency_tests_with_baseline() {
+    for test in ["write_lat", "read_lat", "send_lat"] {
+        let lines = bench(&[
+            "--test",
+            test,
+            "--size",
+            "8,65536",
+            "--iters",
+            "200",
+            "--baseline",
+            "tcp",
+        ]);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        for (v, size) in lines.iter().zip([8, 65536]) {
+            check_line(v, test, size, 200);
+            assert!(f(v, "baseline_lat_us_p50") > 0.0, "{v}");
+            assert!(f(v, "ratio") > 0.0, "{v}");
+        }
+    }
+}
+
+#[test]
+fn several_qps_crc_and_mpa_rev1() {
+    let lines = bench(&[
+        "--test", "write_bw", "--size", "8", "--iters", "2000", "--qps", "4", "--depth", "32",
+        "--crc",
+    ]);
+    check_line(&lines[0], "write_bw", 8, 2000);
+    assert_eq!(lines[0]["qps"].as_u64(), Some(4));
+    assert_eq!(lines[0]["crc"], true);
+    let lines = bench(&[
+        "--test",
+        "send_bw",
+        "--size",
+        "65536",
+        "--iters",
+        "500",
+        "--mpa-rev",
+        "1",
+    ]);
+    check_line(&lines[0], "send_bw", 65536, 500);
+    // A --duration run reports however many messages fitted.
+    let lines = bench(&["--test", "read_bw", "--size", "4096", "--duration", "0.3"]);
+    assert!(lines[0]["iters"].as_u64().unwrap() > 0, "{}", lines[0]);
+}
+
+#[test]
+fn idle_qps_report_memory() {
+    let lines = bench(&["--test", "idle_qps", "--qps", "100", "--idle-secs", "0.5"]);
+    let v = &lines[0];
+    assert_eq!(v["qps"].as_u64(), Some(100), "{v}");
+    let (c, s) = (f(v, "rss_client_mib"), f(v, "rss_server_mib"));
+    assert!(c > 1.0 && s > 1.0, "{v}");
+}
+
+#[test]
+fn atomics_are_refused_clearly() {
+    let out = Command::new(SOFTRDMA)
+        .args(["bench", "--loopback", "--test", "atomic_lat"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("atomics"), "{err}");
+}
