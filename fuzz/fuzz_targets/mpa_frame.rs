@@ -36,6 +36,16 @@ fn check(data: &[u8]) {
             let (again, n) = MpaFrame::decode_all(&bytes).expect("re-encoded frame decodes");
             assert_eq!(n, used);
             assert_eq!(again, frame);
+            // softrdma's extension block: stripping never loses or invents
+            // application bytes.
+            let pd = &frame.private_data;
+            match softrdma_wire::mpa::ext::strip(pd) {
+                (Some(f), rest) => {
+                    assert_eq!(rest, &pd[softrdma_wire::mpa::ext::LEN..]);
+                    assert_eq!(f & !softrdma_wire::mpa::ext::KNOWN, 0);
+                }
+                (None, rest) => assert_eq!(rest, &pd[..]),
+            }
         }
         Err(e) => {
             let _ = e.term_code();

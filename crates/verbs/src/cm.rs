@@ -32,6 +32,12 @@ pub struct ConnParams {
     pub p2p: bool,
     /// How long to wait for the peer's MPA frame.
     pub timeout: Duration,
+    /// Initiator: offer softrdma's extensions (`wire::mpa::ext`: FPDUs not
+    /// aligned to TCP segments, written in large batches) at the start of
+    /// the private data. Only for peers known to be softrdma: any other
+    /// responder's application would see the 8 extra bytes. A softrdma
+    /// responder strips them and answers in kind whatever this is.
+    pub extensions: bool,
 }
 
 impl Default for ConnParams {
@@ -44,6 +50,7 @@ impl Default for ConnParams {
             crc: false,
             p2p: false,
             timeout: Duration::from_secs(10),
+            extensions: false,
         }
     }
 }
@@ -59,6 +66,9 @@ pub struct Negotiated {
     pub ord: u16,
     pub p2p: bool,
     pub initiator: bool,
+    /// Both ends run softrdma's extensions with `ext::LARGE_SEGMENTS`:
+    /// FPDUs go out back to back in batches, not one per TCP segment.
+    pub large_segments: bool,
 }
 
 fn read_frame(s: &mut TcpStream, timeout: Duration) -> Result<MpaFrame> {
@@ -146,6 +156,13 @@ impl QueuePair {
             rtr_write: params.p2p,
             rtr_read: params.p2p,
         });
+        let private_data = if params.extensions {
+            let mut pd = mpa::ext::encode(mpa::ext::KNOWN).to_vec();
+            pd.extend_from_slice(&params.private_data);
+            pd
+        } else {
+            params.private_data.clone()
+        };
         let req = MpaFrame {
             kind: MpaKind::Request,
             markers: false,
@@ -153,10 +170,20 @@ impl QueuePair {
             reject: false,
             revision: params.mpa_revision,
             v2,
-            private_data: params.private_data.clone(),
+            private_data,
         };
         s.write_all(&req.encode().map_err(|e| Error::inval(e.to_string()))?)?;
-        let rep = read_frame(&mut s, params.timeout)?;
+        let mut rep = read_frame(&mut s, params.timeout)?;
+        // The responder answers an offer with its own block (a rejecting
+        // one may not); without an offer there is nothing to strip.
+        let ext = if params.extensions {
+            let (flags, rest) = mpa::ext::strip(&rep.private_data);
+            let rest = rest.to_vec();
+            rep.private_data = rest;
+            flags
+        } else {
+            None
+        };
         if rep.kind != MpaKind::Reply {
             return Err(Error::Protocol("expected an MPA reply".into()));
         }
@@ -204,6 +231,7 @@ impl QueuePair {
             ord: ord.max(1),
             p2p,
             initiator: true,
+            large_segments: ext.is_some_and(|f| f & mpa::ext::LARGE_SEGMENTS != 0),
         };
         establish(self, s, n, rtr)?;
         Ok(rep.private_data)
@@ -244,12 +272,16 @@ impl Listener {
             let (mut s, peer) = self.listener.accept()?;
             s.set_nodelay(true)?;
             match read_frame(&mut s, Duration::from_secs(5)) {
-                Ok(f) if f.kind == MpaKind::Request && !f.markers => {
+                Ok(mut f) if f.kind == MpaKind::Request && !f.markers => {
+                    let (ext, rest) = mpa::ext::strip(&f.private_data);
+                    let rest = rest.to_vec();
+                    f.private_data = rest;
                     return Ok(ConnectRequest {
                         stream: s,
                         frame: f,
+                        ext,
                         peer,
-                    })
+                    });
                 }
                 Ok(f) => {
                     tracing::warn!(%peer, "refusing MPA request (markers or wrong frame)");
@@ -298,7 +330,10 @@ fn reply_reject(s: &mut TcpStream, revision: u8, pd: &[u8]) -> Result<()> {
 /// A connection request waiting for accept or reject.
 pub struct ConnectRequest {
     stream: TcpStream,
+    /// The request, its private data without the extension block.
     frame: MpaFrame,
+    /// Extension flags the initiator offered (`wire::mpa::ext`).
+    ext: Option<u8>,
     peer: SocketAddr,
 }
 
@@ -323,6 +358,11 @@ impl ConnectRequest {
     }
     pub fn crc_requested(&self) -> bool {
         self.frame.crc
+    }
+    /// The extension flags the initiator offered (`wire::mpa::ext`), if it
+    /// is softrdma and offered any; already removed from the private data.
+    pub fn extensions(&self) -> Option<u8> {
+        self.ext
     }
     /// The initiator's IRD and ORD (MPA v2), if given.
     pub fn ird_ord(&self) -> Option<(u16, u16)> {
@@ -376,6 +416,7 @@ impl ConnectRequest {
                         ord,
                         p2p,
                         initiator: false,
+                        large_segments: false,
                     },
                 )
             }
@@ -388,8 +429,20 @@ impl ConnectRequest {
                     ord: params.ord.max(1),
                     p2p: false,
                     initiator: false,
+                    large_segments: false,
                 },
             ),
+        };
+        let mut n = n;
+        let private_data = match self.ext {
+            Some(offered) => {
+                let agreed = offered & mpa::ext::KNOWN;
+                n.large_segments = agreed & mpa::ext::LARGE_SEGMENTS != 0;
+                let mut pd = mpa::ext::encode(agreed).to_vec();
+                pd.extend_from_slice(&params.private_data);
+                pd
+            }
+            None => params.private_data.clone(),
         };
         let rep = MpaFrame {
             kind: MpaKind::Reply,
@@ -398,7 +451,7 @@ impl ConnectRequest {
             reject: false,
             revision: req.revision,
             v2,
-            private_data: params.private_data.clone(),
+            private_data,
         };
         self.stream
             .write_all(&rep.encode().map_err(|e| Error::inval(e.to_string()))?)?;

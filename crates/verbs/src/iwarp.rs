@@ -44,7 +44,9 @@ pub(crate) struct Conn {
     pub epoll: Arc<Epoll>,
     /// Largest TCP segment payload (TCP_MAXSEG): FPDUs are sized to fit
     /// one segment and written so that none straddles two (RFC 5044 FPDU
-    /// alignment; also what Wireshark's MPA dissector expects).
+    /// alignment; also what Wireshark's MPA dissector expects). With a
+    /// softrdma peer that agreed to `ext::LARGE_SEGMENTS`, [`LARGE_SEG`]:
+    /// FPDUs of the largest size go out back to back, a batch per call.
     pub seg: usize,
     out_armed: AtomicBool,
     closed: AtomicBool,
@@ -55,7 +57,11 @@ impl Conn {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
         let fd = stream.as_raw_fd();
-        let seg = sys::tcp_mss(fd).unwrap_or(1460).clamp(MIN_SEG, 65535);
+        let seg = if params.large_segments {
+            LARGE_SEG
+        } else {
+            sys::tcp_mss(fd).unwrap_or(1460).clamp(MIN_SEG, 65535)
+        };
         Ok(Conn {
             fd,
             seg,
@@ -180,6 +186,8 @@ struct Batch {
     chunk_start: usize,
 }
 
+/// The "segment" used with `ext::LARGE_SEGMENTS`: one `sendmsg` per batch.
+pub(crate) const LARGE_SEG: usize = BATCH_BYTES;
 const BATCH_REFS: usize = 60;
 const BATCH_BYTES: usize = 1 << 20;
 const COPY_MAX: usize = 512;
@@ -814,6 +822,11 @@ pub(crate) fn on_writable(q: &Arc<QpInner>) {
 // ------------------------------------------------------------- receive path
 
 const STAGE_SIZE: usize = 64 * 1024;
+/// How far past the bytes it needs one staged read may reach: enough to
+/// take many small FPDUs per system call, small enough that the payload of
+/// a large FPDU is mostly read straight into its target memory (direct
+/// placement) rather than copied out of the stage.
+const LOOKAHEAD: usize = 4096;
 /// Payload still to come that is read straight into target memory.
 const DIRECT_MIN: usize = 1024;
 /// Largest Terminate ULPDU accepted.
@@ -932,7 +945,9 @@ impl Rx {
                 self.end -= self.start;
                 self.start = 0;
             }
-            match sys::recv_into(fd, &mut self.stage[self.end..]) {
+            let want = (n - self.avail()).max(LOOKAHEAD);
+            let lim = (self.end + want).min(self.stage.len());
+            match sys::recv_into(fd, &mut self.stage[self.end..lim]) {
                 Ok(0) => {
                     return Need::End(if self.avail() == 0 && self.phase == Phase::Header {
                         RxEnd::Eof

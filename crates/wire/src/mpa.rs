@@ -375,3 +375,42 @@ impl FpduError {
         }
     }
 }
+
+/// softrdma's connection extensions, offered at the start of the MPA
+/// private data (after the v2 IRD/ORD block, before the application's
+/// bytes). Only an initiator that knows its peer is softrdma offers them;
+/// a softrdma responder strips the block before the application sees the
+/// private data and answers with its own block listing what both support.
+/// Peers such as Linux siw never see one (they are never offered one) and
+/// never send one.
+///
+/// Layout (8 bytes): magic `SRDX`, version (1), flags, two reserved zero
+/// bytes.
+pub mod ext {
+    /// The block's first four bytes.
+    pub const MAGIC: &[u8; 4] = b"SRDX";
+    pub const VERSION: u8 = 1;
+    pub const LEN: usize = 8;
+    /// FPDUs need not be aligned to TCP segments: the sender may write
+    /// FPDUs back to back in large batches (like siw's GSO experiment, but
+    /// negotiated here rather than in reserved MPA header bits).
+    pub const LARGE_SEGMENTS: u8 = 0x01;
+    /// Flags this implementation understands.
+    pub const KNOWN: u8 = LARGE_SEGMENTS;
+
+    /// The block for `flags`.
+    pub fn encode(flags: u8) -> [u8; LEN] {
+        [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], VERSION, flags, 0, 0]
+    }
+
+    /// Splits private data into (offered flags, the application's bytes).
+    /// Without a well-formed block the flags are `None` and the data is
+    /// returned whole. Unknown flag bits are dropped.
+    pub fn strip(pd: &[u8]) -> (Option<u8>, &[u8]) {
+        if pd.len() >= LEN && &pd[..4] == MAGIC && pd[4] == VERSION && pd[6..8] == [0, 0] {
+            (Some(pd[5] & KNOWN), &pd[LEN..])
+        } else {
+            (None, pd)
+        }
+    }
+}

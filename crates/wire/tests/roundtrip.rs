@@ -401,3 +401,23 @@ fn max_ulpdu_for_is_the_largest_that_fits() {
     assert_eq!(mpa::max_ulpdu_for(1460 + 6), 1458);
     assert_eq!(mpa::max_ulpdu_for(usize::MAX), 0xFFFE);
 }
+
+#[test]
+fn ext_block_roundtrip_and_foreign_data() {
+    use softrdma_wire::mpa::ext;
+    let mut pd = ext::encode(ext::LARGE_SEGMENTS | 0x80).to_vec();
+    pd.extend_from_slice(b"app data");
+    let (flags, rest) = ext::strip(&pd);
+    assert_eq!(flags, Some(ext::LARGE_SEGMENTS), "unknown bit 0x80 kept");
+    assert_eq!(rest, b"app data");
+    // Private data without the block is returned whole.
+    for foreign in [
+        &b""[..],
+        b"SRDX",
+        b"SRDX\x02\x01\0\0xx",
+        b"SRDX\x01\x01\0\x01",
+        b"rping",
+    ] {
+        assert_eq!(ext::strip(foreign), (None, foreign));
+    }
+}

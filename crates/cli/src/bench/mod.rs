@@ -88,6 +88,11 @@ pub struct Args {
     /// Ask for MPA CRC32c.
     #[arg(long)]
     crc: bool,
+    /// Do not offer softrdma's connection extensions (large batched
+    /// segments instead of one FPDU per TCP segment): measures the plain
+    /// iWARP path a Linux siw peer gets.
+    #[arg(long)]
+    no_ext: bool,
     /// `--idle-secs` for idle_qps: how long to watch the idle QPs.
     #[arg(long, default_value_t = 3.0)]
     idle_secs: f64,
@@ -234,8 +239,9 @@ impl Record {
             "busy_poll": a.busy_poll,
             "crc": a.crc,
             "mpa_rev": a.mpa_rev,
+            "extensions": !a.no_ext,
             "secs": round(self.secs, 4),
-            "gbps": round(self.gbps, 4),
+            "gbps": round(self.gbps, 6),
             "msg_rate": round(self.msg_rate, 1),
             "lat_us_p50": self.lat.map(|l| round(l.0, 2)),
             "lat_us_p99": self.lat.map(|l| round(l.1, 2)),
@@ -245,7 +251,7 @@ impl Record {
         });
         let m = o.as_object_mut().unwrap();
         if let Some(b) = self.baseline_gbps {
-            m.insert("baseline_gbps".into(), round(b, 4).into());
+            m.insert("baseline_gbps".into(), round(b, 6).into());
         }
         if let Some(b) = self.baseline_lat_us_p50 {
             m.insert("baseline_lat_us_p50".into(), round(b, 2).into());
@@ -541,6 +547,7 @@ impl Session {
                 ord: (depth as u16).clamp(1, 128),
                 mpa_revision: a.mpa_rev,
                 crc: a.crc,
+                extensions: !a.no_ext,
                 ..ConnParams::default()
             };
             let pd_reply = qp

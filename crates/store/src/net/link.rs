@@ -201,6 +201,8 @@ impl Endpoint {
         let params = ConnParams {
             private_data: private_data.to_vec(),
             timeout,
+            // Store nodes and clients talk only to each other.
+            extensions: true,
             ..Default::default()
         };
         match link.qp.connect(addr, &params) {
