@@ -112,6 +112,22 @@ fn several_qps_crc_and_mpa_rev1() {
         "1",
     ]);
     check_line(&lines[0], "send_bw", 65536, 500);
+    // --repeat: the median of three runs, still one line per size.
+    let lines = bench(&[
+        "--test",
+        "write_lat",
+        "--size",
+        "8",
+        "--iters",
+        "100",
+        "--repeat",
+        "3",
+        "--baseline",
+        "tcp",
+    ]);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["repeat"].as_u64(), Some(3));
+    check_line(&lines[0], "write_lat", 8, 100);
     // A --duration run reports however many messages fitted.
     let lines = bench(&["--test", "read_bw", "--size", "4096", "--duration", "0.3"]);
     assert!(lines[0]["iters"].as_u64().unwrap() > 0, "{}", lines[0]);
@@ -135,4 +151,31 @@ fn atomics_are_refused_clearly() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("atomics"), "{err}");
+}
+
+#[test]
+fn plot_writes_an_svg() {
+    let dir = std::env::temp_dir().join(format!("softrdma-bench-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("bw.svg");
+    let lines = bench(&[
+        "--test",
+        "write_bw",
+        "--size",
+        "1K,64K",
+        "--iters",
+        "200",
+        "--baseline",
+        "tcp",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(lines.len(), 2);
+    let text = std::fs::read_to_string(&svg).expect("SVG written");
+    assert!(
+        text.starts_with("<svg") && text.contains("raw TCP"),
+        "{}",
+        &text[..200.min(text.len())]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -93,6 +93,10 @@ pub struct Args {
     /// iWARP path a Linux siw peer gets.
     #[arg(long)]
     no_ext: bool,
+    /// Run each size this many times (alternating with the baseline) and
+    /// report the median.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// `--idle-secs` for idle_qps: how long to watch the idle QPs.
     #[arg(long, default_value_t = 3.0)]
     idle_secs: f64,
@@ -239,6 +243,7 @@ impl Record {
             "busy_poll": a.busy_poll,
             "crc": a.crc,
             "mpa_rev": a.mpa_rev,
+            "repeat": a.repeat.max(1),
             "extensions": !a.no_ext,
             "secs": round(self.secs, 4),
             "gbps": round(self.gbps, 6),
@@ -323,25 +328,32 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
     let mut header = false;
     for &size in &sizes {
         let iters = a.iters.unwrap_or_else(|| default_iters(a.test, size));
-        let cpu0 = (cpu_secs(None), cpu_secs(server_pid));
-        let t0 = Instant::now();
-        let mut r = if a.test == Test::IdleQps {
-            idle_qps(a, &dev, server, server_pid)?
-        } else {
-            measure(a, &dev, server, size, iters)?
-        };
-        let wall = t0.elapsed().as_secs_f64();
-        if a.test != Test::IdleQps {
-            if let (Some(c0), Some(c1)) = (cpu0.0, cpu_secs(None)) {
-                r.cpu_client = (c1 - c0) / wall;
+        // With --repeat N, RDMA and TCP runs alternate N times and the
+        // median run of each is reported (a shared 2-core machine is noisy).
+        let mut runs = Vec::new();
+        for _ in 0..a.repeat.max(1) {
+            let cpu0 = (cpu_secs(None), cpu_secs(server_pid));
+            let t0 = Instant::now();
+            let mut r = if a.test == Test::IdleQps {
+                idle_qps(a, &dev, server, server_pid)?
+            } else {
+                measure(a, &dev, server, size, iters)?
+            };
+            let wall = t0.elapsed().as_secs_f64();
+            if a.test != Test::IdleQps {
+                if let (Some(c0), Some(c1)) = (cpu0.0, cpu_secs(None)) {
+                    r.cpu_client = (c1 - c0) / wall;
+                }
+                if let (Some(c0), Some(c1)) = (cpu0.1, cpu_secs(server_pid)) {
+                    r.cpu_server = Some((c1 - c0) / wall);
+                }
             }
-            if let (Some(c0), Some(c1)) = (cpu0.1, cpu_secs(server_pid)) {
-                r.cpu_server = Some((c1 - c0) / wall);
+            if a.baseline == Some(Baseline::Tcp) && a.test != Test::IdleQps {
+                baseline(a, server, &mut r, size, iters)?;
             }
+            runs.push(r);
         }
-        if a.baseline == Some(Baseline::Tcp) && a.test != Test::IdleQps {
-            baseline(a, server, &mut r, size, iters)?;
-        }
+        let r = median_run(runs, a.test.is_lat());
         if a.json {
             println!("{}", r.json(a));
         } else {
@@ -358,6 +370,36 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
         plot(p, a, &records)?;
     }
     Ok(())
+}
+
+/// The run with the median result, its baseline replaced by the median
+/// baseline (and the ratio recomputed).
+fn median_run(mut runs: Vec<Record>, lat: bool) -> Record {
+    let key = |r: &Record| {
+        if lat {
+            r.lat.map_or(0.0, |l| l.0)
+        } else {
+            r.gbps
+        }
+    };
+    runs.sort_by(|x, y| key(x).total_cmp(&key(y)));
+    let mid = runs.len() / 2;
+    let mut base_g: Vec<f64> = runs.iter().filter_map(|r| r.baseline_gbps).collect();
+    let mut base_l: Vec<f64> = runs.iter().filter_map(|r| r.baseline_lat_us_p50).collect();
+    base_g.sort_by(f64::total_cmp);
+    base_l.sort_by(f64::total_cmp);
+    let mut r = runs.swap_remove(mid);
+    if !base_g.is_empty() {
+        let b = base_g[base_g.len() / 2];
+        r.baseline_gbps = Some(b);
+        r.ratio = Some(r.gbps / b);
+    }
+    if !base_l.is_empty() {
+        let b = base_l[base_l.len() / 2];
+        r.baseline_lat_us_p50 = Some(b);
+        r.ratio = r.lat.map(|l| l.0 / b);
+    }
+    r
 }
 
 fn print_header(a: &Args) {
