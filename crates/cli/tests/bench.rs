@@ -93,6 +93,23 @@ fn latency_tests_with_baseline() {
 }
 
 #[test]
+fn busy_poll_latency_and_bandwidth() {
+    for test in ["write_lat", "read_lat", "send_lat", "send_bw"] {
+        let lines = bench(&[
+            "--test",
+            test,
+            "--size",
+            "8",
+            "--iters",
+            "300",
+            "--busy-poll",
+        ]);
+        assert_eq!(lines[0]["busy_poll"], true);
+        check_line(&lines[0], test, 8, 300);
+    }
+}
+
+#[test]
 fn several_qps_crc_and_mpa_rev1() {
     let lines = bench(&[
         "--test", "write_bw", "--size", "8", "--iters", "2000", "--qps", "4", "--depth", "32",

@@ -50,6 +50,10 @@ pub(crate) struct Conn {
     pub seg: usize,
     out_armed: AtomicBool,
     closed: AtomicBool,
+    /// Busy-poll mode: the application's thread runs the receiver
+    /// ([`crate::QueuePair::progress`]); the progress thread no longer
+    /// watches for input (it still handles blocked output and hang-ups).
+    polled: AtomicBool,
 }
 
 impl Conn {
@@ -72,6 +76,7 @@ impl Conn {
             epoll,
             out_armed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
         })
     }
 
@@ -79,18 +84,36 @@ impl Conn {
         self.epoll.add(self.fd, sys::EV_IN, qpn as u64)
     }
 
+    /// The epoll interest for the current modes.
+    fn interest(&self, out: bool) -> u32 {
+        let inp = if self.polled.load(Ordering::Acquire) {
+            0
+        } else {
+            sys::EV_IN
+        };
+        inp | if out { sys::EV_OUT } else { 0 }
+    }
+
     fn arm_out(&self, qpn: u32) {
         if !self.out_armed.swap(true, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
-            let _ = self
-                .epoll
-                .modify(self.fd, sys::EV_IN | sys::EV_OUT, qpn as u64);
+            let _ = self.epoll.modify(self.fd, self.interest(true), qpn as u64);
         }
     }
 
     fn disarm_out(&self, qpn: u32) {
         if self.out_armed.swap(false, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
-            let _ = self.epoll.modify(self.fd, sys::EV_IN, qpn as u64);
+            let _ = self.epoll.modify(self.fd, self.interest(false), qpn as u64);
         }
+    }
+
+    /// Switches busy-poll mode (see `polled`).
+    pub fn set_polled(&self, on: bool, qpn: u32) -> io::Result<()> {
+        self.polled.store(on, Ordering::Release);
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let out = self.out_armed.load(Ordering::Acquire);
+        self.epoll.modify(self.fd, self.interest(out), qpn as u64)
     }
 
     /// Stops all I/O on the connection (idempotent).

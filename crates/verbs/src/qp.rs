@@ -610,6 +610,32 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Busy-poll mode (like a NIC driver's poll mode): with `on`, this
+    /// QP's incoming bytes are processed only when the application calls
+    /// [`QueuePair::progress`], on its own thread, so a spinning consumer
+    /// sees data without a hand-off from the progress thread (and without
+    /// its wake-up). The progress thread still finishes transmissions that
+    /// found the socket full and notices hang-ups. Call `progress` often
+    /// while this is on; turning it off hands input back to the progress
+    /// thread (anything pending is picked up at once).
+    pub fn set_busy_poll(&self, on: bool) -> Result<()> {
+        let c = self
+            .inner
+            .conn
+            .get()
+            .ok_or(Error::inval("busy-poll needs a connected QP"))?;
+        c.set_polled(on, self.inner.qpn)?;
+        Ok(())
+    }
+
+    /// Runs this QP's receiver on the calling thread until the socket has
+    /// nothing more (never blocks on the network; may wait briefly for the
+    /// progress thread if it is inside the receiver). Needed in busy-poll
+    /// mode, harmless otherwise.
+    pub fn progress(&self) {
+        crate::iwarp::on_readable(&self.inner);
+    }
+
     /// Waits until the QP reaches `state` or the timeout passes.
     pub fn wait_state(&self, state: QpState, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;

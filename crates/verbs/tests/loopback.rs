@@ -496,3 +496,45 @@ fn extensions_negotiated_and_stripped() {
         assert!(dst.to_vec() == data, "offer={offer}: data differs");
     }
 }
+
+/// Busy-poll mode: the receiver runs on the caller's thread through
+/// `progress()`; switching back hands input to the progress thread again.
+#[test]
+fn busy_poll_receives_through_progress() {
+    let (c, s) = common::pair_with(ConnParams::default(), ConnParams::default(), |s| {
+        let _ = s;
+    });
+    let rbuf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let sbuf = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    s.qp.set_busy_poll(true).unwrap();
+    for round in 0..100u8 {
+        s.qp.post_recv(&RecvWr::new(round as u64, &[rbuf.sge_all()]))
+            .unwrap();
+        sbuf.write_at(0, &[round; 64]);
+        c.qp.post_send(&SendWr::send(round as u64, &[sbuf.sge_all()]))
+            .unwrap();
+        assert!(wait(&c.cq).is_ok());
+        let deadline = std::time::Instant::now() + common::T;
+        let wc = loop {
+            s.qp.progress();
+            if let Some(wc) = s.cq.poll_one() {
+                break wc;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no receive via progress()"
+            );
+            std::hint::spin_loop();
+        };
+        assert!(wc.is_ok() && wc.wr_id == round as u64 && wc.byte_len == 64);
+        assert_eq!(rbuf.to_vec(), vec![round; 64]);
+    }
+    // Back to the progress thread: a blocking wait sees the next message.
+    s.qp.set_busy_poll(false).unwrap();
+    s.qp.post_recv(&RecvWr::new(1000, &[rbuf.sge_all()]))
+        .unwrap();
+    c.qp.post_send(&SendWr::send(1000, &[sbuf.sge_all()]))
+        .unwrap();
+    assert!(wait(&c.cq).is_ok());
+    assert_eq!(wait(&s.cq).wr_id, 1000);
+}

@@ -596,6 +596,9 @@ impl Session {
                 .connect(server, &params)
                 .with_context(|| format!("connecting QP {i} to {server}"))?;
             let reply = Reply::decode(&pd_reply)?;
+            if a.busy_poll {
+                qp.set_busy_poll(true)?;
+            }
             if (reply.len as u64) < size.max(1) {
                 bail!(
                     "the server's buffer ({} bytes) is smaller than the message",
@@ -621,6 +624,9 @@ impl Session {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let n = if busy {
+                for qp in &self.qps {
+                    qp.progress();
+                }
                 self.cq.poll(wcs)
             } else {
                 self.cq.poll_wait(wcs, Duration::from_secs(1))
@@ -648,6 +654,13 @@ pub(crate) fn spin_until(mut f: impl FnMut() -> bool, qp: &QueuePair, busy: bool
     loop {
         if f() {
             return Ok(());
+        }
+        if busy {
+            // Busy-poll mode: this thread runs the QP's receiver.
+            qp.progress();
+            if f() {
+                return Ok(());
+            }
         }
         n += 1;
         if n.is_multiple_of(1024) && qp.state() == QpState::Error {

@@ -210,9 +210,12 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
             };
             let params = conn_params(&req, &reply);
             req.accept(&qp, &params)?;
+            if h.busy_poll {
+                qp.set_busy_poll(true)?;
+            }
             match h.test {
-                Test::SendBw => serve_send_bw(&qp, &cq, &bufs, &out, size, credits),
-                Test::SendLat => serve_send_lat(&qp, &cq, &bufs, &out, size),
+                Test::SendBw => serve_send_bw(&qp, &cq, &bufs, &out, size, credits, h.busy_poll),
+                Test::SendLat => serve_send_lat(&qp, &cq, &bufs, &out, size, h.busy_poll),
                 _ => serve_write_lat(&qp, &cq, &bufs, &out, size, &h),
             }
         }
@@ -223,9 +226,21 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
     }
 }
 
-/// Waits (up to a second) for completions.
-fn next_wcs(cq: &CompletionQueue, wcs: &mut [WorkCompletion]) -> usize {
-    cq.poll_wait(wcs, Duration::from_secs(1))
+/// Waits (up to a second) for completions; in busy-poll mode spins,
+/// running the QP's receiver itself.
+fn next_wcs(qp: &QueuePair, cq: &CompletionQueue, wcs: &mut [WorkCompletion], busy: bool) -> usize {
+    if !busy {
+        return cq.poll_wait(wcs, Duration::from_secs(1));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        qp.progress();
+        let n = cq.poll(wcs);
+        if n > 0 || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// send_bw: repost every receive at once and return credits (the
@@ -237,13 +252,14 @@ fn serve_send_bw(
     out: &MemoryRegion,
     size: usize,
     credits: usize,
+    busy: bool,
 ) -> Result<()> {
     let step = (credits / 4).max(1) as u64;
     let mut reposted = 0u64;
     let mut wcs = vec![WorkCompletion::default(); 64];
     let mut recvs = Vec::with_capacity(64);
     loop {
-        let n = next_wcs(cq, &mut wcs);
+        let n = next_wcs(qp, cq, &mut wcs, busy);
         recvs.clear();
         let mut credit_due = false;
         for wc in &wcs[..n] {
@@ -277,10 +293,11 @@ fn serve_send_lat(
     bufs: &MemoryRegion,
     out: &MemoryRegion,
     size: usize,
+    busy: bool,
 ) -> Result<()> {
     let mut wcs = vec![WorkCompletion::default(); 16];
     loop {
-        let n = next_wcs(cq, &mut wcs);
+        let n = next_wcs(qp, cq, &mut wcs, busy);
         for wc in &wcs[..n] {
             if !wc.is_ok() {
                 return Ok(());
@@ -326,8 +343,9 @@ fn serve_write_lat(
         }
     }
     // Wait for the client to go.
+    qp.set_busy_poll(false)?;
     loop {
-        let n = next_wcs(cq, &mut wcs);
+        let n = next_wcs(qp, cq, &mut wcs, false);
         if wcs[..n].iter().any(|wc| !wc.is_ok()) {
             return Ok(());
         }
