@@ -196,3 +196,26 @@ fn plot_writes_an_svg() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--baseline ucx` runs Debian's ucx_perftest (installed by
+/// scripts/setup.sh) in the same invocation; missing, the test fails.
+#[test]
+fn ucx_baseline() {
+    for (test, size) in [("write_bw", "8"), ("write_lat", "8")] {
+        let lines = bench(&[
+            "--test",
+            test,
+            "--size",
+            size,
+            "--iters",
+            "2000",
+            "--baseline",
+            "tcp,ucx",
+        ]);
+        let v = &lines[0];
+        assert_eq!(v["ucx_tls"], "tcp", "{v}");
+        assert!(f(v, "ucx_msg_rate") > 0.0, "{v}");
+        assert!(f(v, "ucx_ratio") > 0.0, "{v}");
+        assert!(f(v, "ratio") > 0.0, "{v}");
+    }
+}

@@ -16,6 +16,7 @@ mod perftest;
 mod proto;
 mod server;
 mod tcp;
+mod ucx;
 
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
@@ -73,9 +74,14 @@ pub struct Args {
     /// Poll completions (and memory) without sleeping.
     #[arg(long)]
     busy_poll: bool,
-    /// Also measure a raw TCP baseline in the same run.
-    #[arg(long, value_enum)]
-    baseline: Option<Baseline>,
+    /// Also measure baselines in the same run: `tcp` (a raw TCP pump or
+    /// ping-pong between the same two processes), `ucx` (Debian's
+    /// ucx_perftest, the closest UCP test), or both (`tcp,ucx`).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    baseline: Vec<Baseline>,
+    /// UCX_TLS for `--baseline ucx`.
+    #[arg(long, default_value = "tcp")]
+    ucx_tls: String,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -108,6 +114,7 @@ pub struct Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Baseline {
     Tcp,
+    Ucx,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -229,6 +236,10 @@ struct Record {
     rss_server_mib: Option<f64>,
     /// The server's TCP baseline port (not printed).
     tcp_port: u16,
+    ucx: Option<ucx::UcxResult>,
+    /// Ours / UCX: message rate for bandwidth tests, p50 latency for
+    /// latency tests.
+    ucx_ratio: Option<f64>,
 }
 
 impl Record {
@@ -263,6 +274,15 @@ impl Record {
         }
         if let Some(r) = self.ratio {
             m.insert("ratio".into(), round(r, 3).into());
+        }
+        if let Some(u) = &self.ucx {
+            m.insert("ucx_tls".into(), a.ucx_tls.clone().into());
+            m.insert("ucx_gbps".into(), round(u.gbps, 6).into());
+            m.insert("ucx_msg_rate".into(), round(u.msg_rate, 1).into());
+            m.insert("ucx_lat_us_p50".into(), round(u.lat_us_p50, 3).into());
+        }
+        if let Some(r) = self.ucx_ratio {
+            m.insert("ucx_ratio".into(), round(r, 3).into());
         }
         if let Some(r) = self.rss_client_mib {
             m.insert("rss_client_mib".into(), round(r, 1).into());
@@ -348,8 +368,17 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
                     r.cpu_server = Some((c1 - c0) / wall);
                 }
             }
-            if a.baseline == Some(Baseline::Tcp) && a.test != Test::IdleQps {
+            if a.baseline.contains(&Baseline::Tcp) && a.test != Test::IdleQps {
                 baseline(a, server, &mut r, size, iters)?;
+            }
+            if a.baseline.contains(&Baseline::Ucx) && a.test != Test::IdleQps {
+                let u = ucx::run(a.test, size, iters, &a.ucx_tls)?;
+                r.ucx_ratio = Some(if a.test.is_lat() {
+                    r.lat.map_or(0.0, |l| l.0) / u.lat_us_p50
+                } else {
+                    r.msg_rate / u.msg_rate
+                });
+                r.ucx = Some(u);
             }
             runs.push(r);
         }
