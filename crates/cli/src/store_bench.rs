@@ -111,7 +111,7 @@ fn write_config(
     let p = dir.join(format!("node{id}.toml"));
     let text = format!(
         "group = \"bench\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
-         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 3000\nlease_ttl_ms = 300\n\n\
+         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\n\
          [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
         if id == 1 { "primary" } else { "secondary" }
     );

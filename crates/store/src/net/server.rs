@@ -50,6 +50,13 @@ fn setup(e: impl std::fmt::Display) -> ServeError {
 enum Ev {
     Link(LinkEvent),
     Tick,
+    /// A message produced locally for the node (a recovery chunk read
+    /// from the primary), queued behind whatever already waits so that
+    /// ticks and heartbeats keep flowing during a long arena copy.
+    Local {
+        from: Addr,
+        env: proto::Envelope,
+    },
     Coord {
         id: u64,
         reply: Result<CoordReply, String>,
@@ -314,8 +321,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             .map_err(setup)?;
     }
     ready(&aref);
-    drop(tx);
-    node_loop(node, aref, ep, rx, ctx);
+    node_loop(node, aref, ep, rx, tx, ctx);
     Ok(())
 }
 
@@ -406,6 +412,7 @@ fn node_loop(
     aref: ArenaRef,
     ep: Arc<Endpoint>,
     rx: Receiver<Ev>,
+    self_tx: Sender<Ev>,
     coord: Sender<(u64, CoordRequest, Member)>,
 ) {
     let t0 = Instant::now();
@@ -419,6 +426,7 @@ fn node_loop(
     for ev in rx {
         let input = match ev {
             Ev::Tick => Input::Tick,
+            Ev::Local { from, env } => Input::Message { from, env },
             Ev::Coord { id, reply } => Input::Coord { id, reply },
             Ev::Accepted { link, who } => {
                 owner.insert(link.id(), who);
@@ -494,7 +502,9 @@ fn node_loop(
                         // Recovery copies the primary's arena with one-sided
                         // RDMA Reads: a chunk request becomes a Read of that
                         // range of the primary's arena, whose bytes go back
-                        // to the node as the chunk.
+                        // to the node as the chunk, through the event queue
+                        // (behind pending ticks and messages: a copy of a
+                        // large arena must not starve the heartbeats).
                         if let proto::Body::SyncRequest {
                             session,
                             offset,
@@ -502,17 +512,19 @@ fn node_loop(
                         } = env.body
                         {
                             match sync_read(link, &mut scratch, &ep, aref, offset, len) {
-                                Ok(data) => inputs.push_back(Input::Message {
-                                    from: to,
-                                    env: proto::Envelope {
-                                        epoch: env.epoch,
-                                        body: proto::Body::SyncChunk {
-                                            session,
-                                            offset,
-                                            data,
+                                Ok(data) => {
+                                    let _ = self_tx.send(Ev::Local {
+                                        from: to,
+                                        env: proto::Envelope {
+                                            epoch: env.epoch,
+                                            body: proto::Body::SyncChunk {
+                                                session,
+                                                offset,
+                                                data,
+                                            },
                                         },
-                                    },
-                                }),
+                                    });
+                                }
                                 Err(e) => {
                                     tracing::warn!(error = %e, "RDMA Read of the primary's arena failed");
                                     let id = link.id();
