@@ -278,6 +278,32 @@ fn crash_primary_20_times() {
     let _ = std::fs::remove_dir_all(&g.dir);
 }
 
+/// A joiner copying a large arena (768 MiB, over a second of RDMA Reads)
+/// keeps its heartbeats going: with the default 250 ms timeout the group
+/// still becomes redundant, at start and after the secondary restarts.
+#[test]
+fn large_arena_rejoins_with_default_timings() {
+    let mut g = Group::new("bigarena", "768MiB");
+    let p = g.primary();
+    let s = 3 - p;
+    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let objs: Vec<(RemotePtr, Vec<u8>)> = (0..20u32)
+        .map(|i| {
+            let v = vec![i as u8; 1000 + i as usize];
+            (c.insert(&v).unwrap(), v)
+        })
+        .collect();
+    g.nodes[(s - 1) as usize].kill();
+    let dir = g.dir.clone();
+    g.nodes[(s - 1) as usize].start(&dir, "secondary");
+    assert_eq!(g.wait_redundant(Duration::from_secs(60)), p);
+    g.nodes[(p - 1) as usize].kill();
+    for (ptr, v) in &objs {
+        assert_eq!(&c.read(*ptr).unwrap(), v, "{ptr}");
+    }
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
 #[test]
 fn secondary_loss_and_resync() {
     let mut g = Group::new("secloss", "16MiB");
