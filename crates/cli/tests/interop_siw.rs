@@ -1704,6 +1704,17 @@ fn write_cma_expect(dir: &Path, name: &str, server: bool) -> String {
 
 /// `softrdma cmatose` arguments for a case (the client's with `server`).
 fn cma_args(server: Option<&str>, port: u16, count: usize, size: usize, crc: bool) -> Vec<String> {
+    cma_args_rev(server, port, count, size, crc, 2)
+}
+
+fn cma_args_rev(
+    server: Option<&str>,
+    port: u16,
+    count: usize,
+    size: usize,
+    crc: bool,
+    rev: u8,
+) -> Vec<String> {
     let mut a: Vec<String> = vec!["cmatose".into()];
     if let Some(s) = server {
         a.extend(["--server-addr".into(), s.into()]);
@@ -1717,7 +1728,7 @@ fn cma_args(server: Option<&str>, port: u16, count: usize, size: usize, crc: boo
             "--size",
             &size.to_string(),
             "--mpa-rev",
-            "2",
+            &rev.to_string(),
             "--timeout",
             "60",
         ]
@@ -1748,7 +1759,18 @@ fn check_cma_conn(
     crc: bool,
     count: usize,
 ) -> Result<(), String> {
-    check_conn_ops(conns, port, 2, crc, &[3])?;
+    check_cma_conn_rev(conns, pcap, port, crc, count, 2)
+}
+
+fn check_cma_conn_rev(
+    conns: &BTreeMap<u16, ConnWire>,
+    pcap: &Path,
+    port: u16,
+    crc: bool,
+    count: usize,
+    rev: u32,
+) -> Result<(), String> {
+    check_conn_ops(conns, port, rev, crc, &[3])?;
     match send_messages(pcap, port) {
         (up, down) if up == count && down == count => Ok(()),
         (up, down) => Err(format!(
@@ -1919,20 +1941,32 @@ fn softrdma_client_vs_guest_ucmatose_server() {
         guest_port: u16,
         size: usize,
         crc: bool,
+        rev: u8,
         result: Option<Result<(), String>>,
     }
-    let combos = cma_cases("c");
+    // MPA revision 2 at every size, and revision 1 (no IRD/ORD exchange;
+    // Sends need none) at the smallest and largest.
+    let mut combos: Vec<(String, usize, bool, u8)> = cma_cases("c")
+        .into_iter()
+        .map(|(n, s, c)| (n, s, c, 2))
+        .collect();
+    for (n, s, c) in cma_cases("c") {
+        if s == CMA_SIZES[0] || s == CMA_SIZES[CMA_SIZES.len() - 1] {
+            combos.push((format!("{n}-rev1"), s, c, 1));
+        }
+    }
     let ports = free_ports(combos.len());
     let mut cases: Vec<Case> = combos
         .into_iter()
         .zip(ports)
         .enumerate()
-        .map(|(i, ((name, size, crc), host_port))| Case {
+        .map(|(i, ((name, size, crc, rev), host_port))| Case {
             name,
             host_port,
             guest_port: 7300 + i as u16,
             size,
             crc,
+            rev,
             result: None,
         })
         .collect();
@@ -1995,13 +2029,14 @@ fn softrdma_client_vs_guest_ucmatose_server() {
         let Some(c) = cases.iter_mut().find(|c| c.name == name) else {
             continue;
         };
-        let args = cma_args(Some("127.0.0.1"), c.host_port, count, c.size, c.crc);
+        let args = cma_args_rev(Some("127.0.0.1"), c.host_port, count, c.size, c.crc, c.rev);
         let t0 = Instant::now();
         let p = HostProc::spawn(&work, &c.name, &args);
         let want = [
             format!(
-                "cmatose: connected to 127.0.0.1:{} (MPA rev 2, CRC {},",
+                "cmatose: connected to 127.0.0.1:{} (MPA rev {}, CRC {},",
                 c.host_port,
+                c.rev,
                 if c.crc { "on" } else { "off" }
             ),
             format!(
@@ -2051,7 +2086,9 @@ fn softrdma_client_vs_guest_ucmatose_server() {
     let conns = analyse_capture(&pcap, &ports);
     let errs: Vec<String> = cases
         .iter()
-        .filter_map(|c| check_cma_conn(&conns, &pcap, c.host_port, c.crc, count).err())
+        .filter_map(|c| {
+            check_cma_conn_rev(&conns, &pcap, c.host_port, c.crc, count, c.rev as u32).err()
+        })
         .collect();
     assert!(
         errs.is_empty(),
