@@ -42,6 +42,28 @@ const PIECE: usize = MAX_FRAME - 1;
 /// Receives kept posted per link.
 pub const RECV_SLOTS: usize = 128;
 /// Send buffers per link.
+/// How long a one-sided Read polls before it sleeps on its CQ.
+const READ_SPIN: Duration = Duration::from_micros(60);
+/// Set while one thread of this process polls for its Read.
+static SPINNER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Releases [`SPINNER`] when the Read that took it ends.
+struct SpinGuard(bool);
+
+impl SpinGuard {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.0) {
+            SPINNER.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for SpinGuard {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 const SEND_SLOTS: usize = 32;
 
 /// Errors of the link layer.
@@ -428,13 +450,42 @@ impl Link {
             })?;
         tx.outstanding += 1;
         let deadline = Instant::now() + timeout;
+        // A one-sided Read's response comes back in tens of microseconds:
+        // run the receiver on this thread and poll for that long before
+        // sleeping on the CQ (a sleep and a wake-up through the progress
+        // thread cost about as much as the Read itself).
+        // Only one thread of the process spins at a time: with many client
+        // threads on few cores, spinning readers would starve the threads
+        // that do the work (the others sleep as before).
+        let spinning = SPINNER
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        let mut spin_guard = SpinGuard(spinning);
+        let spin_until = if spinning {
+            Instant::now() + READ_SPIN
+        } else {
+            Instant::now()
+        };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(LinkError::Timeout(self.peer()));
             }
-            let Some(wc) = self.send_cq.wait_one(left) else {
-                return Err(LinkError::Timeout(self.peer()));
+            let wc = if Instant::now() < spin_until {
+                self.qp.progress();
+                match self.send_cq.poll_one() {
+                    Some(wc) => wc,
+                    None => {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                }
+            } else {
+                spin_guard.release();
+                match self.send_cq.wait_one(left) {
+                    Some(wc) => wc,
+                    None => return Err(LinkError::Timeout(self.peer())),
+                }
             };
             tx.outstanding = tx.outstanding.saturating_sub(1);
             if wc.status != WcStatus::Success {
