@@ -243,6 +243,15 @@ impl Device {
         }
     }
 
+    /// Benchmark hook (for `benches/engine.rs`, not an API): resolves
+    /// `stag` in the STag table exactly as the receive path does for every
+    /// tagged segment (read lock, index, key compare, reference taken and
+    /// dropped); true if it names a registered region. No access check.
+    #[doc(hidden)]
+    pub fn bench_stag_lookup(&self, stag: u32) -> bool {
+        self.rt.core.stags.lookup(stag).is_some()
+    }
+
     /// A snapshot of the device's resources, like `rdma resource show`.
     pub fn info(&self) -> DeviceInfo {
         self.rt.core.info(self.rt.progress.len())
