@@ -636,6 +636,25 @@ fn partitioned_primary_is_fenced_and_rejoins() {
         p_before.epoch < e1,
         "the old primary cannot know the new epoch {e1} yet: {p_before:?}"
     );
+    // Reads: once S acknowledged a newer version of an object, the old
+    // primary must not serve the old one (its lease ran out, so its
+    // arena's STag is gone for one-sided Reads and it refuses
+    // server-side reads).
+    let newer: Vec<u8> = fixed[2].1.iter().rev().map(|b| b ^ 0x20).collect();
+    assert_ne!(newer, fixed[2].1);
+    let moved = only_s
+        .update(fixed[2].0, &newer)
+        .expect("the new primary acknowledges an update");
+    assert_eq!(moved, fixed[2].0, "same length: updated in place");
+    fixed[2].1 = newer;
+    let stale = only_p.read(fixed[2].0);
+    assert!(
+        stale.is_err(),
+        "the old primary served a read after its lease ran out: {:?}",
+        stale
+            .as_ref()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    );
     let r_insert = only_p.insert(b"written to the old primary only");
     let r_update = only_p.update(fixed[0].0, b"diverged on the old primary");
     let r_delete = only_p.delete(fixed[1].0);

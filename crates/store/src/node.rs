@@ -374,6 +374,26 @@ impl<M: Memory> Node<M> {
         self.last_divergence = Some(why);
     }
 
+    /// Whether this node's arena may be read at `now`: it is the primary
+    /// and its lease (as it last renewed it) has not run out, or it is a
+    /// secondary that finished copying and heard from its primary within
+    /// the heartbeat timeout (so the primary cannot yet have dropped it and
+    /// acknowledged writes without it). The network layer keeps the
+    /// arena's STag valid for one-sided Reads exactly while this holds, so
+    /// a node that was cut off and replaced stops serving stale data to
+    /// clients that still reach it.
+    pub fn serves_reads(&self, now: Micros) -> bool {
+        match &self.state {
+            State::Primary(p) => now < p.lease_until,
+            State::Secondary {
+                last_heard,
+                copy: None,
+                ..
+            } => now < last_heard + self.cfg.heartbeat_timeout,
+            _ => false,
+        }
+    }
+
     /// Primary with an in-sync secondary.
     pub fn is_redundant(&self) -> bool {
         matches!(&self.state, State::Primary(p) if matches!(p.replica, Replica::InSync { .. }))
@@ -704,6 +724,18 @@ impl<M: Memory> Node<M> {
             return;
         }
         if let Op::Read { ptr } = op {
+            // A primary whose lease may have run out (cut off from the
+            // coordinator, possibly replaced) must not answer reads either.
+            if !self.serves_reads(self.now) {
+                self.send(
+                    from,
+                    Body::Response {
+                        req_id,
+                        result: Err(StoreError::NotPrimary { primary: None }),
+                    },
+                );
+                return;
+            }
             let result = self.read(ptr);
             self.send(from, Body::Response { req_id, result });
             return;

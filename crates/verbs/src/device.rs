@@ -535,6 +535,16 @@ impl MemoryRegion {
     pub fn is_valid(&self) -> bool {
         self.inner.valid.load(Ordering::Acquire)
     }
+    /// Invalidates the STag (`false`) or makes it valid again (`true`),
+    /// keeping its index reserved: while invalid, no access passes, local
+    /// or remote (a peer's Read or Write gets the "invalid STag"
+    /// Terminate). Like a Local Invalidate followed by registering again
+    /// under the same STag, without giving the index back in between (a
+    /// released index may be handed to the next registration). Transfers
+    /// already being placed finish.
+    pub fn set_valid(&self, valid: bool) {
+        self.inner.valid.store(valid, Ordering::Release);
+    }
     /// An SGE covering `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: usize) -> crate::Sge {
         assert!(offset + len <= self.len(), "SGE outside the region");

@@ -178,9 +178,9 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
     let coord = coordinator(&cfg)?;
     let (arena, aref) = find_arena(&cfg, &ep, coord.as_ref(), me)?;
     // SAFETY: the arena is mapped for reads and writes and is never unmapped
-    // while the process runs (it is leaked below, inside the Node that this
-    // function never returns); the registration only allows remote reads.
-    let mr = unsafe {
+    // while the process runs (it lives inside the Node that this function
+    // never returns); the registration only allows remote reads.
+    let arena_mr = unsafe {
         ep.pd().register_raw(
             arena.as_ptr(),
             aref.len as usize,
@@ -198,7 +198,8 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             aref.stag
         ))
     })?;
-    std::mem::forget(mr);
+    // Valid only while the node serves reads (node_loop switches it).
+    arena_mr.set_valid(false);
 
     let hb = cfg.heartbeat_interval();
     let ncfg = NodeConfig {
@@ -321,7 +322,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             .map_err(setup)?;
     }
     ready(&aref);
-    node_loop(node, aref, ep, rx, tx, ctx);
+    node_loop(node, aref, ep, rx, tx, ctx, arena_mr);
     Ok(())
 }
 
@@ -414,7 +415,13 @@ fn node_loop(
     rx: Receiver<Ev>,
     self_tx: Sender<Ev>,
     coord: Sender<(u64, CoordRequest, Member)>,
+    arena_mr: softrdma_verbs::MemoryRegion,
 ) {
+    // The arena's STag is valid exactly while the node serves reads
+    // (checked after every event; ticks come every heartbeat interval, so
+    // it goes within one interval of the lease running out, well before
+    // the coordinator can have promoted anyone else: that takes the lease
+    // TTL plus the secondary's heartbeat timeout).
     let t0 = Instant::now();
     let now = || t0.elapsed().as_micros() as u64;
     let mut owner: HashMap<u32, Addr> = HashMap::new();
@@ -545,6 +552,15 @@ fn node_loop(
                     }
                 }
             }
+        }
+        let serve = node.serves_reads(now());
+        if serve != arena_mr.is_valid() {
+            arena_mr.set_valid(serve);
+            tracing::info!(
+                serve,
+                "one-sided reads of the arena {}",
+                if serve { "enabled" } else { "disabled" }
+            );
         }
     }
 }
