@@ -538,3 +538,36 @@ fn busy_poll_receives_through_progress() {
     assert!(wait(&c.cq).is_ok());
     assert_eq!(wait(&s.cq).wr_id, 1000);
 }
+
+/// `set_valid(false)` refuses remote access to the STag (the Read fails,
+/// nothing is read) and keeps its index out of reuse; `set_valid(true)`
+/// restores it.
+#[test]
+fn set_valid_toggles_the_stag_and_keeps_its_index() {
+    let (c, s) = common::pair();
+    let mr =
+        s.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+    mr.write_at(0, &[7; 64]);
+    mr.set_valid(false);
+    assert!(!mr.is_valid());
+    let sink = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_send(&SendWr::read(1, sink.sge_all(), mr.addr(), mr.rkey()))
+        .unwrap();
+    let wc = wait(&c.cq);
+    assert!(
+        !wc.is_ok(),
+        "a Read of an invalidated STag succeeded: {wc:?}"
+    );
+    assert_eq!(
+        sink.to_vec(),
+        vec![0; 64],
+        "bytes arrived from an invalid STag"
+    );
+    let others: Vec<MemoryRegion> = (0..64)
+        .map(|_| s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap())
+        .collect();
+    assert!(others.iter().all(|o| o.rkey() >> 8 != mr.rkey() >> 8));
+    mr.set_valid(true);
+    assert!(mr.is_valid());
+}
