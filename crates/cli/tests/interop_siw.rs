@@ -2096,3 +2096,351 @@ fn softrdma_client_vs_guest_ucmatose_server() {
         errs.join("\n  ")
     );
 }
+
+// ---------------------------------------------------------------------------
+// perftest -R against softrdma bench --server (docs/perftest-protocol.md)
+// ---------------------------------------------------------------------------
+
+/// One guest perftest client run against `softrdma bench --server`.
+struct PerftestCase {
+    name: &'static str,
+    /// The perftest tool.
+    tool: &'static str,
+    /// Its title line, and the test our server's summary line names.
+    title: &'static str,
+    kind: &'static str,
+    /// Options besides `-R -d siw0 -p PORT -F SERVER`.
+    args: &'static str,
+    size: usize,
+    /// Iterations per QP, and QPs.
+    iters: usize,
+    qps: usize,
+}
+
+/// Write, Read and Send bandwidth at perftest's default size (64 KiB), the
+/// smallest (2 bytes) and 1 MiB; send_bw also with a 16-deep receive window
+/// (1000 messages carried by the iWARP credits) and with two QPs.
+fn perftest_cases() -> Vec<PerftestCase> {
+    let c = |name, tool, title, kind, args, size, iters, qps| PerftestCase {
+        name,
+        tool,
+        title,
+        kind,
+        args,
+        size,
+        iters,
+        qps,
+    };
+    let (w, r, s) = (
+        ("ib_write_bw", "RDMA_Write BW Test", "write_bw"),
+        ("ib_read_bw", "RDMA_Read BW Test", "read_bw"),
+        ("ib_send_bw", "Send BW Test", "send_bw"),
+    );
+    vec![
+        c("write-64k", w.0, w.1, w.2, "-n 100", 65536, 100, 1),
+        c("write-2", w.0, w.1, w.2, "-s 2 -n 200", 2, 200, 1),
+        c("write-1m", w.0, w.1, w.2, "-s 1048576 -n 5", 1 << 20, 5, 1),
+        c("read-64k", r.0, r.1, r.2, "-n 100", 65536, 100, 1),
+        c("read-2", r.0, r.1, r.2, "-s 2 -n 200", 2, 200, 1),
+        c("read-1m", r.0, r.1, r.2, "-s 1048576 -n 5", 1 << 20, 5, 1),
+        c("send-64k", s.0, s.1, s.2, "-n 100", 65536, 100, 1),
+        c(
+            "send-2-r16",
+            s.0,
+            s.1,
+            s.2,
+            "-s 2 -n 1000 -r 16",
+            2,
+            1000,
+            1,
+        ),
+        c(
+            "send-4k-q2",
+            s.0,
+            s.1,
+            s.2,
+            "-s 4096 -n 300 -q 2 -r 32",
+            4096,
+            300,
+            2,
+        ),
+        c("send-1m", s.0, s.1, s.2, "-s 1048576 -n 5", 1 << 20, 5, 1),
+    ]
+}
+
+/// What is wrong with one perftest client's run, from the guest's output:
+/// its exit status, its title, and the result row under the table header
+/// (size, iterations over all QPs, a non-zero average bandwidth or message
+/// rate). Exit status 0 means every Write, Read or Send completed without
+/// error. Under TCG perftest's clock calibration (`sample_get_cpu_mhz`)
+/// sometimes fails, printing `Correlation coefficient r^2: ... < 0.9` on
+/// stderr; it then knows no CPU frequency and, with `-F`, prints a row of
+/// zeros: only then is a zero row accepted.
+fn check_perftest_output(
+    c: &PerftestCase,
+    rc: Option<&str>,
+    out: &[String],
+    err: &[String],
+) -> Result<(), String> {
+    let mut p = Vec::new();
+    if rc != Some("0") {
+        p.push(format!("exit status {rc:?}"));
+    }
+    if !out.iter().any(|l| l.contains(c.title)) {
+        p.push(format!("no `{}` title", c.title));
+    }
+    let header = out
+        .iter()
+        .position(|l| l.contains("#bytes") && l.contains("#iterations"));
+    let row = header.and_then(|h| {
+        out[h + 1..].iter().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 5 && f[0].parse::<usize>().is_ok()).then_some(f)
+        })
+    });
+    match (header, row) {
+        (None, _) => p.push("no result table header".into()),
+        (Some(_), None) => p.push("no result row".into()),
+        (Some(_), Some(f)) => {
+            let want_iters = c.iters * c.qps;
+            let num = |s: &str| s.parse::<f64>().unwrap_or(0.0);
+            if f[0] != c.size.to_string() || f[1] != want_iters.to_string() {
+                p.push(format!(
+                    "result row {f:?}: expected {} bytes, {want_iters} iterations",
+                    c.size
+                ));
+            } else if num(f[3]) <= 0.0
+                && num(f[4]) <= 0.0
+                && !err.iter().any(|l| l.contains("Correlation coefficient"))
+            {
+                p.push(format!(
+                    "result row {f:?}: no bandwidth and no message rate"
+                ));
+            }
+        }
+    }
+    if p.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} ({} {}): {}\n    --- output:\n{}    --- stderr:\n{}",
+            c.name,
+            c.tool,
+            c.args,
+            p.join("; "),
+            indent(&out.join("\n")),
+            indent(&err.join("\n"))
+        ))
+    }
+}
+
+/// The numbers of one summary line of our server:
+/// `perftest: PEER: KIND client (perftest V): N test QP(s) (...), M control
+/// messages (...), S Sends received (B bytes), C credit Writes, done`.
+#[derive(Debug, PartialEq)]
+struct PerftestSummary {
+    kind: String,
+    qps: usize,
+    control: usize,
+    sends: usize,
+    send_bytes: usize,
+}
+
+fn parse_perftest_summary(line: &str) -> Option<PerftestSummary> {
+    let rest = line.strip_prefix("perftest: ")?.strip_suffix(", done")?;
+    let w: Vec<&str> = rest.split_whitespace().collect();
+    let before = |word: &str| {
+        w.iter()
+            .position(|x| *x == word)
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| w[i].trim_start_matches('(').parse::<usize>().ok())
+    };
+    Some(PerftestSummary {
+        kind: w.get(1)?.to_string(),
+        qps: before("test")?,
+        control: before("control")?,
+        sends: before("Sends")?,
+        send_bytes: before("bytes),")?,
+    })
+}
+
+/// Guest perftest `-R` clients (`ib_write_bw`, `ib_read_bw`, `ib_send_bw`
+/// on siw) against one `softrdma bench --server` on the host: every client
+/// exits 0 and prints its result row; our server names each session's test
+/// and counts the Sends it received; the capture decodes, shows Write, Read
+/// Request/Response and Send, and holds exactly the Send messages our
+/// server counted.
+#[test]
+fn guest_perftest_clients_vs_softrdma_bench_server() {
+    let Some(env) = guest_env("guest_perftest_clients_vs_softrdma_bench_server") else {
+        return;
+    };
+    let _serial = lock_guest();
+    let work = Work::new("perftest");
+    let cases = perftest_cases();
+    let port = free_ports(1)[0];
+    let args: Vec<String> = ["bench", "--server", "--port", &port.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut server = HostProc::spawn(&work, "bench-server", &args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host_listening(port) {
+        if server.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            panic!(
+                "softrdma bench server never listened on {port}: {}",
+                server.premature()
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Seconds one client may take under TCG (the slowest case takes ~5 s).
+    let ct = 60;
+    let mut script = guest_prelude();
+    for c in &cases {
+        script += &format!(
+            "marker 'CLIENT-START {name}'\n\
+             t0=$(date +%s)\n\
+             timeout {ct} {tool} -R -d siw0 -p {port} -F {args} 10.0.2.2 > /tmp/c.out 2> /tmp/c.err\n\
+             rc=$?\n\
+             echo \"PERFTEST {name} RC $rc TIME $(( $(date +%s) - t0 )) s\"\n\
+             sed 's/^/OUT {name}| /' /tmp/c.out\n\
+             sed 's/^/ERR {name}| /' /tmp/c.err\n\
+             [ $rc = 0 ] || fail=1\n",
+            name = c.name,
+            tool = c.tool,
+            args = c.args,
+        );
+    }
+    script += "exit $fail\n";
+    let cap = Capture::start(&work, &[port]);
+    let mut guest = Guest::boot(
+        &env,
+        &work,
+        &script,
+        &[],
+        &[],
+        120 + cases.len() as u64 * ct,
+    );
+    while let Some(line) = guest.next_line() {
+        if line.trim().starts_with("CLIENT-START ") && server.child.try_wait().unwrap().is_some() {
+            let e = server.premature();
+            guest.abort(&format!("softrdma bench server exited: {e}"));
+        }
+    }
+    let exit = guest.finish();
+    let pcap = cap.stop();
+    // The server serves until killed; it must still be running.
+    let alive = server.child.try_wait().unwrap().is_none();
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let srv_out = fs::read_to_string(&server.out).unwrap_or_default();
+    let srv_err = fs::read_to_string(&server.err).unwrap_or_default();
+
+    let mut problems = Vec::new();
+    if !alive {
+        problems.push("the bench server exited during the run".to_string());
+    }
+    for c in &cases {
+        let tag = format!("PERFTEST {} RC ", c.name);
+        let rc = guest
+            .log
+            .iter()
+            .find_map(|l| l.trim().strip_prefix(tag.as_str()))
+            .and_then(|r| r.split_whitespace().next());
+        let lines = |tag: &str| -> Vec<String> {
+            let prefix = format!("{tag} {}| ", c.name);
+            guest
+                .log
+                .iter()
+                .filter_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+                .collect()
+        };
+        if let Err(e) = check_perftest_output(c, rc, &lines("OUT"), &lines("ERR")) {
+            problems.push(e);
+        }
+    }
+    // One summary line per client, naming its test and counting its Sends.
+    let mut summaries: Vec<PerftestSummary> =
+        srv_out.lines().filter_map(parse_perftest_summary).collect();
+    let found = summaries.len();
+    let (mut control, mut sends) = (0, 0);
+    for s in &summaries {
+        control += s.control;
+        sends += s.sends;
+    }
+    for c in &cases {
+        let want_sends = if c.kind == "send_bw" {
+            c.iters * c.qps
+        } else {
+            0
+        };
+        match summaries.iter().position(|s| {
+            s.kind == c.kind
+                && s.qps == c.qps
+                && s.sends == want_sends
+                && s.send_bytes == want_sends * c.size
+        }) {
+            Some(i) => {
+                summaries.remove(i);
+            }
+            None => problems.push(format!(
+                "{}: no server summary for {} with {} QP(s) and {want_sends} Sends of {} bytes",
+                c.name, c.kind, c.qps, c.size
+            )),
+        }
+    }
+    if found != cases.len() {
+        problems.push(format!(
+            "{found} server summary lines for {} clients",
+            cases.len()
+        ));
+    }
+    if srv_err.contains("bench server:") {
+        problems.push("the bench server reported errors".to_string());
+    }
+    if exit != 0 {
+        problems.push(format!("GUEST-EXIT {exit}"));
+    }
+    if !problems.is_empty() {
+        guest.fail(&format!(
+            "guest perftest -R clients -> softrdma bench server:\n  {}\n  --- server stdout:\n{}\n  --- server stderr:\n{}",
+            problems.join("\n  "),
+            indent(&srv_out),
+            indent(&srv_err)
+        ));
+    }
+    // The wire: decodes, MPA rev 2 without CRC (siw asks for none), RDMA
+    // Write, Read Request, Read Response and Send seen; every control
+    // message and every test Send our server counted is one complete Send
+    // message towards it, every answer one from it.
+    let conns = analyse_capture(&pcap, &[port]);
+    if let Err(e) = check_conn_ops(&conns, port, 2, false, &[0, 1, 2, 3]) {
+        panic!("capture checks failed: {e}");
+    }
+    let (up, down) = send_messages(&pcap, port);
+    assert_eq!(
+        (up, down),
+        (control + sends, control),
+        "Send messages (to, from) the server in the capture vs. the server's counts \
+         ({control} control messages, {sends} test Sends)"
+    );
+}
+
+#[test]
+fn perftest_summary_parses() {
+    let l = "perftest: 127.0.0.1:34942: send_bw client (perftest 6.06): 1 test QP(s) \
+             (client IRD 0 ORD 0), 11 control messages (7 pingpong_dest), 2000 Sends \
+             received (4000 bytes), 864 credit Writes, done";
+    assert_eq!(
+        parse_perftest_summary(l),
+        Some(PerftestSummary {
+            kind: "send_bw".into(),
+            qps: 1,
+            control: 11,
+            sends: 2000,
+            send_bytes: 4000,
+        })
+    );
+    assert_eq!(parse_perftest_summary("perftest: x: write_bw client"), None);
+}
