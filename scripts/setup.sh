@@ -4,7 +4,9 @@
 #
 #   scripts/setup.sh          # as root; idempotent; quick when all is there
 #
-# - Debian packages: protoc (etcd-client's build script), etcd, tshark (wire
+# - Debian packages: protoc and the protobuf well-known types (etcd-client's
+#   build script imports google/protobuf/*.proto, shipped in libprotobuf-dev,
+#   which --no-install-recommends would skip), etcd, tshark (wire
 #   checks in the interop tests), fio, redis, iproute2, ucx-utils, hyperfine
 #   (side-by-side peers), build-essential (the linker Rust needs).
 # - Rust via rustup, only when no cargo is found (Debian's cargo is too old).
@@ -16,7 +18,7 @@ set -euo pipefail
 
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null || (cd "$(dirname "$0")/.." && pwd))
 SHARED=${SOFTRDMA_SHARED:-$ROOT/../shared}
-PKGS=(protobuf-compiler etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential)
+PKGS=(protobuf-compiler libprotobuf-dev etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential)
 LOG=$(mktemp /tmp/softrdma-setup.XXXXXX.log)
 trap 'rm -f "$LOG"' EXIT
 
@@ -78,6 +80,7 @@ fi
 
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || die "etcd binary not found after installing etcd-server"
 command -v protoc >/dev/null || die "protoc not found after installing protobuf-compiler"
+[ -f /usr/include/google/protobuf/descriptor.proto ] || die "google/protobuf/descriptor.proto missing (libprotobuf-dev)"
 command -v tshark >/dev/null || die "tshark not found after installing tshark"
 
 # --- Rust ------------------------------------------------------------------
