@@ -1,7 +1,6 @@
 //! `softrdma bench --loopback` end to end: every test at small counts, the
 //! JSON fields the issue asks for, the TCP baseline and its ratio, several
-//! QPs, CRC, MPA revision 1, the idle-QP report and a clear error for
-//! atomics. Speed is not asserted here (BENCHMARKS.md records it).
+//! QPs, CRC, MPA revision 1, the idle-QP report and RFC 7306 atomics. Speed is not asserted here (BENCHMARKS.md records it).
 
 use serde_json::Value;
 use std::process::Command;
@@ -159,15 +158,39 @@ fn idle_qps_report_memory() {
     assert!(c > 1.0 && s > 1.0, "{v}");
 }
 
+/// atomic_lat: RFC 7306 fetch-and-add round trips (the client checks that
+/// every answer is the previous one plus one), with and without busy
+/// polling; without softrdma's extensions there are no atomics, and the
+/// error says so.
 #[test]
-fn atomics_are_refused_clearly() {
+fn atomic_lat() {
+    for busy in [false, true] {
+        let mut args = vec![
+            "--test",
+            "atomic_lat",
+            "--iters",
+            "300",
+            "--baseline",
+            "tcp",
+        ];
+        if busy {
+            args.push("--busy-poll");
+        }
+        let lines = bench(&args);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        check_line(&lines[0], "atomic_lat", 8, 300);
+        assert!(f(&lines[0], "baseline_lat_us_p50") > 0.0, "{}", lines[0]);
+    }
     let out = Command::new(SOFTRDMA)
-        .args(["bench", "--loopback", "--test", "atomic_lat"])
+        .args(["bench", "--loopback", "--test", "atomic_lat", "--no-ext"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("atomics"), "{err}");
+    assert!(
+        err.contains("RFC 7306") && err.contains("--no-ext"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -25,17 +25,19 @@
 //! `SOFTRDMA_SOAK=1` raises the ping count. See docs/interop.md; the rping
 //! protocol is in docs/rping-protocol.md.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod common;
+use common::*;
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Mutex;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// Guest boots must not overlap: the machines running CI have two cores.
 static GUEST_LOCK: Mutex<()> = Mutex::new(());
@@ -198,51 +200,6 @@ fn guest_env(test: &str) -> Option<GuestEnv> {
     );
 }
 
-fn require_tool(tool: &str) {
-    let ok = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "`{tool}` not found: run scripts/setup.sh");
-}
-
-/// A scratch directory (guest script, expected data, logs, capture), removed
-/// when the test passes, kept when it fails or SOFTRDMA_KEEP_WORK=1.
-struct Work {
-    dir: PathBuf,
-}
-
-impl Work {
-    fn new(name: &str) -> Work {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "softrdma-interop-{name}-{}-{nanos}",
-            std::process::id()
-        ));
-        fs::create_dir_all(&dir).unwrap();
-        Work { dir }
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        if thread::panicking() || std::env::var("SOFTRDMA_KEEP_WORK").as_deref() == Ok("1") {
-            let msg = format!("test files kept in {}\n", self.dir.display());
-            let _ = io::Write::write_all(&mut io::stderr(), msg.as_bytes());
-        } else {
-            let _ = fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
 /// `n` distinct free TCP ports on 127.0.0.1 (bound to port 0, then released).
 fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> = (0..n)
@@ -267,57 +224,6 @@ fn host_listening(port: u16) -> bool {
                 cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
             })
     })
-}
-
-/// Kills (SIGKILL) `child` and everything descended from it: its process
-/// group, and by pid every descendant found in /proc (coreutils `timeout`,
-/// which run.sh uses around qemu, moves itself and qemu to a group of
-/// their own).
-fn kill_group(child: &Child) {
-    let root = child.id();
-    let mut parent_of = Vec::new();
-    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        // "pid (comm) state ppid ...": comm may hold spaces; split after ')'.
-        if let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok())
-        {
-            parent_of.push((pid, ppid));
-        }
-    }
-    let mut tree = vec![root];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    let mut args = vec!["-KILL".to_string(), "--".to_string(), format!("-{root}")];
-    args.extend(tree.iter().map(|p| p.to_string()));
-    let _ = Command::new("kill")
-        .args(&args)
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// Waits for `child` until `deadline`; kills it (SIGKILL) past it.
-fn wait_deadline(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return Some(st);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -705,256 +611,6 @@ fn write_expect(dir: &Path, name: &str, server: bool, count: usize, size: usize)
 // ---------------------------------------------------------------------------
 // tshark
 // ---------------------------------------------------------------------------
-
-/// A running `tshark -i lo` capture.
-struct Capture {
-    child: Option<Child>,
-    file: PathBuf,
-    err: PathBuf,
-}
-
-impl Capture {
-    fn start(work: &Work, ports: &[u16]) -> Capture {
-        require_tool("tshark");
-        let file = work.path("capture.pcapng");
-        let err = work.path("tshark.err");
-        let filter = ports
-            .iter()
-            .map(|p| format!("tcp port {p}"))
-            .collect::<Vec<_>>()
-            .join(" or ");
-        let child = Command::new("tshark")
-            .args(["-q", "-i", "lo", "-f", &filter, "-w"])
-            .arg(&file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&err).unwrap())
-            // Its own process group: tshark runs dumpcap, which must go too.
-            .process_group(0)
-            .spawn()
-            .expect("cannot start tshark");
-        let mut cap = Capture {
-            child: Some(child),
-            file,
-            err,
-        };
-        // Wait for "Capturing on 'Loopback: lo'": from then on nothing is missed.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let e = fs::read_to_string(&cap.err).unwrap_or_default();
-            if e.contains("Capturing on") {
-                break;
-            }
-            let exited = cap.child.as_mut().unwrap().try_wait().unwrap();
-            if exited.is_some() || Instant::now() > deadline {
-                panic!(
-                    "tshark capture did not start ({exited:?}); tshark needs root or \
-                     capture rights (scripts/setup.sh). Its stderr:\n{e}"
-                );
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        println!("host| tshark capturing on lo, filter `{filter}`");
-        cap
-    }
-
-    /// Stops the capture (SIGINT, so tshark finishes the file) and returns it.
-    fn stop(mut self) -> PathBuf {
-        // dumpcap may lag behind a burst (MiB-sized messages on a busy
-        // two-core machine), and what it has not read from the kernel when
-        // it stops is lost: wait until the file has stopped growing.
-        let size = |f: &Path| fs::metadata(f).map(|m| m.len()).unwrap_or(0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut last = size(&self.file);
-        let mut still = 0;
-        while still < 10 && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(100));
-            let now = size(&self.file);
-            still = if now == last { still + 1 } else { 0 };
-            last = now;
-        }
-        let mut child = self.child.take().unwrap();
-        let _ = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status();
-        if wait_deadline(&mut child, Instant::now() + Duration::from_secs(30)).is_none() {
-            panic!("tshark did not stop");
-        }
-        assert!(self.file.is_file(), "tshark wrote no capture file");
-        self.file.clone()
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            kill_group(&c);
-            let _ = c.wait();
-        }
-    }
-}
-
-/// tshark reading `file` with the iWARP dissectors (heuristic: the capture
-/// must hold each connection's MPA request and reply), with the two
-/// sub-dissectors that misread short Sends turned off.
-fn tshark_read(file: &Path, extra: &[&str]) -> String {
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(file)
-        .args([
-            "-o",
-            "tcp.try_heuristic_first:TRUE",
-            "--enable-heuristic",
-            "iwarp_mpa_tcp",
-            "--disable-protocol",
-            "rpcordma",
-            "--disable-protocol",
-            "smb_direct",
-        ])
-        .args(extra)
-        .output()
-        .expect("cannot run tshark");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "tshark {extra:?} failed: {stderr}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// What one TCP connection carried, as the dissectors saw it.
-#[derive(Default, Debug)]
-struct ConnWire {
-    req_rev: Option<u32>,
-    rep_rev: Option<u32>,
-    req_crc: bool,
-    rep_crc: bool,
-    rejected: bool,
-    fpdus_plain_crc: usize,
-    fpdus_checked_crc: usize,
-    opcodes: BTreeSet<u32>,
-}
-
-fn parse_num(s: &str) -> Option<u32> {
-    let s = s.trim();
-    match s.strip_prefix("0x") {
-        Some(h) => u32::from_str_radix(h, 16).ok(),
-        None => s.parse().ok(),
-    }
-}
-
-fn truthy(s: &str) -> bool {
-    matches!(s.trim(), "1" | "True" | "true")
-}
-
-/// Decodes `file` and checks it as a whole: no malformed frame, no bad CRC.
-/// Returns what each server port's connections carried.
-fn analyse_capture(file: &Path, server_ports: &[u16]) -> BTreeMap<u16, ConnWire> {
-    let malformed = tshark_read(
-        file,
-        &[
-            "-Y",
-            "_ws.malformed || iwarp_mpa.bad_length",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ],
-    );
-    assert!(
-        malformed.trim().is_empty(),
-        "malformed frames in {}: {}\n{}",
-        file.display(),
-        malformed.split_whitespace().collect::<Vec<_>>().join(" "),
-        tshark_read(file, &["-Y", "_ws.malformed || iwarp_mpa.bad_length", "-V"])
-    );
-    let fields = tshark_read(
-        file,
-        &[
-            "-Y",
-            "iwarp_mpa",
-            "-T",
-            "fields",
-            "-E",
-            "occurrence=a",
-            "-E",
-            "aggregator=,",
-            "-e",
-            "tcp.srcport",
-            "-e",
-            "tcp.dstport",
-            "-e",
-            "iwarp_mpa.key.req",
-            "-e",
-            "iwarp_mpa.key.rep",
-            "-e",
-            "iwarp_mpa.rev",
-            "-e",
-            "iwarp_mpa.crc_flag",
-            "-e",
-            "iwarp_mpa.rej_flag",
-            "-e",
-            "iwarp_mpa.crc",
-            "-e",
-            "iwarp_mpa.crc_check",
-            "-e",
-            "iwarp_rdma.opcode",
-        ],
-    );
-    let mut conns: BTreeMap<u16, ConnWire> = BTreeMap::new();
-    let mut checked_total = 0;
-    for line in fields.lines() {
-        let f: Vec<&str> = line.split('\t').collect();
-        if f.len() < 10 {
-            continue;
-        }
-        let (sp, dp) = (
-            parse_num(f[0]).unwrap_or(0) as u16,
-            parse_num(f[1]).unwrap_or(0) as u16,
-        );
-        let Some(port) = server_ports.iter().copied().find(|p| *p == sp || *p == dp) else {
-            continue;
-        };
-        let c = conns.entry(port).or_default();
-        let list = |s: &str| {
-            s.split(',')
-                .filter(|x| !x.is_empty())
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        };
-        if !f[2].is_empty() {
-            c.req_rev = parse_num(f[4]);
-            c.req_crc = truthy(f[5]);
-        }
-        if !f[3].is_empty() {
-            c.rep_rev = parse_num(f[4]);
-            c.rep_crc = truthy(f[5]);
-            c.rejected |= truthy(f[6]);
-        }
-        c.fpdus_plain_crc += list(f[7]).len();
-        let checked = list(f[8]).len();
-        c.fpdus_checked_crc += checked;
-        checked_total += checked;
-        for op in list(f[9]) {
-            if let Some(n) = parse_num(&op) {
-                c.opcodes.insert(n);
-            }
-        }
-    }
-    if checked_total > 0 {
-        let text = tshark_read(file, &["-Y", "iwarp_mpa.crc_check", "-V"]);
-        let good = text.matches("(Good CRC32)").count();
-        let bad: Vec<&str> = text.lines().filter(|l| l.contains("Bad CRC32")).collect();
-        assert!(
-            bad.is_empty(),
-            "bad MPA CRCs in {}:\n{}",
-            file.display(),
-            bad.join("\n")
-        );
-        assert_eq!(
-            good, checked_total,
-            "CRC checks: {good} good of {checked_total}"
-        );
-    }
-    conns
-}
 
 /// Checks one connection's wire record against what the case asked for.
 fn check_conn(

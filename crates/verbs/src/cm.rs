@@ -33,7 +33,8 @@ pub struct ConnParams {
     /// How long to wait for the peer's MPA frame.
     pub timeout: Duration,
     /// Initiator: offer softrdma's extensions (`wire::mpa::ext`: FPDUs not
-    /// aligned to TCP segments, written in large batches) at the start of
+    /// aligned to TCP segments, written in large batches; RFC 7306 atomics
+    /// and immediate data) at the start of
     /// the private data. Only for peers known to be softrdma: any other
     /// responder's application would see the 8 extra bytes. A softrdma
     /// responder strips them and answers in kind whatever this is.
@@ -69,6 +70,9 @@ pub struct Negotiated {
     /// Both ends run softrdma's extensions with `ext::LARGE_SEGMENTS`:
     /// FPDUs go out back to back in batches, not one per TCP segment.
     pub large_segments: bool,
+    /// Both ends agreed to `ext::RFC7306`: atomics and immediate data may
+    /// be posted (and are accepted from the peer).
+    pub rfc7306: bool,
 }
 
 fn read_frame(s: &mut TcpStream, timeout: Duration) -> Result<MpaFrame> {
@@ -232,6 +236,7 @@ impl QueuePair {
             p2p,
             initiator: true,
             large_segments: ext.is_some_and(|f| f & mpa::ext::LARGE_SEGMENTS != 0),
+            rfc7306: ext.is_some_and(|f| f & mpa::ext::RFC7306 != 0),
         };
         establish(self, s, n, rtr)?;
         Ok(rep.private_data)
@@ -417,6 +422,7 @@ impl ConnectRequest {
                         p2p,
                         initiator: false,
                         large_segments: false,
+                        rfc7306: false,
                     },
                 )
             }
@@ -430,6 +436,7 @@ impl ConnectRequest {
                     p2p: false,
                     initiator: false,
                     large_segments: false,
+                    rfc7306: false,
                 },
             ),
         };
@@ -438,6 +445,7 @@ impl ConnectRequest {
             Some(offered) => {
                 let agreed = offered & mpa::ext::KNOWN;
                 n.large_segments = agreed & mpa::ext::LARGE_SEGMENTS != 0;
+                n.rfc7306 = agreed & mpa::ext::RFC7306 != 0;
                 let mut pd = mpa::ext::encode(agreed).to_vec();
                 pd.extend_from_slice(&params.private_data);
                 pd

@@ -50,6 +50,9 @@ pub enum WcOpcode {
     LocalInv,
     RegMr,
     Recv,
+    /// An RFC 7306 Immediate Data message arrived (alone, or after an RDMA
+    /// Write with immediate): see [`WorkCompletion::imm_data`].
+    RecvWithImm,
     CompSwap,
     FetchAdd,
 }
@@ -65,8 +68,10 @@ pub struct WorkCompletion {
     pub qp_num: u32,
     /// The STag the peer invalidated with Send with Invalidate.
     pub invalidated_rkey: Option<u32>,
-    /// The message was a Send with Solicited Event.
+    /// The message was a Send (or Immediate Data) with Solicited Event.
     pub solicited: bool,
+    /// The immediate value of a [`WcOpcode::RecvWithImm`] completion.
+    pub imm_data: Option<u32>,
 }
 
 impl WorkCompletion {

@@ -20,7 +20,10 @@ use crate::mr::{self, Access, MrInner};
 use crate::qp::{QpInner, QpState, RecvWqe, Sq, Stage};
 use crate::sys::{self, Epoll, RawSpan};
 use crate::wr::WrOp;
-use softrdma_wire::ddp::{self, DdpHeader, Opcode, ReadRequest, TaggedHeader, UntaggedHeader};
+use softrdma_wire::ddp::{
+    self, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, Opcode, ReadRequest, TaggedHeader,
+    UntaggedHeader,
+};
 use softrdma_wire::mpa;
 use softrdma_wire::terminate::{codes, Terminate};
 use softrdma_wire::TermCode;
@@ -371,8 +374,11 @@ pub(crate) struct Tx {
     pub rtr_wait: bool,
     terminated: bool,
     send_msn: u32,
+    /// Queue 1: Read Requests and Atomic Requests.
     rr_msn: u32,
     term_msn: u32,
+    /// Queue 3: Atomic Responses.
+    atomic_resp_msn: u32,
     /// A local failure found while transmitting (fail the QP after unlock).
     pub pending_fail: Option<String>,
 }
@@ -391,6 +397,7 @@ impl Tx {
             send_msn: 1,
             rr_msn: 1,
             term_msn: 1,
+            atomic_resp_msn: 1,
             pending_fail: None,
         }
     }
@@ -473,6 +480,45 @@ impl Tx {
             TxMsg::new(hdr, Vec::new(), 0, Fin::None)
         };
         self.rtr = Some(m);
+    }
+
+    /// Queues an Atomic Response (RFC 7306) behind earlier responses.
+    pub fn queue_atomic_response(&mut self, req_id: u32, orig: u64) {
+        let hdr = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: Opcode::AtomicResponse,
+            inval_stag: 0,
+            qn: ddp::QN_ATOMIC_RESPONSE,
+            msn: self.atomic_resp_msn,
+            mo: 0,
+        });
+        self.atomic_resp_msn += 1;
+        let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
+        m.extra_len = AtomicResponse { req_id, orig }.encode(&mut m.extra);
+        self.irq.push_back(m);
+        self.irq_used += 1;
+    }
+
+    /// An Immediate Data message (RFC 7306) carrying `imm` in the first
+    /// four of its eight bytes (big-endian, as ibverbs' imm_data is).
+    fn immediate(&mut self, imm: u32, solicited: bool, fin: Fin) -> TxMsg {
+        let hdr = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: if solicited {
+                Opcode::ImmediateDataSe
+            } else {
+                Opcode::ImmediateData
+            },
+            inval_stag: 0,
+            qn: ddp::QN_SEND,
+            msn: self.send_msn,
+            mo: 0,
+        });
+        self.send_msn += 1;
+        let mut m = TxMsg::new(hdr, Vec::new(), 0, fin);
+        m.extra[..4].copy_from_slice(&imm.to_be_bytes());
+        m.extra_len = ddp::IMMEDIATE_LEN;
+        m
     }
 
     /// Queues a Read Response (source memory already checked).
@@ -577,7 +623,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 }
                 let (sink, sink_to) = w.sink.clone().expect("read has a sink");
                 let size = w.len as u32;
-                w.stage = Stage::AwaitRead;
+                w.stage = Stage::AwaitResponse;
                 let hdr = DdpHeader::Untagged(UntaggedHeader {
                     last: true,
                     opcode: Opcode::ReadRequest,
@@ -600,6 +646,88 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 sq.orq.push_back(seq);
                 sq.next_tx += 1;
                 return Some(m);
+            }
+            op @ (WrOp::AtomicFetchAdd { .. } | WrOp::AtomicCmpSwap { .. }) => {
+                if orq_len >= ord {
+                    return None;
+                }
+                // Plain operations in RFC 7306's masked form: no field
+                // boundaries for the add, every bit compared and swapped.
+                let (aop, to, stag, add_swap, mask, compare) = match op {
+                    WrOp::AtomicFetchAdd {
+                        remote_addr,
+                        rkey,
+                        add,
+                    } => (AtomicOp::FetchAdd, remote_addr, rkey, add, 0, 0),
+                    WrOp::AtomicCmpSwap {
+                        remote_addr,
+                        rkey,
+                        compare,
+                        swap,
+                    } => (
+                        AtomicOp::CompareSwap,
+                        remote_addr,
+                        rkey,
+                        swap,
+                        u64::MAX,
+                        compare,
+                    ),
+                    _ => unreachable!("matched above"),
+                };
+                w.stage = Stage::AwaitResponse;
+                let hdr = DdpHeader::Untagged(UntaggedHeader {
+                    last: true,
+                    opcode: Opcode::AtomicRequest,
+                    inval_stag: 0,
+                    qn: ddp::QN_READ_REQUEST,
+                    msn: sq.tx.rr_msn,
+                    mo: 0,
+                });
+                sq.tx.rr_msn += 1;
+                let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
+                m.extra_len = AtomicRequest {
+                    op: aop,
+                    // The response is matched to the oldest outstanding
+                    // request; the identifier double-checks it.
+                    req_id: seq as u32,
+                    stag,
+                    to,
+                    add_swap,
+                    add_swap_mask: mask,
+                    compare,
+                    compare_mask: mask,
+                }
+                .encode(&mut m.extra);
+                sq.orq.push_back(seq);
+                sq.next_tx += 1;
+                return Some(m);
+            }
+            WrOp::WriteImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                if w.imm_next {
+                    let solicited = w.solicited;
+                    sq.next_tx += 1;
+                    return Some(sq.tx.immediate(imm, solicited, Fin::SqDone(seq)));
+                }
+                // The Write first; the Immediate Data message follows it
+                // on the next call (the WR completes when both are out).
+                w.imm_next = true;
+                let hdr = DdpHeader::Tagged(TaggedHeader {
+                    last: true,
+                    opcode: Opcode::Write,
+                    stag: rkey,
+                    to: remote_addr,
+                });
+                let spans = std::mem::take(&mut w.spans);
+                return Some(TxMsg::new(hdr, spans, w.len, Fin::None));
+            }
+            WrOp::SendImm { imm } => {
+                let solicited = w.solicited;
+                sq.next_tx += 1;
+                return Some(sq.tx.immediate(imm, solicited, Fin::SqDone(seq)));
             }
             WrOp::RdmaWrite { remote_addr, rkey } => {
                 let hdr = DdpHeader::Tagged(TaggedHeader {
@@ -810,11 +938,8 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
             if compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc) {
                 let m = tx.cur.take().expect("current message");
                 if matches!(
-                    m.hdr,
-                    DdpHeader::Tagged(TaggedHeader {
-                        opcode: Opcode::ReadResponse,
-                        ..
-                    })
+                    m.hdr.opcode(),
+                    Opcode::ReadResponse | Opcode::AtomicResponse
                 ) {
                     tx.irq_used = tx.irq_used.saturating_sub(1);
                 }
@@ -869,6 +994,12 @@ enum Action {
     ReadResp,
     Send,
     ReadReq(ReadRequest, Option<Arc<MrInner>>),
+    /// RFC 7306 Immediate Data: the receive it consumes and the value.
+    Imm(RecvWqe, u32, bool),
+    /// RFC 7306 Atomic Request: checked, with its target (held by the
+    /// registration).
+    AtomicReq(AtomicRequest, Arc<MrInner>, RawSpan),
+    AtomicResp(AtomicResponse),
     Terminate(Option<Terminate>),
     Rtr,
 }
@@ -884,7 +1015,9 @@ pub(crate) struct Rx {
     start: usize,
     end: usize,
     phase: Phase,
-    hdr_bytes: [u8; ddp::UNTAGGED_LEN + ReadRequest::LEN],
+    /// The DDP header and the fixed body after it (Read Request, Atomic
+    /// Request or Response, Immediate Data, Terminate's first bytes).
+    hdr_bytes: [u8; ddp::UNTAGGED_LEN + AtomicRequest::LEN],
     hdr: Option<DdpHeader>,
     ulpdu_len: usize,
     payload_len: usize,
@@ -895,6 +1028,7 @@ pub(crate) struct Rx {
     action: Action,
     send_msn: u32,
     rr_msn: u32,
+    atomic_resp_msn: u32,
     cur_recv: Option<CurRecv>,
     read_resp_off: u64,
     /// Responder in peer-to-peer mode expects the RTR frame first.
@@ -931,7 +1065,7 @@ impl Rx {
             start: 0,
             end: 0,
             phase: Phase::Header,
-            hdr_bytes: [0; ddp::UNTAGGED_LEN + ReadRequest::LEN],
+            hdr_bytes: [0; ddp::UNTAGGED_LEN + AtomicRequest::LEN],
             hdr: None,
             ulpdu_len: 0,
             payload_len: 0,
@@ -942,6 +1076,7 @@ impl Rx {
             action: Action::None,
             send_msn: 1,
             rr_msn: 1,
+            atomic_resp_msn: 1,
             cur_recv: None,
             read_resp_off: 0,
             rtr_expected: false,
@@ -1039,7 +1174,7 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     }
     let s = rx.start;
     let raw = &rx.stage[s + 2..s + 2 + hl];
-    let hdr = match DdpHeader::decode(raw) {
+    let hdr = match DdpHeader::decode_with(raw, c.params.rfc7306) {
         Ok(h) => h,
         // term_code_in: a bad DDP version in a tagged segment gets the
         // tagged code (RFC 5041 section 7.2).
@@ -1047,6 +1182,9 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     };
     let extra = match hdr.opcode() {
         Opcode::ReadRequest => ReadRequest::LEN,
+        Opcode::AtomicRequest => AtomicRequest::LEN,
+        Opcode::AtomicResponse => AtomicResponse::LEN,
+        Opcode::ImmediateData | Opcode::ImmediateDataSe => ddp::IMMEDIATE_LEN,
         Opcode::Terminate => {
             // Longer than any Terminate: too long for the queue 2 buffer
             // (RFC 5041 section 7.2).
@@ -1118,6 +1256,15 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                 .iter()
                 .find(|w| w.seq == seq)
                 .expect("ORQ entry is queued");
+            // The oldest outstanding request may be an atomic, whose answer
+            // is an Atomic Response.
+            if !matches!(w.op, WrOp::RdmaRead { .. }) {
+                return Err(fatal(
+                    codes::RDMAP_UNEXPECTED_OPCODE,
+                    &raw,
+                    WcStatus::WrFlushErr,
+                ));
+            }
             let (sink, sink_to) = w.sink.clone().expect("read has a sink");
             let want_to = sink_to + rx.read_resp_off;
             if t.stag != sink.stag {
@@ -1260,6 +1407,124 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                         Action::ReadReq(rr, Some(mr))
                     }
                 }
+            }
+            Opcode::ImmediateData | Opcode::ImmediateDataSe => {
+                // Exactly eight bytes, one segment, on queue 0's sequence.
+                if payload_len != 0 {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_TOO_LONG,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if u.msn != rx.send_msn {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_MSN_RANGE,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if !u.last || u.mo != 0 || rx.cur_recv.is_some() {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_INVALID_MO,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                let wqe = match &q.srq {
+                    Some(srq) => srq.q.lock().pop_front(),
+                    None => q.rq.lock().pop_front(),
+                };
+                let Some(wqe) = wqe else {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_NO_BUFFER,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                };
+                let imm = u32::from_be_bytes(rx.hdr_bytes[hl..hl + 4].try_into().unwrap());
+                Action::Imm(wqe, imm, u.opcode.solicited())
+            }
+            Opcode::AtomicRequest => {
+                if payload_len != 0 {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_TOO_LONG,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if u.msn != rx.rr_msn {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_MSN_RANGE,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                let ar = AtomicRequest::decode(&rx.hdr_bytes[hl..hl + AtomicRequest::LEN])
+                    .map_err(|e| fatal(e.term_code(), &raw, WcStatus::WrFlushErr))?;
+                // Atomics count against the same inbound limit as Reads.
+                let used = q.sq.lock().tx.irq_used;
+                if used >= c.params.ird.max(1) as usize {
+                    return Err(fatal(
+                        codes::RDMAP_CATASTROPHIC_STREAM,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                let mr =
+                    q.core.stags.lookup(ar.stag).ok_or_else(|| {
+                        fatal(codes::RDMAP_INVALID_STAG, &raw, WcStatus::WrFlushErr)
+                    })?;
+                mr.check(pd, Access::REMOTE_ATOMIC, ar.to, 8)
+                    .map_err(|e| fatal(e.rdmap_code(), &raw, WcStatus::WrFlushErr))?;
+                // A target that is not a naturally aligned 64-bit word has
+                // no code of its own in RFC 7306: remote operation error.
+                let target = mr.atomic_target(ar.to).ok_or_else(|| {
+                    fatal(
+                        codes::RDMAP_OPERATION_UNSPECIFIED,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    )
+                })?;
+                Action::AtomicReq(ar, mr, target)
+            }
+            Opcode::AtomicResponse => {
+                if payload_len != 0 {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_TOO_LONG,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if u.msn != rx.atomic_resp_msn {
+                    return Err(fatal(
+                        codes::DDP_UNTAGGED_MSN_RANGE,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                let resp = AtomicResponse::decode(&rx.hdr_bytes[hl..hl + AtomicResponse::LEN])
+                    .map_err(|e| fatal(e.term_code(), &raw, WcStatus::WrFlushErr))?;
+                // It must answer the oldest outstanding request, an atomic
+                // with this identifier.
+                let sq = q.sq.lock();
+                let expected = sq.orq.front().and_then(|&seq| {
+                    sq.wqes.iter().find(|w| w.seq == seq).filter(|w| {
+                        matches!(
+                            w.op,
+                            WrOp::AtomicFetchAdd { .. } | WrOp::AtomicCmpSwap { .. }
+                        ) && w.seq as u32 == resp.req_id
+                    })
+                });
+                if expected.is_none() {
+                    return Err(fatal(
+                        codes::RDMAP_UNEXPECTED_OPCODE,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                drop(sq);
+                Action::AtomicResp(resp)
             }
             Opcode::Terminate => {
                 let body = &rx.stage[s + 2 + hl..s + 2 + hl + extra];
@@ -1460,8 +1725,48 @@ fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
                 qp_num: q.qpn,
                 invalidated_rkey: invalidated,
                 solicited: opcode.solicited(),
+                imm_data: None,
             });
             None
+        }
+        Action::Imm(wqe, imm, solicited) => {
+            rx.send_msn = rx.send_msn.wrapping_add(1);
+            q.recv_cq.push(WorkCompletion {
+                wr_id: wqe.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::RecvWithImm,
+                byte_len: 0,
+                qp_num: q.qpn,
+                invalidated_rkey: None,
+                solicited,
+                imm_data: Some(imm),
+            });
+            None
+        }
+        Action::AtomicReq(ar, mr, target) => {
+            rx.rr_msn = rx.rr_msn.wrapping_add(1);
+            // SAFETY: `target` came from `mr.atomic_target` and `mr` (the
+            // registration) is held here until the operation is done.
+            let orig = unsafe { mr::atomic_apply(target, &ar) };
+            drop(mr);
+            let mut sq = q.sq.lock();
+            sq.tx.queue_atomic_response(ar.req_id, orig);
+            tx_or_fail(q, &mut sq, c)
+        }
+        Action::AtomicResp(resp) => {
+            rx.atomic_resp_msn = rx.atomic_resp_msn.wrapping_add(1);
+            let mut sq = q.sq.lock();
+            if let Some(seq) = sq.orq.pop_front() {
+                if let Some(w) = sq.get_mut(seq) {
+                    // SAFETY: the spans are the WR's 8-byte result buffer,
+                    // checked for local write when it was posted and kept
+                    // alive by the WR's registration references.
+                    unsafe { mr::copy_into_spans(&w.spans, 0, &resp.orig.to_ne_bytes()) };
+                    w.stage = Stage::Done(WcStatus::Success);
+                }
+            }
+            q.complete_in_order(&mut sq);
+            tx_or_fail(q, &mut sq, c)
         }
         Action::ReadReq(rr, src) => {
             rx.rr_msn = rx.rr_msn.wrapping_add(1);

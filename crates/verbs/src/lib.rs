@@ -5,6 +5,8 @@
 //! queues) with no RDMA NIC and no kernel module. On the wire it speaks
 //! iWARP (RFC 5040 RDMAP, RFC 5041 DDP, RFC 5044 MPA with RFC 6581 v2) over
 //! TCP, so it interoperates with the Linux kernel's soft-iWARP (`siw`).
+//! Between two softrdma ends, connections may also negotiate RFC 7306
+//! atomics and immediate data (`docs/extensions.md`).
 //!
 //! The layout follows Linux siw:
 //!

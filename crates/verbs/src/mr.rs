@@ -229,6 +229,51 @@ impl MrInner {
     }
 }
 
+impl MrInner {
+    /// The target of an atomic operation at `to` (already checked for
+    /// rights and bounds): the 8 bytes must be naturally aligned, both as a
+    /// tagged offset and in memory, and lie in one span. `None` otherwise.
+    pub fn atomic_target(&self, to: u64) -> Option<RawSpan> {
+        if !to.is_multiple_of(8) {
+            return None;
+        }
+        let mut v = Vec::with_capacity(2);
+        self.resolve(to, 8, &mut v);
+        match v.as_slice() {
+            [s] if s.len == 8 && (s.ptr as usize).is_multiple_of(8) => Some(*s),
+            _ => None,
+        }
+    }
+}
+
+/// Performs an RFC 7306 atomic operation on the 64-bit value (host byte
+/// order) at `target`; returns the original value.
+///
+/// # Safety
+/// `target` must come from [`MrInner::atomic_target`] of a registration
+/// the caller holds (so the 8 bytes are live, aligned and inside it).
+pub(crate) unsafe fn atomic_apply(target: RawSpan, req: &softrdma_wire::AtomicRequest) -> u64 {
+    use softrdma_wire::AtomicOp;
+    use std::sync::atomic::AtomicU64;
+    // SAFETY: the pointer is 8-byte aligned and valid for reads and writes
+    // for as long as the caller holds the registration (contract above).
+    // Every atomic this engine performs on registered memory goes through
+    // this function, so atomics are atomic with respect to each other, on
+    // any QP, progress thread or process mapping the memory. As on RDMA
+    // hardware, they are not atomic with respect to RDMA Writes or the
+    // application's plain stores to the same bytes; those are the
+    // application's to order.
+    let a = unsafe { AtomicU64::from_ptr(target.ptr as *mut u64) };
+    match req.op {
+        AtomicOp::FetchAdd => a.fetch_add(req.add_swap, Ordering::AcqRel),
+        op => match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(op.apply(v, req))
+        }) {
+            Ok(v) | Err(v) => v,
+        },
+    }
+}
+
 /// Copies `src` into the memory behind `spans`, starting `skip` bytes in.
 ///
 /// # Safety

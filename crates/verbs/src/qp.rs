@@ -123,8 +123,8 @@ impl RecvWqe {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
     Queued,
-    /// A Read Request went out; waiting for the response.
-    AwaitRead,
+    /// A Read Request or Atomic Request went out; waiting for the response.
+    AwaitResponse,
     Done(WcStatus),
 }
 
@@ -140,15 +140,20 @@ pub(crate) struct SqWqe {
     pub len: u64,
     pub keep: Vec<Arc<MrInner>>,
     pub stage: Stage,
-    /// For RDMA Read: the local sink.
+    /// For RDMA Read and atomics: the local sink.
     pub sink: Option<(Arc<MrInner>, u64)>,
+    /// Write with immediate: the Write went out, the Immediate Data
+    /// message is next.
+    pub imm_next: bool,
 }
 
 impl SqWqe {
     pub fn opcode(&self) -> WcOpcode {
         match self.op {
-            WrOp::Send | WrOp::SendWithInv { .. } => WcOpcode::Send,
-            WrOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+            WrOp::Send | WrOp::SendWithInv { .. } | WrOp::SendImm { .. } => WcOpcode::Send,
+            WrOp::RdmaWrite { .. } | WrOp::WriteImm { .. } => WcOpcode::RdmaWrite,
+            WrOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            WrOp::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
             WrOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             WrOp::LocalInv { .. } => WcOpcode::LocalInv,
             WrOp::FastReg { .. } => WcOpcode::RegMr,
@@ -235,6 +240,7 @@ impl QpInner {
                     qp_num: self.qpn,
                     invalidated_rkey: None,
                     solicited: false,
+                    imm_data: None,
                 });
             }
         }
@@ -287,6 +293,7 @@ impl QpInner {
                 qp_num: self.qpn,
                 invalidated_rkey: None,
                 solicited: false,
+                imm_data: None,
             });
         }
         if let Some(ev) = event {
@@ -554,15 +561,25 @@ impl QueuePair {
                 })
             }
         }
+        // Refuse the whole batch before queueing any of it.
+        let rfc7306 = q.conn.get().is_some_and(|c| c.params.rfc7306);
+        for wr in wrs {
+            if wr.sgl.len() > q.caps.max_send_sge {
+                return Err(Error::inval("too many SGEs"));
+            }
+            if wr.needs_rfc7306() && !rfc7306 {
+                return Err(Error::inval(
+                    "atomics and immediate data need a connection that negotiated RFC 7306 \
+                     (ConnParams::extensions with a softrdma peer)",
+                ));
+            }
+        }
         let mut sq = q.sq.lock();
         if sq.wqes.len() + wrs.len() > q.caps.max_send_wr {
             return Err(Error::SendQueueFull);
         }
         let mut bad = false;
         for wr in wrs {
-            if wr.sgl.len() > q.caps.max_send_sge {
-                return Err(Error::inval("too many SGEs"));
-            }
             let seq = sq.next_seq;
             sq.next_seq += 1;
             let mut w = SqWqe {
@@ -577,6 +594,7 @@ impl QueuePair {
                 keep: Vec::new(),
                 stage: Stage::Queued,
                 sink: None,
+                imm_next: false,
             };
             if q.state() == QpState::Error {
                 w.stage = Stage::Done(WcStatus::WrFlushErr);
@@ -685,18 +703,28 @@ fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus
         WrOp::RdmaRead { .. } => Access::LOCAL_WRITE,
         _ => Access::LOCAL_READ,
     };
+    let atomic = matches!(
+        wr.op,
+        WrOp::AtomicFetchAdd { .. } | WrOp::AtomicCmpSwap { .. }
+    );
     match &wr.op {
         WrOp::RdmaRead { .. } if wr.sgl.len() != 1 => return Err(WcStatus::LocQpOpErr),
+        // The original value: one 8-byte SGE.
+        _ if atomic && (wr.sgl.len() != 1 || wr.sgl[0].length != 8) => {
+            return Err(WcStatus::LocQpOpErr)
+        }
+        WrOp::SendImm { .. } if !wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
         WrOp::LocalInv { .. } => return Ok(()),
         _ => {}
     }
+    let need = if atomic { Access::LOCAL_WRITE } else { need };
     for sge in &wr.sgl {
         let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
         mr.check(q.pd, need, sge.addr, sge.length as u64)
             .map_err(|_| WcStatus::LocProtErr)?;
         mr.resolve(sge.addr, sge.length as u64, &mut w.spans);
         w.len += sge.length as u64;
-        if let WrOp::RdmaRead { .. } = wr.op {
+        if matches!(wr.op, WrOp::RdmaRead { .. }) || atomic {
             w.sink = Some((mr.clone(), sge.addr));
         }
         w.keep.push(mr);

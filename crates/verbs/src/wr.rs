@@ -57,6 +57,35 @@ pub enum WrOp {
     LocalInv {
         stag: u32,
     },
+    /// RFC 7306 fetch-and-add on the naturally aligned 64-bit value at
+    /// `remote_addr`; the original value lands in the (single, 8-byte)
+    /// local SGE. Needs a connection that negotiated RFC 7306.
+    AtomicFetchAdd {
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    },
+    /// RFC 7306 compare-and-swap: if the remote value equals `compare` it
+    /// becomes `swap`; the original value lands in the local SGE.
+    AtomicCmpSwap {
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    },
+    /// RDMA Write followed by an RFC 7306 Immediate Data message carrying
+    /// `imm`: the peer gets one receive completion with `imm_data`, after
+    /// the written bytes are in place.
+    WriteImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    /// RFC 7306 Immediate Data: no payload; `imm` arrives in the peer's
+    /// receive completion (it consumes one receive WR there, like a Send).
+    SendImm {
+        imm: u32,
+    },
     /// Bind a fast-register region's index to the memory of `sgl` under a
     /// new key byte, at virtual address `iova`, with `access`.
     FastReg {
@@ -109,6 +138,64 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
+    /// Fetch-and-add of `add` on the 64-bit value at `remote_addr`; the
+    /// original value is written to `result` (8 bytes, local write).
+    pub fn fetch_add(wr_id: u64, result: Sge, remote_addr: u64, rkey: u32, add: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            },
+            sgl: vec![result],
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    /// Compare-and-swap on the 64-bit value at `remote_addr`; the original
+    /// value is written to `result` (8 bytes, local write).
+    pub fn cmp_swap(
+        wr_id: u64,
+        result: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    ) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::AtomicCmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            },
+            sgl: vec![result],
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    /// RDMA Write with immediate data.
+    pub fn write_imm(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: u32, imm: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::WriteImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            sgl: sgl.to_vec(),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    /// Immediate data alone (RFC 7306 Immediate Data message).
+    pub fn send_imm(wr_id: u64, imm: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::SendImm { imm },
+            sgl: Vec::new(),
+            flags: SendFlags::SIGNALED,
+        }
+    }
     pub fn local_inv(wr_id: u64, stag: u32) -> SendWr {
         SendWr {
             wr_id,
@@ -139,6 +226,16 @@ impl SendWr {
     }
     pub fn total_len(&self) -> u64 {
         self.sgl.iter().map(|s| s.length as u64).sum()
+    }
+    /// Whether the operation needs RFC 7306 (atomics, immediate data).
+    pub fn needs_rfc7306(&self) -> bool {
+        matches!(
+            self.op,
+            WrOp::AtomicFetchAdd { .. }
+                | WrOp::AtomicCmpSwap { .. }
+                | WrOp::WriteImm { .. }
+                | WrOp::SendImm { .. }
+        )
     }
 }
 

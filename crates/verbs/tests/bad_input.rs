@@ -56,7 +56,7 @@
 mod common;
 use common::{side, Side, T};
 use softrdma_verbs::wire::ddp::{
-    self, DdpHeader, Opcode, ReadRequest, TaggedHeader, UntaggedHeader,
+    self, AtomicOp, AtomicRequest, DdpHeader, Opcode, ReadRequest, TaggedHeader, UntaggedHeader,
 };
 use softrdma_verbs::wire::mpa::{self, MpaFrame, MpaHeader, MpaKind, MpaV2};
 use softrdma_verbs::wire::terminate::{codes, Terminate};
@@ -76,6 +76,8 @@ struct RawOpts {
     crc: bool,
     ird: u16,
     ord: u16,
+    /// Offer softrdma's extension block (RFC 7306 among them).
+    ext: bool,
 }
 
 impl Default for RawOpts {
@@ -84,6 +86,7 @@ impl Default for RawOpts {
             crc: false,
             ird: 8,
             ord: 8,
+            ext: false,
         }
     }
 }
@@ -153,10 +156,24 @@ impl Raw {
                 ord: o.ord,
                 ..Default::default()
             }),
-            private_data: b"bad input".to_vec(),
+            private_data: if o.ext {
+                let mut pd = mpa::ext::encode(mpa::ext::KNOWN).to_vec();
+                pd.extend_from_slice(b"bad input");
+                pd
+            } else {
+                b"bad input".to_vec()
+            },
         };
         s.write_all(&req.encode().unwrap()).unwrap();
         let rep = read_mpa_frame(&mut s);
+        if o.ext {
+            let (flags, _) = mpa::ext::strip(&rep.private_data);
+            assert_eq!(
+                flags,
+                Some(mpa::ext::KNOWN),
+                "the engine agrees to the extensions"
+            );
+        }
         assert_eq!(rep.kind, MpaKind::Reply);
         assert!(!rep.reject && !rep.markers, "{rep:?}");
         assert_eq!(rep.revision, 2);
@@ -250,6 +267,35 @@ impl Raw {
             to,
         });
         ulpdu(h, payload)
+    }
+
+    /// An Atomic Request on queue 1 (RFC 7306), taking the next queue-1 MSN.
+    fn atomic_request_ulpdu(&mut self, ar: &AtomicRequest) -> Vec<u8> {
+        let h = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: Opcode::AtomicRequest,
+            inval_stag: 0,
+            qn: ddp::QN_READ_REQUEST,
+            msn: self.rr_msn,
+            mo: 0,
+        });
+        self.rr_msn += 1;
+        let mut b = [0u8; AtomicRequest::LEN];
+        ar.encode(&mut b);
+        ulpdu(h, &b)
+    }
+
+    /// An untagged RFC 7306 message on `qn` with MSN `msn` and `body`.
+    fn rfc7306_ulpdu(&self, opcode: Opcode, qn: u32, msn: u32, body: &[u8]) -> Vec<u8> {
+        let h = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode,
+            inval_stag: 0,
+            qn,
+            msn,
+            mo: 0,
+        });
+        ulpdu(h, body)
     }
 
     fn read_request_ulpdu(&mut self, rr: &ReadRequest) -> Vec<u8> {
@@ -1237,5 +1283,239 @@ fn write_without_remote_write_access() {
         target.assert_untouched("access rights");
         g.assert_untouched("access rights");
     }
+    srv.prove_usable();
+}
+
+// ------------------------------------------------------------ RFC 7306
+
+fn ext_opts() -> RawOpts {
+    RawOpts {
+        ext: true,
+        ..Default::default()
+    }
+}
+
+fn fetch_add(stag: u32, to: u64) -> AtomicRequest {
+    AtomicRequest {
+        op: AtomicOp::FetchAdd,
+        req_id: 1,
+        stag,
+        to,
+        add_swap: 0x0101_0101_0101_0101,
+        add_swap_mask: 0,
+        compare: 0,
+        compare_mask: 0,
+    }
+}
+
+/// (13) Atomic Requests the responder must refuse (RFC 5040 Figure 9 codes,
+/// as for RDMA Read's source): unknown STag, another PD's STag, no
+/// remote-atomic right, outside the region, a tagged offset that is not a
+/// naturally aligned 64-bit word (no code of its own in RFC 7306: remote
+/// operation error, unspecified, 0/2/0xFF), and an operation code RFC 7306
+/// does not define (unexpected opcode). The target is never touched.
+#[test]
+fn atomic_requests_refused() {
+    let srv = Server::new();
+    let all = Access::ALL;
+    let no_atomic = RW;
+    type Case = (
+        &'static str,
+        Access,
+        fn(&MemoryRegion, &MemoryRegion) -> AtomicRequest,
+        TermCode,
+    );
+    let cases: [Case; 7] = [
+        (
+            "invalid STag",
+            all,
+            |m, _| fetch_add(m.rkey() ^ 0x5A, m.addr()),
+            codes::RDMAP_INVALID_STAG,
+        ),
+        (
+            "STag of another PD",
+            all,
+            |_, o| fetch_add(o.rkey(), o.addr()),
+            codes::RDMAP_STAG_NOT_ASSOC,
+        ),
+        (
+            "no remote-atomic right",
+            no_atomic,
+            |m, _| fetch_add(m.rkey(), m.addr()),
+            codes::RDMAP_ACCESS_RIGHTS,
+        ),
+        (
+            "past the end",
+            all,
+            |m, _| fetch_add(m.rkey(), m.addr() + 64),
+            codes::RDMAP_BASE_BOUNDS,
+        ),
+        (
+            "straddling the end",
+            all,
+            |m, _| fetch_add(m.rkey(), m.addr() + 60),
+            codes::RDMAP_BASE_BOUNDS,
+        ),
+        (
+            "misaligned",
+            all,
+            |m, _| fetch_add(m.rkey(), m.addr() + 4),
+            codes::RDMAP_OPERATION_UNSPECIFIED,
+        ),
+        (
+            "atomic operation 7",
+            all,
+            |m, _| AtomicRequest {
+                op: AtomicOp::FetchAdd,
+                ..fetch_add(m.rkey(), m.addr())
+            },
+            codes::RDMAP_UNEXPECTED_OPCODE,
+        ),
+    ];
+    for (what, access, make, want) in cases {
+        let (s, mut raw) = srv.accept_raw(&ConnParams::default(), ext_opts());
+        assert!(s.qp.conn_params().unwrap().rfc7306);
+        let (g_rx, _rmr) = guarded_recvs(&s, 128);
+        let g = Guarded::new(64, 0x3C);
+        let target = g.register(&s.pd, access, RegOptions::default());
+        let other_pd = s.dev.alloc_pd().unwrap();
+        let g_other = Guarded::new(64, 0x3C);
+        let other = g_other.register(&other_pd, Access::ALL, RegOptions::default());
+        let ar = make(&target, &other);
+        let mut u = raw.atomic_request_ulpdu(&ar);
+        if what == "atomic operation 7" {
+            // The operation word's low four bits.
+            u[ddp::UNTAGGED_LEN + 3] = 7;
+        }
+        raw.send_fpdu(&u);
+        let t = raw.expect_terminate();
+        assert_eq!(t.code, want, "{what}: got {}", t.code);
+        assert_eq!(
+            t.ddp_header.as_deref(),
+            Some(&u[..ddp::UNTAGGED_LEN]),
+            "{what}"
+        );
+        expect_engine_terminated(&s, want, &FLUSHED);
+        g.assert_untouched(what);
+        g_other.assert_untouched(what);
+        g_rx.assert_untouched(what);
+    }
+    srv.prove_usable();
+}
+
+/// (14) Malformed RFC 7306 messages: an Atomic Request with bytes after its
+/// body (too long for queue 1's buffer) or an MSN out of sequence; an
+/// Atomic Response nobody asked for; Immediate Data shorter than its eight
+/// bytes, longer, or with no receive posted.
+#[test]
+fn malformed_rfc7306_messages() {
+    let srv = Server::new();
+    for what in [
+        "atomic request with trailing bytes",
+        "atomic request MSN 5",
+        "unsolicited atomic response",
+        "immediate data of 4 bytes",
+        "immediate data of 12 bytes",
+        "immediate data with no receive",
+    ] {
+        let (s, mut raw) = srv.accept_raw(&ConnParams::default(), ext_opts());
+        let g = Guarded::new(64, 0x3C);
+        let target = g.register(&s.pd, Access::ALL, RegOptions::default());
+        let no_recv = what.ends_with("no receive");
+        let (g_rx, _rmr) = if no_recv {
+            let g = Guarded::new(128, 0x5A);
+            let mr = g.register(&s.pd, Access::LOCAL_WRITE, RegOptions::default());
+            (g, mr)
+        } else {
+            guarded_recvs(&s, 128)
+        };
+        let (u, want) = match what {
+            "atomic request with trailing bytes" => {
+                let mut u = raw.atomic_request_ulpdu(&fetch_add(target.rkey(), target.addr()));
+                u.extend_from_slice(&[EVIL; 4]);
+                (u, codes::DDP_UNTAGGED_TOO_LONG)
+            }
+            "atomic request MSN 5" => {
+                let mut b = [0u8; AtomicRequest::LEN];
+                fetch_add(target.rkey(), target.addr()).encode(&mut b);
+                (
+                    raw.rfc7306_ulpdu(Opcode::AtomicRequest, ddp::QN_READ_REQUEST, 5, &b),
+                    codes::DDP_UNTAGGED_MSN_RANGE,
+                )
+            }
+            "unsolicited atomic response" => {
+                let mut b = [0u8; 12];
+                b[11] = 1;
+                (
+                    raw.rfc7306_ulpdu(Opcode::AtomicResponse, ddp::QN_ATOMIC_RESPONSE, 1, &b),
+                    codes::RDMAP_UNEXPECTED_OPCODE,
+                )
+            }
+            "immediate data of 4 bytes" => (
+                raw.rfc7306_ulpdu(Opcode::ImmediateData, ddp::QN_SEND, 1, &[EVIL; 4]),
+                codes::RDMAP_CATASTROPHIC_STREAM,
+            ),
+            "immediate data of 12 bytes" => (
+                raw.rfc7306_ulpdu(Opcode::ImmediateData, ddp::QN_SEND, 1, &[EVIL; 12]),
+                codes::DDP_UNTAGGED_TOO_LONG,
+            ),
+            _ => (
+                raw.rfc7306_ulpdu(Opcode::ImmediateData, ddp::QN_SEND, 1, &[EVIL; 8]),
+                codes::DDP_UNTAGGED_NO_BUFFER,
+            ),
+        };
+        raw.send_fpdu(&u);
+        let t = raw.expect_terminate();
+        assert_eq!(t.code, want, "{what}: got {}", t.code);
+        let wcs: &[(u64, WcStatus)] = if no_recv { &[] } else { &FLUSHED };
+        expect_engine_terminated(&s, want, wcs);
+        g.assert_untouched(what);
+        g_rx.assert_untouched(what);
+    }
+    srv.prove_usable();
+}
+
+/// (15) Atomic Requests count against the IRD like Read Requests: with
+/// IRD 1 and a large Read Response still owed (the peer does not read), an
+/// Atomic Request is one too many (0/2/0x07, as for Reads) and is not
+/// executed.
+#[test]
+fn atomic_request_beyond_ird() {
+    const SRC: usize = 16 << 20;
+    let srv = Server::new();
+    let params = ConnParams {
+        ird: 1,
+        ord: 1,
+        ..Default::default()
+    };
+    let (s, mut raw) = srv.accept_raw(
+        &params,
+        RawOpts {
+            ird: 1,
+            ord: 1,
+            ext: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(s.qp.conn_params().unwrap().ird, 1);
+    raw.set_rcvbuf(64 << 10);
+    let (_g, _rmr) = guarded_recvs(&s, 128);
+    let src = s.pd.alloc_mr(SRC, RW).unwrap();
+    let g = Guarded::new(64, 0x3C);
+    let target = g.register(&s.pd, Access::ALL, RegOptions::default());
+    let rr = ReadRequest {
+        sink_stag: 0x0012_3400,
+        sink_to: 0,
+        size: SRC as u32,
+        src_stag: src.rkey(),
+        src_to: src.addr(),
+    };
+    let u1 = raw.read_request_ulpdu(&rr);
+    let u2 = raw.atomic_request_ulpdu(&fetch_add(target.rkey(), target.addr()));
+    let mut both = raw.fpdu(&u1);
+    both.extend(raw.fpdu(&u2));
+    raw.send_bytes(&both);
+    expect_engine_terminated(&s, codes::RDMAP_CATASTROPHIC_STREAM, &FLUSHED);
+    g.assert_untouched("atomic beyond IRD");
     srv.prove_usable();
 }

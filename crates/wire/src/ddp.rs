@@ -45,6 +45,13 @@ pub const QN_SEND: u32 = 0;
 pub const QN_READ_REQUEST: u32 = 1;
 /// Untagged queue 2: Terminate (RFC 5040 section 4.1, Figure 4).
 pub const QN_TERMINATE: u32 = 2;
+/// Untagged queue 3: Atomic Response (RFC 7306). Atomic Requests share
+/// queue 1 with RDMA Read Requests, Immediate Data shares queue 0 with
+/// Sends.
+pub const QN_ATOMIC_RESPONSE: u32 = 3;
+/// Length of the Immediate Data an Immediate Data message carries as its
+/// whole payload (RFC 7306).
+pub const IMMEDIATE_LEN: usize = 8;
 
 /// The Terminate code for a segment whose DDP version is not 1, given its
 /// DDP control byte: the tagged or the untagged "invalid DDP version" code
@@ -58,9 +65,12 @@ pub fn invalid_version_code(ddp_ctrl: u8) -> crate::TermCode {
 }
 
 /// RDMAP opcodes of RFC 5040 (0..=7, section 4.1 Figure 4 and section 4.2
-/// Figure 5). Opcodes above 7 are reserved there (RFC 7306 assigns some to
-/// atomics and immediate data); they are not decoded, as this stack
-/// negotiates no extension that uses them.
+/// Figure 5) and of RFC 7306 (8..=0xB: immediate data and atomics).
+///
+/// RFC 7306's opcodes are decoded only where the caller says the stream
+/// negotiated them ([`DdpHeader::decode_with`]); on any other stream they
+/// are "unexpected opcode", as for a peer such as Linux siw, which
+/// implements none of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
@@ -80,6 +90,17 @@ pub enum Opcode {
     SendSeInvalidate = 6,
     /// 0111b: Terminate, untagged on queue 2.
     Terminate = 7,
+    /// 1000b: Immediate Data (RFC 7306), untagged on queue 0; its payload
+    /// is exactly [`IMMEDIATE_LEN`] bytes, delivered with the completion.
+    ImmediateData = 8,
+    /// 1001b: Immediate Data with Solicited Event (RFC 7306).
+    ImmediateDataSe = 9,
+    /// 1010b: Atomic Request (RFC 7306), untagged on queue 1 with an
+    /// [`AtomicRequest`] body.
+    AtomicRequest = 0xA,
+    /// 1011b: Atomic Response (RFC 7306), untagged on queue 3 with an
+    /// [`AtomicResponse`] body.
+    AtomicResponse = 0xB,
 }
 
 impl Opcode {
@@ -97,6 +118,28 @@ impl Opcode {
         })
     }
 
+    /// Like [`Opcode::from_u8`], also accepting RFC 7306's opcodes when
+    /// `rfc7306` (the stream negotiated them).
+    pub fn from_u8_with(v: u8, rfc7306: bool) -> Result<Opcode, WireError> {
+        Ok(match v {
+            8 if rfc7306 => Opcode::ImmediateData,
+            9 if rfc7306 => Opcode::ImmediateDataSe,
+            0xA if rfc7306 => Opcode::AtomicRequest,
+            0xB if rfc7306 => Opcode::AtomicResponse,
+            other => return Opcode::from_u8(other),
+        })
+    }
+
+    /// Whether this is one of RFC 7306's opcodes.
+    pub fn is_rfc7306(self) -> bool {
+        self as u8 >= 8
+    }
+
+    /// Immediate Data, with or without Solicited Event.
+    pub fn is_immediate(self) -> bool {
+        matches!(self, Opcode::ImmediateData | Opcode::ImmediateDataSe)
+    }
+
     /// Whether the opcode travels in tagged DDP segments.
     pub fn is_tagged(self) -> bool {
         matches!(self, Opcode::Write | Opcode::ReadResponse)
@@ -106,8 +149,9 @@ impl Opcode {
     pub fn queue(self) -> Option<u32> {
         match self {
             Opcode::Write | Opcode::ReadResponse => None,
-            Opcode::ReadRequest => Some(QN_READ_REQUEST),
+            Opcode::ReadRequest | Opcode::AtomicRequest => Some(QN_READ_REQUEST),
             Opcode::Terminate => Some(QN_TERMINATE),
+            Opcode::AtomicResponse => Some(QN_ATOMIC_RESPONSE),
             _ => Some(QN_SEND),
         }
     }
@@ -120,7 +164,10 @@ impl Opcode {
     }
 
     pub fn solicited(self) -> bool {
-        matches!(self, Opcode::SendSe | Opcode::SendSeInvalidate)
+        matches!(
+            self,
+            Opcode::SendSe | Opcode::SendSeInvalidate | Opcode::ImmediateDataSe
+        )
     }
 
     pub fn invalidates(self) -> bool {
@@ -222,10 +269,16 @@ impl DdpHeader {
     }
 
     /// Decodes a header from the start of a ULPDU. Checks the DDP and RDMAP
-    /// versions, the opcode, that the opcode matches the tagged/untagged
-    /// model, and (for untagged segments) that the queue number is the one
-    /// the opcode uses.
+    /// versions, the opcode (RFC 5040's only), that the opcode matches the
+    /// tagged/untagged model, and (for untagged segments) that the queue
+    /// number is the one the opcode uses.
     pub fn decode(buf: &[u8]) -> Result<DdpHeader, WireError> {
+        Self::decode_with(buf, false)
+    }
+
+    /// Like [`DdpHeader::decode`]; with `rfc7306`, RFC 7306's opcodes
+    /// (immediate data, atomics) are accepted too.
+    pub fn decode_with(buf: &[u8], rfc7306: bool) -> Result<DdpHeader, WireError> {
         if buf.len() < 2 {
             return Err(WireError::Short(2 - buf.len()));
         }
@@ -241,7 +294,7 @@ impl DdpHeader {
         if rctrl >> 6 != RDMAP_VERSION {
             return Err(WireError::RdmapVersion(rctrl >> 6));
         }
-        let opcode = Opcode::from_u8(rctrl & RDMAP_OPCODE_MASK)?;
+        let opcode = Opcode::from_u8_with(rctrl & RDMAP_OPCODE_MASK, rfc7306)?;
         let tagged = ctrl & DDP_TAGGED != 0;
         let last = ctrl & DDP_LAST != 0;
         if tagged != opcode.is_tagged() {
@@ -307,5 +360,211 @@ impl ReadRequest {
             src_stag: be32(&b[16..20]),
             src_to: be64(&b[20..28]),
         })
+    }
+}
+
+/// The operation of an Atomic Request (RFC 7306: the low four bits of the
+/// request's first word; the other 28 bits are reserved). Every operation
+/// carries masks: FetchAdd's Add Mask marks field boundaries (zero: one
+/// plain 64-bit add), Swap's and CmpSwap's Swap Mask the bits replaced,
+/// CmpSwap's Compare Mask the bits compared (all ones: the plain
+/// operations of InfiniBand verbs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AtomicOp {
+    /// 0000b: add "Add Data" to the 64-bit value; return the original.
+    FetchAdd = 0,
+    /// 0001b: replace the bits of "Swap Mask" with those of "Swap Data";
+    /// return the original.
+    Swap = 1,
+    /// 0010b: if the bits of "Compare Mask" equal those of "Compare Data",
+    /// swap as [`AtomicOp::Swap`] does; return the original either way.
+    CompareSwap = 2,
+}
+
+impl AtomicOp {
+    pub fn from_u8(v: u8) -> Result<AtomicOp, WireError> {
+        Ok(match v {
+            0 => AtomicOp::FetchAdd,
+            1 => AtomicOp::Swap,
+            2 => AtomicOp::CompareSwap,
+            other => return Err(WireError::AtomicOp(other)),
+        })
+    }
+
+    /// The value the target holds after the operation on `orig` (the
+    /// arithmetic of RFC 7306's operations; the caller makes it atomic).
+    pub fn apply(self, orig: u64, r: &AtomicRequest) -> u64 {
+        let swapped = (orig & !r.add_swap_mask) | (r.add_swap & r.add_swap_mask);
+        match self {
+            AtomicOp::FetchAdd => masked_add(orig, r.add_swap, r.add_swap_mask),
+            AtomicOp::Swap => swapped,
+            AtomicOp::CompareSwap => {
+                if (orig ^ r.compare) & r.compare_mask == 0 {
+                    swapped
+                } else {
+                    orig
+                }
+            }
+        }
+    }
+}
+
+/// Adds `add` to `orig` bit by bit, dropping the carry out of every bit
+/// position set in `mask` (the mask marks the most significant bit of each
+/// field, so fields add independently).
+fn masked_add(orig: u64, add: u64, mask: u64) -> u64 {
+    if mask == 0 {
+        return orig.wrapping_add(add);
+    }
+    let mut out = 0u64;
+    let mut carry = 0u64;
+    for i in 0..64 {
+        let a = (orig >> i) & 1;
+        let b = (add >> i) & 1;
+        let s = a + b + carry;
+        out |= (s & 1) << i;
+        carry = if (mask >> i) & 1 == 1 { 0 } else { s >> 1 };
+    }
+    out
+}
+
+/// The body of an Atomic Request (52 bytes after the untagged header,
+/// RFC 7306; Wireshark's `iwarp_rdma.atomic.*` fields): operation word,
+/// Request Identifier, Remote STag, Remote Tagged Offset, Add-or-Swap Data,
+/// Add-or-Swap Mask, Compare Data, Compare Mask. The target is the naturally aligned 64-bit value at the
+/// Remote Tagged Offset of the Remote STag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtomicRequest {
+    pub op: AtomicOp,
+    /// Chosen by the requester; echoed in the response.
+    pub req_id: u32,
+    pub stag: u32,
+    pub to: u64,
+    pub add_swap: u64,
+    pub add_swap_mask: u64,
+    pub compare: u64,
+    pub compare_mask: u64,
+}
+
+impl AtomicRequest {
+    pub const LEN: usize = 52;
+
+    pub fn encode(&self, out: &mut [u8]) -> usize {
+        out[0..4].copy_from_slice(&(self.op as u32).to_be_bytes());
+        out[4..8].copy_from_slice(&self.req_id.to_be_bytes());
+        out[8..12].copy_from_slice(&self.stag.to_be_bytes());
+        out[12..20].copy_from_slice(&self.to.to_be_bytes());
+        out[20..28].copy_from_slice(&self.add_swap.to_be_bytes());
+        out[28..36].copy_from_slice(&self.add_swap_mask.to_be_bytes());
+        out[36..44].copy_from_slice(&self.compare.to_be_bytes());
+        out[44..52].copy_from_slice(&self.compare_mask.to_be_bytes());
+        Self::LEN
+    }
+
+    /// Decodes the body; the 28 reserved bits of the first word are
+    /// ignored, an operation code above 2 is an error.
+    pub fn decode(b: &[u8]) -> Result<AtomicRequest, WireError> {
+        if b.len() < Self::LEN {
+            return Err(WireError::Short(Self::LEN - b.len()));
+        }
+        Ok(AtomicRequest {
+            op: AtomicOp::from_u8(b[3] & 0x0F)?,
+            req_id: be32(&b[4..8]),
+            stag: be32(&b[8..12]),
+            to: be64(&b[12..20]),
+            add_swap: be64(&b[20..28]),
+            add_swap_mask: be64(&b[28..36]),
+            compare: be64(&b[36..44]),
+            compare_mask: be64(&b[44..52]),
+        })
+    }
+}
+
+/// The body of an Atomic Response (12 bytes after the untagged header,
+/// RFC 7306): the request's identifier and the target's original value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtomicResponse {
+    pub req_id: u32,
+    pub orig: u64,
+}
+
+impl AtomicResponse {
+    pub const LEN: usize = 12;
+
+    pub fn encode(&self, out: &mut [u8]) -> usize {
+        out[0..4].copy_from_slice(&self.req_id.to_be_bytes());
+        out[4..12].copy_from_slice(&self.orig.to_be_bytes());
+        Self::LEN
+    }
+
+    pub fn decode(b: &[u8]) -> Result<AtomicResponse, WireError> {
+        if b.len() < Self::LEN {
+            return Err(WireError::Short(Self::LEN - b.len()));
+        }
+        Ok(AtomicResponse {
+            req_id: be32(&b[0..4]),
+            orig: be64(&b[4..12]),
+        })
+    }
+}
+
+#[cfg(test)]
+mod atomic_tests {
+    use super::*;
+
+    fn req(op: AtomicOp, add_swap: u64, asm: u64, compare: u64, cm: u64) -> AtomicRequest {
+        AtomicRequest {
+            op,
+            req_id: 1,
+            stag: 0x100,
+            to: 0,
+            add_swap,
+            add_swap_mask: asm,
+            compare,
+            compare_mask: cm,
+        }
+    }
+
+    #[test]
+    fn arithmetic() {
+        let fa = req(AtomicOp::FetchAdd, 5, 0, 0, 0);
+        assert_eq!(AtomicOp::FetchAdd.apply(u64::MAX, &fa), 4);
+        // Plain compare-and-swap: full masks.
+        let cs = req(AtomicOp::CompareSwap, 9, u64::MAX, 7, u64::MAX);
+        assert_eq!(AtomicOp::CompareSwap.apply(7, &cs), 9);
+        assert_eq!(AtomicOp::CompareSwap.apply(8, &cs), 8);
+        // Two 32-bit fields: the low field wraps without carrying into
+        // the high one.
+        let m = req(
+            AtomicOp::FetchAdd,
+            0x0000_0001_0000_0001,
+            0x8000_0000_8000_0000,
+            0,
+            0,
+        );
+        assert_eq!(
+            AtomicOp::FetchAdd.apply(0x0000_0005_FFFF_FFFF, &m),
+            0x0000_0006_0000_0000
+        );
+        // Compare only the low byte, swap only the high byte.
+        let mc = req(
+            AtomicOp::CompareSwap,
+            0xAB00_0000_0000_0000,
+            0xFF00_0000_0000_0000,
+            0x42,
+            0xFF,
+        );
+        assert_eq!(
+            AtomicOp::CompareSwap.apply(0x1234_0000_0000_0042, &mc),
+            0xAB34_0000_0000_0042
+        );
+        assert_eq!(
+            AtomicOp::CompareSwap.apply(0x1234_0000_0000_0043, &mc),
+            0x1234_0000_0000_0043
+        );
+        // Swap: unconditional, under its mask.
+        let sw = req(AtomicOp::Swap, 0xFFFF, 0x00FF, 0, 0);
+        assert_eq!(AtomicOp::Swap.apply(0x1200, &sw), 0x12FF);
     }
 }

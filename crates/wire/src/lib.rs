@@ -24,7 +24,10 @@ pub mod ddp;
 pub mod mpa;
 pub mod terminate;
 
-pub use ddp::{DdpHeader, Opcode, ReadRequest, TaggedHeader, UntaggedHeader};
+pub use ddp::{
+    AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, Opcode, ReadRequest, TaggedHeader,
+    UntaggedHeader,
+};
 pub use mpa::{MpaFrame, MpaHeader, MpaKind, MpaV2};
 pub use terminate::{Layer, TermCode, Terminate};
 
@@ -54,6 +57,8 @@ pub enum WireError {
     OpcodeModel { opcode: Opcode, tagged: bool },
     #[error("invalid DDP queue number {0}")]
     QueueNumber(u32),
+    #[error("unknown atomic operation {0:#x}")]
+    AtomicOp(u8),
     #[error("malformed Terminate message")]
     Terminate,
 }
@@ -85,7 +90,9 @@ impl WireError {
             | WireError::MpaV2Block => MPA_INVALID_REQ_REP,
             WireError::DdpVersion(_) => DDP_UNTAGGED_INVALID_VERSION,
             WireError::RdmapVersion(_) => RDMAP_INVALID_VERSION,
-            WireError::Opcode(_) | WireError::OpcodeModel { .. } => RDMAP_UNEXPECTED_OPCODE,
+            WireError::Opcode(_) | WireError::OpcodeModel { .. } | WireError::AtomicOp(_) => {
+                RDMAP_UNEXPECTED_OPCODE
+            }
             WireError::QueueNumber(_) => DDP_UNTAGGED_INVALID_QN,
             WireError::Terminate => RDMAP_UNEXPECTED_OPCODE,
         }

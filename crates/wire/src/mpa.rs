@@ -395,8 +395,12 @@ pub mod ext {
     /// FPDUs back to back in large batches (like siw's GSO experiment, but
     /// negotiated here rather than in reserved MPA header bits).
     pub const LARGE_SEGMENTS: u8 = 0x01;
+    /// RFC 7306: atomics (Atomic Request / Response) and Immediate Data.
+    /// RFC 7306 leaves their negotiation to the ULP; siw implements none of
+    /// them, so only peers that agree to this flag ever see those opcodes.
+    pub const RFC7306: u8 = 0x02;
     /// Flags this implementation understands.
-    pub const KNOWN: u8 = LARGE_SEGMENTS;
+    pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306;
 
     /// The block for `flags`.
     pub fn encode(flags: u8) -> [u8; LEN] {

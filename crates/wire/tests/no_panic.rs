@@ -3,7 +3,7 @@
 //! (The `cargo fuzz` targets under `fuzz/` run the same checks for longer.)
 
 use proptest::prelude::*;
-use softrdma_wire::ddp::ReadRequest;
+use softrdma_wire::ddp::{AtomicRequest, AtomicResponse, ReadRequest};
 use softrdma_wire::mpa::{self, MpaHeader};
 use softrdma_wire::{DdpHeader, MpaFrame, MpaV2, Terminate, WireError};
 
@@ -26,6 +26,26 @@ fn check_all(data: &[u8]) -> Result<(), TestCaseError> {
         // Reserved bits aside, the header is the input's.
         prop_assert_eq!(b[0], data[0] & !softrdma_wire::ddp::DDP_RSVD);
         prop_assert_eq!(&b[2..n], &data[2..n]);
+    }
+    // With RFC 7306's opcodes: the same, and a superset of the above.
+    if let Ok(h) = DdpHeader::decode_with(data, true) {
+        let mut b = [0u8; 18];
+        let n = h.encode(&mut b);
+        prop_assert_eq!(DdpHeader::decode_with(&b[..n], true).unwrap(), h);
+        prop_assert_eq!(&b[2..n], &data[2..n]);
+    } else {
+        prop_assert!(DdpHeader::decode(data).is_err());
+    }
+    if let Ok(r) = AtomicRequest::decode(data) {
+        let mut b = [0u8; AtomicRequest::LEN];
+        r.encode(&mut b);
+        prop_assert_eq!(&b[4..], &data[4..AtomicRequest::LEN]);
+        prop_assert_eq!(AtomicRequest::decode(&b).unwrap(), r);
+    }
+    if let Ok(r) = AtomicResponse::decode(data) {
+        let mut b = [0u8; AtomicResponse::LEN];
+        r.encode(&mut b);
+        prop_assert_eq!(&b[..], &data[..AtomicResponse::LEN]);
     }
     if let Ok(r) = ReadRequest::decode(data) {
         let mut b = [0u8; 28];

@@ -2,7 +2,9 @@
 //! and the arithmetic invariants of the FPDU helpers.
 
 use proptest::prelude::*;
-use softrdma_wire::ddp::{self, ReadRequest, TaggedHeader, UntaggedHeader};
+use softrdma_wire::ddp::{
+    self, AtomicOp, AtomicRequest, AtomicResponse, ReadRequest, TaggedHeader, UntaggedHeader,
+};
 use softrdma_wire::mpa::{self, FpduError};
 use softrdma_wire::terminate::{self, Terminate};
 use softrdma_wire::{DdpHeader, Layer, MpaFrame, MpaKind, MpaV2, Opcode, TermCode, WireError};
@@ -18,8 +20,42 @@ const OPCODES: [Opcode; 8] = [
     Opcode::Terminate,
 ];
 
+/// RFC 7306's opcodes, decoded only on streams that negotiated them.
+const RFC7306_OPCODES: [Opcode; 4] = [
+    Opcode::ImmediateData,
+    Opcode::ImmediateDataSe,
+    Opcode::AtomicRequest,
+    Opcode::AtomicResponse,
+];
+
 fn arb_opcode() -> impl Strategy<Value = Opcode> {
     prop::sample::select(OPCODES.to_vec())
+}
+
+fn arb_any_opcode() -> impl Strategy<Value = Opcode> {
+    prop::sample::select([&OPCODES[..], &RFC7306_OPCODES[..]].concat())
+}
+
+fn arb_atomic_request() -> impl Strategy<Value = AtomicRequest> {
+    (
+        prop::sample::select(vec![
+            AtomicOp::FetchAdd,
+            AtomicOp::Swap,
+            AtomicOp::CompareSwap,
+        ]),
+        any::<(u32, u32, u64)>(),
+        any::<(u64, u64, u64, u64)>(),
+    )
+        .prop_map(|(op, (req_id, stag, to), (a, am, c, cm))| AtomicRequest {
+            op,
+            req_id,
+            stag,
+            to,
+            add_swap: a,
+            add_swap_mask: am,
+            compare: c,
+            compare_mask: cm,
+        })
 }
 
 fn arb_v2() -> impl Strategy<Value = MpaV2> {
@@ -67,8 +103,12 @@ prop_compose! {
 
 /// Any valid header: tagged opcodes tagged, untagged ones on their queue.
 fn arb_ddp_header() -> impl Strategy<Value = DdpHeader> {
+    arb_header_of(arb_opcode())
+}
+
+fn arb_header_of(op: impl Strategy<Value = Opcode>) -> impl Strategy<Value = DdpHeader> {
     (
-        arb_opcode(),
+        op,
         any::<bool>(),
         any::<u32>(),
         any::<u64>(),
@@ -203,6 +243,59 @@ proptest! {
     }
 
     #[test]
+    fn ddp_header_roundtrip_rfc7306(h in arb_header_of(arb_any_opcode())) {
+        let b = header_bytes(&h);
+        prop_assert_eq!(DdpHeader::decode_with(&b, true).unwrap(), h);
+        // Without the negotiation, RFC 7306's opcodes are unexpected.
+        let plain = DdpHeader::decode(&b);
+        if h.opcode().is_rfc7306() {
+            prop_assert_eq!(plain, Err(WireError::Opcode(h.opcode() as u8)));
+        } else {
+            prop_assert_eq!(plain, Ok(h));
+        }
+    }
+
+    #[test]
+    fn atomic_request_roundtrip(r in arb_atomic_request(), reserved in 0u32..(1 << 28)) {
+        let mut b = [0u8; AtomicRequest::LEN];
+        prop_assert_eq!(r.encode(&mut b), AtomicRequest::LEN);
+        prop_assert_eq!(AtomicRequest::decode(&b).unwrap(), r);
+        // The 28 reserved bits of the first word are ignored on receive.
+        let w = u32::from_be_bytes(b[..4].try_into().unwrap()) | (reserved << 4);
+        b[..4].copy_from_slice(&w.to_be_bytes());
+        prop_assert_eq!(AtomicRequest::decode(&b).unwrap(), r);
+        prop_assert_eq!(AtomicRequest::decode(&b[..51]), Err(WireError::Short(1)));
+    }
+
+    #[test]
+    fn atomic_response_roundtrip(req_id in any::<u32>(), orig in any::<u64>()) {
+        let r = AtomicResponse { req_id, orig };
+        let mut b = [0u8; AtomicResponse::LEN];
+        prop_assert_eq!(r.encode(&mut b), AtomicResponse::LEN);
+        prop_assert_eq!(AtomicResponse::decode(&b).unwrap(), r);
+    }
+
+    /// RFC 7306's masks at their extremes: an Add Mask of zero is one plain
+    /// 64-bit add, all ones (every bit its own field) is XOR; full Swap and
+    /// Compare Masks are InfiniBand's plain swap and compare-and-swap, empty
+    /// ones change nothing.
+    #[test]
+    fn atomic_masks_at_extremes(r in arb_atomic_request(), v in any::<u64>()) {
+        let mut m = r;
+        m.add_swap_mask = 0;
+        prop_assert_eq!(AtomicOp::FetchAdd.apply(v, &m), v.wrapping_add(r.add_swap));
+        prop_assert_eq!(AtomicOp::Swap.apply(v, &m), v);
+        m.add_swap_mask = u64::MAX;
+        prop_assert_eq!(AtomicOp::FetchAdd.apply(v, &m), v ^ r.add_swap);
+        prop_assert_eq!(AtomicOp::Swap.apply(v, &m), r.add_swap);
+        m.compare_mask = u64::MAX;
+        let want = if v == r.compare { r.add_swap } else { v };
+        prop_assert_eq!(AtomicOp::CompareSwap.apply(v, &m), want);
+        m.compare_mask = 0;
+        prop_assert_eq!(AtomicOp::CompareSwap.apply(v, &m), r.add_swap);
+    }
+
+    #[test]
     fn read_request_roundtrip(r in arb_read_request()) {
         let mut b = [0u8; 28];
         prop_assert_eq!(r.encode(&mut b), ReadRequest::LEN);
@@ -316,6 +409,28 @@ fn every_opcode_both_buffer_models() {
             assert_eq!(Opcode::from_u8(op as u8).unwrap(), op);
         }
     }
+    for op in RFC7306_OPCODES {
+        let h = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: op,
+            inval_stag: 0,
+            qn: op.queue().unwrap(),
+            msn: 1,
+            mo: 0,
+        });
+        let b = header_bytes(&h);
+        assert_eq!(b[1], 0x40 | op as u8, "{op:?}");
+        assert_eq!(DdpHeader::decode_with(&b, true).unwrap(), h);
+        assert_eq!(DdpHeader::decode(&b), Err(WireError::Opcode(op as u8)));
+        assert!(op.is_rfc7306() && !op.is_tagged() && !op.is_send());
+    }
+    assert_eq!(Opcode::AtomicRequest.queue(), Some(ddp::QN_READ_REQUEST));
+    assert_eq!(
+        Opcode::AtomicResponse.queue(),
+        Some(ddp::QN_ATOMIC_RESPONSE)
+    );
+    assert_eq!(Opcode::ImmediateDataSe.queue(), Some(ddp::QN_SEND));
+    assert!(Opcode::ImmediateDataSe.solicited() && !Opcode::ImmediateData.solicited());
     assert_eq!(Opcode::ReadRequest.queue(), Some(ddp::QN_READ_REQUEST));
     assert_eq!(Opcode::Terminate.queue(), Some(ddp::QN_TERMINATE));
     assert!(Opcode::SendSeInvalidate.solicited() && Opcode::SendSeInvalidate.is_send());

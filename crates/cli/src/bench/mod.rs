@@ -326,10 +326,10 @@ fn rss_mib(pid: Option<u32>) -> Option<f64> {
 }
 
 fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<()> {
-    if a.test == Test::AtomicLat {
+    if a.test == Test::AtomicLat && a.no_ext {
         bail!(
-            "atomic_lat: RDMA atomics (RFC 7306) are not implemented; the engine negotiates \
-             none (Linux siw has none either)"
+            "atomic_lat needs RFC 7306 atomics, which softrdma negotiates only through its \
+             extensions: drop --no-ext (Linux siw has no atomics)"
         );
     }
     if a.qps == 0 || a.depth == 0 {
@@ -341,6 +341,9 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
     })?;
     let sizes = if a.test == Test::IdleQps {
         vec![64]
+    } else if a.test == Test::AtomicLat {
+        // Atomics work on one 64-bit word.
+        vec![8]
     } else {
         sizes(&a.size)?
     };
@@ -497,8 +500,9 @@ fn baseline(a: &Args, server: SocketAddr, r: &mut Record, size: u64, iters: u64)
     let until = a.duration.map(Duration::from_secs_f64);
     if a.test.is_lat() {
         let mut halves = tcp::pingpong(addr, size as usize, iters, until, a.busy_poll)?;
-        if a.test == Test::ReadLat {
-            // read_lat reports whole round trips (as perftest does).
+        if matches!(a.test, Test::ReadLat | Test::AtomicLat) {
+            // read_lat and atomic_lat report whole round trips (as
+            // perftest does).
             halves.iter_mut().for_each(|h| *h *= 2);
         }
         let (p50, _, _) = percentiles(&halves);
@@ -715,8 +719,10 @@ fn measure(a: &Args, dev: &Device, server: SocketAddr, size: u64, iters: u64) ->
     };
     let res = match a.test {
         Test::WriteBw | Test::ReadBw | Test::SendBw => bw(a, &s, size, iters, &mut r),
-        Test::WriteLat | Test::ReadLat | Test::SendLat => lat(a, &s, size, iters, &mut r),
-        Test::AtomicLat | Test::IdleQps => unreachable!(),
+        Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat => {
+            lat(a, &s, size, iters, &mut r)
+        }
+        Test::IdleQps => unreachable!(),
     };
     s.disconnect();
     res.map(|_| r)
@@ -897,6 +903,29 @@ fn lat(a: &Args, s: &Session, size: u64, iters: u64, r: &mut Record) -> Result<(
                 ))?;
                 s.wait(&mut wcs[..1], a.busy_poll)?;
                 halves.push(t.elapsed().as_nanos() as u64);
+            }
+            Test::AtomicLat => {
+                // Fetch-and-add of 1 on the server's first word: each
+                // answer must be the previous one plus one (nobody else
+                // adds to this buffer).
+                qp.post_send(&SendWr::fetch_add(
+                    wr_id(0, i),
+                    local.sge(0, 8),
+                    reply.addr,
+                    reply.rkey,
+                    1,
+                ))?;
+                s.wait(&mut wcs[..1], a.busy_poll)?;
+                halves.push(t.elapsed().as_nanos() as u64);
+                let mut b = [0u8; 8];
+                local.read_at(0, &mut b);
+                if u64::from_ne_bytes(b) != i - 1 {
+                    bail!(
+                        "fetch-and-add {i} returned {}, not {}",
+                        u64::from_ne_bytes(b),
+                        i - 1
+                    );
+                }
             }
             _ => {
                 qp.post_send(&SendWr::send(wr_id(0, i), &[local.sge(0, sz)]))?;

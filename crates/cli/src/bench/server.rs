@@ -149,9 +149,19 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
         .filter(|s| *s <= 64 << 20)
         .context("message size above 64 MiB")?
         .max(1);
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    if h.test == Test::AtomicLat {
+        if req
+            .extensions()
+            .is_none_or(|f| f & wire::mpa::ext::RFC7306 == 0)
+        {
+            req.reject(b"atomic_lat needs RFC 7306 (softrdma's extensions)")?;
+            bail!("atomic_lat requested without RFC 7306 offered");
+        }
+        access = access | Access::REMOTE_ATOMIC;
+    }
     match h.test {
-        Test::WriteBw | Test::ReadBw | Test::ReadLat | Test::IdleQps => {
+        Test::WriteBw | Test::ReadBw | Test::ReadLat | Test::AtomicLat | Test::IdleQps => {
             let mut attr = QpInitAttr::new(&passive.cq);
             attr.caps.max_send_wr = 4;
             attr.caps.max_recv_wr = 1;
@@ -218,10 +228,6 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
                 Test::SendLat => serve_send_lat(&qp, &cq, &bufs, &out, size, h.busy_poll),
                 _ => serve_write_lat(&qp, &cq, &bufs, &out, size, &h),
             }
-        }
-        Test::AtomicLat => {
-            req.reject(b"atomics not supported")?;
-            bail!("atomic_lat requested: this engine negotiates no RFC 7306 atomics")
         }
     }
 }
