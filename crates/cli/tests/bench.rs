@@ -34,7 +34,9 @@ fn f(v: &Value, k: &str) -> f64 {
 
 fn check_line(v: &Value, test: &str, size: u64, iters: u64) {
     assert_eq!(v["test"], test, "{v}");
-    assert_eq!(v["transport"], "iwarp-tcp", "{v}");
+    // --loopback: both ends on this host, with extensions: Writes and Reads
+    // go straight into the other process's memory.
+    assert_eq!(v["transport"], "same-host", "{v}");
     assert_eq!(v["size"].as_u64(), Some(size), "{v}");
     assert_eq!(v["iters"].as_u64(), Some(iters), "{v}");
     assert!(f(v, "gbps") > 0.0, "{v}");
@@ -147,6 +149,23 @@ fn several_qps_crc_and_mpa_rev1() {
     // A --duration run reports however many messages fitted.
     let lines = bench(&["--test", "read_bw", "--size", "4096", "--duration", "0.3"]);
     assert!(lines[0]["iters"].as_u64().unwrap() > 0, "{}", lines[0]);
+}
+
+/// The same-host transport carries the Writes and Reads of write_bw and
+/// read_bw; `--no-same-host` and `--no-ext` keep them on TCP.
+#[test]
+fn same_host_transport_and_opting_out() {
+    for test in ["write_bw", "read_bw"] {
+        let v = &bench(&["--test", test, "--size", "65536", "--iters", "500"])[0];
+        assert_eq!(v["transport"], "same-host", "{v}");
+        assert!(v["direct_ops"].as_u64().unwrap() >= 500, "{v}");
+        assert_eq!(v["tcp_fallbacks"].as_u64(), Some(0), "{v}");
+        for opt in ["--no-same-host", "--no-ext"] {
+            let v = &bench(&["--test", test, "--size", "65536", "--iters", "500", opt])[0];
+            assert_eq!(v["transport"], "iwarp-tcp", "{opt}: {v}");
+            assert!(v.get("direct_ops").is_none(), "{opt}: {v}");
+        }
+    }
 }
 
 #[test]

@@ -60,8 +60,10 @@ fn atomics_and_immediate_data_decode_in_tshark() {
     };
     let cap = Capture::start(&work, &[port]);
 
+    // Not the same-host transport: its Writes would skip the wire.
     let dev = Device::open(DeviceConfig {
         publish: false,
+        same_host: false,
         ..Default::default()
     })
     .unwrap();

@@ -9,6 +9,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::iwarp::Conn;
 use crate::qp::{QpState, QueuePair};
+use crate::samehost::{Link, Offer};
 use softrdma_wire::mpa::{self, MpaFrame, MpaHeader, MpaKind, MpaV2};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -73,6 +74,22 @@ pub struct Negotiated {
     /// Both ends agreed to `ext::RFC7306`: atomics and immediate data may
     /// be posted (and are accepted from the peer).
     pub rfc7306: bool,
+    /// This end reaches the peer's memory directly for RDMA Write and Read
+    /// (same-host transport, `docs/same-host.md`).
+    pub same_host: bool,
+}
+
+/// Private data with softrdma's extension block (and our same-host record
+/// where it fits) before the application's bytes; an offer that does not
+/// fit is dropped.
+fn with_ext(flags: u8, offer: &mut Option<Offer>, app: &[u8], v2: bool) -> Vec<u8> {
+    let room = mpa::MAX_PRIVATE_DATA - if v2 { MpaV2::LEN } else { 0 };
+    if mpa::ext::LEN + mpa::ext::SAME_HOST_LEN + app.len() > room {
+        *offer = None;
+    }
+    let mut pd = mpa::ext::encode_with(flags, offer.as_ref().map(|o| &o.record));
+    pd.extend_from_slice(app);
+    pd
 }
 
 fn read_frame(s: &mut TcpStream, timeout: Duration) -> Result<MpaFrame> {
@@ -106,13 +123,19 @@ fn prepare(qp: &QueuePair) -> Result<()> {
 }
 
 /// Attaches an MPA-negotiated stream to a QP and moves it to RTS.
-fn establish(qp: &QueuePair, stream: TcpStream, n: Negotiated, rtr: Option<bool>) -> Result<()> {
+fn establish(
+    qp: &QueuePair,
+    stream: TcpStream,
+    n: Negotiated,
+    rtr: Option<bool>,
+    link: Option<Link>,
+) -> Result<()> {
     let q = &qp.inner;
     let rt = &qp.pd.dev.rt;
     let epoll = rt.progress[(q.qpn as usize) % rt.progress.len()]
         .epoll
         .clone();
-    let conn = Conn::new(stream, n, epoll)?;
+    let conn = Conn::new(stream, n, epoll, link)?;
     {
         let mut sq = q.sq.lock();
         let mut rx = q.rx.lock();
@@ -160,10 +183,18 @@ impl QueuePair {
             rtr_write: params.p2p,
             rtr_read: params.p2p,
         });
+        let core = &self.pd.dev.rt.core;
+        let mut offer = params
+            .extensions
+            .then(|| Offer::new(core, self.pd.id))
+            .flatten();
         let private_data = if params.extensions {
-            let mut pd = mpa::ext::encode(mpa::ext::KNOWN).to_vec();
-            pd.extend_from_slice(&params.private_data);
-            pd
+            with_ext(
+                mpa::ext::KNOWN,
+                &mut offer,
+                &params.private_data,
+                v2.is_some(),
+            )
         } else {
             params.private_data.clone()
         };
@@ -180,13 +211,13 @@ impl QueuePair {
         let mut rep = read_frame(&mut s, params.timeout)?;
         // The responder answers an offer with its own block (a rejecting
         // one may not); without an offer there is nothing to strip.
-        let ext = if params.extensions {
-            let (flags, rest) = mpa::ext::strip(&rep.private_data);
+        let (ext, peer_same_host) = if params.extensions {
+            let (flags, same_host, rest) = mpa::ext::parse(&rep.private_data);
             let rest = rest.to_vec();
             rep.private_data = rest;
-            flags
+            (flags, same_host)
         } else {
-            None
+            (None, None)
         };
         if rep.kind != MpaKind::Reply {
             return Err(Error::Protocol("expected an MPA reply".into()));
@@ -228,6 +259,7 @@ impl QueuePair {
             }
             _ => (params.ord, false, None),
         };
+        let link = offer.and_then(|o| Link::establish(core, o, peer_same_host.as_ref()));
         let n = Negotiated {
             revision: rep.revision,
             crc: rep.crc,
@@ -237,8 +269,9 @@ impl QueuePair {
             initiator: true,
             large_segments: ext.is_some_and(|f| f & mpa::ext::LARGE_SEGMENTS != 0),
             rfc7306: ext.is_some_and(|f| f & mpa::ext::RFC7306 != 0),
+            same_host: link.as_ref().is_some_and(Link::direct),
         };
-        establish(self, s, n, rtr)?;
+        establish(self, s, n, rtr, link)?;
         Ok(rep.private_data)
     }
 }
@@ -278,13 +311,14 @@ impl Listener {
             s.set_nodelay(true)?;
             match read_frame(&mut s, Duration::from_secs(5)) {
                 Ok(mut f) if f.kind == MpaKind::Request && !f.markers => {
-                    let (ext, rest) = mpa::ext::strip(&f.private_data);
+                    let (ext, same_host, rest) = mpa::ext::parse(&f.private_data);
                     let rest = rest.to_vec();
                     f.private_data = rest;
                     return Ok(ConnectRequest {
                         stream: s,
                         frame: f,
                         ext,
+                        same_host,
                         peer,
                     });
                 }
@@ -339,6 +373,8 @@ pub struct ConnectRequest {
     frame: MpaFrame,
     /// Extension flags the initiator offered (`wire::mpa::ext`).
     ext: Option<u8>,
+    /// The initiator's same-host record, if it offered one.
+    same_host: Option<mpa::ext::SameHost>,
     peer: SocketAddr,
 }
 
@@ -423,6 +459,7 @@ impl ConnectRequest {
                         initiator: false,
                         large_segments: false,
                         rfc7306: false,
+                        same_host: false,
                     },
                 )
             }
@@ -437,18 +474,33 @@ impl ConnectRequest {
                     initiator: false,
                     large_segments: false,
                     rfc7306: false,
+                    same_host: false,
                 },
             ),
         };
         let mut n = n;
+        let core = &qp.pd.dev.rt.core;
+        let mut link = None;
         let private_data = match self.ext {
             Some(offered) => {
                 let agreed = offered & mpa::ext::KNOWN;
                 n.large_segments = agreed & mpa::ext::LARGE_SEGMENTS != 0;
                 n.rfc7306 = agreed & mpa::ext::RFC7306 != 0;
-                let mut pd = mpa::ext::encode(agreed).to_vec();
-                pd.extend_from_slice(&params.private_data);
-                pd
+                // Same host: offer our segment if the initiator offered its
+                // own and the two are on one kernel and pid namespace.
+                let mut offer = match self.same_host {
+                    Some(_) if agreed & mpa::ext::SAME_HOST != 0 => Offer::new(core, qp.pd.id),
+                    _ => None,
+                };
+                let pd = with_ext(agreed, &mut offer, &params.private_data, v2.is_some());
+                link = offer.and_then(|o| Link::establish(core, o, self.same_host.as_ref()));
+                if link.is_some() {
+                    n.same_host = link.as_ref().is_some_and(Link::direct);
+                    pd
+                } else {
+                    // No link (another host, or no room): no record.
+                    with_ext(agreed, &mut None, &params.private_data, v2.is_some())
+                }
             }
             None => params.private_data.clone(),
         };
@@ -463,7 +515,7 @@ impl ConnectRequest {
         };
         self.stream
             .write_all(&rep.encode().map_err(|e| Error::inval(e.to_string()))?)?;
-        establish(qp, self.stream, n, None)
+        establish(qp, self.stream, n, None, link)
     }
 
     /// Rejects with optional private data (sent in the MPA reply).

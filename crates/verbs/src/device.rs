@@ -60,6 +60,11 @@ pub struct DeviceConfig {
     pub attr: DeviceAttr,
     /// Publish the device's resources for `softrdma info`.
     pub publish: bool,
+    /// Offer the same-host transport to softrdma peers on this host that
+    /// connect with extensions (`docs/same-host.md`): they then reach this
+    /// device's registered memory directly, with every access checked
+    /// against its STag table.
+    pub same_host: bool,
 }
 
 impl Default for DeviceConfig {
@@ -71,6 +76,7 @@ impl Default for DeviceConfig {
             max_ulpdu: softrdma_wire::mpa::max_ulpdu_for(65535),
             attr: DeviceAttr::default(),
             publish: true,
+            same_host: true,
         }
     }
 }
@@ -97,6 +103,10 @@ pub enum AsyncEvent {
 pub(crate) struct Core {
     pub config: DeviceConfig,
     pub stags: StagTable,
+    /// This device's same-host segment (`shm.rs`), if offered.
+    pub shm: Option<Arc<crate::shm::LocalShm>>,
+    /// Peer segments mapped here, by (pid, nonce).
+    pub peers: Mutex<HashMap<(u32, u64), std::sync::Weak<crate::shm::PeerShm>>>,
     pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
@@ -167,9 +177,22 @@ impl Device {
             return Err(Error::inval("max_ulpdu must be 64..=65533"));
         }
         let n = config.progress_threads;
+        let shm = if config.same_host {
+            match crate::shm::LocalShm::create() {
+                Ok(s) => s.map(Arc::new),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no same-host segment; same-host peers use TCP");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let core = Arc::new(Core {
             config,
-            stags: StagTable::new(),
+            stags: StagTable::new(shm.clone()),
+            shm,
+            peers: Mutex::new(HashMap::new()),
             qps: RwLock::new(HashMap::new()),
             next_qpn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
@@ -315,6 +338,8 @@ pub struct QpInfo {
     pub crc: bool,
     pub ird: u16,
     pub ord: u16,
+    /// Writes and Reads reach the peer directly (same-host transport).
+    pub same_host: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -543,7 +568,7 @@ impl MemoryRegion {
     /// released index may be handed to the next registration). Transfers
     /// already being placed finish.
     pub fn set_valid(&self, valid: bool) {
-        self.inner.valid.store(valid, Ordering::Release);
+        self.dev.rt.core.stags.set_valid(&self.inner, valid);
     }
     /// An SGE covering `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: usize) -> crate::Sge {

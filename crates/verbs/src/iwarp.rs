@@ -57,10 +57,17 @@ pub(crate) struct Conn {
     /// ([`crate::QueuePair::progress`]); the progress thread no longer
     /// watches for input (it still handles blocked output and hang-ups).
     polled: AtomicBool,
+    /// The same-host transport, where both ends agreed to it.
+    pub link: Option<crate::samehost::Link>,
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream, params: Negotiated, epoll: Arc<Epoll>) -> io::Result<Conn> {
+    pub fn new(
+        stream: TcpStream,
+        params: Negotiated,
+        epoll: Arc<Epoll>,
+        link: Option<crate::samehost::Link>,
+    ) -> io::Result<Conn> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
         let fd = stream.as_raw_fd();
@@ -80,6 +87,7 @@ impl Conn {
             out_armed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             polled: AtomicBool::new(false),
+            link,
         })
     }
 
@@ -381,6 +389,9 @@ pub(crate) struct Tx {
     atomic_resp_msn: u32,
     /// A local failure found while transmitting (fail the QP after unlock).
     pub pending_fail: Option<String>,
+    /// RDMAP messages (Terminate aside) composed for the stream so far: a
+    /// same-host copy may run only once the peer processed them all.
+    msgs_sent: u64,
 }
 
 impl Tx {
@@ -399,6 +410,7 @@ impl Tx {
             term_msn: 1,
             atomic_resp_msn: 1,
             pending_fail: None,
+            msgs_sent: 0,
         }
     }
 
@@ -566,6 +578,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
         let orq_busy = !sq.orq.is_empty();
         let orq_len = sq.orq.len();
         let pd = q.pd;
+        let sent = sq.tx.msgs_sent;
         let w = sq.get_mut(seq)?;
         if matches!(w.stage, Stage::Done(_)) {
             sq.next_tx += 1;
@@ -578,7 +591,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
             WrOp::LocalInv { stag } => {
                 let st = match q.core.stags.lookup(stag) {
                     Some(mr) if mr.pd == pd && mr.invalidatable => {
-                        mr.valid.store(false, Ordering::Release);
+                        q.core.stags.set_valid(&mr, false);
                         WcStatus::Success
                     }
                     _ => WcStatus::LocProtErr,
@@ -618,6 +631,14 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 continue;
             }
             WrOp::RdmaRead { remote_addr, rkey } => {
+                // Same host: read the peer's memory directly.
+                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                    if link.try_read(sent, &w.spans, w.len, rkey, remote_addr) {
+                        w.stage = Stage::Done(WcStatus::Success);
+                        sq.next_tx += 1;
+                        continue;
+                    }
+                }
                 if orq_len >= ord {
                     return None;
                 }
@@ -715,6 +736,11 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 // The Write first; the Immediate Data message follows it
                 // on the next call (the WR completes when both are out).
                 w.imm_next = true;
+                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                    if link.try_write(sent, &w.spans, w.len, rkey, remote_addr) {
+                        continue;
+                    }
+                }
                 let hdr = DdpHeader::Tagged(TaggedHeader {
                     last: true,
                     opcode: Opcode::Write,
@@ -730,6 +756,14 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 return Some(sq.tx.immediate(imm, solicited, Fin::SqDone(seq)));
             }
             WrOp::RdmaWrite { remote_addr, rkey } => {
+                // Same host: place into the peer's memory directly.
+                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                    if link.try_write(sent, &w.spans, w.len, rkey, remote_addr) {
+                        w.stage = Stage::Done(WcStatus::Success);
+                        sq.next_tx += 1;
+                        continue;
+                    }
+                }
                 let hdr = DdpHeader::Tagged(TaggedHeader {
                     last: true,
                     opcode: Opcode::Write,
@@ -942,6 +976,9 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
                     Opcode::ReadResponse | Opcode::AtomicResponse
                 ) {
                     tx.irq_used = tx.irq_used.saturating_sub(1);
+                }
+                if m.hdr.opcode() != Opcode::Terminate {
+                    tx.msgs_sent += 1;
                 }
                 tx.batch.fins.push(m.fin);
                 if matches!(m.fin, Fin::Terminated) {
@@ -1652,8 +1689,22 @@ fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn) -> RxEnd {
     }
 }
 
-/// A whole, CRC-checked segment arrived: finish what it started.
+/// A whole, CRC-checked segment arrived: finish what it started; a
+/// message's last segment counts as processed for a same-host peer.
 fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
+    let counted = rx
+        .hdr
+        .is_some_and(|h| h.last() && h.opcode() != Opcode::Terminate);
+    let end = segment_done(q, rx, c);
+    if counted {
+        if let Some(link) = &c.link {
+            link.message_done();
+        }
+    }
+    end
+}
+
+fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
     let hdr = rx.hdr.take().expect("segment header");
     let last = hdr.last();
     let n = rx.payload_len as u64;
@@ -1696,7 +1747,7 @@ fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
             if opcode.invalidates() {
                 match q.core.stags.lookup(inval) {
                     Some(mr) if mr.pd == q.pd && mr.invalidatable => {
-                        mr.valid.store(false, Ordering::Release);
+                        q.core.stags.set_valid(&mr, false);
                         invalidated = Some(inval);
                     }
                     _ => {

@@ -58,6 +58,8 @@ mod mr;
 mod progress;
 mod qp;
 pub mod registry;
+mod samehost;
+mod shm;
 mod srq;
 mod sys;
 mod wr;
@@ -71,6 +73,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use mr::Access;
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
+pub use samehost::SameHostStats;
 pub use srq::SharedReceiveQueue;
 pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
 

@@ -340,14 +340,18 @@ struct Slot {
     reserved_by_pd: Option<u32>,
 }
 
-/// The device's STag table.
+/// The device's STag table. With a same-host segment, every change of a
+/// registration that peers may reach is published there too, and a
+/// registration is only dropped (its memory possibly freed) after no peer
+/// copies to or from it any more (`shm.rs`).
 pub(crate) struct StagTable {
     slots: RwLock<Vec<Slot>>,
     free: Mutex<Vec<u32>>,
+    shm: Option<Arc<crate::shm::LocalShm>>,
 }
 
 impl StagTable {
-    pub fn new() -> StagTable {
+    pub fn new(shm: Option<Arc<crate::shm::LocalShm>>) -> StagTable {
         StagTable {
             // Index 0 is never used.
             slots: RwLock::new(vec![Slot {
@@ -355,6 +359,40 @@ impl StagTable {
                 reserved_by_pd: Some(u32::MAX),
             }]),
             free: Mutex::new(Vec::new()),
+            shm,
+        }
+    }
+
+    /// Publishes `mr` in the same-host segment (reachable only while valid,
+    /// with remote rights, as one contiguous piece of memory).
+    fn publish(&self, mr: &MrInner) {
+        let Some(shm) = &self.shm else { return };
+        let remote = Access(Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0);
+        let addr = match mr.spans.as_slice() {
+            [s] if mr.valid.load(Ordering::Acquire) && mr.access.0 & remote.0 != 0 => s.ptr as u64,
+            _ => 0,
+        };
+        shm.publish(
+            mr.stag >> 8,
+            &crate::shm::Publication {
+                stag: mr.stag,
+                pd: mr.pd,
+                access: mr.access.0,
+                iova: mr.iova,
+                len: mr.len,
+                addr,
+                chunk: None,
+            },
+        );
+    }
+
+    /// Makes `mr` valid or invalid (Local Invalidate, Send with Invalidate,
+    /// `MemoryRegion::set_valid`). Invalidation returns once no same-host
+    /// peer is inside an access to it.
+    pub fn set_valid(&self, mr: &MrInner, valid: bool) {
+        mr.valid.store(valid, Ordering::Release);
+        if self.lookup(mr.stag).is_some_and(|m| std::ptr::eq(&*m, mr)) {
+            self.publish(mr);
         }
     }
 
@@ -401,24 +439,43 @@ impl StagTable {
 
     /// Installs a registration at its (reserved) index.
     pub fn install(&self, mr: Arc<MrInner>) {
-        let mut slots = self.slots.write();
-        let s = &mut slots[(mr.stag >> 8) as usize];
-        debug_assert_eq!(s.reserved_by_pd, Some(mr.pd));
-        if let Some(old) = s.mr.replace(mr) {
-            old.valid.store(false, Ordering::Release);
-        }
+        let old = {
+            let mut slots = self.slots.write();
+            let s = &mut slots[(mr.stag >> 8) as usize];
+            debug_assert_eq!(s.reserved_by_pd, Some(mr.pd));
+            let old = s.mr.replace(mr.clone());
+            if let Some(o) = &old {
+                o.valid.store(false, Ordering::Release);
+            }
+            old
+        };
+        // Republishing waits for peers still copying to the old binding.
+        self.publish(&mr);
+        drop(old);
     }
 
     /// Frees an index.
     pub fn release(&self, index: u32) {
-        let mut slots = self.slots.write();
-        if let Some(s) = slots.get_mut(index as usize) {
-            if let Some(m) = s.mr.take() {
+        let old = {
+            let mut slots = self.slots.write();
+            let Some(s) = slots.get_mut(index as usize) else {
+                return;
+            };
+            let old = s.mr.take();
+            if let Some(m) = &old {
                 m.valid.store(false, Ordering::Release);
             }
             s.reserved_by_pd = None;
-            self.free.lock().push(index);
+            old
+        };
+        // No same-host peer may copy to or from the memory once the
+        // registration can be dropped (and the memory freed)...
+        if let Some(shm) = &self.shm {
+            shm.unpublish(index);
         }
+        drop(old);
+        // ...and the index is reused only after that.
+        self.free.lock().push(index);
     }
 
     /// Looks up a full STag (index and key must both match).

@@ -222,6 +222,7 @@ impl QpInner {
             crc: c.is_some_and(|c| c.params.crc),
             ird: c.map_or(0, |c| c.params.ird),
             ord: c.map_or(0, |c| c.params.ord),
+            same_host: c.is_some_and(|c| c.params.same_host),
         }
     }
 
@@ -264,6 +265,10 @@ impl QpInner {
         }
         {
             let mut sq = self.sq.lock();
+            // No same-host copy runs while the send queue is locked.
+            if let Some(l) = self.conn.get().and_then(|c| c.link.as_ref()) {
+                l.shutdown();
+            }
             let mut first = true;
             let next_tx = sq.next_tx;
             for w in sq.wqes.iter_mut() {
@@ -431,6 +436,13 @@ impl QueuePair {
 
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
+    }
+
+    /// What the same-host transport did for this QP's Writes and Reads
+    /// (`None` without one: another host, or not negotiated).
+    pub fn same_host_stats(&self) -> Option<crate::samehost::SameHostStats> {
+        let link = self.inner.conn.get()?.link.as_ref()?;
+        link.direct().then(|| link.stats())
     }
 
     /// Negotiated connection parameters, once connected.

@@ -257,3 +257,152 @@ pub fn page_size() -> usize {
         4096
     }
 }
+
+// ------------------------------------------------------------ same host
+
+/// A shared mapping of a file (a memfd), unmapped on drop.
+#[derive(Debug)]
+pub struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access to it goes
+// through raw pointers and atomics by code that documents its
+// synchronisation (shm.rs).
+unsafe impl Send for SharedMap {}
+unsafe impl Sync for SharedMap {}
+
+impl SharedMap {
+    /// Maps `len` bytes of `fd` from offset 0, read-write and shared.
+    pub fn map(fd: RawFd, len: usize) -> io::Result<SharedMap> {
+        // SAFETY: a fresh mapping chosen by the kernel (no fixed address),
+        // so no existing memory is affected; fd is a valid descriptor.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap {
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned; nothing uses the
+        // mapping after its owner drops it.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// An anonymous memory file (`memfd_create`) of `len` bytes (sparse:
+/// pages are allocated when first touched).
+pub fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: c is a valid NUL-terminated string for the call.
+    let fd = cvt(unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) })?;
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: no pointer arguments.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    Ok(fd)
+}
+
+/// Opens descriptor `fd` of process `pid` (`/proc/PID/fd/FD`); needs the
+/// same rights over that process as `process_vm_readv`.
+pub fn open_peer_fd(pid: u32, fd: u32) -> io::Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).unwrap();
+    // SAFETY: path is a valid NUL-terminated string for the call.
+    let r = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })?;
+    // SAFETY: r is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Whether process `pid` exists (signal 0).
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: no pointer arguments; signal 0 only checks.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn iovecs(spans: &[RawSpan]) -> Vec<libc::iovec> {
+    spans
+        .iter()
+        .map(|s| libc::iovec {
+            iov_base: s.ptr as *mut libc::c_void,
+            iov_len: s.len,
+        })
+        .collect()
+}
+
+/// `process_vm_writev`: copies `local` into process `pid` at `remote`
+/// (one range). Returns the bytes copied.
+///
+/// # Safety
+/// Every local span must be readable memory valid for the call. (The
+/// remote range is checked by the kernel: a bad one fails with EFAULT.)
+pub unsafe fn vm_write(pid: u32, local: &[RawSpan], remote: u64, len: usize) -> io::Result<usize> {
+    let l = iovecs(local);
+    let r = libc::iovec {
+        iov_base: remote as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: l holds valid iovecs of readable memory (caller's contract);
+    // the remote iovec is only interpreted in the other process.
+    cvt_size(unsafe {
+        libc::process_vm_writev(pid as libc::pid_t, l.as_ptr(), l.len() as _, &r, 1, 0)
+    })
+}
+
+/// `process_vm_readv`: copies `len` bytes at `remote` in process `pid`
+/// into `local`. Returns the bytes copied.
+///
+/// # Safety
+/// Every local span must be writable memory valid for the call that no
+/// one else accesses meanwhile.
+pub unsafe fn vm_read(pid: u32, local: &[RawSpan], remote: u64, len: usize) -> io::Result<usize> {
+    let l = iovecs(local);
+    let r = libc::iovec {
+        iov_base: remote as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: as in vm_write, for writable local memory.
+    cvt_size(unsafe {
+        libc::process_vm_readv(pid as libc::pid_t, l.as_ptr(), l.len() as _, &r, 1, 0)
+    })
+}
+
+/// This kernel instance (`/proc/sys/kernel/random/boot_id`, 16 bytes).
+pub fn boot_id() -> Option<[u8; 16]> {
+    let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: String = s.trim().chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut b = [0u8; 16];
+    for (i, byte) in b.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(b)
+}
+
+/// The inode of this process's pid namespace (`/proc/self/ns/pid`).
+pub fn pid_ns() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}

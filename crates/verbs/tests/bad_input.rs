@@ -99,6 +99,10 @@ enum Next {
     End { tail: usize },
 }
 
+/// The extensions the raw peer offers: not the same-host transport (it
+/// has no segment to describe).
+const RAW_EXT: u8 = mpa::ext::LARGE_SEGMENTS | mpa::ext::RFC7306;
+
 /// An iWARP peer driven by hand over a plain TCP socket.
 struct Raw {
     s: TcpStream,
@@ -157,7 +161,7 @@ impl Raw {
                 ..Default::default()
             }),
             private_data: if o.ext {
-                let mut pd = mpa::ext::encode(mpa::ext::KNOWN).to_vec();
+                let mut pd = mpa::ext::encode(RAW_EXT).to_vec();
                 pd.extend_from_slice(b"bad input");
                 pd
             } else {
@@ -168,11 +172,7 @@ impl Raw {
         let rep = read_mpa_frame(&mut s);
         if o.ext {
             let (flags, _) = mpa::ext::strip(&rep.private_data);
-            assert_eq!(
-                flags,
-                Some(mpa::ext::KNOWN),
-                "the engine agrees to the extensions"
-            );
+            assert_eq!(flags, Some(RAW_EXT), "the engine agrees to the extensions");
         }
         assert_eq!(rep.kind, MpaKind::Reply);
         assert!(!rep.reject && !rep.markers, "{rep:?}");

@@ -385,7 +385,8 @@ impl FpduError {
 /// never send one.
 ///
 /// Layout (8 bytes): magic `SRDX`, version (1), flags, two reserved zero
-/// bytes.
+/// bytes; with [`SAME_HOST`] set, a [`SameHost`] record of
+/// [`SAME_HOST_LEN`] bytes follows. See `docs/extensions.md`.
 pub mod ext {
     /// The block's first four bytes.
     pub const MAGIC: &[u8; 4] = b"SRDX";
@@ -399,22 +400,104 @@ pub mod ext {
     /// RFC 7306 leaves their negotiation to the ULP; siw implements none of
     /// them, so only peers that agree to this flag ever see those opcodes.
     pub const RFC7306: u8 = 0x02;
+    /// Both ends run on one host: each describes itself in a [`SameHost`]
+    /// record, and may then reach the other's registered memory without
+    /// the TCP stream (`docs/same-host.md`).
+    pub const SAME_HOST: u8 = 0x04;
     /// Flags this implementation understands.
-    pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306;
+    pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306 | SAME_HOST;
+    /// Length of the [`SameHost`] record.
+    pub const SAME_HOST_LEN: usize = 48;
+
+    /// Who an end is, for a peer on the same host: enough to find (and
+    /// verify) its shared segment, which publishes its STag table.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct SameHost {
+        /// `/proc/sys/kernel/random/boot_id`: same kernel instance.
+        pub boot_id: [u8; 16],
+        /// The inode of `/proc/self/ns/pid`: pids mean the same thing.
+        pub pid_ns: u64,
+        pub pid: u32,
+        /// The descriptor of the shared segment in that process.
+        pub seg_fd: u32,
+        /// Written in the segment's header: proves the right segment.
+        pub nonce: u64,
+        /// The protection domain of the end's QP.
+        pub pd: u32,
+        /// The slot of the end's segment reserved for this connection's
+        /// accesses by the other end.
+        pub slot: u32,
+    }
+
+    impl SameHost {
+        pub fn encode(&self) -> [u8; SAME_HOST_LEN] {
+            let mut b = [0u8; SAME_HOST_LEN];
+            b[0..16].copy_from_slice(&self.boot_id);
+            b[16..24].copy_from_slice(&self.pid_ns.to_be_bytes());
+            b[24..28].copy_from_slice(&self.pid.to_be_bytes());
+            b[28..32].copy_from_slice(&self.seg_fd.to_be_bytes());
+            b[32..40].copy_from_slice(&self.nonce.to_be_bytes());
+            b[40..44].copy_from_slice(&self.pd.to_be_bytes());
+            b[44..48].copy_from_slice(&self.slot.to_be_bytes());
+            b
+        }
+
+        pub fn decode(b: &[u8]) -> Option<SameHost> {
+            if b.len() < SAME_HOST_LEN {
+                return None;
+            }
+            Some(SameHost {
+                boot_id: b[0..16].try_into().unwrap(),
+                pid_ns: crate::be64(&b[16..24]),
+                pid: crate::be32(&b[24..28]),
+                seg_fd: crate::be32(&b[28..32]),
+                nonce: crate::be64(&b[32..40]),
+                pd: crate::be32(&b[40..44]),
+                slot: crate::be32(&b[44..48]),
+            })
+        }
+    }
 
     /// The block for `flags`.
     pub fn encode(flags: u8) -> [u8; LEN] {
         [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], VERSION, flags, 0, 0]
     }
 
+    /// The block for `flags` (without [`SAME_HOST`]) or for `flags` plus
+    /// [`SAME_HOST`] and `same_host`'s record.
+    pub fn encode_with(flags: u8, same_host: Option<&SameHost>) -> Vec<u8> {
+        match same_host {
+            Some(r) => {
+                let mut v = encode(flags | SAME_HOST).to_vec();
+                v.extend_from_slice(&r.encode());
+                v
+            }
+            None => encode(flags & !SAME_HOST).to_vec(),
+        }
+    }
+
     /// Splits private data into (offered flags, the application's bytes).
     /// Without a well-formed block the flags are `None` and the data is
-    /// returned whole. Unknown flag bits are dropped.
+    /// returned whole. Unknown flag bits are dropped; a [`SAME_HOST`]
+    /// record is skipped (see [`parse`]).
     pub fn strip(pd: &[u8]) -> (Option<u8>, &[u8]) {
-        if pd.len() >= LEN && &pd[..4] == MAGIC && pd[4] == VERSION && pd[6..8] == [0, 0] {
-            (Some(pd[5] & KNOWN), &pd[LEN..])
-        } else {
-            (None, pd)
+        let (flags, _, rest) = parse(pd);
+        (flags, rest)
+    }
+
+    /// Like [`strip`], also returning the [`SameHost`] record. A block
+    /// that sets [`SAME_HOST`] without a whole record is not a block.
+    pub fn parse(pd: &[u8]) -> (Option<u8>, Option<SameHost>, &[u8]) {
+        if pd.len() < LEN || &pd[..4] != MAGIC || pd[4] != VERSION || pd[6..8] != [0, 0] {
+            return (None, None, pd);
+        }
+        let flags = pd[5] & KNOWN;
+        if flags & SAME_HOST == 0 {
+            return (Some(flags), None, &pd[LEN..]);
+        }
+        match SameHost::decode(&pd[LEN..]) {
+            Some(r) => (Some(flags), Some(r), &pd[LEN + SAME_HOST_LEN..]),
+            None => (None, None, pd),
         }
     }
 }

@@ -517,6 +517,35 @@ fn max_ulpdu_for_is_the_largest_that_fits() {
     assert_eq!(mpa::max_ulpdu_for(usize::MAX), 0xFFFE);
 }
 
+proptest! {
+    #[test]
+    fn same_host_record_roundtrip(
+        boot_id in any::<[u8; 16]>(),
+        (pid_ns, pid, seg_fd) in any::<(u64, u32, u32)>(),
+        (nonce, pd, slot) in any::<(u64, u32, u32)>(),
+        flags in any::<u8>(),
+        app in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        use softrdma_wire::mpa::ext;
+        let r = ext::SameHost { boot_id, pid_ns, pid, seg_fd, nonce, pd, slot };
+        prop_assert_eq!(ext::SameHost::decode(&r.encode()), Some(r));
+        let mut b = ext::encode_with(flags, Some(&r));
+        prop_assert_eq!(b.len(), ext::LEN + ext::SAME_HOST_LEN);
+        b.extend_from_slice(&app);
+        let (f, got, rest) = ext::parse(&b);
+        prop_assert_eq!(f, Some((flags | ext::SAME_HOST) & ext::KNOWN));
+        prop_assert_eq!(got, Some(r));
+        prop_assert_eq!(rest, &app[..]);
+        // Without the record the flag is never set.
+        let b = ext::encode_with(flags, None);
+        prop_assert_eq!(ext::parse(&b), (Some(flags & ext::KNOWN & !ext::SAME_HOST), None, &[][..]));
+        // A record cut short makes the whole thing foreign data.
+        let mut cut = ext::encode_with(flags, Some(&r));
+        cut.truncate(ext::LEN + ext::SAME_HOST_LEN - 1);
+        prop_assert_eq!(ext::parse(&cut), (None, None, &cut[..]));
+    }
+}
+
 #[test]
 fn ext_block_roundtrip_and_foreign_data() {
     use softrdma_wire::mpa::ext;

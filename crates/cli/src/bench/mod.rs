@@ -99,6 +99,11 @@ pub struct Args {
     /// iWARP path a Linux siw peer gets.
     #[arg(long)]
     no_ext: bool,
+    /// Keep softrdma's extensions but not the same-host transport: Writes
+    /// and Reads between two processes on this host then go over TCP
+    /// instead of straight into the peer's memory.
+    #[arg(long)]
+    no_same_host: bool,
     /// Run each size this many times (alternating with the baseline) and
     /// report the median.
     #[arg(long, default_value_t = 1)]
@@ -240,13 +245,19 @@ struct Record {
     /// Ours / UCX: message rate for bandwidth tests, p50 latency for
     /// latency tests.
     ucx_ratio: Option<f64>,
+    /// "same-host" when Writes and Reads went straight into the peer's
+    /// memory, else "iwarp-tcp".
+    transport: &'static str,
+    /// Same-host: Writes and Reads copied directly / sent over TCP.
+    direct_ops: u64,
+    tcp_fallbacks: u64,
 }
 
 impl Record {
     fn json(&self, a: &Args) -> String {
         let mut o = serde_json::json!({
             "test": self.test,
-            "transport": "iwarp-tcp",
+            "transport": if self.transport.is_empty() { "iwarp-tcp" } else { self.transport },
             "size": self.size,
             "iters": self.iters,
             "qps": self.qps,
@@ -283,6 +294,10 @@ impl Record {
         }
         if let Some(r) = self.ucx_ratio {
             m.insert("ucx_ratio".into(), round(r, 3).into());
+        }
+        if self.transport == "same-host" {
+            m.insert("direct_ops".into(), self.direct_ops.into());
+            m.insert("tcp_fallbacks".into(), self.tcp_fallbacks.into());
         }
         if let Some(r) = self.rss_client_mib {
             m.insert("rss_client_mib".into(), round(r, 1).into());
@@ -337,6 +352,7 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
     }
     let dev = Device::open(DeviceConfig {
         name: "bench-client".into(),
+        same_host: !a.no_same_host,
         ..DeviceConfig::default()
     })?;
     let sizes = if a.test == Test::IdleQps {
@@ -439,13 +455,20 @@ fn print_header(a: &Args) {
         "---------------------------------------------------------------------------------------"
     );
     println!(
-        " softrdma bench {}  qps {}  depth {}  mpa rev {}{}{}",
+        " softrdma bench {}  qps {}  depth {}  mpa rev {}{}{}{}",
         a.test.name(),
         a.qps,
         a.depth,
         a.mpa_rev,
         if a.crc { "  crc" } else { "" },
-        if a.busy_poll { "  busy-poll" } else { "" }
+        if a.busy_poll { "  busy-poll" } else { "" },
+        if a.no_ext {
+            "  no extensions"
+        } else if a.no_same_host {
+            "  no same-host"
+        } else {
+            ""
+        }
     );
     println!(
         " {:>9} {:>10} {:>12} {:>12} {:>9} {:>9} {:>9} {:>8} {:>12} {:>7}",
@@ -724,6 +747,14 @@ fn measure(a: &Args, dev: &Device, server: SocketAddr, size: u64, iters: u64) ->
         }
         Test::IdleQps => unreachable!(),
     };
+    r.transport = "iwarp-tcp";
+    for qp in &s.qps {
+        if let Some(st) = qp.same_host_stats() {
+            r.transport = "same-host";
+            r.direct_ops += st.direct_ops;
+            r.tcp_fallbacks += st.tcp_fallbacks;
+        }
+    }
     s.disconnect();
     res.map(|_| r)
 }

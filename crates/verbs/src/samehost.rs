@@ -1,0 +1,291 @@
+//! The same-host transport (`docs/same-host.md`): two softrdma ends on one
+//! host that agreed to `ext::SAME_HOST` reach each other's registered
+//! memory directly for RDMA Write and Read, checked against the owner's
+//! published STag table ([`crate::shm`]); everything else (Sends,
+//! atomics, Terminate, and any access the fast path does not take) stays
+//! on the connection's TCP stream, whose engine refuses bad accesses with
+//! the RFC's Terminate as before.
+//!
+//! Ordering: RDMA executes a QP's operations in order at the responder. A
+//! direct copy runs at once, so it is taken only when the responder has
+//! processed every message this end sent before ([`crate::shm::Slot::done`]
+//! equals the messages sent); otherwise the Write or Read goes on the TCP
+//! stream behind them.
+
+use crate::device::Core;
+use crate::mr::Access;
+use crate::shm::{LocalShm, PeerShm};
+use crate::sys::{self, RawSpan};
+use softrdma_wire::mpa::ext::SameHost;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Our side of a same-host connection.
+pub(crate) struct Link {
+    /// The slot of our segment through which the peer reaches our memory.
+    local: Option<(Arc<LocalShm>, u32)>,
+    /// Our fast path into the peer's memory.
+    remote: Option<Remote>,
+}
+
+struct Remote {
+    peer: Arc<PeerShm>,
+    slot: u32,
+    gen: u32,
+    /// The protection domain of the peer's QP.
+    pd: u32,
+    /// The peer is this process: copy with plain memory moves.
+    same_process: bool,
+    /// Set when the kernel refuses cross-process copies (EPERM).
+    disabled: AtomicBool,
+    ops: AtomicU64,
+    fallbacks: AtomicU64,
+}
+
+/// What a QP's same-host path did, for `softrdma info` and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SameHostStats {
+    /// Writes and Reads copied directly.
+    pub direct_ops: u64,
+    /// Writes and Reads that went on the TCP stream instead.
+    pub tcp_fallbacks: u64,
+}
+
+/// The slot and record this end offers to a peer. Dropped without
+/// [`Link::establish`] taking it (a rejected or failed connection), the slot
+/// goes back.
+pub(crate) struct Offer {
+    shm: Arc<LocalShm>,
+    pub slot: u32,
+    pub record: SameHost,
+    kept: bool,
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.shm.free_slot(self.slot);
+        }
+    }
+}
+
+impl Offer {
+    pub fn new(core: &Core, pd: u32) -> Option<Offer> {
+        let shm = core.shm.clone()?;
+        let (slot, _gen) = shm.alloc_slot(0)?;
+        let record = SameHost {
+            boot_id: shm.boot_id,
+            pid_ns: shm.pid_ns,
+            pid: shm.pid,
+            seg_fd: shm.fd(),
+            nonce: shm.nonce,
+            pd,
+            slot,
+        };
+        Some(Offer {
+            shm,
+            slot,
+            record,
+            kept: false,
+        })
+    }
+}
+
+impl Link {
+    /// Our offer `offer` and the peer's record `peer` (if it sent one).
+    /// Without a record there is no link; if the peer's segment cannot be
+    /// reached, the peer may still reach ours.
+    pub fn establish(core: &Core, mut offer: Offer, peer: Option<&SameHost>) -> Option<Link> {
+        let r = peer?;
+        if r.boot_id != offer.record.boot_id || r.pid_ns != offer.record.pid_ns {
+            return None;
+        }
+        offer.shm.slot(offer.slot).set_peer(r.pid);
+        let remote = match peer_segment(core, r) {
+            Ok(p) => {
+                let gen = p.slot(r.slot).generation();
+                Some(Remote {
+                    same_process: r.pid == offer.record.pid,
+                    peer: p,
+                    slot: r.slot,
+                    gen,
+                    pd: r.pd,
+                    disabled: AtomicBool::new(false),
+                    ops: AtomicU64::new(0),
+                    fallbacks: AtomicU64::new(0),
+                })
+            }
+            Err(e) => {
+                tracing::info!(pid = r.pid, error = %e, "peer's same-host segment unreachable; Writes and Reads use TCP");
+                None
+            }
+        };
+        offer.kept = true;
+        Some(Link {
+            local: Some((offer.shm.clone(), offer.slot)),
+            remote,
+        })
+    }
+
+    /// Whether this end copies directly into the peer.
+    pub fn direct(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    pub fn stats(&self) -> SameHostStats {
+        self.remote
+            .as_ref()
+            .map_or_else(SameHostStats::default, |r| SameHostStats {
+                direct_ops: r.ops.load(Ordering::Relaxed),
+                tcp_fallbacks: r.fallbacks.load(Ordering::Relaxed),
+            })
+    }
+
+    /// One more of the peer's messages processed (call after its effects).
+    pub fn message_done(&self) {
+        if let Some((shm, slot)) = &self.local {
+            shm.slot(*slot).done.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// RDMA Write of `len` bytes from `src` to the peer's `rkey`/`to`, if
+    /// the fast path may take it now (`sent`: messages this end has put on
+    /// the TCP stream). False: send it on the stream.
+    pub fn try_write(&self, sent: u64, src: &[RawSpan], len: u64, rkey: u32, to: u64) -> bool {
+        self.copy(sent, src, len, rkey, to, true)
+    }
+
+    /// RDMA Read of `len` bytes at the peer's `rkey`/`to` into `dst`.
+    pub fn try_read(&self, sent: u64, dst: &[RawSpan], len: u64, rkey: u32, to: u64) -> bool {
+        self.copy(sent, dst, len, rkey, to, false)
+    }
+
+    fn copy(
+        &self,
+        sent: u64,
+        local: &[RawSpan],
+        len: u64,
+        rkey: u32,
+        to: u64,
+        write: bool,
+    ) -> bool {
+        let Some(r) = &self.remote else { return false };
+        let done = r.try_copy(sent, local, len, rkey, to, write);
+        if done { &r.ops } else { &r.fallbacks }.fetch_add(1, Ordering::Relaxed);
+        done
+    }
+
+    /// The QP stopped (call with its send queue locked, so no copy is in
+    /// progress): the peer starts no more accesses to us, and we release
+    /// our slot in its segment.
+    pub fn shutdown(&self) {
+        if let Some((shm, slot)) = &self.local {
+            shm.close_slot(*slot);
+        }
+        if let Some(r) = &self.remote {
+            r.peer.release(r.slot, r.gen);
+        }
+    }
+}
+
+impl Remote {
+    fn try_copy(
+        &self,
+        sent: u64,
+        local: &[RawSpan],
+        len: u64,
+        rkey: u32,
+        to: u64,
+        write: bool,
+    ) -> bool {
+        if self.disabled.load(Ordering::Relaxed) || local.len() > 1024 {
+            return false;
+        }
+        if !self.peer.caught_up(self.slot, sent) {
+            return false;
+        }
+        let need = if write {
+            Access::REMOTE_WRITE
+        } else {
+            Access::REMOTE_READ
+        };
+        let Some(f) = self.peer.lookup(rkey, self.pd, need.0, to, len) else {
+            return false;
+        };
+        if !self.peer.begin(self.slot, self.gen, &f) {
+            return false;
+        }
+        let ok = if len == 0 {
+            true
+        } else if self.same_process {
+            // SAFETY: between begin() and end() the owner (a device of
+            // this process) does not free or reuse the checked range
+            // [f.addr, f.addr + len) (shm.rs protocol); the local spans
+            // belong to the WR's registrations, held by the caller, and
+            // add up to `len` bytes. The two never overlap: they are
+            // different registrations' memory, or the peer's placement
+            // into its own buffer, which RDMA leaves undefined.
+            unsafe { copy_local(local, f.addr, write) };
+            true
+        } else {
+            // SAFETY: the local spans are live registered memory of the
+            // WR (caller's contract); the remote range is checked by the
+            // kernel and kept alive by the protocol.
+            let res = unsafe {
+                if write {
+                    sys::vm_write(self.peer.pid, local, f.addr, len as usize)
+                } else {
+                    sys::vm_read(self.peer.pid, local, f.addr, len as usize)
+                }
+            };
+            match res {
+                Ok(n) => n as u64 == len,
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::EPERM) {
+                        tracing::info!(
+                            pid = self.peer.pid,
+                            "process_vm refused (EPERM): same-host copies off"
+                        );
+                        self.disabled.store(true, Ordering::Relaxed);
+                    }
+                    false
+                }
+            }
+        };
+        self.peer.end(self.slot);
+        ok
+    }
+}
+
+/// Copies between local spans and `remote` in this process's memory.
+///
+/// # Safety
+/// The spans and `[remote, remote + their total length)` must be live,
+/// non-overlapping memory that nothing frees during the call.
+unsafe fn copy_local(local: &[RawSpan], remote: u64, write: bool) {
+    let mut at = remote as *mut u8;
+    for s in local {
+        // SAFETY: caller's contract; `at` advances within the remote range.
+        unsafe {
+            if write {
+                std::ptr::copy_nonoverlapping(s.ptr, at, s.len);
+            } else {
+                std::ptr::copy_nonoverlapping(at, s.ptr, s.len);
+            }
+            at = at.add(s.len);
+        }
+    }
+}
+
+/// The peer's segment, mapped once per peer device.
+fn peer_segment(core: &Core, r: &SameHost) -> std::io::Result<Arc<PeerShm>> {
+    let key = (r.pid, r.nonce);
+    let mut peers = core.peers.lock();
+    if let Some(p) = peers.get(&key).and_then(|w| w.upgrade()) {
+        return Ok(p);
+    }
+    peers.retain(|_, w| w.strong_count() > 0);
+    let p = Arc::new(PeerShm::open(r.pid, r.seg_fd, r.nonce)?);
+    peers.insert(key, Arc::downgrade(&p));
+    Ok(p)
+}

@@ -1,0 +1,374 @@
+//! The same-host transport: two softrdma ends on one host that connect
+//! with extensions reach each other's memory directly for RDMA Write and
+//! Read (`docs/same-host.md`), with the STag checks of the TCP path, in
+//! RDMA's order, and never into memory being released.
+
+mod common;
+use common::*;
+use softrdma_verbs::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+fn ext() -> ConnParams {
+    ConnParams {
+        extensions: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn negotiated_with_extensions_only() {
+    let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+    assert!(c.qp.conn_params().unwrap().same_host);
+    assert!(s.qp.conn_params().unwrap().same_host);
+    assert_eq!(c.qp.same_host_stats(), Some(SameHostStats::default()));
+    let (c, s) = pair();
+    assert!(!c.qp.conn_params().unwrap().same_host);
+    assert!(!s.qp.conn_params().unwrap().same_host);
+    assert_eq!(c.qp.same_host_stats(), None);
+    // A device that does not offer it.
+    let off = Device::open(DeviceConfig {
+        same_host: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let on = Device::open_default().unwrap();
+    for (a, b) in [(&off, &on), (&on, &off)] {
+        let (c, s) = pair_on(a, b, ext(), ConnParams::default(), |_| {});
+        assert!(!c.qp.conn_params().unwrap().same_host);
+        assert!(!s.qp.conn_params().unwrap().same_host);
+        assert!(
+            c.qp.conn_params().unwrap().rfc7306,
+            "the other extensions stay"
+        );
+    }
+}
+
+/// Writes and Reads of many sizes and offsets, multi-SGE locally: every
+/// byte lands where it should, and each one went the direct way.
+#[test]
+fn writes_and_reads_go_direct() {
+    let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+    let n = 1 << 20;
+    let remote = s.pd.alloc_mr(n, Access::ALL).unwrap();
+    let a = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    let b = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    let data = pattern(n, 17);
+    a.write_at(0, &data);
+    let mut ops = 0;
+    for (i, &(off, len)) in [(0, 1), (7, 4096), (4096, 65_536), (100, 300_000), (0, n)]
+        .iter()
+        .enumerate()
+    {
+        // Write from two SGEs of the local region.
+        let half = len / 2;
+        c.qp.post_send(&SendWr::write(
+            i as u64,
+            &[a.sge(off, half), a.sge(off + half, len - half)],
+            remote.addr() + off as u64,
+            remote.rkey(),
+        ))
+        .unwrap();
+        assert!(wait(&c.cq).is_ok());
+        let mut got = vec![0; len];
+        remote.read_at(off, &mut got);
+        assert!(got == data[off..off + len], "write at {off} len {len}");
+        // And read it back into the other region.
+        c.qp.post_send(&SendWr::read(
+            100 + i as u64,
+            b.sge(off, len),
+            remote.addr() + off as u64,
+            remote.rkey(),
+        ))
+        .unwrap();
+        assert!(wait(&c.cq).is_ok());
+        let mut back = vec![0; len];
+        b.read_at(off, &mut back);
+        assert!(back == data[off..off + len], "read at {off} len {len}");
+        ops += 2;
+    }
+    assert_eq!(
+        c.qp.same_host_stats(),
+        Some(SameHostStats {
+            direct_ops: ops,
+            tcp_fallbacks: 0
+        })
+    );
+}
+
+/// What the fast path cannot check successfully goes on the TCP stream,
+/// where the engine refuses it with the RFC's Terminate, as without it: a
+/// refused Read completes with the remote access error, a refused Write
+/// leaves the target untouched and both QPs in ERROR.
+#[test]
+fn refusals_take_the_tcp_path() {
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    for (what, access, bad_key, off) in [
+        (
+            "no remote read",
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            false,
+            0u64,
+        ),
+        ("wrong key", rw, true, 0),
+        ("past the end", rw, false, 60),
+    ] {
+        let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+        let target = s.pd.alloc_mr(64, access).unwrap();
+        let sink = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        let rkey = if bad_key {
+            target.rkey() ^ 0x33
+        } else {
+            target.rkey()
+        };
+        c.qp.post_send(&SendWr::read(1, sink.sge_all(), target.addr() + off, rkey))
+            .unwrap();
+        let wc = wait(&c.cq);
+        assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemAccessErr), "{what}");
+        assert!(s.qp.wait_state(QpState::Error, T), "{what}");
+        assert_eq!(c.qp.same_host_stats().unwrap().direct_ops, 0, "{what}");
+        assert_eq!(c.qp.same_host_stats().unwrap().tcp_fallbacks, 1, "{what}");
+    }
+    for (what, access, bad_key, off) in [
+        (
+            "no remote write",
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+            false,
+            0u64,
+        ),
+        ("wrong key", rw, true, 0),
+        ("past the end", rw, false, 60),
+    ] {
+        let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+        let target = s.pd.alloc_mr(64, access).unwrap();
+        target.write_at(0, &[0x11; 64]);
+        let src = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        let rkey = if bad_key {
+            target.rkey() ^ 0x33
+        } else {
+            target.rkey()
+        };
+        c.qp.post_send(&SendWr::write(
+            1,
+            &[src.sge_all()],
+            target.addr() + off,
+            rkey,
+        ))
+        .unwrap();
+        assert!(s.qp.wait_state(QpState::Error, T), "{what}");
+        assert!(c.qp.wait_state(QpState::Error, T), "{what}");
+        assert_eq!(target.to_vec(), vec![0x11; 64], "{what}: untouched");
+        assert_eq!(c.qp.same_host_stats().unwrap().direct_ops, 0, "{what}");
+    }
+}
+
+/// RDMA order: a Write behind an atomic to the same word lands after it.
+/// The atomic travels on the stream, so the Write must wait for the peer
+/// to have processed it, not overtake it by copying at once.
+#[test]
+fn direct_copies_keep_rdma_order() {
+    let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+    let target = s.pd.alloc_mr(8, Access::ALL).unwrap();
+    let res = c.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    res.write_at(8, &100u64.to_ne_bytes());
+    for round in 0..200u64 {
+        target.write_at(0, &round.to_ne_bytes());
+        c.qp.post_send_batch(&[
+            SendWr::fetch_add(1, res.sge(0, 8), target.addr(), target.rkey(), 1).unsignaled(),
+            SendWr::write(2, &[res.sge(8, 8)], target.addr(), target.rkey()).unsignaled(),
+            SendWr::read(3, res.sge(0, 8), target.addr(), target.rkey()),
+        ])
+        .unwrap();
+        assert!(wait(&c.cq).is_ok());
+        let mut b = [0u8; 8];
+        res.read_at(0, &mut b);
+        assert_eq!(
+            u64::from_ne_bytes(b),
+            100,
+            "round {round}: the Write came last"
+        );
+    }
+    let st = c.qp.same_host_stats().unwrap();
+    assert!(
+        st.tcp_fallbacks > 0,
+        "the Writes behind atomics waited: {st:?}"
+    );
+}
+
+/// Invalidation waits for direct copies in progress: once `set_valid(false)`
+/// returns, nothing more lands in the region, however hard a peer writes.
+#[test]
+fn nothing_lands_after_invalidation_returns() {
+    for round in 0..30 {
+        let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+        let n = 256 << 10;
+        let target = s.pd.alloc_mr(n, Access::ALL).unwrap();
+        let src = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+        src.write_at(0, &vec![0xAB; n]);
+        let (addr, rkey) = (target.addr(), target.rkey());
+        let started = Arc::new(AtomicBool::new(false));
+        let st = started.clone();
+        let writer = std::thread::spawn(move || {
+            let mut posted = 0u64;
+            // Writes until the QP fails (the write after invalidation is
+            // refused on the TCP path).
+            loop {
+                let wrs: Vec<SendWr> = (0..8)
+                    .map(|k| {
+                        let w = SendWr::write(posted + k, &[src.sge_all()], addr, rkey);
+                        if k == 7 {
+                            w
+                        } else {
+                            w.unsignaled()
+                        }
+                    })
+                    .collect();
+                if c.qp.post_send_batch(&wrs).is_err() {
+                    break;
+                }
+                posted += 8;
+                st.store(true, Ordering::Release);
+                let wc = wait(&c.cq);
+                if !wc.is_ok() {
+                    break;
+                }
+            }
+            c
+        });
+        while !started.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        target.set_valid(false);
+        let snapshot = target.to_vec();
+        let c = writer.join().unwrap();
+        assert!(s.qp.wait_state(QpState::Error, T), "round {round}");
+        assert!(
+            target.to_vec() == snapshot,
+            "round {round}: bytes landed after invalidation"
+        );
+        assert!(
+            c.qp.same_host_stats().unwrap().direct_ops > 0,
+            "round {round}"
+        );
+    }
+}
+
+// ------------------------------------------------------------ two processes
+
+const CHILD: &str = "SOFTRDMA_SAME_HOST_CHILD";
+
+/// The server half of `across_processes`, run in a child process (this test
+/// binary again, with `--ignored --exact`): registers a patterned region,
+/// accepts one connection, prints its address and key, waits for a line
+/// on stdin, checks what the parent wrote, and says so.
+#[test]
+#[ignore = "helper: run by across_processes in a child process"]
+fn child_server() {
+    let Ok(region_len) = std::env::var(CHILD) else {
+        panic!("run by across_processes only");
+    };
+    let n: usize = region_len.parse().unwrap();
+    let dev = Device::open_default().unwrap();
+    let l = dev.listen("127.0.0.1:0").unwrap();
+    let s = side(&dev, QpCaps::default());
+    let mr = s.pd.alloc_mr(n, Access::ALL).unwrap();
+    mr.write_at(0, &pattern(n, 5));
+    println!(
+        "READY {} {} {}",
+        l.local_addr().unwrap(),
+        mr.addr(),
+        mr.rkey()
+    );
+    std::io::stdout().flush().unwrap();
+    l.get_request()
+        .unwrap()
+        .accept(&s.qp, &ConnParams::default())
+        .unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    // The parent wrote pattern 9 over the second half.
+    let mut want = pattern(n, 5);
+    want[n / 2..].copy_from_slice(&pattern(n, 9)[n / 2..]);
+    println!("CHECK {}", if mr.to_vec() == want { "ok" } else { "bad" });
+    std::io::stdout().flush().unwrap();
+    // Stay up until the parent has seen the answer.
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+/// A real second process: Reads and Writes cross address spaces
+/// (process_vm_readv / process_vm_writev), checked byte for byte.
+#[test]
+fn across_processes() {
+    let n = 1 << 20;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_server",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, n.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut line = String::new();
+    let ready = loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+        // (libtest's "test child_server ... " may precede it on the line.)
+        if let Some(at) = line.find("READY ") {
+            break line[at + 6..].trim().to_string();
+        }
+    };
+    let f: Vec<&str> = ready.split(' ').collect();
+    let (addr, raddr, rkey): (&str, u64, u32) =
+        (f[0], f[1].parse().unwrap(), f[2].parse().unwrap());
+    let dev = Device::open_default().unwrap();
+    let c = side(&dev, QpCaps::default());
+    c.qp.connect(addr, &ext()).unwrap();
+    assert!(c.qp.conn_params().unwrap().same_host);
+    let buf = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    // Read the whole region, in pieces.
+    for k in 0..4 {
+        let q = n / 4;
+        c.qp.post_send(&SendWr::read(
+            k as u64,
+            buf.sge(k * q, q),
+            raddr + (k * q) as u64,
+            rkey,
+        ))
+        .unwrap();
+        assert!(wait(&c.cq).is_ok());
+    }
+    assert!(buf.to_vec() == pattern(n, 5), "read across processes");
+    // Write the second half.
+    buf.write_at(0, &pattern(n, 9));
+    c.qp.post_send(&SendWr::write(
+        9,
+        &[buf.sge(n / 2, n / 2)],
+        raddr + (n / 2) as u64,
+        rkey,
+    ))
+    .unwrap();
+    assert!(wait(&c.cq).is_ok());
+    writeln!(stdin, "done").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("CHECK ok"), "the child saw the write: {line}");
+    let st = c.qp.same_host_stats().unwrap();
+    assert_eq!(
+        st,
+        SameHostStats {
+            direct_ops: 5,
+            tcp_fallbacks: 0
+        }
+    );
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}
