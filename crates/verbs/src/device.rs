@@ -107,6 +107,8 @@ pub(crate) struct Core {
     pub shm: Option<Arc<crate::shm::LocalShm>>,
     /// Peer segments mapped here, by (pid, nonce).
     pub peers: Mutex<HashMap<(u32, u64), std::sync::Weak<crate::shm::PeerShm>>>,
+    /// Shared chunks `alloc_mr` takes memory from (with a segment only).
+    pub pool: Option<Arc<crate::pool::Pool>>,
     pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
@@ -191,6 +193,7 @@ impl Device {
         let core = Arc::new(Core {
             config,
             stags: StagTable::new(shm.clone()),
+            pool: shm.as_ref().map(|_| crate::pool::Pool::new()),
             shm,
             peers: Mutex::new(HashMap::new()),
             qps: RwLock::new(HashMap::new()),
@@ -311,6 +314,7 @@ impl Core {
             progress_threads,
             qps,
             mrs,
+            shared_bytes: core.pool.as_ref().map_or(0, |p| p.in_use()),
         }
     }
 }
@@ -323,6 +327,8 @@ pub struct DeviceInfo {
     pub progress_threads: usize,
     pub qps: Vec<QpInfo>,
     pub mrs: Vec<MrInfo>,
+    /// Bytes `alloc_mr` holds in shared chunks (same-host peers map them).
+    pub shared_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -366,6 +372,11 @@ pub struct RegOptions {
     pub iova: Option<u64>,
     /// Allow Local Invalidate and remote invalidation of this region.
     pub invalidatable: bool,
+    /// `register_raw` only: the memory is a mapping of this file (a memfd,
+    /// say) at this offset. Same-host peers then map the file and copy with
+    /// plain memory moves; the engine keeps its own duplicate of the
+    /// descriptor while registered.
+    pub shared: Option<(std::os::fd::RawFd, u64)>,
 }
 
 /// A protection domain.
@@ -401,12 +412,19 @@ impl ProtectionDomain {
         access: Access,
         opts: RegOptions,
     ) -> Result<MemoryRegion> {
+        // With a same-host segment, from the shared chunks (peers map them).
+        if let Some(pool) = &self.dev.rt.core.pool {
+            let a = pool.alloc(len)?;
+            let span = RawSpan { ptr: a.ptr, len };
+            let chunk = Some((a.fd, a.ino, a.off as u64));
+            return self.install(vec![span], Backing::Pool(a), access, opts, false, chunk);
+        }
         let buf = AlignedBuf::zeroed(len)?;
         let span = RawSpan {
             ptr: buf_ptr(&buf),
             len,
         };
-        self.install(vec![span], Backing::Owned(buf), access, opts, false)
+        self.install(vec![span], Backing::Owned(buf), access, opts, false, None)
     }
 
     /// Registers a caller-provided buffer, which the region then owns.
@@ -425,7 +443,7 @@ impl ProtectionDomain {
             ptr: b.as_mut_ptr(),
             len: b.len(),
         };
-        self.install(vec![span], Backing::Vec(b), access, opts, false)
+        self.install(vec![span], Backing::Vec(b), access, opts, false, None)
     }
 
     /// Registers memory the caller owns.
@@ -444,12 +462,25 @@ impl ProtectionDomain {
         if ptr.is_null() {
             return Err(Error::inval("null pointer"));
         }
+        let (backing, chunk) = match opts.shared {
+            Some((fd, off)) => {
+                let dup = crate::sys::dup(fd)?;
+                let (ino, size) = crate::sys::fd_ino_size(std::os::fd::AsRawFd::as_raw_fd(&dup))?;
+                if off.checked_add(len as u64).is_none_or(|end| end > size) {
+                    return Err(Error::inval("shared memory range past the end of its file"));
+                }
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&dup) as u32;
+                (Backing::Shared(dup), Some((fd, ino, off)))
+            }
+            None => (Backing::Raw, None),
+        };
         self.install(
             vec![RawSpan { ptr, len }],
-            Backing::Raw,
+            backing,
             access,
             opts,
             false,
+            chunk,
         )
     }
 
@@ -460,6 +491,7 @@ impl ProtectionDomain {
         access: Access,
         opts: RegOptions,
         fast_reg: bool,
+        chunk: Option<(u32, u64, u64)>,
     ) -> Result<MemoryRegion> {
         let core = &self.dev.rt.core;
         let (index, key) = match opts.stag {
@@ -476,6 +508,7 @@ impl ProtectionDomain {
                 backing,
                 invalidatable: opts.invalidatable || fast_reg,
                 fast_reg,
+                chunk,
             }
             .build(index << 8 | key as u32),
         );
@@ -690,6 +723,7 @@ pub(crate) fn fast_reg_build(
         backing: Backing::Parents(keep),
         invalidatable: true,
         fast_reg: true,
+        chunk: None,
     }
     .build(index << 8 | key as u32);
     core.stags.install(Arc::new(mr));

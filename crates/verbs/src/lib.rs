@@ -55,6 +55,7 @@ mod device;
 mod error;
 mod iwarp;
 mod mr;
+mod pool;
 mod progress;
 mod qp;
 pub mod registry;

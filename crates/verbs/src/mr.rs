@@ -62,6 +62,11 @@ pub(crate) enum Backing {
     Raw,
     /// A fast-registered STag: keeps the regions it maps alive.
     Parents(#[allow(dead_code)] Vec<Arc<MrInner>>),
+    /// Allocated by the engine from the device's shared chunks (`pool.rs`).
+    Pool(#[allow(dead_code)] crate::pool::PoolAlloc),
+    /// Caller-owned memory backed by a file (`RegOptions::shared`): our
+    /// duplicate of its descriptor, which same-host peers open.
+    Shared(#[allow(dead_code)] std::os::fd::OwnedFd),
 }
 
 /// A zeroed, page-aligned heap allocation.
@@ -110,6 +115,9 @@ pub(crate) struct MrInner {
     /// registrations only when registered as such.
     pub invalidatable: bool,
     pub fast_reg: bool,
+    /// The memory file holding the region, for same-host peers: our
+    /// descriptor, its inode, the offset of byte 0.
+    pub chunk: Option<(u32, u64, u64)>,
     #[allow(dead_code)]
     backing: Backing,
 }
@@ -381,7 +389,7 @@ impl StagTable {
                 iova: mr.iova,
                 len: mr.len,
                 addr,
-                chunk: None,
+                chunk: if addr != 0 { mr.chunk } else { None },
             },
         );
     }
@@ -512,6 +520,7 @@ pub(crate) struct NewMr {
     pub backing: Backing,
     pub invalidatable: bool,
     pub fast_reg: bool,
+    pub chunk: Option<(u32, u64, u64)>,
 }
 
 impl NewMr {
@@ -527,6 +536,7 @@ impl NewMr {
             valid: AtomicBool::new(true),
             invalidatable: self.invalidatable,
             fast_reg: self.fast_reg,
+            chunk: self.chunk,
             backing: self.backing,
         }
     }

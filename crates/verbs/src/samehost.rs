@@ -39,6 +39,7 @@ struct Remote {
     /// Set when the kernel refuses cross-process copies (EPERM).
     disabled: AtomicBool,
     ops: AtomicU64,
+    mapped: AtomicU64,
     fallbacks: AtomicU64,
 }
 
@@ -47,6 +48,10 @@ struct Remote {
 pub struct SameHostStats {
     /// Writes and Reads copied directly.
     pub direct_ops: u64,
+    /// Of those, the ones copied through a mapping of the peer's memory
+    /// (its `alloc_mr` chunks or `RegOptions::shared` files), the rest
+    /// with `process_vm_readv`/`writev` (or plain moves within a process).
+    pub mapped_ops: u64,
     /// Writes and Reads that went on the TCP stream instead.
     pub tcp_fallbacks: u64,
 }
@@ -112,6 +117,7 @@ impl Link {
                     pd: r.pd,
                     disabled: AtomicBool::new(false),
                     ops: AtomicU64::new(0),
+                    mapped: AtomicU64::new(0),
                     fallbacks: AtomicU64::new(0),
                 })
             }
@@ -137,6 +143,7 @@ impl Link {
             .as_ref()
             .map_or_else(SameHostStats::default, |r| SameHostStats {
                 direct_ops: r.ops.load(Ordering::Relaxed),
+                mapped_ops: r.mapped.load(Ordering::Relaxed),
                 tcp_fallbacks: r.fallbacks.load(Ordering::Relaxed),
             })
     }
@@ -215,7 +222,26 @@ impl Remote {
         if !self.peer.begin(self.slot, self.gen, &f) {
             return false;
         }
+        let mapped = f
+            .chunk
+            .and_then(|(fd, ino, off)| Some((self.peer.chunk(fd, ino).ok()?, off)))
+            .filter(|(m, off)| {
+                off.checked_add(len)
+                    .is_some_and(|end| end <= m.len() as u64)
+            });
         let ok = if len == 0 {
+            true
+        } else if let Some((map, off)) = mapped {
+            // SAFETY: the chunk is mapped here (`map` keeps the mapping
+            // alive) and [off, off + len) lies inside it (checked above);
+            // between begin() and end() the owner does not free or reuse
+            // that range (shm.rs protocol). The local spans belong to the
+            // WR's registrations, held by the caller, and add up to `len`.
+            // They never overlap the peer's range (different registrations,
+            // or the peer's own placement into its buffer, which RDMA
+            // leaves undefined).
+            unsafe { copy_local(local, map.ptr().add(off as usize) as u64, write) };
+            self.mapped.fetch_add(1, Ordering::Relaxed);
             true
         } else if self.same_process {
             // SAFETY: between begin() and end() the owner (a device of

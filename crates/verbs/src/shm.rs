@@ -33,9 +33,11 @@
 //! so plain loads and stores of it would be data races.
 
 use crate::sys::{self, SharedMap};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_be_bytes(*b"SRDMAshm");
@@ -118,6 +120,10 @@ struct Entry {
     addr: AtomicU64,
     /// The offset of the region's byte 0 in its chunk.
     chunk_off: AtomicU64,
+    /// The chunk's inode: a peer's cached mapping of descriptor `chunk`
+    /// is only used while the inode matches (descriptor numbers are
+    /// reused).
+    chunk_ino: AtomicU64,
 }
 
 /// What the owner publishes about a registration.
@@ -129,8 +135,9 @@ pub(crate) struct Publication {
     pub len: u64,
     /// Where byte 0 is in the owner (0: unreachable).
     pub addr: u64,
-    /// The memfd chunk (the owner's descriptor) and offset of byte 0.
-    pub chunk: Option<(u32, u64)>,
+    /// The memfd chunk holding the region: the owner's descriptor, the
+    /// chunk's inode, and the offset of byte 0.
+    pub chunk: Option<(u32, u64, u64)>,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT_SIZE);
@@ -174,6 +181,9 @@ pub(crate) struct Found {
     pub seq: u64,
     /// The owner's address of the first byte of the access.
     pub addr: u64,
+    /// The chunk (owner's descriptor, inode) and the offset of the first
+    /// byte of the access in it, if the region lives in one.
+    pub chunk: Option<(u32, u64, u64)>,
 }
 
 // --------------------------------------------------------------- owner
@@ -249,8 +259,11 @@ impl LocalShm {
         e.iova.store(p.iova, Relaxed);
         e.len.store(p.len, Relaxed);
         e.addr.store(p.addr, Relaxed);
-        let (fd, off) = p.chunk.map_or((0, 0), |(fd, off)| (fd + 1, off));
+        let (fd, ino, off) = p
+            .chunk
+            .map_or((0, 0, 0), |(fd, ino, off)| (fd + 1, ino, off));
         e.chunk.store(fd, Relaxed);
+        e.chunk_ino.store(ino, Relaxed);
         e.chunk_off.store(off, Relaxed);
         e.seq.store(old + 2, SeqCst);
         drop(w);
@@ -360,7 +373,13 @@ impl LocalShm {
 pub(crate) struct PeerShm {
     seg: Seg,
     pub pid: u32,
+    /// The peer's memory chunks mapped here, by (descriptor, inode).
+    chunks: parking_lot::Mutex<HashMap<(u32, u64), Arc<SharedMap>>>,
 }
+
+/// Mapped chunks a peer keeps before starting afresh (a chunk the owner
+/// closed stays mapped until then).
+const MAX_CHUNK_MAPS: usize = 256;
 
 impl PeerShm {
     /// Maps the segment `fd` of process `pid` and checks that it is the one
@@ -378,7 +397,30 @@ impl PeerShm {
         {
             return Err(io::Error::other("not the peer's softrdma segment"));
         }
-        Ok(PeerShm { seg, pid })
+        Ok(PeerShm {
+            seg,
+            pid,
+            chunks: Default::default(),
+        })
+    }
+
+    /// The peer's chunk `fd` (which must be inode `ino`), mapped here.
+    pub fn chunk(&self, fd: u32, ino: u64) -> io::Result<Arc<SharedMap>> {
+        let mut maps = self.chunks.lock();
+        if let Some(m) = maps.get(&(fd, ino)) {
+            return Ok(m.clone());
+        }
+        let f = sys::open_peer_fd(self.pid, fd)?;
+        let (got, size) = sys::fd_ino_size(f.as_raw_fd())?;
+        if got != ino {
+            return Err(io::Error::other("the peer's chunk descriptor was reused"));
+        }
+        let m = Arc::new(SharedMap::map(f.as_raw_fd(), size as usize)?);
+        if maps.len() >= MAX_CHUNK_MAPS {
+            maps.clear();
+        }
+        maps.insert((fd, ino), m.clone());
+        Ok(m)
     }
 
     pub fn slot(&self, i: u32) -> &Slot {
@@ -409,6 +451,11 @@ impl PeerShm {
             e.len.load(Relaxed),
             e.addr.load(Relaxed),
         );
+        let (chunk, ino, coff) = (
+            e.chunk.load(Relaxed),
+            e.chunk_ino.load(Relaxed),
+            e.chunk_off.load(Relaxed),
+        );
         std::sync::atomic::fence(Acquire);
         if e.seq.load(Relaxed) != seq {
             return None;
@@ -424,6 +471,7 @@ impl PeerShm {
             index,
             seq,
             addr: addr + (to - iova),
+            chunk: (chunk != 0).then(|| (chunk - 1, ino, coff + (to - iova))),
         })
     }
 

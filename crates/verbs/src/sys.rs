@@ -300,6 +300,10 @@ impl SharedMap {
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
 }
 
 impl Drop for SharedMap {
@@ -405,4 +409,36 @@ pub fn boot_id() -> Option<[u8; 16]> {
 pub fn pid_ns() -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}
+
+/// The inode number and size of the file behind `fd`.
+pub fn fd_ino_size(fd: RawFd) -> io::Result<(u64, u64)> {
+    // SAFETY: st is plain old data, written whole by fstat before use.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is valid for writes of a stat.
+    cvt(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok((st.st_ino, st.st_size as u64))
+}
+
+/// Duplicates `fd` (close-on-exec).
+pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: no pointer arguments.
+    let r = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
+    // SAFETY: r is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Gives `[off, off + len)` of a memory file back to the system; it reads
+/// as zeros afterwards.
+pub fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: no pointer arguments.
+    cvt(unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        )
+    })?;
+    Ok(())
 }

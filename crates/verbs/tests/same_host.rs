@@ -89,10 +89,12 @@ fn writes_and_reads_go_direct() {
         assert!(back == data[off..off + len], "read at {off} len {len}");
         ops += 2;
     }
+    // alloc_mr memory lives in the device's shared chunks: mapped.
     assert_eq!(
         c.qp.same_host_stats(),
         Some(SameHostStats {
             direct_ops: ops,
+            mapped_ops: ops,
             tcp_fallbacks: 0
         })
     );
@@ -273,13 +275,17 @@ fn child_server() {
     let dev = Device::open_default().unwrap();
     let l = dev.listen("127.0.0.1:0").unwrap();
     let s = side(&dev, QpCaps::default());
+    // One region in the device's shared chunks, one in a plain Vec.
     let mr = s.pd.alloc_mr(n, Access::ALL).unwrap();
     mr.write_at(0, &pattern(n, 5));
+    let vec = s.pd.register(pattern(n, 6), Access::ALL).unwrap();
     println!(
-        "READY {} {} {}",
+        "READY {} {} {} {} {}",
         l.local_addr().unwrap(),
         mr.addr(),
-        mr.rkey()
+        mr.rkey(),
+        vec.addr(),
+        vec.rkey()
     );
     std::io::stdout().flush().unwrap();
     l.get_request()
@@ -291,14 +297,19 @@ fn child_server() {
     // The parent wrote pattern 9 over the second half.
     let mut want = pattern(n, 5);
     want[n / 2..].copy_from_slice(&pattern(n, 9)[n / 2..]);
-    println!("CHECK {}", if mr.to_vec() == want { "ok" } else { "bad" });
+    let mut want_vec = pattern(n, 6);
+    want_vec[..n / 2].copy_from_slice(&pattern(n, 9)[..n / 2]);
+    let ok = mr.to_vec() == want && vec.to_vec() == want_vec;
+    println!("CHECK {}", if ok { "ok" } else { "bad" });
     std::io::stdout().flush().unwrap();
     // Stay up until the parent has seen the answer.
     let _ = std::io::stdin().read_line(&mut line);
 }
 
-/// A real second process: Reads and Writes cross address spaces
-/// (process_vm_readv / process_vm_writev), checked byte for byte.
+/// A real second process: Reads and Writes cross address spaces, through a
+/// mapping of the child's shared chunk (its `alloc_mr` region) and with
+/// process_vm_readv / process_vm_writev (its `register(Vec)` region),
+/// checked byte for byte.
 #[test]
 fn across_processes() {
     let n = 1 << 20;
@@ -329,6 +340,7 @@ fn across_processes() {
     let f: Vec<&str> = ready.split(' ').collect();
     let (addr, raddr, rkey): (&str, u64, u32) =
         (f[0], f[1].parse().unwrap(), f[2].parse().unwrap());
+    let (vaddr, vkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
     let dev = Device::open_default().unwrap();
     let c = side(&dev, QpCaps::default());
     c.qp.connect(addr, &ext()).unwrap();
@@ -357,6 +369,15 @@ fn across_processes() {
     ))
     .unwrap();
     assert!(wait(&c.cq).is_ok());
+    // The Vec region: read it, then write its first half.
+    let buf2 = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_send(&SendWr::read(10, buf2.sge_all(), vaddr, vkey))
+        .unwrap();
+    assert!(wait(&c.cq).is_ok());
+    assert!(buf2.to_vec() == pattern(n, 6), "read of the Vec region");
+    c.qp.post_send(&SendWr::write(11, &[buf.sge(0, n / 2)], vaddr, vkey))
+        .unwrap();
+    assert!(wait(&c.cq).is_ok());
     writeln!(stdin, "done").unwrap();
     line.clear();
     out.read_line(&mut line).unwrap();
@@ -365,7 +386,8 @@ fn across_processes() {
     assert_eq!(
         st,
         SameHostStats {
-            direct_ops: 5,
+            direct_ops: 7,
+            mapped_ops: 5,
             tcp_fallbacks: 0
         }
     );
