@@ -148,7 +148,7 @@ pub fn to_json(i: &DeviceInfo) -> String {
         .iter()
         .map(|q| {
             format!(
-                "{{\"qpn\":{},\"pd\":{},\"state\":\"{:?}\",\"local\":\"{}\",\"peer\":\"{}\",\"sq_outstanding\":{},\"rq_posted\":{},\"mpa_revision\":{},\"crc\":{},\"ird\":{},\"ord\":{}}}",
+                "{{\"qpn\":{},\"pd\":{},\"state\":\"{:?}\",\"local\":\"{}\",\"peer\":\"{}\",\"sq_outstanding\":{},\"rq_posted\":{},\"mpa_revision\":{},\"crc\":{},\"ird\":{},\"ord\":{},\"same_host\":{}}}",
                 q.qpn,
                 q.pd,
                 q.state,
@@ -158,8 +158,9 @@ pub fn to_json(i: &DeviceInfo) -> String {
                 q.rq_posted,
                 q.mpa_revision,
                 q.crc,
-                q.ird,
-                q.ord
+                                q.ird,
+                q.ord,
+                q.same_host
             )
         })
         .collect();
@@ -174,10 +175,11 @@ pub fn to_json(i: &DeviceInfo) -> String {
         })
         .collect();
     format!(
-        "{{\"name\":\"{}\",\"addr\":\"{}\",\"progress_threads\":{},\"qps\":[{}],\"mrs\":[{}]}}",
+        "{{\"name\":\"{}\",\"addr\":\"{}\",\"progress_threads\":{},\"shared_bytes\":{},\"qps\":[{}],\"mrs\":[{}]}}",
         esc(&i.name),
         i.addr,
         i.progress_threads,
+        i.shared_bytes,
         qps.join(","),
         mrs.join(",")
     )
@@ -186,16 +188,17 @@ pub fn to_json(i: &DeviceInfo) -> String {
 /// The device's resources as a table.
 pub fn render_text(i: &DeviceInfo) -> String {
     let mut s = format!(
-        "dev {} addr {} progress_threads {} qps {} mrs {}\n",
+        "dev {} addr {} progress_threads {} shared_bytes {} qps {} mrs {}\n",
         i.name,
         i.addr,
         i.progress_threads,
+        i.shared_bytes,
         i.qps.len(),
         i.mrs.len()
     );
     for q in &i.qps {
         s += &format!(
-            "qp {} pd {} state {:?} local {} peer {} sq {} rq {} mpa {} crc {} ird {} ord {}\n",
+            "qp {} pd {} state {:?} local {} peer {} sq {} rq {} mpa {} crc {} ird {} ord {}{}\n",
             q.qpn,
             q.pd,
             q.state,
@@ -206,7 +209,8 @@ pub fn render_text(i: &DeviceInfo) -> String {
             q.mpa_revision,
             if q.crc { "on" } else { "off" },
             q.ird,
-            q.ord
+            q.ord,
+            if q.same_host { " same-host" } else { "" }
         );
     }
     for m in &i.mrs {

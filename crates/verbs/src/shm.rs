@@ -9,7 +9,7 @@
 //!   peer announces the access it is making ([`Slot::active`]) and the
 //!   owner publishes how many of the connection's messages it has processed
 //!   ([`Slot::done`]) and whether its QP has stopped ([`Slot::closed`]);
-//! * [`ENTRIES`] STag entries: the owner's registrations (STag, PD, rights,
+//! * [`ENTRIES`] STag entries (every 24-bit index): the owner's registrations (STag, PD, rights,
 //!   range, and where the bytes are in the owner's address space), each
 //!   under a seqlock.
 //!
@@ -44,9 +44,10 @@ const MAGIC: u64 = u64::from_be_bytes(*b"SRDMAshm");
 const VERSION: u32 = 1;
 /// Connection slots per segment.
 pub(crate) const SLOTS: usize = 4096;
-/// Published STag indices (an index at or above this is not published:
-/// same-host peers reach it through the TCP path).
-pub(crate) const ENTRIES: usize = 1 << 18;
+/// Published STag indices: all of them (24 bits). The entries take 1 GiB
+/// of the segment's address space; only the pages of entries in use are
+/// ever touched, and only those cost memory.
+pub(crate) const ENTRIES: usize = 1 << 24;
 const HDR: usize = 4096;
 const SLOT_SIZE: usize = 64;
 const ENTRY_SIZE: usize = 64;
