@@ -175,7 +175,8 @@ fn info_shows_a_waiting_rping_server() {
     let body: Vec<&str> = lines_of.take_while(|l| l.starts_with("  ")).collect();
     assert_eq!(
         body.first().copied(),
-        Some("  dev softrdma0 addr 127.0.0.1 progress_threads 1 qps 1 mrs 3"),
+        // rping's three regions, a page each in the device's shared chunks.
+        Some("  dev softrdma0 addr 127.0.0.1 progress_threads 1 shared_bytes 12288 qps 1 mrs 3"),
         "{table}"
     );
     assert!(
