@@ -59,6 +59,9 @@ pub(crate) struct Conn {
     polled: AtomicBool,
     /// The same-host transport, where both ends agreed to it.
     pub link: Option<crate::samehost::Link>,
+    /// The transmitter found the peer's ring full (ring mode): the next
+    /// doorbell from the peer kicks it.
+    tx_blocked: AtomicBool,
 }
 
 impl Conn {
@@ -88,6 +91,7 @@ impl Conn {
             closed: AtomicBool::new(false),
             polled: AtomicBool::new(false),
             link,
+            tx_blocked: AtomicBool::new(false),
         })
     }
 
@@ -115,6 +119,109 @@ impl Conn {
         if self.out_armed.swap(false, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
             let _ = self.epoll.modify(self.fd, self.interest(false), qpn as u64);
         }
+    }
+
+    /// Receives into `spans` (non-blocking): from the peer's ring when it
+    /// writes there, else from the socket. `Ok(0)`: the end of the stream.
+    /// In ring mode the socket carries only doorbell bytes and the end of
+    /// the stream; an empty ring asks for a doorbell before reporting
+    /// `WouldBlock` (unless busy-polled: the application polls again).
+    ///
+    /// # Safety
+    /// Every span must be writable memory valid for the call.
+    pub unsafe fn recv_spans(&self, spans: &[RawSpan]) -> io::Result<usize> {
+        let Some(r) = self
+            .link
+            .as_ref()
+            .and_then(|l| l.ring_rx.as_ref())
+            .filter(|r| r.active())
+        else {
+            // SAFETY: the caller's contract.
+            return unsafe { sys::recv_spans(self.fd, spans) };
+        };
+        loop {
+            // SAFETY: the caller's contract.
+            let (n, wake) = unsafe { r.read_spans(spans) };
+            if wake {
+                self.ring_doorbell();
+            }
+            if n > 0 {
+                return Ok(n);
+            }
+            // Doorbells, and the end of the stream, arrive on the socket.
+            let mut bells = [0u8; 64];
+            match sys::recv_into(self.fd, &mut bells) {
+                Ok(0) if r.available() == 0 => return Ok(0),
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            if self.polled.load(Ordering::Acquire) || r.park() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        }
+    }
+
+    /// Receives into `buf` (see [`Conn::recv_spans`]).
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let s = [RawSpan {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }];
+        // SAFETY: one span over the caller's mutable slice.
+        unsafe { self.recv_spans(&s) }
+    }
+
+    /// Sends `spans` (non-blocking): into the peer's ring in ring mode,
+    /// else on the socket (`eor`: end of a TCP segment, see sys).
+    ///
+    /// # Safety
+    /// Every span must be readable memory valid for the call.
+    pub unsafe fn send_spans(&self, spans: &[RawSpan], eor: bool) -> io::Result<usize> {
+        let Some(w) = self.ring_tx() else {
+            // SAFETY: the caller's contract.
+            return unsafe { sys::send_spans(self.fd, spans, eor) };
+        };
+        loop {
+            // SAFETY: the caller's contract.
+            let (n, wake) = unsafe { w.write_spans(spans) };
+            if wake {
+                self.ring_doorbell();
+            }
+            if n > 0 {
+                if let Some(l) = &self.link {
+                    l.note_ring(n);
+                }
+                return Ok(n);
+            }
+            // Full: the consumer rings back once it made room, and the
+            // doorbell's on_readable kicks the transmitter (flagged before
+            // asking, so a doorbell racing this finds the flag set).
+            self.tx_blocked.store(true, Ordering::Release);
+            if w.block() {
+                if let Some(l) = &self.link {
+                    l.note_ring_wait();
+                }
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        }
+    }
+
+    fn ring_tx(&self) -> Option<&crate::shm::RingWriter> {
+        self.link.as_ref().and_then(|l| l.ring_tx.as_ref())
+    }
+
+    /// Wakes the peer: one byte on the TCP stream. A full socket already
+    /// holds unread doorbells, so a refused byte is no loss.
+    fn ring_doorbell(&self) {
+        let b = [0u8; 1];
+        let s = [RawSpan {
+            ptr: b.as_ptr() as *mut u8,
+            len: 1,
+        }];
+        // SAFETY: one span over a live local byte.
+        let _ = unsafe { sys::send_spans(self.fd, &s, false) };
     }
 
     /// Switches busy-poll mode (see `polled`).
@@ -297,7 +404,7 @@ impl Batch {
     }
 
     /// Writes as much as the socket takes. Ok(true): all written.
-    fn write(&mut self, fd: RawFd) -> io::Result<bool> {
+    fn write(&mut self, c: &Conn) -> io::Result<bool> {
         let mut spans = [RawSpan {
             ptr: std::ptr::null_mut(),
             len: 0,
@@ -339,7 +446,7 @@ impl Batch {
             // the WRs (or read responses) that own these bytes.
             // A run that ends at a cut (or the batch's end) closes its
             // segment; a run cut short by the iovec limit does not.
-            match unsafe { sys::send_spans(fd, &spans[..n], want == 0) } {
+            match unsafe { c.send_spans(&spans[..n], want == 0) } {
                 Ok(mut w) => {
                     self.sent += w;
                     // Advance the cursor.
@@ -926,8 +1033,12 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
     let max_ulpdu = q.core.config.max_ulpdu.min(mpa::max_ulpdu_for(c.seg));
     loop {
         if !sq.tx.batch.is_empty() {
-            if !sq.tx.batch.write(c.fd)? {
-                c.arm_out(q.qpn);
+            if !sq.tx.batch.write(c)? {
+                // The socket wakes us when it has room; a full ring, with
+                // the consumer's doorbell (on_readable kicks us then).
+                if c.ring_tx().is_none() {
+                    c.arm_out(q.qpn);
+                }
                 return Ok(());
             }
             sq.tx.batch.clear();
@@ -1130,7 +1241,7 @@ impl Rx {
     }
 
     /// Makes sure `n` bytes are staged.
-    fn need(&mut self, fd: RawFd, n: usize) -> Need {
+    fn need(&mut self, c: &Conn, n: usize) -> Need {
         while self.avail() < n {
             if self.stage.is_empty() {
                 self.stage = vec![0; STAGE_SIZE];
@@ -1142,7 +1253,7 @@ impl Rx {
             }
             let want = (n - self.avail()).max(LOOKAHEAD);
             let lim = (self.end + want).min(self.stage.len());
-            match sys::recv_into(fd, &mut self.stage[self.end..lim]) {
+            match c.recv(&mut self.stage[self.end..lim]) {
                 Ok(0) => {
                     return Need::End(if self.avail() == 0 && self.phase == Phase::Header {
                         RxEnd::Eof
@@ -1188,8 +1299,7 @@ fn sub_spans(spans: &[RawSpan], mut off: usize, mut len: usize, out: &mut Vec<Ra
 
 /// Decodes an FPDU header and decides where its payload goes.
 fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
-    let fd = c.fd;
-    if let Need::End(e) = rx.need(fd, 3) {
+    if let Need::End(e) = rx.need(c, 3) {
         return Err(e);
     }
     let s = rx.start;
@@ -1206,7 +1316,7 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
             WcStatus::WrFlushErr,
         ));
     }
-    if let Need::End(e) = rx.need(fd, 2 + hl) {
+    if let Need::End(e) = rx.need(c, 2 + hl) {
         return Err(e);
     }
     let s = rx.start;
@@ -1243,7 +1353,7 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
             WcStatus::WrFlushErr,
         ));
     }
-    if let Need::End(e) = rx.need(fd, 2 + hl + extra) {
+    if let Need::End(e) = rx.need(c, 2 + hl + extra) {
         return Err(e);
     }
     let s = rx.start;
@@ -1621,7 +1731,7 @@ fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
         if rem >= DIRECT_MIN {
             sub_spans(&rx.target, rx.placed, rem, &mut scratch);
             // SAFETY: as above; the socket writes only inside the spans.
-            match unsafe { sys::recv_spans(c.fd, &scratch) } {
+            match unsafe { c.recv_spans(&scratch) } {
                 Ok(0) => return Err(RxEnd::EofMidFrame),
                 Ok(k) => {
                     if c.params.crc {
@@ -1635,7 +1745,7 @@ fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(RxEnd::Io(e)),
             }
-        } else if let Need::End(e) = rx.need(c.fd, 1) {
+        } else if let Need::End(e) = rx.need(c, 1) {
             return Err(e);
         }
     }
@@ -1666,7 +1776,7 @@ fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn) -> RxEnd {
             }
             Phase::Trailer => {
                 let tl = mpa::pad_len(rx.ulpdu_len) + 4;
-                if let Need::End(e) = rx.need(c.fd, tl) {
+                if let Need::End(e) = rx.need(c, tl) {
                     return e;
                 }
                 let s = rx.start;
@@ -1878,6 +1988,10 @@ pub(crate) fn on_readable(q: &Arc<QpInner>) {
         let mut rx = q.rx.lock();
         rx_loop(q, &mut rx, c)
     };
+    // Ring mode: a doorbell may mean the peer made room in its ring.
+    if c.tx_blocked.swap(false, Ordering::AcqRel) {
+        q.kick_with(q.sq.lock());
+    }
     match end {
         RxEnd::Block | RxEnd::Budget => {}
         RxEnd::Eof => {

@@ -14,7 +14,7 @@
 
 use crate::device::Core;
 use crate::mr::Access;
-use crate::shm::{LocalShm, PeerShm};
+use crate::shm::{LocalShm, PeerShm, RingReader, RingWriter};
 use crate::sys::{self, RawSpan};
 use softrdma_wire::mpa::ext::SameHost;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +26,15 @@ pub(crate) struct Link {
     local: Option<(Arc<LocalShm>, u32)>,
     /// Our fast path into the peer's memory.
     remote: Option<Remote>,
+    /// The peer's FPDU stream to us, when it writes into our ring.
+    pub ring_rx: Option<RingReader>,
+    /// Our FPDU stream to the peer, through its ring (active from the
+    /// start: nothing of ours goes on the TCP stream but doorbells).
+    pub ring_tx: Option<RingWriter>,
+    /// Bytes we wrote into the peer's ring.
+    ring_bytes: AtomicU64,
+    /// Times we found the peer's ring full and waited for room.
+    ring_waits: AtomicU64,
 }
 
 struct Remote {
@@ -52,6 +61,12 @@ pub struct SameHostStats {
     /// (its `alloc_mr` chunks or `RegOptions::shared` files), the rest
     /// with `process_vm_readv`/`writev` (or plain moves within a process).
     pub mapped_ops: u64,
+    /// Bytes of this end's FPDU stream written into the peer's ring
+    /// (Sends, atomics, anything not copied directly) instead of TCP.
+    pub ring_bytes: u64,
+    /// Times the peer's ring was full and the transmitter waited for the
+    /// peer to make room.
+    pub ring_waits: u64,
     /// Writes and Reads that went on the TCP stream instead.
     pub tcp_fallbacks: u64,
 }
@@ -127,9 +142,21 @@ impl Link {
             }
         };
         offer.kept = true;
+        // Our messages travel in the peer's ring for this connection;
+        // activated before anything is sent, so the peer never looks for
+        // them on the TCP stream.
+        let ring_tx = remote.as_ref().map(|rm| {
+            let w = RingWriter::new(rm.peer.clone(), rm.slot);
+            w.activate();
+            w
+        });
         Some(Link {
+            ring_rx: Some(RingReader::new(offer.shm.clone(), offer.slot)),
             local: Some((offer.shm.clone(), offer.slot)),
             remote,
+            ring_tx,
+            ring_bytes: AtomicU64::new(0),
+            ring_waits: AtomicU64::new(0),
         })
     }
 
@@ -138,10 +165,24 @@ impl Link {
         self.remote.is_some()
     }
 
+    /// Counts `n` bytes written into the peer's ring.
+    pub fn note_ring(&self, n: usize) {
+        self.ring_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a wait for room in the peer's ring.
+    pub fn note_ring_wait(&self) {
+        self.ring_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> SameHostStats {
+        let ring_bytes = self.ring_bytes.load(Ordering::Relaxed);
+        let ring_waits = self.ring_waits.load(Ordering::Relaxed);
         self.remote
             .as_ref()
             .map_or_else(SameHostStats::default, |r| SameHostStats {
+                ring_bytes,
+                ring_waits,
                 direct_ops: r.ops.load(Ordering::Relaxed),
                 mapped_ops: r.mapped.load(Ordering::Relaxed),
                 tcp_fallbacks: r.fallbacks.load(Ordering::Relaxed),

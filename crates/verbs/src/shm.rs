@@ -53,8 +53,14 @@ const SLOT_SIZE: usize = 64;
 const ENTRY_SIZE: usize = 64;
 const SLOT_OFF: usize = HDR;
 const ENTRY_OFF: usize = SLOT_OFF + SLOTS * SLOT_SIZE;
+/// Bytes of a connection's ring (a power of two).
+pub(crate) const RING_DATA: usize = 256 << 10;
+/// A ring's header (producer and consumer fields on separate lines).
+const RING_HDR: usize = 4096;
+const RING_STRIDE: usize = RING_HDR + RING_DATA;
+const RING_OFF: usize = ENTRY_OFF + ENTRIES * ENTRY_SIZE;
 /// The segment's length (sparse: untouched pages cost nothing).
-pub(crate) const SEG_LEN: usize = ENTRY_OFF + ENTRIES * ENTRY_SIZE;
+pub(crate) const SEG_LEN: usize = RING_OFF + SLOTS * RING_STRIDE;
 
 #[repr(C)]
 struct Header {
@@ -144,6 +150,30 @@ pub(crate) struct Publication {
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT_SIZE);
 const _: () = assert!(std::mem::size_of::<Entry>() <= ENTRY_SIZE);
 const _: () = assert!(std::mem::size_of::<Header>() <= HDR);
+const _: () = assert!(std::mem::size_of::<RingHdr>() <= RING_HDR);
+const _: () = assert!(RING_DATA.is_power_of_two());
+
+/// The control words of a connection's ring: an SPSC byte stream from the
+/// peer (producer) to the slot's owner (consumer), carrying exactly the
+/// FPDU bytes the TCP stream would (`docs/same-host.md`).
+#[repr(C)]
+struct RingHdr {
+    /// Bytes ever written (producer).
+    tail: AtomicU64,
+    _p0: [u64; 7],
+    /// Bytes ever read (consumer).
+    head: AtomicU64,
+    _p1: [u64; 7],
+    /// Set by the producer before its first byte: this direction of the
+    /// connection uses the ring, not the TCP stream.
+    active: AtomicU32,
+    /// The consumer is about to sleep: the producer rings the doorbell
+    /// (a byte on the TCP stream) after its next write.
+    need_wake: AtomicU32,
+    /// The producer found the ring full: the consumer rings back once it
+    /// made room.
+    writer_blocked: AtomicU32,
+}
 
 fn pack(index: u32, seq: u64) -> u64 {
     (index as u64) << 40 | (seq & ((1 << 40) - 1))
@@ -167,6 +197,19 @@ impl Seg {
         // SAFETY: as in header(): in bounds (checked), 8-aligned (the
         // offsets are multiples of 64), atomics only.
         unsafe { &*(self.map.ptr().add(SLOT_OFF + i as usize * SLOT_SIZE) as *const Slot) }
+    }
+
+    fn ring(&self, i: u32) -> (&RingHdr, *mut u8) {
+        assert!((i as usize) < SLOTS);
+        let base = RING_OFF + i as usize * RING_STRIDE;
+        // SAFETY: as in slot(); the data area [base + RING_HDR, base +
+        // RING_STRIDE) lies inside the mapping too.
+        unsafe {
+            (
+                &*(self.map.ptr().add(base) as *const RingHdr),
+                self.map.ptr().add(base + RING_HDR),
+            )
+        }
     }
 
     fn entry(&self, i: u32) -> &Entry {
@@ -342,6 +385,14 @@ impl LocalShm {
         s.done.store(0, Relaxed);
         s.closed.store(0, Relaxed);
         s.released.store(0, Relaxed);
+        let (r, _) = self.seg.ring(i);
+        r.tail.store(0, Relaxed);
+        r.head.store(0, Relaxed);
+        r.active.store(0, Relaxed);
+        // Parked from the start: the producer's first write rings the
+        // doorbell, whenever the consumer first looks.
+        r.need_wake.store(1, Relaxed);
+        r.writer_blocked.store(0, Relaxed);
         let gen = s.gen.load(Relaxed).wrapping_add(1);
         s.gen.store(gen, Relaxed);
         s.state.store(IN_USE, Release);
@@ -524,5 +575,157 @@ fn random_u64() -> u64 {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+    }
+}
+
+// ---------------------------------------------------------------- rings
+
+/// The consumer end of our slot's ring (the peer writes into it).
+pub(crate) struct RingReader {
+    shm: Arc<LocalShm>,
+    slot: u32,
+}
+
+/// The producer end of the peer's ring for this connection.
+pub(crate) struct RingWriter {
+    peer: Arc<PeerShm>,
+    slot: u32,
+}
+
+impl RingReader {
+    pub fn new(shm: Arc<LocalShm>, slot: u32) -> RingReader {
+        RingReader { shm, slot }
+    }
+
+    fn hdr(&self) -> (&RingHdr, *mut u8) {
+        self.shm.seg.ring(self.slot)
+    }
+
+    /// Whether the peer sends through the ring (set before its first byte).
+    pub fn active(&self) -> bool {
+        self.hdr().0.active.load(Acquire) == 1
+    }
+
+    /// Bytes waiting.
+    pub fn available(&self) -> usize {
+        let (h, _) = self.hdr();
+        (h.tail.load(Acquire) - h.head.load(Relaxed)) as usize
+    }
+
+    /// Copies up to the spans' total length out of the ring into them;
+    /// returns the bytes moved and whether the producer waits for room
+    /// (then ring its doorbell).
+    ///
+    /// # Safety
+    /// The spans must be writable memory valid for the call.
+    pub unsafe fn read_spans(&self, spans: &[sys::RawSpan]) -> (usize, bool) {
+        let (h, data) = self.hdr();
+        let head = h.head.load(Relaxed);
+        let tail = h.tail.load(Acquire);
+        let mut left = (tail - head) as usize;
+        let mut pos = head;
+        let mut moved = 0;
+        for s in spans {
+            let mut done = 0;
+            while done < s.len && left > 0 {
+                let at = pos as usize & (RING_DATA - 1);
+                let n = (s.len - done).min(left).min(RING_DATA - at);
+                // SAFETY: [at, at + n) is inside the data area and holds
+                // bytes the producer published (before `tail`, Acquire);
+                // the target is writable (caller's contract).
+                unsafe { std::ptr::copy_nonoverlapping(data.add(at), s.ptr.add(done), n) };
+                done += n;
+                left -= n;
+                pos += n as u64;
+                moved += n;
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        if moved == 0 {
+            return (0, false);
+        }
+        h.head.store(pos, SeqCst);
+        let wake = h.writer_blocked.load(SeqCst) == 1 && h.writer_blocked.swap(0, SeqCst) == 1;
+        (moved, wake)
+    }
+
+    /// Before sleeping: asks for a doorbell. False if bytes came meanwhile
+    /// (read them instead).
+    pub fn park(&self) -> bool {
+        let h = self.hdr().0;
+        h.need_wake.store(1, SeqCst);
+        if h.tail.load(SeqCst) != h.head.load(Relaxed) {
+            h.need_wake.store(0, Relaxed);
+            return false;
+        }
+        true
+    }
+}
+
+impl RingWriter {
+    pub fn new(peer: Arc<PeerShm>, slot: u32) -> RingWriter {
+        RingWriter { peer, slot }
+    }
+
+    fn hdr(&self) -> (&RingHdr, *mut u8) {
+        self.peer.seg.ring(self.slot)
+    }
+
+    /// Marks this direction as using the ring (before the first write).
+    pub fn activate(&self) {
+        self.hdr().0.active.store(1, SeqCst);
+    }
+
+    /// Copies as much of the spans as fits; returns the bytes written and
+    /// whether the consumer asked for a doorbell.
+    ///
+    /// # Safety
+    /// The spans must be readable memory valid for the call.
+    pub unsafe fn write_spans(&self, spans: &[sys::RawSpan]) -> (usize, bool) {
+        let (h, data) = self.hdr();
+        let tail = h.tail.load(Relaxed);
+        let head = h.head.load(Acquire);
+        let mut free = RING_DATA - (tail - head) as usize;
+        let mut pos = tail;
+        let mut moved = 0;
+        for s in spans {
+            let mut done = 0;
+            while done < s.len && free > 0 {
+                let at = pos as usize & (RING_DATA - 1);
+                let n = (s.len - done).min(free).min(RING_DATA - at);
+                // SAFETY: [at, at + n) is inside the data area and free
+                // (the consumer is done with it: before `head`, Acquire);
+                // the source is readable (caller's contract).
+                unsafe { std::ptr::copy_nonoverlapping(s.ptr.add(done), data.add(at), n) };
+                done += n;
+                free -= n;
+                pos += n as u64;
+                moved += n;
+            }
+            if free == 0 {
+                break;
+            }
+        }
+        if moved == 0 {
+            return (0, false);
+        }
+        h.tail.store(pos, SeqCst);
+        let wake = h.need_wake.load(SeqCst) == 1 && h.need_wake.swap(0, SeqCst) == 1;
+        (moved, wake)
+    }
+
+    /// The ring is full: asks the consumer to ring back once it made room.
+    /// False if room appeared meanwhile (write again instead).
+    pub fn block(&self) -> bool {
+        let h = self.hdr().0;
+        h.writer_blocked.store(1, SeqCst);
+        let full = h.tail.load(Relaxed) - h.head.load(SeqCst) == RING_DATA as u64;
+        if !full {
+            h.writer_blocked.store(0, Relaxed);
+            return false;
+        }
+        true
     }
 }

@@ -95,7 +95,9 @@ fn writes_and_reads_go_direct() {
         Some(SameHostStats {
             direct_ops: ops,
             mapped_ops: ops,
-            tcp_fallbacks: 0
+            tcp_fallbacks: 0,
+            ring_bytes: 0,
+            ring_waits: 0,
         })
     );
 }
@@ -257,6 +259,127 @@ fn nothing_lands_after_invalidation_returns() {
     }
 }
 
+// ------------------------------------------------------------ rings
+
+/// Sends of every size, in both directions, CRC off and on, travel in the
+/// peers' rings (256 KiB: the larger ones wrap it many times while the
+/// receiver drains it), byte for byte.
+#[test]
+fn sends_travel_in_the_rings() {
+    for crc in [false, true] {
+        let p = ConnParams { crc, ..ext() };
+        let (c, s) = pair_with(p, ConnParams::default(), |_| {});
+        let sizes = [0usize, 1, 63, 4096, 65_536, 300_000, 4 << 20];
+        let max = *sizes.iter().max().unwrap();
+        for (from, to) in [(&c, &s), (&s, &c)] {
+            let src = from.pd.alloc_mr(max, Access::LOCAL_WRITE).unwrap();
+            let dst = to.pd.alloc_mr(max, Access::LOCAL_WRITE).unwrap();
+            let before = from.qp.same_host_stats().unwrap().ring_bytes;
+            let mut total = 0;
+            for (i, &n) in sizes.iter().enumerate() {
+                let data = pattern(n, i as u8 + crc as u8);
+                src.write_at(0, &data);
+                to.qp
+                    .post_recv(&RecvWr::new(i as u64, &[dst.sge_all()]))
+                    .unwrap();
+                from.qp
+                    .post_send(&SendWr::send(i as u64, &[src.sge(0, n)]))
+                    .unwrap();
+                assert!(wait(&from.cq).is_ok());
+                let wc = wait(&to.cq);
+                assert_eq!(
+                    (wc.wr_id, wc.status, wc.byte_len as usize),
+                    (i as u64, WcStatus::Success, n)
+                );
+                let mut got = vec![0; n];
+                dst.read_at(0, &mut got);
+                assert!(got == data, "size {n} crc {crc}");
+                total += n as u64;
+            }
+            let sent = from.qp.same_host_stats().unwrap().ring_bytes - before;
+            assert!(
+                sent > total,
+                "{sent} ring bytes for {total} payload bytes (headers on top)"
+            );
+        }
+    }
+}
+
+/// A consumer far slower than its producer: the producer fills the ring,
+/// waits, and is woken by the consumer's doorbell each time it made room.
+/// (Receiver in busy-poll mode, so only its slow thread drains the ring.)
+#[test]
+fn a_full_ring_waits_for_room() {
+    let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+    const N: usize = 64;
+    const LEN: usize = 64 << 10;
+    let dst = s.pd.alloc_mr(N * LEN, Access::LOCAL_WRITE).unwrap();
+    for i in 0..N {
+        s.qp.post_recv(&RecvWr::new(i as u64, &[dst.sge(i * LEN, LEN)]))
+            .unwrap();
+    }
+    s.qp.set_busy_poll(true).unwrap();
+    let src = c.pd.alloc_mr(N * LEN, Access::LOCAL_WRITE).unwrap();
+    let data = pattern(N * LEN, 3);
+    src.write_at(0, &data);
+    let wrs: Vec<SendWr> = (0..N)
+        .map(|i| SendWr::send(i as u64, &[src.sge(i * LEN, LEN)]))
+        .collect();
+    c.qp.post_send_batch(&wrs).unwrap();
+    // 4 MiB through a 256 KiB ring, drained one slow step at a time.
+    let mut got = 0;
+    let deadline = std::time::Instant::now() + T;
+    while got < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stuck after {got} messages"
+        );
+        std::thread::sleep(std::time::Duration::from_micros(300));
+        s.qp.progress();
+        while let Some(wc) = s.cq.poll_one() {
+            assert!(wc.is_ok(), "{wc:?}");
+            assert_eq!(wc.wr_id, got as u64);
+            got += 1;
+        }
+    }
+    for i in 0..N {
+        assert!(wait(&c.cq).is_ok(), "send {i}");
+    }
+    assert!(dst.to_vec() == data);
+    let st = c.qp.same_host_stats().unwrap();
+    assert!(st.ring_waits > 0, "the producer waited for room: {st:?}");
+}
+
+/// Messages in the ring when the sender disconnects are all delivered
+/// before the disconnect is.
+#[test]
+fn disconnect_after_sending_delivers_everything() {
+    let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+    const N: usize = 200;
+    let dst = s.pd.alloc_mr(N * 1024, Access::LOCAL_WRITE).unwrap();
+    for i in 0..N {
+        s.qp.post_recv(&RecvWr::new(i as u64, &[dst.sge(i * 1024, 1024)]))
+            .unwrap();
+    }
+    let src = c.pd.alloc_mr(N * 1024, Access::LOCAL_WRITE).unwrap();
+    src.write_at(0, &pattern(N * 1024, 8));
+    let wrs: Vec<SendWr> = (0..N)
+        .map(|i| SendWr::send(i as u64, &[src.sge(i * 1024, 1024)]).unsignaled())
+        .collect();
+    c.qp.post_send_batch(&wrs).unwrap();
+    c.qp.disconnect();
+    for i in 0..N {
+        let wc = wait(&s.cq);
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (i as u64, WcStatus::Success),
+            "message {i}"
+        );
+    }
+    assert!(dst.to_vec() == pattern(N * 1024, 8));
+    assert!(s.qp.wait_state(QpState::Error, T), "then the disconnect");
+}
+
 // ------------------------------------------------------------ two processes
 
 const CHILD: &str = "SOFTRDMA_SAME_HOST_CHILD";
@@ -279,6 +402,10 @@ fn child_server() {
     let mr = s.pd.alloc_mr(n, Access::ALL).unwrap();
     mr.write_at(0, &pattern(n, 5));
     let vec = s.pd.register(pattern(n, 6), Access::ALL).unwrap();
+    // And a receive for the parent's Send (through this process's ring).
+    let inbox = s.pd.alloc_mr(300_000, Access::LOCAL_WRITE).unwrap();
+    s.qp.modify(QpState::Init).unwrap();
+    s.qp.post_recv(&RecvWr::new(1, &[inbox.sge_all()])).unwrap();
     println!(
         "READY {} {} {} {} {}",
         l.local_addr().unwrap(),
@@ -299,7 +426,9 @@ fn child_server() {
     want[n / 2..].copy_from_slice(&pattern(n, 9)[n / 2..]);
     let mut want_vec = pattern(n, 6);
     want_vec[..n / 2].copy_from_slice(&pattern(n, 9)[..n / 2]);
-    let ok = mr.to_vec() == want && vec.to_vec() == want_vec;
+    let wc = s.cq.wait_one(T).expect("the parent's Send");
+    let got_send = wc.is_ok() && wc.byte_len == 300_000 && inbox.to_vec() == pattern(300_000, 4);
+    let ok = mr.to_vec() == want && vec.to_vec() == want_vec && got_send;
     println!("CHECK {}", if ok { "ok" } else { "bad" });
     std::io::stdout().flush().unwrap();
     // Stay up until the parent has seen the answer.
@@ -378,6 +507,11 @@ fn across_processes() {
     c.qp.post_send(&SendWr::write(11, &[buf.sge(0, n / 2)], vaddr, vkey))
         .unwrap();
     assert!(wait(&c.cq).is_ok());
+    // A Send larger than the child's ring.
+        let msg = c.pd.alloc_mr(300_000, Access::LOCAL_WRITE).unwrap();
+    msg.write_at(0, &pattern(300_000, 4));
+    c.qp.post_send(&SendWr::send(12, &[msg.sge_all()])).unwrap();
+    assert!(wait(&c.cq).is_ok());
     writeln!(stdin, "done").unwrap();
     line.clear();
     out.read_line(&mut line).unwrap();
@@ -388,8 +522,14 @@ fn across_processes() {
         SameHostStats {
             direct_ops: 7,
             mapped_ops: 5,
-            tcp_fallbacks: 0
+            tcp_fallbacks: 0,
+            ring_bytes: st.ring_bytes,
+            ring_waits: st.ring_waits,
         }
+    );
+    assert!(
+        st.ring_bytes > 300_000,
+        "the Send went through the ring: {st:?}"
     );
     drop(stdin);
     assert!(child.wait().unwrap().success());
