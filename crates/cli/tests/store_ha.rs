@@ -246,7 +246,9 @@ fn finish_load(mut child: Child, rx: mpsc::Receiver<String>) -> serde_json::Valu
 
 #[test]
 fn crash_primary_20_times() {
-    let mut g = Group::new("crash", "32MiB");
+    // Each round's load keeps up to 2 x 2000 objects alive and leaves them
+    // behind (about 1.3 MB a round, 20 rounds): room for all of them.
+    let mut g = Group::new("crash", "128MiB");
     let rounds: u64 = std::env::var("SOFTRDMA_CRASH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())

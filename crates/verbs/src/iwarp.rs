@@ -224,6 +224,31 @@ impl Conn {
         let _ = unsafe { sys::send_spans(self.fd, &s, false) };
     }
 
+    /// Busy-poll mode, before the application sleeps on the socket: asks
+    /// to be woken by the next input (in ring mode the peer then rings the
+    /// doorbell). False: input is already waiting.
+    pub fn arm_input(&self) -> bool {
+        match self
+            .link
+            .as_ref()
+            .and_then(|l| l.ring_rx.as_ref())
+            .filter(|r| r.active())
+        {
+            Some(r) => r.park(),
+            // The socket itself becomes readable.
+            None => true,
+        }
+    }
+
+    /// Whether the peer's ring holds bytes not yet read (ring mode only;
+    /// over TCP the socket's readiness tells).
+    pub fn input_waiting(&self) -> bool {
+        self.link
+            .as_ref()
+            .and_then(|l| l.ring_rx.as_ref())
+            .is_some_and(|r| r.active() && r.available() > 0)
+    }
+
     /// Switches busy-poll mode (see `polled`).
     pub fn set_polled(&self, on: bool, qpn: u32) -> io::Result<()> {
         self.polled.store(on, Ordering::Release);
@@ -1755,8 +1780,10 @@ fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
 
 /// Runs the receiver until the socket is drained, the budget is spent, or
 /// the connection ends.
-fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn) -> RxEnd {
-    let mut budget = 512usize;
+/// Segments the receiver handles per call before it yields.
+pub(crate) const RX_BUDGET: usize = 512;
+
+fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, mut budget: usize) -> RxEnd {
     loop {
         match rx.phase {
             Phase::Header => {
@@ -1979,19 +2006,24 @@ fn status_for_peer_term(code: TermCode) -> WcStatus {
 }
 
 /// EPOLLIN: runs the receiver, then acts on how it ended.
-pub(crate) fn on_readable(q: &Arc<QpInner>) {
-    let Some(c) = q.conn.get() else { return };
+/// Runs the receiver for at most `budget` segments; returns true if it
+/// stopped at its budget (more input may be waiting).
+pub(crate) fn on_readable(q: &Arc<QpInner>, budget: usize) -> bool {
+    let Some(c) = q.conn.get() else {
+        return false;
+    };
     if c.is_closed() {
-        return;
+        return false;
     }
     let end = {
         let mut rx = q.rx.lock();
-        rx_loop(q, &mut rx, c)
+        rx_loop(q, &mut rx, c, budget)
     };
     // Ring mode: a doorbell may mean the peer made room in its ring.
     if c.tx_blocked.swap(false, Ordering::AcqRel) {
         q.kick_with(q.sq.lock());
     }
+    let more = matches!(end, RxEnd::Budget);
     match end {
         RxEnd::Block | RxEnd::Budget => {}
         RxEnd::Eof => {
@@ -2033,4 +2065,5 @@ pub(crate) fn on_readable(q: &Arc<QpInner>) {
             );
         }
     }
+    more
 }

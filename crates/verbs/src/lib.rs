@@ -55,6 +55,7 @@ mod device;
 mod error;
 mod iwarp;
 mod mr;
+mod poller;
 mod pool;
 mod progress;
 mod qp;
@@ -73,6 +74,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use mr::Access;
+pub use poller::{wait_readable, Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
 pub use samehost::SameHostStats;
 pub use srq::SharedReceiveQueue;

@@ -67,7 +67,7 @@ fn run(core: Arc<Core>, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop: Arc<AtomicB
                 continue;
             };
             if ev & (sys::EV_IN | sys::EV_ERR) != 0 {
-                crate::iwarp::on_readable(&qp);
+                crate::iwarp::on_readable(&qp, crate::iwarp::RX_BUDGET);
             }
             if ev & sys::EV_OUT != 0 {
                 crate::iwarp::on_writable(&qp);

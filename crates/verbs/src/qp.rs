@@ -658,12 +658,44 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Runs this QP's receiver on the calling thread until the socket has
+    /// Runs this QP's receiver on the calling thread until its input has
     /// nothing more (never blocks on the network; may wait briefly for the
     /// progress thread if it is inside the receiver). Needed in busy-poll
-    /// mode, harmless otherwise.
-    pub fn progress(&self) {
-        crate::iwarp::on_readable(&self.inner);
+    /// mode, harmless otherwise. Returns true if it stopped at its budget
+    /// with input left (call it again before sleeping).
+    pub fn progress(&self) -> bool {
+        crate::iwarp::on_readable(&self.inner, crate::iwarp::RX_BUDGET)
+    }
+
+    /// Like [`QueuePair::progress`], handling at most `segments` DDP
+    /// segments (so at most that many messages consume receive WRs)
+    /// before it returns: an application that re-posts receives between
+    /// calls never runs out of them while its peer streams messages.
+    pub fn progress_budget(&self, segments: usize) -> bool {
+        crate::iwarp::on_readable(&self.inner, segments.max(1))
+    }
+
+    /// Busy-poll mode: whether input is known to be waiting without asking
+    /// the kernel (bytes in the same-host ring). A cheap check for a
+    /// polling loop; input over TCP shows on [`QueuePair::input_fd`].
+    pub fn input_waiting(&self) -> bool {
+        self.inner.conn.get().is_some_and(|c| c.input_waiting())
+    }
+
+    /// Busy-poll mode: the descriptor that becomes readable when input is
+    /// waiting, for the application's own epoll (or tokio's `AsyncFd`).
+    /// Sleep on it only after [`QueuePair::arm_input`] returned true.
+    pub fn input_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.conn.get().map(|c| c.fd)
+    }
+
+    /// Busy-poll mode, before sleeping on [`QueuePair::input_fd`]: asks to
+    /// be woken by the next input (over the same-host transport's ring,
+    /// the peer rings a doorbell only when asked). Returns false when input
+    /// is already waiting: call [`QueuePair::progress`] instead of
+    /// sleeping.
+    pub fn arm_input(&self) -> bool {
+        self.inner.conn.get().is_none_or(|c| c.arm_input())
     }
 
     /// Waits until the QP reaches `state` or the timeout passes.

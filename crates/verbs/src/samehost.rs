@@ -96,6 +96,7 @@ impl Offer {
         let record = SameHost {
             boot_id: shm.boot_id,
             pid_ns: shm.pid_ns,
+            net_ns: shm.net_ns,
             pid: shm.pid,
             seg_fd: shm.fd(),
             nonce: shm.nonce,
@@ -117,7 +118,12 @@ impl Link {
     /// reached, the peer may still reach ours.
     pub fn establish(core: &Core, mut offer: Offer, peer: Option<&SameHost>) -> Option<Link> {
         let r = peer?;
-        if r.boot_id != offer.record.boot_id || r.pid_ns != offer.record.pid_ns {
+        // One kernel, one pid namespace (pids are meaningful), and one
+        // network namespace (a host, as far as networking goes).
+        if r.boot_id != offer.record.boot_id
+            || r.pid_ns != offer.record.pid_ns
+            || r.net_ns != offer.record.net_ns
+        {
             return None;
         }
         offer.shm.slot(offer.slot).set_peer(r.pid);

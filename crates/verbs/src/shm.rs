@@ -53,8 +53,11 @@ const SLOT_SIZE: usize = 64;
 const ENTRY_SIZE: usize = 64;
 const SLOT_OFF: usize = HDR;
 const ENTRY_OFF: usize = SLOT_OFF + SLOTS * SLOT_SIZE;
-/// Bytes of a connection's ring (a power of two).
-pub(crate) const RING_DATA: usize = 256 << 10;
+/// Bytes of a connection's ring (a power of two): about what loopback TCP
+/// buffers, so a burst of messages waits for a busy consumer without
+/// stalling its producer. Only the pages a connection's traffic touches
+/// cost memory.
+pub(crate) const RING_DATA: usize = 1 << 20;
 /// A ring's header (producer and consumer fields on separate lines).
 const RING_HDR: usize = 4096;
 const RING_STRIDE: usize = RING_HDR + RING_DATA;
@@ -240,6 +243,7 @@ pub(crate) struct LocalShm {
     pub pid: u32,
     pub boot_id: [u8; 16],
     pub pid_ns: u64,
+    pub net_ns: u64,
     /// Free slot indices (CLOSING ones are reclaimed when this runs dry).
     free: parking_lot::Mutex<Vec<u32>>,
     /// Slots not FREE (in use or closing): the ones invalidation scans.
@@ -251,7 +255,9 @@ pub(crate) struct LocalShm {
 impl LocalShm {
     /// A fresh segment, or `None` where this host cannot tell its identity.
     pub fn create() -> io::Result<Option<LocalShm>> {
-        let (Some(boot_id), Some(pid_ns)) = (sys::boot_id(), sys::pid_ns()) else {
+        let (Some(boot_id), Some(pid_ns), Some(net_ns)) =
+            (sys::boot_id(), sys::namespace("pid"), sys::namespace("net"))
+        else {
             return Ok(None);
         };
         let fd = sys::memfd("softrdma-shm", SEG_LEN)?;
@@ -272,6 +278,7 @@ impl LocalShm {
             pid,
             boot_id,
             pid_ns,
+            net_ns,
             free: parking_lot::Mutex::new((0..SLOTS as u32).rev().collect()),
             used: parking_lot::RwLock::new(Vec::new()),
             writer: parking_lot::Mutex::new(()),

@@ -273,14 +273,26 @@ pub struct SharedMap {
 unsafe impl Send for SharedMap {}
 unsafe impl Sync for SharedMap {}
 
+/// Where the engine's shared mappings go: a range of their own (from 16
+/// TiB up), away from where the kernel places ordinary mappings (top-down
+/// below the stack). Same-host segments take gigabytes of address space,
+/// and applications such as the HA store need to map memory at an address
+/// another process chose there.
+static NEXT_HINT: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0x1000_0000_0000);
+
 impl SharedMap {
     /// Maps `len` bytes of `fd` from offset 0, read-write and shared.
     pub fn map(fd: RawFd, len: usize) -> io::Result<SharedMap> {
-        // SAFETY: a fresh mapping chosen by the kernel (no fixed address),
-        // so no existing memory is affected; fd is a valid descriptor.
+        const GAP: u64 = 1 << 30;
+        let span = (len as u64).div_ceil(GAP) * GAP + GAP;
+        let hint = NEXT_HINT.fetch_add(span, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: a fresh mapping; the address is only a hint (no
+        // MAP_FIXED), so the kernel never places it over existing memory;
+        // fd is a valid descriptor.
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                hint as *mut libc::c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
@@ -405,10 +417,12 @@ pub fn boot_id() -> Option<[u8; 16]> {
     Some(b)
 }
 
-/// The inode of this process's pid namespace (`/proc/self/ns/pid`).
-pub fn pid_ns() -> Option<u64> {
+/// The inode of this process's namespace `kind` (`/proc/self/ns/KIND`).
+pub fn namespace(kind: &str) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+    std::fs::metadata(format!("/proc/self/ns/{kind}"))
+        .ok()
+        .map(|m| m.ino())
 }
 
 /// The inode number and size of the file behind `fd`.

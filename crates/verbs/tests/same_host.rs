@@ -262,7 +262,7 @@ fn nothing_lands_after_invalidation_returns() {
 // ------------------------------------------------------------ rings
 
 /// Sends of every size, in both directions, CRC off and on, travel in the
-/// peers' rings (256 KiB: the larger ones wrap it many times while the
+/// peers' rings (1 MiB: the larger ones wrap it several times while the
 /// receiver drains it), byte for byte.
 #[test]
 fn sends_travel_in_the_rings() {
@@ -326,7 +326,7 @@ fn a_full_ring_waits_for_room() {
         .map(|i| SendWr::send(i as u64, &[src.sge(i * LEN, LEN)]))
         .collect();
     c.qp.post_send_batch(&wrs).unwrap();
-    // 4 MiB through a 256 KiB ring, drained one slow step at a time.
+    // 4 MiB through a 1 MiB ring, drained one slow step at a time.
     let mut got = 0;
     let deadline = std::time::Instant::now() + T;
     while got < N {
@@ -508,7 +508,7 @@ fn across_processes() {
         .unwrap();
     assert!(wait(&c.cq).is_ok());
     // A Send larger than the child's ring.
-        let msg = c.pd.alloc_mr(300_000, Access::LOCAL_WRITE).unwrap();
+    let msg = c.pd.alloc_mr(300_000, Access::LOCAL_WRITE).unwrap();
     msg.write_at(0, &pattern(300_000, 4));
     c.qp.post_send(&SendWr::send(12, &[msg.sge_all()])).unwrap();
     assert!(wait(&c.cq).is_ok());

@@ -407,7 +407,7 @@ pub mod ext {
     /// Flags this implementation understands.
     pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306 | SAME_HOST;
     /// Length of the [`SameHost`] record.
-    pub const SAME_HOST_LEN: usize = 48;
+    pub const SAME_HOST_LEN: usize = 56;
 
     /// Who an end is, for a peer on the same host: enough to find (and
     /// verify) its shared segment, which publishes its STag table.
@@ -417,6 +417,11 @@ pub mod ext {
         pub boot_id: [u8; 16],
         /// The inode of `/proc/self/ns/pid`: pids mean the same thing.
         pub pid_ns: u64,
+        /// The inode of `/proc/self/ns/net`: ends in different network
+        /// namespaces (containers, or hosts modelled with namespaces) are
+        /// different hosts to the transport, so a partition of their
+        /// network is one of their connection too.
+        pub net_ns: u64,
         pub pid: u32,
         /// The descriptor of the shared segment in that process.
         pub seg_fd: u32,
@@ -434,11 +439,12 @@ pub mod ext {
             let mut b = [0u8; SAME_HOST_LEN];
             b[0..16].copy_from_slice(&self.boot_id);
             b[16..24].copy_from_slice(&self.pid_ns.to_be_bytes());
-            b[24..28].copy_from_slice(&self.pid.to_be_bytes());
-            b[28..32].copy_from_slice(&self.seg_fd.to_be_bytes());
-            b[32..40].copy_from_slice(&self.nonce.to_be_bytes());
-            b[40..44].copy_from_slice(&self.pd.to_be_bytes());
-            b[44..48].copy_from_slice(&self.slot.to_be_bytes());
+            b[24..32].copy_from_slice(&self.net_ns.to_be_bytes());
+            b[32..36].copy_from_slice(&self.pid.to_be_bytes());
+            b[36..40].copy_from_slice(&self.seg_fd.to_be_bytes());
+            b[40..48].copy_from_slice(&self.nonce.to_be_bytes());
+            b[48..52].copy_from_slice(&self.pd.to_be_bytes());
+            b[52..56].copy_from_slice(&self.slot.to_be_bytes());
             b
         }
 
@@ -449,11 +455,12 @@ pub mod ext {
             Some(SameHost {
                 boot_id: b[0..16].try_into().unwrap(),
                 pid_ns: crate::be64(&b[16..24]),
-                pid: crate::be32(&b[24..28]),
-                seg_fd: crate::be32(&b[28..32]),
-                nonce: crate::be64(&b[32..40]),
-                pd: crate::be32(&b[40..44]),
-                slot: crate::be32(&b[44..48]),
+                net_ns: crate::be64(&b[24..32]),
+                pid: crate::be32(&b[32..36]),
+                seg_fd: crate::be32(&b[36..40]),
+                nonce: crate::be64(&b[40..48]),
+                pd: crate::be32(&b[48..52]),
+                slot: crate::be32(&b[52..56]),
             })
         }
     }

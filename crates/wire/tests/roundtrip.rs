@@ -520,14 +520,14 @@ fn max_ulpdu_for_is_the_largest_that_fits() {
 proptest! {
     #[test]
     fn same_host_record_roundtrip(
-        boot_id in any::<[u8; 16]>(),
-        (pid_ns, pid, seg_fd) in any::<(u64, u32, u32)>(),
+                boot_id in any::<[u8; 16]>(),
+        (pid_ns, net_ns, pid, seg_fd) in any::<(u64, u64, u32, u32)>(),
         (nonce, pd, slot) in any::<(u64, u32, u32)>(),
         flags in any::<u8>(),
         app in prop::collection::vec(any::<u8>(), 0..64),
     ) {
         use softrdma_wire::mpa::ext;
-        let r = ext::SameHost { boot_id, pid_ns, pid, seg_fd, nonce, pd, slot };
+                let r = ext::SameHost { boot_id, pid_ns, net_ns, pid, seg_fd, nonce, pd, slot };
         prop_assert_eq!(ext::SameHost::decode(&r.encode()), Some(r));
         let mut b = ext::encode_with(flags, Some(&r));
         prop_assert_eq!(b.len(), ext::LEN + ext::SAME_HOST_LEN);

@@ -18,7 +18,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,11 +98,15 @@ struct Slot {
     node: Option<NodeId>,
 }
 
+/// How long a client polls for its answer before it sleeps.
+const CLIENT_SPIN: Duration = Duration::from_micros(100);
+
 /// A client of one replica group.
 pub struct StoreClient {
     cfg: ClientConfig,
     ep: Arc<Endpoint>,
-    rx: Receiver<(u32, Vec<u8>)>,
+    /// Messages polled off the links and not yet consumed.
+    inbox: std::collections::VecDeque<(u32, Vec<u8>)>,
     slots: Vec<Slot>,
     target: usize,
     epoch: u64,
@@ -126,13 +129,7 @@ impl StoreClient {
         if cfg.nodes.is_empty() {
             return Err(ClientError::Unavailable("no nodes given".into()));
         }
-        let (tx, rx) = mpsc::channel();
-        let ep = Endpoint::open("store-client", move |e| {
-            if let LinkEvent::Frame { link, bytes } = e {
-                let _ = tx.send((link, bytes));
-            }
-        })
-        .map_err(rdma)?;
+        let ep = Endpoint::open("store-client").map_err(rdma)?;
         let slots = cfg
             .nodes
             .iter()
@@ -145,7 +142,7 @@ impl StoreClient {
         Ok(StoreClient {
             cfg,
             ep,
-            rx,
+            inbox: std::collections::VecDeque::new(),
             slots,
             target: 0,
             epoch: 0,
@@ -251,30 +248,7 @@ impl StoreClient {
             }
             let until = Instant::now() + self.cfg.attempt_timeout;
             // Wait for the answer on this link.
-            let outcome = loop {
-                let left = until.saturating_duration_since(Instant::now());
-                match self.rx.recv_timeout(left) {
-                    Ok((lid, bytes)) => {
-                        let Ok(env) = proto::decode(&bytes) else {
-                            continue;
-                        };
-                        self.epoch = self.epoch.max(env.epoch);
-                        if lid != link.id() {
-                            continue;
-                        }
-                        match env.body {
-                            Body::Response { req_id: r, result } if r == req_id => {
-                                break Some(result)
-                            }
-                            _ => continue,
-                        }
-                    }
-                    Err(RecvTimeoutError::Timeout) => break None,
-                    Err(RecvTimeoutError::Disconnected) => {
-                        return Err(ClientError::Rdma("receiver stopped".into()))
-                    }
-                }
-            };
+            let outcome = self.await_response(link.id(), req_id, until);
             match outcome {
                 None => {
                     last_err = format!("no answer from {} in time", self.slots[t].addr);
@@ -463,29 +437,63 @@ impl StoreClient {
         link.send(&proto::encode(&env), self.cfg.attempt_timeout)
             .map_err(|e| ClientError::Unavailable(e.to_string()))?;
         let until = Instant::now() + self.cfg.attempt_timeout * 3;
+        match self.await_response(link.id(), req_id, until) {
+            Some(result) => result.map_err(ClientError::from),
+            None => Err(ClientError::Unavailable(format!(
+                "{}: no answer",
+                self.slots[i].addr
+            ))),
+        }
+    }
+
+    /// Waits for the response to `req_id` on link `lid` until `until`,
+    /// running this client's links itself: polls for [`CLIENT_SPIN`], then
+    /// sleeps on their input. Every message seen raises the known epoch;
+    /// `None` when the time ran out or the link went down.
+    fn await_response(
+        &mut self,
+        lid: u32,
+        req_id: u64,
+        until: Instant,
+    ) -> Option<Result<Reply, StoreError>> {
+        let spin_until = Instant::now() + CLIENT_SPIN;
+        let mut evs = Vec::new();
         loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok((lid, bytes)) => {
-                    let Ok(env) = proto::decode(&bytes) else {
-                        continue;
-                    };
-                    self.epoch = self.epoch.max(env.epoch);
-                    if lid != link.id() {
-                        continue;
-                    }
-                    if let Body::Response { req_id: r, result } = env.body {
-                        if r == req_id {
-                            return result.map_err(ClientError::from);
-                        }
+            evs.clear();
+            self.ep.poll(&mut evs);
+            for e in evs.drain(..) {
+                match e {
+                    LinkEvent::Frame { link, bytes } => self.inbox.push_back((link, bytes)),
+                    LinkEvent::Down { link } if link == lid => return None,
+                    LinkEvent::Down { .. } => {}
+                }
+            }
+            while let Some((l, bytes)) = self.inbox.pop_front() {
+                let Ok(env) = proto::decode(&bytes) else {
+                    continue;
+                };
+                self.epoch = self.epoch.max(env.epoch);
+                if l != lid {
+                    continue;
+                }
+                if let Body::Response { req_id: r, result } = env.body {
+                    if r == req_id {
+                        return Some(result);
                     }
                 }
-                Err(_) => {
-                    return Err(ClientError::Unavailable(format!(
-                        "{}: no answer",
-                        self.slots[i].addr
-                    )))
-                }
+            }
+            let now = Instant::now();
+            if now >= until {
+                return None;
+            }
+            if now < spin_until {
+                std::thread::yield_now();
+            } else {
+                self.ep.wait(
+                    until
+                        .saturating_duration_since(now)
+                        .min(Duration::from_millis(50)),
+                );
             }
         }
     }

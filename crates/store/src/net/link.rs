@@ -2,17 +2,21 @@
 //! per Send.
 //!
 //! An [`Endpoint`] owns a softrdma-verbs device, a protection domain and one
-//! receive completion queue shared by all its links; a receiver thread polls
-//! it, hands every message to the endpoint's handler and re-posts the
-//! receive buffer at once.
+//! receive completion queue shared by all its links. Its owner drives it
+//! from its own thread (the node loop, a client's thread): [`Endpoint::poll`]
+//! runs the links' receivers (they are in the engine's busy-poll mode),
+//! takes the messages off the receive queue and re-posts the buffers;
+//! [`Endpoint::wait`] sleeps until a link may have input or the owner's
+//! [`Waker`] rang. So a message wakes exactly the thread that handles it,
+//! with no progress thread or receiver thread in between.
 //!
 //! Flow control: iWARP has no receiver-not-ready retry, so a Send that finds
 //! no posted receive breaks the connection. Each link keeps [`RECV_SLOTS`]
-//! receives posted and the receiver thread re-posts each one as soon as its
-//! message is copied out, so a peer may have up to that many messages in
-//! flight. The store's protocol bounds what is in flight: a client has one
-//! request outstanding, replication traffic is bounded by the clients'
-//! requests, recovery by its chunk window, and heartbeats are periodic.
+//! receives posted and re-posts each one as soon as its message is copied
+//! out, so a peer may have up to that many messages in flight. The store's
+//! protocol bounds what is in flight: a client has one request outstanding,
+//! replication traffic is bounded by the clients' requests, recovery by its
+//! chunk window, and heartbeats are periodic.
 //!
 //! A message larger than one receive buffer ([`MAX_FRAME`] bytes) travels
 //! as several Sends: each carries a one-byte flag (1: more fragments follow,
@@ -24,14 +28,16 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::{
-    Access, CompletionQueue, ConnParams, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
-    QpInitAttr, QpState, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus,
+    Access, CompletionQueue, ConnParams, Device, DeviceConfig, MemoryRegion, Poller,
+    ProtectionDomain, QpInitAttr, QpState, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
+
+pub use softrdma_verbs::Waker;
 
 /// Largest message on a link.
 pub const MAX_FRAME: usize = 32 * 1024;
@@ -42,29 +48,14 @@ const PIECE: usize = MAX_FRAME - 1;
 /// Receives kept posted per link.
 pub const RECV_SLOTS: usize = 128;
 /// Send buffers per link.
-/// How long a one-sided Read polls before it sleeps on its CQ.
-const READ_SPIN: Duration = Duration::from_micros(60);
-/// Set while one thread of this process polls for its Read.
-static SPINNER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Releases [`SPINNER`] when the Read that took it ends.
-struct SpinGuard(bool);
-
-impl SpinGuard {
-    fn release(&mut self) {
-        if std::mem::take(&mut self.0) {
-            SPINNER.store(false, Ordering::Release);
-        }
-    }
-}
-
-impl Drop for SpinGuard {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
 const SEND_SLOTS: usize = 32;
+/// How long a thread waiting for one answer (a Read, send slots) polls
+/// before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+/// Segments a link's receiver handles before the receive queue is drained
+/// (and its buffers re-posted) again: well under [`RECV_SLOTS`], so a
+/// streaming peer never finds the receives used up.
+const RX_STEP: usize = RECV_SLOTS / 4;
 
 /// Errors of the link layer.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +78,7 @@ fn verr(e: impl std::fmt::Display) -> LinkError {
     LinkError::Verbs(e.to_string())
 }
 
-/// What the receiver thread reports.
+/// What [`Endpoint::poll`] reports.
 pub enum LinkEvent {
     /// A message arrived on link `link`.
     Frame {
@@ -103,26 +94,30 @@ pub enum LinkEvent {
     },
 }
 
-type Handler = Box<dyn Fn(LinkEvent) + Send + Sync>;
-
-/// A device, a PD and the links over them.
+/// A device, a PD and the links over them, driven by one owner thread.
 pub struct Endpoint {
     dev: Device,
     pd: ProtectionDomain,
     recv_cq: CompletionQueue,
     links: Mutex<HashMap<u32, Arc<Link>>>,
+    /// The links whose input the owner runs (connected ones).
+    active: RwLock<Vec<Arc<Link>>>,
     next_id: AtomicU32,
-    stop: Arc<AtomicBool>,
-    rx_thread: Mutex<Option<JoinHandle<()>>>,
+    poller: Poller,
+    /// Links that may have input: reported by the last wait, or whose
+    /// receiver stopped at its budget.
+    ready: Mutex<Vec<u32>>,
+    /// Messages being reassembled, per link.
+    partial: Mutex<HashMap<u32, Vec<u8>>>,
+    /// Events drained while a link's thread waited (a Read, send slots),
+    /// for the next [`Endpoint::poll`].
+    backlog: Mutex<Vec<LinkEvent>>,
 }
 
 impl Endpoint {
-    /// Opens a device named `name` and starts the receiver thread, which
-    /// calls `handler` for every event.
-    pub fn open(
-        name: &str,
-        handler: impl Fn(LinkEvent) + Send + Sync + 'static,
-    ) -> Result<Arc<Endpoint>, LinkError> {
+    /// Opens a device named `name` for an owner that drives it with
+    /// [`Endpoint::poll`] and [`Endpoint::wait`].
+    pub fn open(name: &str) -> Result<Arc<Endpoint>, LinkError> {
         let dev = Device::open(DeviceConfig {
             name: name.to_string(),
             progress_threads: 1,
@@ -131,25 +126,18 @@ impl Endpoint {
         .map_err(verr)?;
         let pd = dev.alloc_pd().map_err(verr)?;
         let recv_cq = dev.create_cq(1 << 16).map_err(verr)?;
-        let ep = Arc::new(Endpoint {
+        Ok(Arc::new(Endpoint {
             dev,
             pd,
             recv_cq,
             links: Mutex::new(HashMap::new()),
+            active: RwLock::new(Vec::new()),
             next_id: AtomicU32::new(1),
-            stop: Arc::new(AtomicBool::new(false)),
-            rx_thread: Mutex::new(None),
-        });
-        let weak = Arc::downgrade(&ep);
-        let cq = ep.recv_cq.clone();
-        let stop = ep.stop.clone();
-        let handler: Handler = Box::new(handler);
-        let h = std::thread::Builder::new()
-            .name(format!("{name}-rx"))
-            .spawn(move || receiver(weak, cq, stop, handler))
-            .map_err(verr)?;
-        *ep.rx_thread.lock().unwrap() = Some(h);
-        Ok(ep)
+            poller: Poller::new().map_err(verr)?,
+            ready: Mutex::new(Vec::new()),
+            partial: Mutex::new(HashMap::new()),
+            backlog: Mutex::new(Vec::new()),
+        }))
     }
 
     /// The device.
@@ -162,8 +150,13 @@ impl Endpoint {
         &self.pd
     }
 
+    /// Rings the owner's [`Endpoint::wait`] (from its other event sources).
+    pub fn waker(&self) -> Waker {
+        self.poller.waker()
+    }
+
     /// A new link with its receives posted, not yet connected.
-    pub fn new_link(&self) -> Result<Arc<Link>, LinkError> {
+    pub fn new_link(self: &Arc<Self>) -> Result<Arc<Link>, LinkError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let send_cq = self.dev.create_cq(SEND_SLOTS * 2 + 8).map_err(verr)?;
         let mut attr = QpInitAttr::new(&send_cq);
@@ -199,14 +192,28 @@ impl Endpoint {
             }),
             dead: AtomicBool::new(false),
             peer: Mutex::new(String::new()),
+            ep: Arc::downgrade(self),
         });
         self.links.lock().unwrap().insert(id, link.clone());
         Ok(link)
     }
 
+    /// Takes a freshly connected link's input into the owner's hands (call
+    /// after accepting on it; [`Endpoint::connect`] does it itself).
+    pub fn activate(&self, link: &Arc<Link>) -> Result<(), LinkError> {
+        link.qp.set_busy_poll(true).map_err(verr)?;
+        self.poller.add(&link.qp, link.id as u64).map_err(verr)?;
+        self.active.write().unwrap().push(link.clone());
+        // Whatever arrived before is processed at the next poll.
+        self.ready.lock().unwrap().push(link.id);
+        Ok(())
+    }
+
     /// Forgets a link (after it went down).
     pub fn remove(&self, id: u32) {
         if let Some(l) = self.links.lock().unwrap().remove(&id) {
+            self.poller.remove(&l.qp);
+            self.active.write().unwrap().retain(|a| a.id != id);
             l.close();
         }
     }
@@ -214,7 +221,7 @@ impl Endpoint {
     /// Connects a new link to `addr` with `private_data`; returns the link
     /// and the peer's reply private data.
     pub fn connect(
-        &self,
+        self: &Arc<Self>,
         addr: SocketAddr,
         private_data: &[u8],
         timeout: Duration,
@@ -230,6 +237,10 @@ impl Endpoint {
         match link.qp.connect(addr, &params) {
             Ok(reply) => {
                 *link.peer.lock().unwrap() = addr.to_string();
+                if let Err(e) = self.activate(&link) {
+                    self.remove(link.id);
+                    return Err(e);
+                }
                 Ok((link, reply))
             }
             Err(e) => {
@@ -239,68 +250,151 @@ impl Endpoint {
         }
     }
 
-    /// Stops the receiver thread and closes every link.
+    /// Closes every link.
     pub fn shutdown(&self) {
-        self.stop.store(true, Ordering::Release);
         let links: Vec<_> = self.links.lock().unwrap().drain().map(|(_, l)| l).collect();
+        self.active.write().unwrap().clear();
         for l in links {
+            self.poller.remove(&l.qp);
             l.close();
-        }
-        if let Some(h) = self.rx_thread.lock().unwrap().take() {
-            let _ = h.join();
         }
     }
 
     fn link(&self, id: u32) -> Option<Arc<Link>> {
         self.links.lock().unwrap().get(&id).cloned()
     }
-}
 
-fn receiver(
-    ep: std::sync::Weak<Endpoint>,
-    cq: CompletionQueue,
-    stop: Arc<AtomicBool>,
-    handler: Handler,
-) {
-    let mut wcs = vec![softrdma_verbs::WorkCompletion::default(); 64];
-    let mut partial: HashMap<u32, Vec<u8>> = HashMap::new();
-    while !stop.load(Ordering::Acquire) {
-        let n = cq.poll_wait(&mut wcs, Duration::from_millis(100));
-        let Some(ep) = ep.upgrade() else { return };
-        for wc in &wcs[..n] {
-            let id = (wc.wr_id >> 32) as u32;
-            let slot = (wc.wr_id & 0xffff_ffff) as usize;
-            let Some(link) = ep.link(id) else { continue };
-            let len = (wc.byte_len as usize).min(MAX_FRAME);
-            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv || len == 0 {
-                partial.remove(&id);
-                if !link.dead.swap(true, Ordering::AcqRel) {
-                    handler(LinkEvent::Down { link: id });
-                }
+    /// Runs the receivers of the links that may have input and collects
+    /// what arrived; returns whether anything did. Never blocks.
+    pub fn poll(&self, out: &mut Vec<LinkEvent>) -> bool {
+        let before = out.len();
+        out.append(&mut self.backlog.lock().unwrap());
+        self.pump(out);
+        out.len() > before
+    }
+
+    /// Runs the receivers of the links that may have input (in steps,
+    /// re-posting receives between them) and drains the receive queue.
+    fn pump(&self, out: &mut Vec<LinkEvent>) {
+        let ready = std::mem::take(&mut *self.ready.lock().unwrap());
+        let mut again = Vec::new();
+        for l in self.active.read().unwrap().iter() {
+            if !(ready.contains(&l.id) || l.qp.input_waiting()) {
                 continue;
             }
-            let mut flag = [0u8; 1];
-            link.recv_mr.read_at(slot * MAX_FRAME, &mut flag);
-            let buf = partial.entry(id).or_default();
-            let at = buf.len();
-            buf.resize(at + len - 1, 0);
-            link.recv_mr.read_at(slot * MAX_FRAME + 1, &mut buf[at..]);
-            // Re-post before handing the message on: the peer may send
-            // again at once.
-            let repost = link.qp.post_recv(&RecvWr::new(
-                wc.wr_id,
-                &[link.recv_mr.sge(slot * MAX_FRAME, MAX_FRAME)],
-            ));
-            let too_big = buf.len() > crate::proto::MAX_MESSAGE;
-            if flag[0] == 0 {
-                let bytes = partial.remove(&id).unwrap_or_default();
-                handler(LinkEvent::Frame { link: id, bytes });
+            // In steps, re-posting the receives between them.
+            let mut steps = 0;
+            while l.qp.progress_budget(RX_STEP) {
+                self.drain(out);
+                steps += 1;
+                if steps == 16 {
+                    again.push(l.id);
+                    break;
+                }
             }
-            if (repost.is_err() || too_big) && !link.dead.swap(true, Ordering::AcqRel) {
-                partial.remove(&id);
-                link.close();
-                handler(LinkEvent::Down { link: id });
+        }
+        if !again.is_empty() {
+            self.ready.lock().unwrap().extend(again);
+        }
+        self.drain(out);
+    }
+
+    /// For a thread of the owner blocked on one link (send slots, a Read):
+    /// keeps every link served meanwhile (a peer may be waiting for an
+    /// answer only we can give, such as a Read Response over a busy-polled
+    /// QP), keeping what arrives for the next [`Endpoint::poll`].
+    fn service(&self) {
+        let mut evs = Vec::new();
+        self.pump(&mut evs);
+        if !evs.is_empty() {
+            self.backlog.lock().unwrap().append(&mut evs);
+        }
+    }
+
+    /// Takes what the receive queue holds (re-posting the buffers).
+    fn drain(&self, out: &mut Vec<LinkEvent>) {
+        let mut wcs = [WorkCompletion::default(); 64];
+        loop {
+            let n = self.recv_cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                self.on_recv(wc, out);
             }
+            if n < wcs.len() {
+                break;
+            }
+        }
+    }
+
+    /// Whether input is known to be waiting without sleeping.
+    pub fn input_waiting(&self) -> bool {
+        !self.ready.lock().unwrap().is_empty()
+            || !self.recv_cq.is_empty()
+            || self
+                .active
+                .read()
+                .unwrap()
+                .iter()
+                .any(|l| l.qp.input_waiting())
+    }
+
+    /// Sleeps until a link may have input, the waker rang or `timeout`
+    /// passed (at once if input is already waiting); returns whether the
+    /// waker rang.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        // Completions the engine produced on its own (a flush after a
+        // failure) ring the CQ's descriptor, which the poller watches too.
+        self.recv_cq.req_notify(false);
+        let mut armed = !self.input_waiting();
+        for l in self.active.read().unwrap().iter() {
+            if armed && !l.qp.arm_input() {
+                armed = false;
+            }
+        }
+        if !armed {
+            return false;
+        }
+        let mut ready = Vec::new();
+        let woken = self.poller.wait(timeout, &mut ready).unwrap_or(false);
+        self.recv_cq.ack_events();
+        let ready: Vec<u32> = ready.into_iter().map(|t| t as u32).collect();
+        self.ready.lock().unwrap().extend(ready);
+        woken
+    }
+
+    fn on_recv(&self, wc: &WorkCompletion, out: &mut Vec<LinkEvent>) {
+        let id = (wc.wr_id >> 32) as u32;
+        let slot = (wc.wr_id & 0xffff_ffff) as usize;
+        let Some(link) = self.link(id) else { return };
+        let len = (wc.byte_len as usize).min(MAX_FRAME);
+        let mut partial = self.partial.lock().unwrap();
+        if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv || len == 0 {
+            partial.remove(&id);
+            if !link.dead.swap(true, Ordering::AcqRel) {
+                out.push(LinkEvent::Down { link: id });
+            }
+            return;
+        }
+        let mut flag = [0u8; 1];
+        link.recv_mr.read_at(slot * MAX_FRAME, &mut flag);
+        let buf = partial.entry(id).or_default();
+        let at = buf.len();
+        buf.resize(at + len - 1, 0);
+        link.recv_mr.read_at(slot * MAX_FRAME + 1, &mut buf[at..]);
+        // Re-post before handing the message on: the peer may send again
+        // at once.
+        let repost = link.qp.post_recv(&RecvWr::new(
+            wc.wr_id,
+            &[link.recv_mr.sge(slot * MAX_FRAME, MAX_FRAME)],
+        ));
+        let too_big = buf.len() > crate::proto::MAX_MESSAGE;
+        if flag[0] == 0 {
+            let bytes = partial.remove(&id).unwrap_or_default();
+            out.push(LinkEvent::Frame { link: id, bytes });
+        }
+        if (repost.is_err() || too_big) && !link.dead.swap(true, Ordering::AcqRel) {
+            partial.remove(&id);
+            link.close();
+            out.push(LinkEvent::Down { link: id });
         }
     }
 }
@@ -322,6 +416,9 @@ pub struct Link {
     tx: Mutex<Tx>,
     dead: AtomicBool,
     peer: Mutex<String>,
+    /// The endpoint (whose receive queue this link's thread drains while
+    /// it waits).
+    ep: std::sync::Weak<Endpoint>,
 }
 
 impl Link {
@@ -359,11 +456,13 @@ impl Link {
     /// `block`.
     fn reap(&self, tx: &mut Tx, block: bool, timeout: Duration) -> Result<(), LinkError> {
         let mut wcs = [softrdma_verbs::WorkCompletion::default(); 16];
-        let n = if block {
-            self.send_cq.poll_wait(&mut wcs, timeout)
-        } else {
-            self.send_cq.poll(&mut wcs)
-        };
+        let mut n = self.send_cq.poll(&mut wcs);
+        if n == 0 && block {
+            if let Some(wc) = self.next_send_wc(Instant::now() + timeout) {
+                wcs[0] = wc;
+                n = 1;
+            }
+        }
         for wc in &wcs[..n] {
             tx.outstanding = tx.outstanding.saturating_sub(1);
             if wc.status != WcStatus::Success {
@@ -375,6 +474,49 @@ impl Link {
             return Err(LinkError::Timeout(self.peer()));
         }
         Ok(())
+    }
+
+    /// Waits for the next completion of this link's sends, running its
+    /// receiver meanwhile (in busy-poll mode nobody else does: a Read's
+    /// response, or the peer's doorbell making room in its ring, needs
+    /// it): polls for [`SPIN`], then sleeps on the link's input and the
+    /// send CQ's event descriptor. `None` at the deadline.
+    fn next_send_wc(&self, deadline: Instant) -> Option<WorkCompletion> {
+        let spin_until = Instant::now() + SPIN;
+        let ep = self.ep.upgrade();
+        loop {
+            // Every link of the endpoint, ours included: what arrives waits
+            // in the backlog (with its receive re-posted) for the owner.
+            match &ep {
+                Some(ep) => ep.service(),
+                None => {
+                    self.qp.progress_budget(RX_STEP);
+                }
+            }
+            if let Some(wc) = self.send_cq.poll_one() {
+                return Some(wc);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            if now < spin_until {
+                std::thread::yield_now();
+                continue;
+            }
+            // Sleep until a link has input (ours: a Read Response, a
+            // doorbell making room in the peer's ring); completions the
+            // progress thread produces over TCP come within a millisecond.
+            let nap = deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(1));
+            match &ep {
+                Some(ep) => {
+                    ep.wait(nap);
+                }
+                None => std::thread::sleep(nap),
+            }
+        }
     }
 
     /// Sends one message, in fragments if it exceeds one Send (blocks
@@ -450,42 +592,12 @@ impl Link {
             })?;
         tx.outstanding += 1;
         let deadline = Instant::now() + timeout;
-        // A one-sided Read's response comes back in tens of microseconds:
-        // run the receiver on this thread and poll for that long before
-        // sleeping on the CQ (a sleep and a wake-up through the progress
-        // thread cost about as much as the Read itself).
-        // Only one thread of the process spins at a time: with many client
-        // threads on few cores, spinning readers would starve the threads
-        // that do the work (the others sleep as before).
-        let spinning = SPINNER
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        let mut spin_guard = SpinGuard(spinning);
-        let spin_until = if spinning {
-            Instant::now() + READ_SPIN
-        } else {
-            Instant::now()
-        };
+        // Same host: the Read was copied during post_send and its
+        // completion is already queued; over TCP the response comes back
+        // on this link's input, which this thread runs.
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let Some(wc) = self.next_send_wc(deadline) else {
                 return Err(LinkError::Timeout(self.peer()));
-            }
-            let wc = if Instant::now() < spin_until {
-                self.qp.progress();
-                match self.send_cq.poll_one() {
-                    Some(wc) => wc,
-                    None => {
-                        std::hint::spin_loop();
-                        continue;
-                    }
-                }
-            } else {
-                spin_guard.release();
-                match self.send_cq.wait_one(left) {
-                    Some(wc) => wc,
-                    None => return Err(LinkError::Timeout(self.peer())),
-                }
             };
             tx.outstanding = tx.outstanding.saturating_sub(1);
             if wc.status != WcStatus::Success {

@@ -1,12 +1,16 @@
 //! `softrdma store serve`: one node of a replica group on the verbs engine.
 //!
-//! Threads: the engine's progress thread; the link receiver thread (see
-//! [`super::link`]); a listener accepting peers and clients; one dialer per
-//! configured peer (each node sends to a peer on the link it dialed and
-//! receives on the link the peer dialed); a ticker; a coordinator thread
-//! making the blocking [`Coordinator`] calls; and the **node loop**, the only
-//! owner of the [`Node`] state machine and of the arena's contents, which
-//! turns every event into [`Node::handle`] and carries out its outputs.
+//! Threads: the engine's progress thread (blocked output, hang-ups); a
+//! listener accepting peers and clients; one dialer per configured peer
+//! (each node sends to a peer on the link it dialed and receives on the
+//! link the peer dialed); a ticker; a coordinator thread making the
+//! blocking [`Coordinator`] calls; and the **node loop**, the only owner of
+//! the [`Node`] state machine and of the arena's contents, which turns
+//! every event into [`Node::handle`] and carries out its outputs. The node
+//! loop runs the links' input itself ([`Endpoint::poll`]): a message wakes
+//! it directly, and it polls briefly before it sleeps, so a reply that
+//! follows quickly (the secondary's acknowledgement) costs no wake-up. The
+//! other threads post their events on a channel and ring its waker.
 //!
 //! The arena is registered once, for remote reads, under the group's STag at
 //! its own virtual address, so a client's one-sided RDMA Read of a
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_verbs::{Access, ConnParams, RegOptions};
 
-use super::link::{Endpoint, Link, LinkEvent};
+use super::link::{Endpoint, Link, LinkEvent, Waker};
 use super::{
     decode_hello, encode_accept, parse_accept, random_u64, Hello, NodeHello, CONNECT_TIMEOUT,
 };
@@ -71,6 +75,27 @@ enum Ev {
     },
 }
 
+/// The node loop's channel: a send also wakes the loop if it sleeps.
+#[derive(Clone)]
+struct EvTx {
+    tx: Sender<Ev>,
+    waker: Waker,
+}
+
+impl EvTx {
+    /// False once the node loop is gone.
+    fn send(&self, ev: Ev) -> bool {
+        let sent = self.tx.send(ev).is_ok();
+        if sent {
+            self.waker.wake();
+        }
+        sent
+    }
+}
+
+/// How long the node loop polls for more work before it sleeps.
+const NODE_SPIN: Duration = Duration::from_micros(100);
+
 fn coordinator(cfg: &Config) -> Result<Arc<dyn Coordinator>, ServeError> {
     Ok(match &cfg.coordinator {
         CoordinatorConfig::Embedded { addr } => Arc::new(EmbeddedClient::new(*addr)),
@@ -86,7 +111,7 @@ fn coordinator(cfg: &Config) -> Result<Arc<dyn Coordinator>, ServeError> {
 /// generated here). Returns the mapped arena and its reference.
 fn find_arena(
     cfg: &Config,
-    ep: &Endpoint,
+    ep: &Arc<Endpoint>,
     coord: &dyn Coordinator,
     me: Member,
 ) -> Result<(Arena, ArenaRef), ServeError> {
@@ -170,11 +195,11 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         incarnation: random_u64(),
     };
     let (tx, rx) = mpsc::channel::<Ev>();
-    let txl = tx.clone();
-    let ep = Endpoint::open(&format!("store{}", cfg.node_id), move |e| {
-        let _ = txl.send(Ev::Link(e));
-    })
-    .map_err(setup)?;
+    let ep = Endpoint::open(&format!("store{}", cfg.node_id)).map_err(setup)?;
+    let tx = EvTx {
+        tx,
+        waker: ep.waker(),
+    };
     let coord = coordinator(&cfg)?;
     let (arena, aref) = find_arena(&cfg, &ep, coord.as_ref(), me)?;
     // SAFETY: the arena is mapped for reads and writes and is never unmapped
@@ -251,7 +276,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
                         private_data: reply.clone(),
                         ..Default::default()
                     };
-                    if req.accept(link.qp(), &params).is_ok() {
+                    if req.accept(link.qp(), &params).is_ok() && ep.activate(&link).is_ok() {
                         let _ = tx.send(Ev::Accepted { link, who });
                     } else {
                         ep.remove(link.id());
@@ -282,7 +307,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             .name("store-tick".into())
             .spawn(move || loop {
                 std::thread::sleep(hb / 2);
-                if tx.send(Ev::Tick).is_err() {
+                if !tx.send(Ev::Tick) {
                     return;
                 }
             })
@@ -314,7 +339,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
                         CoordRequest::Get => c.get(&group).map(CoordReply::Get),
                     }
                     .map_err(|e| e.to_string());
-                    if tx.send(Ev::Coord { id, reply }).is_err() {
+                    if !tx.send(Ev::Coord { id, reply }) {
                         return;
                     }
                 }
@@ -330,7 +355,7 @@ fn dialer(
     ep: Arc<Endpoint>,
     peer: SocketAddr,
     hello: Vec<u8>,
-    tx: Sender<Ev>,
+    tx: EvTx,
     stop: Arc<AtomicBool>,
     hb: Duration,
 ) {
@@ -338,13 +363,10 @@ fn dialer(
         match ep.connect(peer, &hello, CONNECT_TIMEOUT) {
             Ok((link, reply)) => match parse_accept(&reply) {
                 Some((node, _)) => {
-                    if tx
-                        .send(Ev::Dialed {
-                            link: link.clone(),
-                            node,
-                        })
-                        .is_err()
-                    {
+                    if !tx.send(Ev::Dialed {
+                        link: link.clone(),
+                        node,
+                    }) {
                         return;
                     }
                     while !link.is_dead() && !stop.load(Ordering::Acquire) {
@@ -413,7 +435,7 @@ fn node_loop(
     aref: ArenaRef,
     ep: Arc<Endpoint>,
     rx: Receiver<Ev>,
-    self_tx: Sender<Ev>,
+    self_tx: EvTx,
     coord: Sender<(u64, CoordRequest, Member)>,
     arena_mr: softrdma_verbs::MemoryRegion,
 ) {
@@ -430,137 +452,160 @@ fn node_loop(
     let mut clients: HashMap<u64, Arc<Link>> = HashMap::new();
     let send_timeout = Duration::from_millis(200);
     let mut scratch: Option<softrdma_verbs::MemoryRegion> = None;
-    for ev in rx {
-        let input = match ev {
-            Ev::Tick => Input::Tick,
-            Ev::Local { from, env } => Input::Message { from, env },
-            Ev::Coord { id, reply } => Input::Coord { id, reply },
-            Ev::Accepted { link, who } => {
-                owner.insert(link.id(), who);
-                match who {
-                    Addr::Client(c) => {
-                        if let Some(old) = clients.insert(c, link) {
-                            old.close();
+    let mut pending: std::collections::VecDeque<Ev> = std::collections::VecDeque::new();
+    let mut link_evs = Vec::new();
+    let mut idle_since = Instant::now();
+    loop {
+        // Events of the other threads, then the links' input.
+        while let Ok(ev) = rx.try_recv() {
+            pending.push_back(ev);
+        }
+        link_evs.clear();
+        ep.poll(&mut link_evs);
+        pending.extend(link_evs.drain(..).map(Ev::Link));
+        if pending.is_empty() {
+            // Poll a little more, then sleep until a link has input or
+            // another thread rang (ticks come every half heartbeat).
+            if idle_since.elapsed() < NODE_SPIN {
+                std::thread::yield_now();
+            } else {
+                ep.wait(Duration::from_millis(100));
+            }
+            continue;
+        }
+        idle_since = Instant::now();
+        while let Some(ev) = pending.pop_front() {
+            let input = match ev {
+                Ev::Tick => Input::Tick,
+                Ev::Local { from, env } => Input::Message { from, env },
+                Ev::Coord { id, reply } => Input::Coord { id, reply },
+                Ev::Accepted { link, who } => {
+                    owner.insert(link.id(), who);
+                    match who {
+                        Addr::Client(c) => {
+                            if let Some(old) = clients.insert(c, link) {
+                                old.close();
+                            }
+                        }
+                        Addr::Node(n) => {
+                            from_node.insert(n, link);
                         }
                     }
-                    Addr::Node(n) => {
-                        from_node.insert(n, link);
-                    }
-                }
-                continue;
-            }
-            Ev::Dialed { link, node: n } => {
-                owner.insert(link.id(), Addr::Node(n));
-                if let Some(old) = to_node.insert(n, link) {
-                    old.close();
-                }
-                continue;
-            }
-            Ev::Link(LinkEvent::Down { link }) => {
-                owner.remove(&link);
-                to_node.retain(|_, l| l.id() != link);
-                from_node.retain(|_, l| l.id() != link);
-                clients.retain(|_, l| l.id() != link);
-                ep.remove(link);
-                continue;
-            }
-            Ev::Link(LinkEvent::Frame { link, bytes }) => {
-                let Some(&from) = owner.get(&link) else {
                     continue;
-                };
-                match proto::decode(&bytes) {
-                    Ok(env) => {
-                        log_msg("received", from, &env);
-                        Input::Message { from, env }
+                }
+                Ev::Dialed { link, node: n } => {
+                    owner.insert(link.id(), Addr::Node(n));
+                    if let Some(old) = to_node.insert(n, link) {
+                        old.close();
                     }
-                    Err(e) => {
-                        tracing::warn!(?from, error = %e, "undecodable message; closing link");
-                        ep.remove(link);
+                    continue;
+                }
+                Ev::Link(LinkEvent::Down { link }) => {
+                    owner.remove(&link);
+                    to_node.retain(|_, l| l.id() != link);
+                    from_node.retain(|_, l| l.id() != link);
+                    clients.retain(|_, l| l.id() != link);
+                    ep.remove(link);
+                    continue;
+                }
+                Ev::Link(LinkEvent::Frame { link, bytes }) => {
+                    let Some(&from) = owner.get(&link) else {
                         continue;
+                    };
+                    match proto::decode(&bytes) {
+                        Ok(env) => {
+                            log_msg("received", from, &env);
+                            Input::Message { from, env }
+                        }
+                        Err(e) => {
+                            tracing::warn!(?from, error = %e, "undecodable message; closing link");
+                            ep.remove(link);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let mut inputs = std::collections::VecDeque::from([input]);
+            while let Some(input) = inputs.pop_front() {
+                let before = (node.role(), node.epoch(), node.is_redundant());
+                let outs = node.handle(now(), input);
+                let after = (node.role(), node.epoch(), node.is_redundant());
+                if before != after {
+                    tracing::info!(
+                        role = ?after.0,
+                        epoch = after.1,
+                        redundant = after.2,
+                        "node state changed"
+                    );
+                }
+                for out in outs {
+                    match out {
+                        Output::Send { to, env } => {
+                            let link = match to {
+                                Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
+                                Addr::Client(c) => clients.get(&c),
+                            };
+                            log_msg("sending", to, &env);
+                            let Some(link) = link else {
+                                tracing::debug!(?to, "no link; message dropped");
+                                continue;
+                            };
+                            // Recovery copies the primary's arena with one-sided
+                            // RDMA Reads: a chunk request becomes a Read of that
+                            // range of the primary's arena, whose bytes go back
+                            // to the node as the chunk, through the event queue
+                            // (behind pending ticks and messages: a copy of a
+                            // large arena must not starve the heartbeats).
+                            if let proto::Body::SyncRequest {
+                                session,
+                                offset,
+                                len,
+                            } = env.body
+                            {
+                                match sync_read(link, &mut scratch, &ep, aref, offset, len) {
+                                    Ok(data) => {
+                                        let _ = self_tx.send(Ev::Local {
+                                            from: to,
+                                            env: proto::Envelope {
+                                                epoch: env.epoch,
+                                                body: proto::Body::SyncChunk {
+                                                    session,
+                                                    offset,
+                                                    data,
+                                                },
+                                            },
+                                        });
+                                    }
+                                    Err(e) => {
+                                        tracing::warn!(error = %e, "RDMA Read of the primary's arena failed");
+                                        let id = link.id();
+                                        ep.remove(id);
+                                    }
+                                }
+                                continue;
+                            }
+                            let bytes = proto::encode(&env);
+                            if let Err(e) = link.send(&bytes, send_timeout) {
+                                tracing::debug!(?to, error = %e, "send failed; closing link");
+                                let id = link.id();
+                                ep.remove(id);
+                            }
+                        }
+                        Output::Coord { id, req } => {
+                            let _ = coord.send((id, req, node.member()));
+                        }
                     }
                 }
             }
-        };
-        let mut inputs = std::collections::VecDeque::from([input]);
-        while let Some(input) = inputs.pop_front() {
-            let before = (node.role(), node.epoch(), node.is_redundant());
-            let outs = node.handle(now(), input);
-            let after = (node.role(), node.epoch(), node.is_redundant());
-            if before != after {
+            let serve = node.serves_reads(now());
+            if serve != arena_mr.is_valid() {
+                arena_mr.set_valid(serve);
                 tracing::info!(
-                    role = ?after.0,
-                    epoch = after.1,
-                    redundant = after.2,
-                    "node state changed"
+                    serve,
+                    "one-sided reads of the arena {}",
+                    if serve { "enabled" } else { "disabled" }
                 );
             }
-            for out in outs {
-                match out {
-                    Output::Send { to, env } => {
-                        let link = match to {
-                            Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
-                            Addr::Client(c) => clients.get(&c),
-                        };
-                        log_msg("sending", to, &env);
-                        let Some(link) = link else {
-                            tracing::debug!(?to, "no link; message dropped");
-                            continue;
-                        };
-                        // Recovery copies the primary's arena with one-sided
-                        // RDMA Reads: a chunk request becomes a Read of that
-                        // range of the primary's arena, whose bytes go back
-                        // to the node as the chunk, through the event queue
-                        // (behind pending ticks and messages: a copy of a
-                        // large arena must not starve the heartbeats).
-                        if let proto::Body::SyncRequest {
-                            session,
-                            offset,
-                            len,
-                        } = env.body
-                        {
-                            match sync_read(link, &mut scratch, &ep, aref, offset, len) {
-                                Ok(data) => {
-                                    let _ = self_tx.send(Ev::Local {
-                                        from: to,
-                                        env: proto::Envelope {
-                                            epoch: env.epoch,
-                                            body: proto::Body::SyncChunk {
-                                                session,
-                                                offset,
-                                                data,
-                                            },
-                                        },
-                                    });
-                                }
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "RDMA Read of the primary's arena failed");
-                                    let id = link.id();
-                                    ep.remove(id);
-                                }
-                            }
-                            continue;
-                        }
-                        let bytes = proto::encode(&env);
-                        if let Err(e) = link.send(&bytes, send_timeout) {
-                            tracing::debug!(?to, error = %e, "send failed; closing link");
-                            let id = link.id();
-                            ep.remove(id);
-                        }
-                    }
-                    Output::Coord { id, req } => {
-                        let _ = coord.send((id, req, node.member()));
-                    }
-                }
-            }
-        }
-        let serve = node.serves_reads(now());
-        if serve != arena_mr.is_valid() {
-            arena_mr.set_valid(serve);
-            tracing::info!(
-                serve,
-                "one-sided reads of the arena {}",
-                if serve { "enabled" } else { "disabled" }
-            );
         }
     }
 }

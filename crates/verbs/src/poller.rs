@@ -1,0 +1,115 @@
+//! Application-driven input: one thread waits for input on several
+//! busy-polled queue pairs (and for a [`Waker`] that its other event
+//! sources ring), then runs their receivers itself. This takes the
+//! progress thread off the path of every message: the sender's bytes (or,
+//! over the same-host transport, its doorbell) wake the application's
+//! thread directly.
+//!
+//! The loop an application runs:
+//!
+//! 1. `qp.progress()` on every QP that may have input (the tokens the last
+//!    [`Poller::wait`] returned, plus any whose `progress` returned true),
+//!    then poll the CQs;
+//! 2. if nothing was there, [`QueuePair::arm_input`] on every QP (if one
+//!    returns false, input is already waiting: go back to 1);
+//! 3. [`Poller::wait`].
+
+use crate::error::Result;
+use crate::qp::QueuePair;
+use crate::sys::{self, Epoll, EventFd};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+const WAKE: u64 = u64::MAX;
+
+/// Waits for input on busy-polled queue pairs.
+pub struct Poller {
+    epoll: Epoll,
+    wake: Arc<EventFd>,
+    evs: parking_lot::Mutex<Vec<(u32, u64)>>,
+}
+
+/// Wakes a [`Poller::wait`] from any thread.
+#[derive(Clone)]
+pub struct Waker(Arc<EventFd>);
+
+impl Waker {
+    pub fn wake(&self) {
+        self.0.signal();
+    }
+}
+
+impl Poller {
+    pub fn new() -> Result<Poller> {
+        let epoll = Epoll::new()?;
+        let wake = Arc::new(EventFd::new()?);
+        epoll.add(wake.as_raw_fd(), sys::EV_IN, WAKE)?;
+        Ok(Poller {
+            epoll,
+            wake,
+            evs: parking_lot::Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn waker(&self) -> Waker {
+        Waker(self.wake.clone())
+    }
+
+    /// Watches `qp`'s input (it must be connected and in busy-poll mode);
+    /// [`Poller::wait`] reports `token` when it may have some.
+    pub fn add(&self, qp: &QueuePair, token: u64) -> Result<()> {
+        assert_ne!(token, WAKE, "token u64::MAX is the waker's");
+        let fd = qp
+            .input_fd()
+            .ok_or_else(|| crate::Error::inval("the QP is not connected"))?;
+        self.epoll.add(fd, sys::EV_IN | sys::EV_ERR, token)?;
+        Ok(())
+    }
+
+    /// Stops watching `qp`.
+    pub fn remove(&self, qp: &QueuePair) {
+        if let Some(fd) = qp.input_fd() {
+            let _ = self.epoll.delete(fd);
+        }
+    }
+
+    /// Sleeps until a watched QP may have input, the waker rang, or the
+    /// timeout passed. Fills `ready` with the tokens of QPs that may have
+    /// input; returns whether the waker rang. Arm the QPs first
+    /// ([`QueuePair::arm_input`]).
+    pub fn wait(&self, timeout: Duration, ready: &mut Vec<u64>) -> Result<bool> {
+        ready.clear();
+        let mut evs = self.evs.lock();
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        self.epoll.wait(&mut evs, 64, ms)?;
+        let mut woken = false;
+        for &(_, data) in evs.iter() {
+            if data == WAKE {
+                self.wake.drain();
+                woken = true;
+            } else {
+                ready.push(data);
+            }
+        }
+        Ok(woken)
+    }
+}
+
+/// Sleeps until one of `fds` is readable or `timeout` passes (`poll(2)`);
+/// returns whether one is. For a thread waiting on one QP's input
+/// ([`QueuePair::input_fd`]) and a CQ's event descriptor.
+pub fn wait_readable(fds: &[std::os::fd::RawFd], timeout: Duration) -> bool {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: p is a valid array of p.len() pollfds for the call.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    r > 0
+}
