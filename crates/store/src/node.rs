@@ -270,6 +270,7 @@ pub struct Node<M: Memory> {
     out: Vec<Output>,
     divergences: u64,
     last_divergence: Option<String>,
+    lost_replicates: u64,
     /// Copy sessions started (as primary); numbers them uniquely.
     sessions: u64,
 }
@@ -307,6 +308,7 @@ impl<M: Memory> Node<M> {
             out: Vec::new(),
             divergences: 0,
             last_divergence: None,
+            lost_replicates: 0,
             sessions: 0,
         }
     }
@@ -372,6 +374,25 @@ impl<M: Memory> Node<M> {
     fn diverged(&mut self, why: String) {
         self.divergences += 1;
         self.last_divergence = Some(why);
+    }
+
+    /// Forwarded writes this node found missing (a link to its primary
+    /// broke and dropped them) and repaired by re-synchronising.
+    pub fn lost_replicates(&self) -> u64 {
+        self.lost_replicates
+    }
+
+    /// A forwarded write never arrived: start over as a joiner (a fresh
+    /// copy of the arena). Not a divergence: links may drop messages when
+    /// they break, and the sequence numbers exist to notice.
+    fn lost_replicate(&mut self, primary: NodeId, expected: u64, seen: u64) {
+        tracing::warn!(
+            expected,
+            seen,
+            "a replicated write from the primary was lost; re-synchronising"
+        );
+        self.lost_replicates += 1;
+        self.become_joining(Some(primary));
     }
 
     /// Whether this node's arena may be read at `now`: it is the primary
@@ -622,6 +643,7 @@ impl<M: Memory> Node<M> {
             Body::Heartbeat => self.on_heartbeat(from),
             Body::Replicate { seq, op } => self.on_replicate(from, seq, op),
             Body::ReplicateAck { seq } => self.on_replicate_ack(from, seq),
+            Body::ReplicateHead { seq } => self.on_replicate_head(from, seq),
             Body::Join { member, arena_len } => self.on_join(from, member, arena_len),
             Body::SyncStart {
                 session,
@@ -1010,6 +1032,9 @@ impl<M: Memory> Node<M> {
             return;
         }
         let primary = *primary;
+        if seq > self.applied_seq + 1 {
+            return self.lost_replicate(primary, self.applied_seq + 1, seq);
+        }
         match self.apply(seq, &op) {
             Ok(()) => self.send(Addr::Node(primary), Body::ReplicateAck { seq }),
             Err(e) => {
@@ -1017,6 +1042,26 @@ impl<M: Memory> Node<M> {
                 self.become_joining(Some(primary));
             }
         }
+    }
+
+    /// The primary's heartbeat says it has forwarded writes through `seq`.
+    /// Its messages reach us in order, so having applied less means a
+    /// `Replicate` was lost with a broken link: resynchronise now rather
+    /// than when the next write shows the gap (there may be none, and the
+    /// lost write's client would wait for an ack that never comes).
+    fn on_replicate_head(&mut self, from: Addr, seq: u64) {
+        let State::Secondary {
+            primary,
+            copy: None,
+            ..
+        } = self.state
+        else {
+            return;
+        };
+        if from != Addr::Node(primary) || seq <= self.applied_seq {
+            return;
+        }
+        self.lost_replicate(primary, self.applied_seq + 1, seq);
     }
 
     fn on_replicate_ack(&mut self, from: Addr, seq: u64) {
@@ -1190,6 +1235,9 @@ impl<M: Memory> Node<M> {
         let c = copy.take().expect("copying");
         let session = c.session;
         for (seq, op) in c.buffered {
+            if seq > self.applied_seq + 1 {
+                return self.lost_replicate(primary, self.applied_seq + 1, seq);
+            }
             if let Err(e) = self.apply(seq, &op) {
                 self.diverged(e);
                 return self.become_joining(Some(primary));
@@ -1352,6 +1400,8 @@ impl<M: Memory> Node<M> {
                     p.last_beat = now;
                     if let Some(n) = p.replica.node() {
                         self.send(Addr::Node(n), Body::Heartbeat);
+                        let seq = self.applied_seq;
+                        self.send(Addr::Node(n), Body::ReplicateHead { seq });
                     }
                     let State::Primary(p) = &mut self.state else {
                         unreachable!()

@@ -128,6 +128,14 @@ pub enum Body {
         /// Why.
         reason: String,
     },
+    /// Primary -> secondary, with each heartbeat: the highest sequence
+    /// number forwarded so far. Links are FIFO, so a secondary that has
+    /// applied less lost a `Replicate` (a link broke and was re-dialed) and
+    /// resynchronises at once instead of waiting for the next write's gap.
+    ReplicateHead {
+        /// Highest sequence number sent.
+        seq: u64,
+    },
 }
 
 /// Client operations.
@@ -483,6 +491,10 @@ fn enc_body(w: &mut W, b: &Body) {
             w.u8(12);
             w.bytes(reason.as_bytes());
         }
+        Body::ReplicateHead { seq } => {
+            w.u8(13);
+            w.u64(*seq);
+        }
     }
 }
 
@@ -783,6 +795,7 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
         12 => Body::JoinRefused {
             reason: r.string()?,
         },
+        13 => Body::ReplicateHead { seq: r.u64()? },
         tag => return Err(DecodeError::BadTag { what: "body", tag }),
     })
 }
@@ -1040,6 +1053,7 @@ mod tests {
                 through_seq
             }),
             "[a-z]{0,10}".prop_map(|reason| Body::JoinRefused { reason }),
+            any::<u64>().prop_map(|seq| Body::ReplicateHead { seq }),
         ]
     }
 
