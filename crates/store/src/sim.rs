@@ -895,7 +895,7 @@ mod tests {
         };
         let (mut dropped, mut repaired) = (0, 0);
         for (seed, cfg) in (0..seeds(10, 300)).flat_map(|s| [(s, &one), (s, &three)]) {
-            let r = run(seed, &cfg).unwrap_or_else(|e| panic!("{e}"));
+            let r = run(seed, cfg).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(r.acked_ops, (cfg.clients * cfg.ops_per_client) as u64);
             assert!(r.repaired_losses <= r.dropped_replicates, "{r:?}");
             if r.dropped_replicates > 0 {
