@@ -52,8 +52,9 @@ pub struct Args {
     /// Seconds per measured operation and point.
     #[arg(long, default_value_t = 3.0)]
     secs: f64,
-    /// Arena size of the store's nodes.
-    #[arg(long, default_value = "512MiB")]
+    /// Arena size of the store's nodes (4 KiB inserts from 16 clients write
+    /// ~1 GiB in 3 s on this machine).
+    #[arg(long, default_value = "2GiB")]
     arena: String,
     /// Keep the nodes' and Redis's logs here (default: a temporary
     /// directory, removed on success).

@@ -50,10 +50,23 @@ impl Progress {
 
 fn run(core: Arc<Core>, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop: Arc<AtomicBool>) {
     let mut evs = Vec::with_capacity(128);
+    // QPs whose receiver stopped at its budget. It may have read bytes
+    // ahead from the socket into its stage, which epoll cannot see, so
+    // they run again before this thread sleeps (a lost wake-up otherwise:
+    // the socket empty, a whole FPDU waiting in the stage).
+    let mut more: Vec<u32> = Vec::new();
     loop {
-        if let Err(e) = epoll.wait(&mut evs, 128, -1) {
+        let timeout = if more.is_empty() { -1 } else { 0 };
+        if let Err(e) = epoll.wait(&mut evs, 128, timeout) {
             tracing::error!(error = %e, "epoll_wait failed; progress thread stops");
             return;
+        }
+        for qpn in std::mem::take(&mut more) {
+            if let Some(qp) = core.qp(qpn) {
+                if crate::iwarp::on_readable(&qp, crate::iwarp::RX_BUDGET) {
+                    more.push(qpn);
+                }
+            }
         }
         for &(ev, data) in &evs {
             if data == WAKE {
@@ -66,8 +79,11 @@ fn run(core: Arc<Core>, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop: Arc<AtomicB
             let Some(qp) = core.qp(data as u32) else {
                 continue;
             };
-            if ev & (sys::EV_IN | sys::EV_ERR) != 0 {
-                crate::iwarp::on_readable(&qp, crate::iwarp::RX_BUDGET);
+            if ev & (sys::EV_IN | sys::EV_ERR) != 0
+                && crate::iwarp::on_readable(&qp, crate::iwarp::RX_BUDGET)
+                && !more.contains(&(data as u32))
+            {
+                more.push(data as u32);
             }
             if ev & sys::EV_OUT != 0 {
                 crate::iwarp::on_writable(&qp);

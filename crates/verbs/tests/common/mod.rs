@@ -46,16 +46,28 @@ pub fn pair_on(
     params_s: ConnParams,
     pre: impl FnOnce(&Side) + Send + 'static,
 ) -> (Side, Side) {
+    pair_caps(dev_c, dev_s, params_c, params_s, QpCaps::default(), pre)
+}
+
+/// Like [`pair_on`], both QPs created with `caps`.
+pub fn pair_caps(
+    dev_c: &Device,
+    dev_s: &Device,
+    params_c: ConnParams,
+    params_s: ConnParams,
+    caps: QpCaps,
+    pre: impl FnOnce(&Side) + Send + 'static,
+) -> (Side, Side) {
     let listener = dev_s.listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let s = side(dev_s, QpCaps::default());
+    let s = side(dev_s, caps);
     let server = std::thread::spawn(move || {
         pre(&s);
         let req = listener.get_request().unwrap();
         req.accept(&s.qp, &params_s).unwrap();
         s
     });
-    let c = side(dev_c, QpCaps::default());
+    let c = side(dev_c, caps);
     c.qp.connect(addr, &params_c).unwrap();
     let s = server.join().unwrap();
     (c, s)
