@@ -626,7 +626,10 @@ impl Row {
             "one_sided_reads": self.ours.stats.one_sided_reads,
             "torn_reads": self.ours.stats.torn_reads,
             "server_reads": self.ours.stats.server_reads,
-            "arena_full": self.ours.arena_full,
+                        "arena_full": self.ours.arena_full,
+            // Whether the engine offered the same-host transport
+            // (SOFTRDMA_SAME_HOST=0 measures the iWARP/TCP path).
+            "same_host": softrdma_verbs::same_host_default(),
         })
     }
 }

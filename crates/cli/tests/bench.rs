@@ -8,9 +8,14 @@ use std::process::Command;
 const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
 
 fn bench(args: &[&str]) -> Vec<Value> {
+    bench_env(args, &[])
+}
+
+fn bench_env(args: &[&str], env: &[(&str, &str)]) -> Vec<Value> {
     let out = Command::new(SOFTRDMA)
         .args(["bench", "--loopback", "--json"])
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("run softrdma");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -165,6 +170,13 @@ fn same_host_transport_and_opting_out() {
             assert_eq!(v["transport"], "iwarp-tcp", "{opt}: {v}");
             assert!(v.get("direct_ops").is_none(), "{opt}: {v}");
         }
+        // The environment turns it off for every softrdma process (the
+        // bench's server child inherits it).
+        let args = ["--test", test, "--size", "65536", "--iters", "500"];
+        let v = &bench_env(&args, &[("SOFTRDMA_SAME_HOST", "0")])[0];
+        assert_eq!(v["transport"], "iwarp-tcp", "SOFTRDMA_SAME_HOST=0: {v}");
+        let v = &bench_env(&args, &[("SOFTRDMA_SAME_HOST", "1")])[0];
+        assert_eq!(v["transport"], "same-host", "SOFTRDMA_SAME_HOST=1: {v}");
     }
 }
 

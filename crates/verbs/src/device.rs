@@ -63,8 +63,17 @@ pub struct DeviceConfig {
     /// Offer the same-host transport to softrdma peers on this host that
     /// connect with extensions (`docs/same-host.md`): they then reach this
     /// device's registered memory directly, with every access checked
-    /// against its STag table.
+    /// against its STag table. Default: on, unless the environment sets
+    /// `SOFTRDMA_SAME_HOST=0` (like `UCX_TLS`: lets an operator, or a
+    /// benchmark measuring the network path, turn it off for every
+    /// softrdma process without a flag in each application).
     pub same_host: bool,
+}
+
+/// `SOFTRDMA_SAME_HOST=0` in the environment turns the same-host transport
+/// off by default (see [`DeviceConfig::same_host`]).
+pub fn same_host_default() -> bool {
+    std::env::var("SOFTRDMA_SAME_HOST").map_or(true, |v| v.trim() != "0")
 }
 
 impl Default for DeviceConfig {
@@ -76,7 +85,7 @@ impl Default for DeviceConfig {
             max_ulpdu: softrdma_wire::mpa::max_ulpdu_for(65535),
             attr: DeviceAttr::default(),
             publish: true,
-            same_host: true,
+            same_host: same_host_default(),
         }
     }
 }

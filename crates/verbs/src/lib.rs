@@ -69,8 +69,8 @@ mod wr;
 pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
-    AsyncEvent, Device, DeviceAttr, DeviceConfig, DeviceInfo, FastRegMr, MemoryRegion, MrInfo,
-    ProtectionDomain, QpInfo, RegOptions,
+    same_host_default, AsyncEvent, Device, DeviceAttr, DeviceConfig, DeviceInfo, FastRegMr,
+    MemoryRegion, MrInfo, ProtectionDomain, QpInfo, RegOptions,
 };
 pub use error::{Error, Result};
 pub use mr::Access;

@@ -352,7 +352,7 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
     }
     let dev = Device::open(DeviceConfig {
         name: "bench-client".into(),
-        same_host: !a.no_same_host,
+        same_host: !a.no_same_host && softrdma_verbs::same_host_default(),
         ..DeviceConfig::default()
     })?;
     let sizes = if a.test == Test::IdleQps {
