@@ -7,6 +7,7 @@ mod cmatose;
 mod demo;
 mod info;
 mod rping;
+mod storage;
 mod store;
 mod store_bench;
 
@@ -41,6 +42,9 @@ enum Cmd {
     /// The highly available remote memory store: serve a node, client
     /// operations, status, a verifying workload.
     Store(store::Args),
+    /// Local persistent storage as an RDMA endpoint: initialise a file or
+    /// block device with partitions, show it, grant and revoke access.
+    Storage(storage::Args),
     /// The main demo: a primary, a secondary and a verifying client load;
     /// the primary is killed half-way, the secondary takes over, the old
     /// node rejoins; prints `lost writes: N` (must be 0). About 20 s.
@@ -67,6 +71,7 @@ fn main() {
         Cmd::Cmatose(a) => cmatose::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Store(a) => store::run(a),
+        Cmd::Storage(a) => storage::run(a),
         Cmd::Demo(a) => demo::run(a),
     };
     if let Err(e) = res {
