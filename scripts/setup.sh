@@ -8,7 +8,8 @@
 #   build script imports google/protobuf/*.proto, shipped in libprotobuf-dev,
 #   which --no-install-recommends would skip), etcd, tshark (wire
 #   checks in the interop tests), fio, redis, iproute2, ucx-utils, hyperfine
-#   (side-by-side peers), build-essential (the linker Rust needs).
+#   (side-by-side peers), build-essential (the linker Rust needs), mount
+#   (losetup: the storage tests put a store on a loop device).
 # - Rust via rustup, only when no cargo is found (Debian's cargo is too old).
 # - The guest: ../shared/kvm-rdma/build.sh (root + apt; about a minute).
 #
@@ -18,7 +19,7 @@ set -euo pipefail
 
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null || (cd "$(dirname "$0")/.." && pwd))
 SHARED=${SOFTRDMA_SHARED:-$ROOT/../shared}
-PKGS=(protobuf-compiler libprotobuf-dev etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential)
+PKGS=(protobuf-compiler libprotobuf-dev etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential mount)
 LOG=$(mktemp /tmp/softrdma-setup.XXXXXX.log)
 trap 'rm -f "$LOG"' EXIT
 

@@ -271,3 +271,46 @@ fn concurrent_grants_are_not_lost() {
     assert_eq!(acc.len(), 24, "{acc:?}");
     assert_eq!(v["generation"].as_u64(), Some(25));
 }
+
+/// A block device (a loop device over a file, set up here; needs root and
+/// util-linux's `losetup`, which scripts/setup.sh provides): its size comes
+/// from the device, a larger `--size` is refused, and what `init` and
+/// `grant` write reaches the backing file.
+#[test]
+fn block_device_via_loop() {
+    struct Loop(String);
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let d = Dir::new("loop");
+    let img = d.file("backing.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 * MIB)
+        .unwrap();
+    let out = Command::new("losetup")
+        .args(["-f", "--show", s(&img)])
+        .output()
+        .expect("losetup (util-linux) must be installed");
+    assert!(
+        out.status.success(),
+        "losetup -f failed (root and /dev/loop-control needed): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dev = Loop(String::from_utf8(out.stdout).unwrap().trim().to_string());
+    let err = fails(&["init", &dev.0, "--size", "64MiB"]);
+    assert!(err.contains("larger than the device"), "{err}");
+    ok(&["init", &dev.0, "--partitions", "2"]);
+    ok(&["grant", &dev.0, "1", "alice", "rw"]);
+    let v: Value = serde_json::from_str(&ok(&["show", &dev.0, "--json"])).unwrap();
+    assert_eq!(v["block_device"], true);
+    assert_eq!(v["size"].as_u64(), Some(32 * MIB));
+    assert_eq!(v["partitions"][1]["access"]["alice"], "rw");
+    drop(dev);
+    // Through the device into the file.
+    let v = show(&img);
+    assert_eq!(v["block_device"], false);
+    assert_eq!(v["partitions"][1]["access"]["alice"], "rw");
+}
