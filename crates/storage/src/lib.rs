@@ -13,6 +13,7 @@
 //! exclusive `flock` on the device, so two administrators cannot lose each
 //! other's changes.
 
+pub mod io;
 pub mod layout;
 
 use layout::{Grant, Layout, LayoutError, Partition, Principal, Rights, META_LEN};
