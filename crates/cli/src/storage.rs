@@ -112,11 +112,7 @@ pub fn run(a: Args) -> Result<()> {
         } => {
             let mut s = Store::open(&path)?;
             let token = s.grant(&partition, &principal, rights)?;
-            let p = s.partition(&partition)?;
-            let now = s
-                .layout()
-                .rights(p, s.layout().principal(&principal).expect("granted"));
-            println!("{principal} on partition {p}: {now}");
+            print_rights(&s, &partition, &principal)?;
             if let Some(t) = token {
                 println!("new principal {principal}, token {}", hex(&t));
             }
@@ -130,10 +126,7 @@ pub fn run(a: Args) -> Result<()> {
         } => {
             let mut s = Store::open(&path)?;
             s.revoke(&partition, &principal, rights)?;
-            let p = s.partition(&partition)?;
-            let q = s.layout().principal(&principal).context("principal")?;
-            println!("{principal} on partition {p}: {}", s.layout().rights(p, q));
-            Ok(())
+            print_rights(&s, &partition, &principal)
         }
         Cmd::Token { path, principal } => {
             let s = Store::open(&path)?;
@@ -141,6 +134,17 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Prints what `principal` may now do on `partition`.
+fn print_rights(s: &Store, partition: &str, principal: &str) -> Result<()> {
+    let p = s.partition(partition)?;
+    let q = s
+        .layout()
+        .principal(principal)
+        .context("no such principal")?;
+    println!("{principal} on partition {p}: {}", s.layout().rights(p, q));
+    Ok(())
 }
 
 fn grants_of(s: &Store, p: u32) -> Vec<(String, Rights)> {

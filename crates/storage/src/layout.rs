@@ -253,6 +253,9 @@ pub enum LayoutError {
     /// A grant naming something that does not exist, or granting nothing.
     #[error("grant {0} is invalid")]
     BadGrant(usize),
+    /// A partition other than the last asked for "the rest".
+    #[error("partition {0}: only the last partition may be `rest`")]
+    RestNotLast(usize),
     /// Store smaller than the metadata area plus one aligned partition.
     #[error("store size {size} is too small (the metadata alone takes {META_LEN} bytes)")]
     TooSmall {

@@ -172,6 +172,11 @@ pub fn parse_layout(spec: &str) -> std::result::Result<Vec<PartSpec>, String> {
         };
         out.push(PartSpec { name, size, offset });
     }
+    if let Some(i) = out[..out.len() - 1].iter().position(|p| p.size.is_none()) {
+        return Err(format!(
+            "partition {i}: only the last partition may be `rest`"
+        ));
+    }
     Ok(out)
 }
 
@@ -254,7 +259,7 @@ impl Store {
             .truncate(false)
             .open(path)
             .map_err(io)?;
-        lock(&file).map_err(io)?;
+        let _lock = Flock::exclusive(&file).map_err(io)?;
         if !block && current_len < size {
             file.set_len(size).map_err(io)?;
         }
@@ -374,56 +379,58 @@ impl Store {
         rights: Rights,
     ) -> Result<Option<[u8; 32]>> {
         let p = self.partition(part)?;
-        let mut next = self.reread_locked()?;
-        let mut token = None;
-        let q = match next.principal(principal) {
-            Some(q) => q,
-            None => {
-                let t = random_token().map_err(|err| self.io_err(err))?;
-                next.principals.push(Principal {
-                    name: principal.to_string(),
-                    token: t,
-                });
-                token = Some(t);
-                (next.principals.len() - 1) as u32
+        let path = self.path.clone();
+        self.update(|next| {
+            let mut token = None;
+            let q = match next.principal(principal) {
+                Some(q) => q,
+                None => {
+                    let t = random_token().map_err(|err| StorageError::Io { path, err })?;
+                    next.principals.push(Principal {
+                        name: principal.to_string(),
+                        token: t,
+                    });
+                    token = Some(t);
+                    (next.principals.len() - 1) as u32
+                }
+            };
+            match next
+                .grants
+                .iter_mut()
+                .find(|g| g.partition == p && g.principal == q)
+            {
+                Some(g) => g.rights = g.rights.with(rights),
+                None => next.grants.push(Grant {
+                    partition: p,
+                    principal: q,
+                    rights,
+                }),
             }
-        };
-        match next
-            .grants
-            .iter_mut()
-            .find(|g| g.partition == p && g.principal == q)
-        {
-            Some(g) => g.rights = g.rights.with(rights),
-            None => next.grants.push(Grant {
-                partition: p,
-                principal: q,
-                rights,
-            }),
-        }
-        self.commit(next)?;
-        Ok(token)
+            Ok(token)
+        })
     }
 
     /// Takes `rights` on partition `part` away from `principal`.
     pub fn revoke(&mut self, part: &str, principal: &str, rights: Rights) -> Result<()> {
         let p = self.partition(part)?;
-        let mut next = self.reread_locked()?;
-        let q = next
-            .principal(principal)
-            .ok_or_else(|| StorageError::NoSuchPrincipal(principal.to_string()))?;
-        if let Some(i) = next
-            .grants
-            .iter()
-            .position(|g| g.partition == p && g.principal == q)
-        {
-            let left = next.grants[i].rights.without(rights);
-            if left.is_empty() {
-                next.grants.remove(i);
-            } else {
-                next.grants[i].rights = left;
+        self.update(|next| {
+            let q = next
+                .principal(principal)
+                .ok_or_else(|| StorageError::NoSuchPrincipal(principal.to_string()))?;
+            if let Some(i) = next
+                .grants
+                .iter()
+                .position(|g| g.partition == p && g.principal == q)
+            {
+                let left = next.grants[i].rights.without(rights);
+                if left.is_empty() {
+                    next.grants.remove(i);
+                } else {
+                    next.grants[i].rights = left;
+                }
             }
-        }
-        self.commit(next)
+            Ok(())
+        })
     }
 
     /// The token of `principal`.
@@ -435,46 +442,32 @@ impl Store {
         Ok(self.layout.principals[q as usize].token)
     }
 
-    fn io_err(&self, err: std::io::Error) -> StorageError {
-        StorageError::Io {
+    /// One metadata update: under the device's exclusive lock, re-reads
+    /// the metadata (another process may have changed it since open),
+    /// applies `change`, validates the result and writes it as the next
+    /// generation over the older copy, then syncs. Nothing is written if
+    /// `change` or the validation fails; the lock is released either way.
+    fn update<T>(&mut self, change: impl FnOnce(&mut Layout) -> Result<T>) -> Result<T> {
+        let io = |err| StorageError::Io {
             path: self.path.clone(),
             err,
-        }
-    }
-
-    /// Takes the update lock and re-reads the metadata (another process
-    /// may have changed it since open). The lock is held until the file is
-    /// closed or the next `commit` releases it.
-    fn reread_locked(&mut self) -> Result<Layout> {
-        lock(&self.file).map_err(|e| self.io_err(e))?;
-        let meta = read_meta(&self.file, self.device_len).map_err(|e| self.io_err(e))?;
-        let (l, _) = Layout::read(&meta).map_err(|err| StorageError::Layout {
+        };
+        let lerr = |err| StorageError::Layout {
             path: self.path.clone(),
             err,
-        })?;
-        Ok(l)
-    }
-
-    /// Validates `next`, writes it as the next generation over the older
-    /// copy, syncs, and releases the lock.
-    fn commit(&mut self, mut next: Layout) -> Result<()> {
-        let r = (|| {
-            next.generation += 1;
-            next.validate().map_err(|err| StorageError::Layout {
-                path: self.path.clone(),
-                err,
-            })?;
-            let at = Layout::slot(next.generation) * layout::COPY_LEN;
-            self.file
-                .write_all_at(&next.encode(), at)
-                .map_err(|e| self.io_err(e))?;
-            self.file.sync_data().map_err(|e| self.io_err(e))?;
-            self.layout = next;
-            self.damaged.clear();
-            Ok(())
-        })();
-        unlock(&self.file);
-        r
+        };
+        let _lock = Flock::exclusive(&self.file).map_err(io)?;
+        let meta = read_meta(&self.file, self.device_len).map_err(io)?;
+        let (mut next, _) = Layout::read(&meta).map_err(lerr)?;
+        let out = change(&mut next)?;
+        next.generation += 1;
+        next.validate().map_err(lerr)?;
+        let at = Layout::slot(next.generation) * layout::COPY_LEN;
+        self.file.write_all_at(&next.encode(), at).map_err(io)?;
+        self.file.sync_data().map_err(io)?;
+        self.layout = next;
+        self.damaged.clear();
+        Ok(out)
     }
 }
 
@@ -524,11 +517,7 @@ fn plan(
                 let size = match s.size {
                     Some(z) => z,
                     None if i + 1 == specs.len() => (size.saturating_sub(offset)) / align * align,
-                    None => {
-                        return Err(LayoutError::BadName(format!(
-                            "partition {i}: only the last partition may be `rest`"
-                        )))
-                    }
+                    None => return Err(LayoutError::RestNotLast(i)),
                 };
                 partitions.push(Partition {
                     name: s.name.clone(),
@@ -603,22 +592,31 @@ fn random_token() -> std::io::Result<[u8; 32]> {
     Ok(b)
 }
 
-fn lock(f: &File) -> std::io::Result<()> {
-    loop {
-        // SAFETY: flock on a valid descriptor; no pointers.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+/// An exclusive `flock` on a device, released on drop (or when the process
+/// dies: the kernel drops it with the descriptor).
+struct Flock(std::os::fd::RawFd);
+
+impl Flock {
+    fn exclusive(f: &File) -> std::io::Result<Flock> {
+        loop {
+            // SAFETY: flock on a valid descriptor; no pointers.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Flock(f.as_raw_fd()));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 }
 
-fn unlock(f: &File) {
-    // SAFETY: flock on a valid descriptor; no pointers.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+impl Drop for Flock {
+    fn drop(&mut self) {
+        // SAFETY: flock on the descriptor locked above, which the caller's
+        // File keeps open for the guard's lifetime; no pointers.
+        unsafe { libc::flock(self.0, libc::LOCK_UN) };
+    }
 }
 
 /// Hex form of a token or store id.
@@ -659,6 +657,7 @@ mod tests {
         let l = parse_layout("16MiB@1MiB,16MiB@32MiB").unwrap();
         assert_eq!(l[1].offset, Some(32 << 20));
         assert!(parse_layout("a=1M,,b=2M").is_err());
+        assert!(parse_layout("a=rest,b=2M").is_err());
     }
 
     #[test]

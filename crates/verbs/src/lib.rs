@@ -74,7 +74,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use mr::Access;
-pub use poller::{wait_readable, Poller, Waker};
+pub use poller::{Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
 pub use samehost::SameHostStats;
 pub use srq::SharedReceiveQueue;

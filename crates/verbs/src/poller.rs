@@ -14,6 +14,7 @@
 //!    returns false, input is already waiting: go back to 1);
 //! 3. [`Poller::wait`].
 
+use crate::cq::CompletionQueue;
 use crate::error::Result;
 use crate::qp::QueuePair;
 use crate::sys::{self, Epoll, EventFd};
@@ -67,6 +68,15 @@ impl Poller {
         Ok(())
     }
 
+    /// Watches `cq`'s event descriptor: [`Poller::wait`] reports `token`
+    /// once an armed notification fires ([`CompletionQueue::req_notify`];
+    /// call [`CompletionQueue::ack_events`] after the wait).
+    pub fn add_cq(&self, cq: &CompletionQueue, token: u64) -> Result<()> {
+        assert_ne!(token, WAKE, "token u64::MAX is the waker's");
+        self.epoll.add(cq.event_fd(), sys::EV_IN, token)?;
+        Ok(())
+    }
+
     /// Stops watching `qp`.
     pub fn remove(&self, qp: &QueuePair) {
         if let Some(fd) = qp.input_fd() {
@@ -94,22 +104,4 @@ impl Poller {
         }
         Ok(woken)
     }
-}
-
-/// Sleeps until one of `fds` is readable or `timeout` passes (`poll(2)`);
-/// returns whether one is. For a thread waiting on one QP's input
-/// ([`QueuePair::input_fd`]) and a CQ's event descriptor.
-pub fn wait_readable(fds: &[std::os::fd::RawFd], timeout: Duration) -> bool {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: p is a valid array of p.len() pollfds for the call.
-    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-    r > 0
 }

@@ -350,11 +350,13 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
     if a.qps == 0 || a.depth == 0 {
         bail!("--qps and --depth must be at least 1");
     }
-    let dev = Device::open(DeviceConfig {
+    let mut cfg = DeviceConfig {
         name: "bench-client".into(),
-        same_host: !a.no_same_host && softrdma_verbs::same_host_default(),
         ..DeviceConfig::default()
-    })?;
+    };
+    // The default already honours SOFTRDMA_SAME_HOST=0.
+    cfg.same_host &= !a.no_same_host;
+    let dev = Device::open(cfg)?;
     let sizes = if a.test == Test::IdleQps {
         vec![64]
     } else if a.test == Test::AtomicLat {

@@ -52,6 +52,8 @@ const SEND_SLOTS: usize = 32;
 /// How long a thread waiting for one answer (a Read, send slots) polls
 /// before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
+/// The receive CQ's token in the endpoint's poller (link ids are u32).
+const RECV_CQ_TOKEN: u64 = 1 << 32;
 /// Segments a link's receiver handles before the receive queue is drained
 /// (and its buffers re-posted) again: well under [`RECV_SLOTS`], so a
 /// streaming peer never finds the receives used up.
@@ -126,6 +128,8 @@ impl Endpoint {
         .map_err(verr)?;
         let pd = dev.alloc_pd().map_err(verr)?;
         let recv_cq = dev.create_cq(1 << 16).map_err(verr)?;
+        let poller = Poller::new().map_err(verr)?;
+        poller.add_cq(&recv_cq, RECV_CQ_TOKEN).map_err(verr)?;
         Ok(Arc::new(Endpoint {
             dev,
             pd,
@@ -133,7 +137,7 @@ impl Endpoint {
             links: Mutex::new(HashMap::new()),
             active: RwLock::new(Vec::new()),
             next_id: AtomicU32::new(1),
-            poller: Poller::new().map_err(verr)?,
+            poller,
             ready: Mutex::new(Vec::new()),
             partial: Mutex::new(HashMap::new()),
             backlog: Mutex::new(Vec::new()),
@@ -354,10 +358,20 @@ impl Endpoint {
             return false;
         }
         let mut ready = Vec::new();
-        let woken = self.poller.wait(timeout, &mut ready).unwrap_or(false);
+        let woken = match self.poller.wait(timeout, &mut ready) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting for link input failed");
+                false
+            }
+        };
         self.recv_cq.ack_events();
-        let ready: Vec<u32> = ready.into_iter().map(|t| t as u32).collect();
-        self.ready.lock().unwrap().extend(ready);
+        self.ready.lock().unwrap().extend(
+            ready
+                .into_iter()
+                .filter(|&t| t != RECV_CQ_TOKEN)
+                .map(|t| t as u32),
+        );
         woken
     }
 
@@ -522,7 +536,7 @@ impl Link {
     /// Sends one message, in fragments if it exceeds one Send (blocks
     /// while all send buffers are in flight, up to `timeout`).
     pub fn send(&self, msg: &[u8], timeout: Duration) -> Result<(), LinkError> {
-        if msg.len() > crate::proto::MAX_MESSAGE {
+        if msg.is_empty() || msg.len() > crate::proto::MAX_MESSAGE {
             return Err(LinkError::TooLarge(msg.len()));
         }
         if self.is_dead() {
@@ -532,9 +546,6 @@ impl Link {
         self.reap(&mut tx, false, timeout)?;
         let deadline = Instant::now() + timeout;
         let mut pieces = msg.chunks(PIECE).peekable();
-        if msg.is_empty() {
-            return Err(LinkError::TooLarge(0));
-        }
         while let Some(piece) = pieces.next() {
             while tx.outstanding >= SEND_SLOTS {
                 let left = deadline.saturating_duration_since(Instant::now());

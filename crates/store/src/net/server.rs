@@ -525,75 +525,72 @@ fn node_loop(
                     }
                 }
             };
-            let mut inputs = std::collections::VecDeque::from([input]);
-            while let Some(input) = inputs.pop_front() {
-                let before = (node.role(), node.epoch(), node.is_redundant());
-                let outs = node.handle(now(), input);
-                let after = (node.role(), node.epoch(), node.is_redundant());
-                if before != after {
-                    tracing::info!(
-                        role = ?after.0,
-                        epoch = after.1,
-                        redundant = after.2,
-                        "node state changed"
-                    );
-                }
-                for out in outs {
-                    match out {
-                        Output::Send { to, env } => {
-                            let link = match to {
-                                Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
-                                Addr::Client(c) => clients.get(&c),
-                            };
-                            log_msg("sending", to, &env);
-                            let Some(link) = link else {
-                                tracing::debug!(?to, "no link; message dropped");
-                                continue;
-                            };
-                            // Recovery copies the primary's arena with one-sided
-                            // RDMA Reads: a chunk request becomes a Read of that
-                            // range of the primary's arena, whose bytes go back
-                            // to the node as the chunk, through the event queue
-                            // (behind pending ticks and messages: a copy of a
-                            // large arena must not starve the heartbeats).
-                            if let proto::Body::SyncRequest {
-                                session,
-                                offset,
-                                len,
-                            } = env.body
-                            {
-                                match sync_read(link, &mut scratch, &ep, aref, offset, len) {
-                                    Ok(data) => {
-                                        let _ = self_tx.send(Ev::Local {
-                                            from: to,
-                                            env: proto::Envelope {
-                                                epoch: env.epoch,
-                                                body: proto::Body::SyncChunk {
-                                                    session,
-                                                    offset,
-                                                    data,
-                                                },
+            let before = (node.role(), node.epoch(), node.is_redundant());
+            let outs = node.handle(now(), input);
+            let after = (node.role(), node.epoch(), node.is_redundant());
+            if before != after {
+                tracing::info!(
+                    role = ?after.0,
+                    epoch = after.1,
+                    redundant = after.2,
+                    "node state changed"
+                );
+            }
+            for out in outs {
+                match out {
+                    Output::Send { to, env } => {
+                        let link = match to {
+                            Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
+                            Addr::Client(c) => clients.get(&c),
+                        };
+                        log_msg("sending", to, &env);
+                        let Some(link) = link else {
+                            tracing::debug!(?to, "no link; message dropped");
+                            continue;
+                        };
+                        // Recovery copies the primary's arena with one-sided
+                        // RDMA Reads: a chunk request becomes a Read of that
+                        // range of the primary's arena, whose bytes go back
+                        // to the node as the chunk, through the event queue
+                        // (behind pending ticks and messages: a copy of a
+                        // large arena must not starve the heartbeats).
+                        if let proto::Body::SyncRequest {
+                            session,
+                            offset,
+                            len,
+                        } = env.body
+                        {
+                            match sync_read(link, &mut scratch, &ep, aref, offset, len) {
+                                Ok(data) => {
+                                    let _ = self_tx.send(Ev::Local {
+                                        from: to,
+                                        env: proto::Envelope {
+                                            epoch: env.epoch,
+                                            body: proto::Body::SyncChunk {
+                                                session,
+                                                offset,
+                                                data,
                                             },
-                                        });
-                                    }
-                                    Err(e) => {
-                                        tracing::warn!(error = %e, "RDMA Read of the primary's arena failed");
-                                        let id = link.id();
-                                        ep.remove(id);
-                                    }
+                                        },
+                                    });
                                 }
-                                continue;
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "RDMA Read of the primary's arena failed");
+                                    let id = link.id();
+                                    ep.remove(id);
+                                }
                             }
-                            let bytes = proto::encode(&env);
-                            if let Err(e) = link.send(&bytes, send_timeout) {
-                                tracing::debug!(?to, error = %e, "send failed; closing link");
-                                let id = link.id();
-                                ep.remove(id);
-                            }
+                            continue;
                         }
-                        Output::Coord { id, req } => {
-                            let _ = coord.send((id, req, node.member()));
+                        let bytes = proto::encode(&env);
+                        if let Err(e) = link.send(&bytes, send_timeout) {
+                            tracing::debug!(?to, error = %e, "send failed; closing link");
+                            let id = link.id();
+                            ep.remove(id);
                         }
+                    }
+                    Output::Coord { id, req } => {
+                        let _ = coord.send((id, req, node.member()));
                     }
                 }
             }
