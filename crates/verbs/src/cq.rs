@@ -55,6 +55,9 @@ pub enum WcOpcode {
     RecvWithImm,
     CompSwap,
     FetchAdd,
+    /// A [`crate::WrOp::Flush`] completed: the peer's earlier Writes are
+    /// durable (or placed, for a region in memory).
+    Flush,
 }
 
 /// One completion.

@@ -518,6 +518,57 @@ impl ProtectionDomain {
                 invalidatable: opts.invalidatable || fast_reg,
                 fast_reg,
                 chunk,
+                backend: None,
+            }
+            .build(index << 8 | key as u32),
+        );
+        core.stags.install(mr.clone());
+        Ok(MemoryRegion {
+            dev: self.dev.clone(),
+            inner: mr,
+            index,
+        })
+    }
+
+    /// Registers a region of `len` bytes whose contents live in `backend`
+    /// (a storage partition, say; see [`crate::RegionBackend`]). It starts
+    /// at virtual address `opts.iova` (default 0) and can only be reached
+    /// by remote peers: `access` may hold `REMOTE_READ` and `REMOTE_WRITE`,
+    /// nothing else. [`MemoryRegion::read_at`] and `write_at` go to the
+    /// backend.
+    pub fn register_backend(
+        &self,
+        backend: Arc<dyn crate::RegionBackend>,
+        len: u64,
+        access: Access,
+        opts: RegOptions,
+    ) -> Result<MemoryRegion> {
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE;
+        if access.0 & !remote.0 != 0 {
+            return Err(Error::inval(
+                "a backed region allows only remote read and remote write",
+            ));
+        }
+        let iova = opts.iova.unwrap_or(0);
+        if iova.checked_add(len).is_none() {
+            return Err(Error::inval("region end passes 2^64"));
+        }
+        let core = &self.dev.rt.core;
+        let (index, key) = match opts.stag {
+            Some(stag) => (core.stags.reserve(Some(stag >> 8), self.id)?, stag as u8),
+            None => (core.stags.reserve(None, self.id)?, opts.key.unwrap_or(0)),
+        };
+        let mr = Arc::new(
+            NewMr {
+                pd: self.id,
+                access,
+                iova,
+                spans: Vec::new(),
+                backing: Backing::Raw,
+                invalidatable: opts.invalidatable,
+                fast_reg: false,
+                chunk: None,
+                backend: Some((backend, len)),
             }
             .build(index << 8 | key as u32),
         );
@@ -626,8 +677,14 @@ impl MemoryRegion {
         self.sge(0, self.len())
     }
     /// Copies bytes out of the region.
+    /// Panics outside the region, or if a backed region's backend fails.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) {
         assert!(offset + out.len() <= self.len(), "read outside the region");
+        if let Some(b) = &self.inner.backend {
+            return b
+                .read_at(offset as u64, out)
+                .expect("backed region read failed");
+        }
         let mut spans = Vec::new();
         self.inner.resolve(
             self.inner.iova + offset as u64,
@@ -648,6 +705,11 @@ impl MemoryRegion {
             offset + data.len() <= self.len(),
             "write outside the region"
         );
+        if let Some(b) = &self.inner.backend {
+            return b
+                .write_at(offset as u64, data)
+                .expect("backed region write failed");
+        }
         let mut spans = Vec::new();
         self.inner.resolve(
             self.inner.iova + offset as u64,
@@ -664,9 +726,12 @@ impl MemoryRegion {
         v
     }
     /// The address of the first byte in this process (for single-span
-    /// regions).
+    /// regions; null for a backed one).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.inner.spans[0].ptr
+        self.inner
+            .spans
+            .first()
+            .map_or(std::ptr::null_mut(), |s| s.ptr)
     }
 }
 
@@ -733,6 +798,7 @@ pub(crate) fn fast_reg_build(
         invalidatable: true,
         fast_reg: true,
         chunk: None,
+        backend: None,
     }
     .build(index << 8 | key as u32);
     core.stags.install(Arc::new(mr));

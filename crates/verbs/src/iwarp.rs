@@ -350,6 +350,10 @@ struct Batch {
     cuts: Vec<usize>,
     cut_idx: usize,
     chunk_start: usize,
+    /// The source memory of composed Read Responses, held until the batch
+    /// is written (the responder's consumer may deregister it meanwhile,
+    /// and a backed region's bytes live only here).
+    keeps: Vec<Arc<MrInner>>,
 }
 
 /// The "segment" used with `ext::LARGE_SEGMENTS`: one `sendmsg` per batch.
@@ -371,6 +375,7 @@ impl Batch {
             cuts: Vec::new(),
             cut_idx: 0,
             chunk_start: 0,
+            keeps: Vec::new(),
         }
     }
 
@@ -403,6 +408,7 @@ impl Batch {
         self.cuts.clear();
         self.cut_idx = 0;
         self.chunk_start = 0;
+        self.keeps.clear();
     }
 
     fn push_hdr(&mut self, start: usize) {
@@ -762,10 +768,16 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 }
                 continue;
             }
-            WrOp::RdmaRead { remote_addr, rkey } => {
-                // Same host: read the peer's memory directly.
+            op @ (WrOp::RdmaRead { .. } | WrOp::Flush { .. }) => {
+                let (remote_addr, rkey, flush) = match op {
+                    WrOp::RdmaRead { remote_addr, rkey } => (remote_addr, rkey, false),
+                    WrOp::Flush { remote_addr, rkey } => (remote_addr, rkey, true),
+                    _ => unreachable!("matched above"),
+                };
+                // Same host: read the peer's memory directly. (A flush
+                // always goes on the stream, to the peer's engine.)
                 if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
-                    if link.try_read(sent, &w.spans, w.len, rkey, remote_addr) {
+                    if !flush && link.try_read(sent, &w.spans, w.len, rkey, remote_addr) {
                         w.stage = Stage::Done(WcStatus::Success);
                         sq.next_tx += 1;
                         continue;
@@ -774,7 +786,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 if orq_len >= ord {
                     return None;
                 }
-                let (sink, sink_to) = w.sink.clone().expect("read has a sink");
+                let (sink_stag, sink_to) = w.sink.as_ref().map_or((0, 0), |(m, to)| (m.stag, *to));
                 let size = w.len as u32;
                 w.stage = Stage::AwaitResponse;
                 let hdr = DdpHeader::Untagged(UntaggedHeader {
@@ -788,7 +800,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 sq.tx.rr_msn += 1;
                 let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
                 ReadRequest {
-                    sink_stag: sink.stag,
+                    sink_stag,
                     sink_to,
                     size,
                     src_stag: rkey,
@@ -1106,7 +1118,10 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
             let tx = &mut sq.tx;
             let m = tx.cur.as_mut().expect("current message");
             if compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc) {
-                let m = tx.cur.take().expect("current message");
+                let mut m = tx.cur.take().expect("current message");
+                if let Some(k) = m._keep.take() {
+                    tx.batch.keeps.push(k);
+                }
                 if matches!(
                     m.hdr.opcode(),
                     Opcode::ReadResponse | Opcode::AtomicResponse
@@ -1164,6 +1179,9 @@ enum Phase {
 enum Action {
     None,
     Write,
+    /// A Write into a backed region: the payload is in `Rx::backed`; give
+    /// it to the backend at this region offset.
+    BackedWrite(Arc<MrInner>, u64),
     ReadResp,
     Send,
     ReadReq(ReadRequest, Option<Arc<MrInner>>),
@@ -1198,6 +1216,8 @@ pub(crate) struct Rx {
     crc: u32,
     target: Vec<RawSpan>,
     _target_keep: Option<Arc<MrInner>>,
+    /// Staging for Writes into backed regions (`backend.rs`).
+    backed: Vec<u8>,
     action: Action,
     send_msn: u32,
     rr_msn: u32,
@@ -1246,6 +1266,7 @@ impl Rx {
             crc: 0,
             target: Vec::new(),
             _target_keep: None,
+            backed: Vec::new(),
             action: Action::None,
             send_msn: 1,
             rr_msn: 1,
@@ -1408,9 +1429,23 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                 })?;
                 mr.check(pd, Access::REMOTE_WRITE, t.to, payload_len as u64)
                     .map_err(|e| fatal(e.ddp_code(), &raw, WcStatus::WrFlushErr))?;
-                mr.resolve(t.to, payload_len as u64, &mut rx.target);
-                rx._target_keep = Some(mr);
-                Action::Write
+                if mr.backend.is_some() {
+                    // Received whole, handed to the backend once the CRC
+                    // checked out (segment_done).
+                    if rx.backed.len() < payload_len {
+                        rx.backed.resize(payload_len, 0);
+                    }
+                    rx.target.push(RawSpan {
+                        ptr: rx.backed.as_mut_ptr(),
+                        len: payload_len,
+                    });
+                    let off = t.to - mr.iova;
+                    Action::BackedWrite(mr, off)
+                } else {
+                    mr.resolve(t.to, payload_len as u64, &mut rx.target);
+                    rx._target_keep = Some(mr);
+                    Action::Write
+                }
             }
         }
         DdpHeader::Tagged(t) => {
@@ -1430,12 +1465,25 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                 .expect("ORQ entry is queued");
             // The oldest outstanding request may be an atomic, whose answer
             // is an Atomic Response.
-            if !matches!(w.op, WrOp::RdmaRead { .. }) {
+            if !matches!(w.op, WrOp::RdmaRead { .. } | WrOp::Flush { .. }) {
                 return Err(fatal(
                     codes::RDMAP_UNEXPECTED_OPCODE,
                     &raw,
                     WcStatus::WrFlushErr,
                 ));
+            }
+            // A flush's answer: one empty, last segment naming STag 0.
+            if matches!(w.op, WrOp::Flush { .. }) {
+                if t.stag != 0 || t.to != 0 || payload_len != 0 || !hdr.last() {
+                    return Err(fatal(
+                        codes::DDP_TAGGED_BASE_BOUNDS,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                drop(sq);
+                finish_header(rx, hdr, ulpdu_len, payload_len, head_len, Action::ReadResp);
+                return Ok(());
             }
             let (sink, sink_to) = w.sink.clone().expect("read has a sink");
             let want_to = sink_to + rx.read_resp_off;
@@ -1569,7 +1617,14 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                         ));
                     }
                     if rr.size == 0 {
-                        Action::ReadReq(rr, None)
+                        // Naming a backed region, a zero-length Read is a
+                        // flush (backend.rs); otherwise its STag is not
+                        // looked at.
+                        let flush = q.core.stags.lookup(rr.src_stag).filter(|m| {
+                            m.backend.is_some()
+                                && m.check(pd, Access::LOCAL_READ, rr.src_to, 0).is_ok()
+                        });
+                        Action::ReadReq(rr, flush)
                     } else {
                         let mr = q.core.stags.lookup(rr.src_stag).ok_or_else(|| {
                             fatal(codes::RDMAP_INVALID_STAG, &full, WcStatus::WrFlushErr)
@@ -1847,6 +1902,21 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
     let n = rx.payload_len as u64;
     match std::mem::replace(&mut rx.action, Action::None) {
         Action::None | Action::Write => None,
+        Action::BackedWrite(mr, off) => {
+            let b = mr.backend.as_ref().expect("backed region");
+            match b.write_at(off, &rx.backed[..n as usize]) {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::error!(qpn = q.qpn, stag = mr.stag, off, "backed write failed: {e}");
+                    let raw = rx.hdr_bytes[..ddp::TAGGED_LEN].to_vec();
+                    Some(fatal(
+                        codes::RDMAP_CATASTROPHIC_STREAM,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ))
+                }
+            }
+        }
         Action::Rtr => {
             rx.rtr_expected = false;
             let mut sq = q.sq.lock();
@@ -1958,6 +2028,23 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
         }
         Action::ReadReq(rr, src) => {
             rx.rr_msn = rx.rr_msn.wrapping_add(1);
+            // A backed source: flush (zero length) or read it now, before
+            // the send queue is locked (this may wait for the device).
+            let src = match src {
+                Some(mr) if mr.backend.is_some() => match backed_read(&mr, &rr) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        tracing::error!(qpn = q.qpn, stag = mr.stag, "backed read failed: {e}");
+                        let raw = rx.hdr_bytes[..ddp::UNTAGGED_LEN + ReadRequest::LEN].to_vec();
+                        return Some(fatal(
+                            codes::RDMAP_CATASTROPHIC_STREAM,
+                            &raw,
+                            WcStatus::WrFlushErr,
+                        ));
+                    }
+                },
+                other => other,
+            };
             let mut sq = q.sq.lock();
             match src {
                 Some(mr) => sq.tx.queue_read_response(&rr, mr),
@@ -1981,6 +2068,19 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
             Some(RxEnd::PeerTerminated(code))
         }
     }
+}
+
+/// Answers a Read Request from a backed region: a flush when it is empty,
+/// else the bytes, read into a holder the Read Response keeps alive.
+fn backed_read(mr: &MrInner, rr: &ReadRequest) -> io::Result<Arc<MrInner>> {
+    let b = mr.backend.as_ref().expect("backed region");
+    if rr.size == 0 {
+        b.flush()?;
+        return Ok(Arc::new(MrInner::holding(Box::new([]), rr.src_to)));
+    }
+    let mut buf = vec![0u8; rr.size as usize].into_boxed_slice();
+    b.read_at(rr.src_to - mr.iova, &mut buf)?;
+    Ok(Arc::new(MrInner::holding(buf, rr.src_to)))
 }
 
 fn tx_or_fail(q: &QpInner, sq: &mut Sq, c: &Conn) -> Option<RxEnd> {

@@ -49,11 +49,13 @@
 //! `unsafe` code lives in `sys` (system calls on raw memory) and `mr`
 //! (placement); each block states why it is sound.
 
+mod backend;
 mod cm;
 mod cq;
 mod device;
 mod error;
 mod iwarp;
+mod local;
 mod mr;
 mod poller;
 mod pool;
@@ -66,6 +68,7 @@ mod srq;
 mod sys;
 mod wr;
 
+pub use backend::RegionBackend;
 pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{

@@ -118,6 +118,8 @@ pub(crate) struct MrInner {
     /// The memory file holding the region, for same-host peers: our
     /// descriptor, its inode, the offset of byte 0.
     pub chunk: Option<(u32, u64, u64)>,
+    /// For regions whose bytes are not in memory (`backend.rs`): no spans.
+    pub backend: Option<std::sync::Arc<dyn crate::backend::RegionBackend>>,
     #[allow(dead_code)]
     backing: Backing,
 }
@@ -198,6 +200,7 @@ impl MrInner {
     /// (perftest-style latency tests). Panics outside the region.
     pub fn peek_u8(&self, mut offset: usize) -> u8 {
         assert!((offset as u64) < self.len, "peek outside the region");
+        assert!(self.backend.is_none(), "peek into a backed region");
         for s in &self.spans {
             if offset < s.len {
                 std::sync::atomic::fence(Ordering::Acquire);
@@ -242,7 +245,7 @@ impl MrInner {
     /// rights and bounds): the 8 bytes must be naturally aligned, both as a
     /// tagged offset and in memory, and lie in one span. `None` otherwise.
     pub fn atomic_target(&self, to: u64) -> Option<RawSpan> {
-        if !to.is_multiple_of(8) {
+        if !to.is_multiple_of(8) || self.backend.is_some() {
             return None;
         }
         let mut v = Vec::with_capacity(2);
@@ -521,11 +524,16 @@ pub(crate) struct NewMr {
     pub invalidatable: bool,
     pub fast_reg: bool,
     pub chunk: Option<(u32, u64, u64)>,
+    /// A backed region (`backend.rs`) and its length.
+    pub backend: Option<(Arc<dyn crate::backend::RegionBackend>, u64)>,
 }
 
 impl NewMr {
     pub fn build(self, stag: u32) -> MrInner {
-        let len = self.spans.iter().map(|s| s.len as u64).sum();
+        let (backend, len) = match self.backend {
+            Some((b, len)) => (Some(b), len),
+            None => (None, self.spans.iter().map(|s| s.len as u64).sum()),
+        };
         MrInner {
             stag,
             pd: self.pd,
@@ -537,8 +545,33 @@ impl NewMr {
             invalidatable: self.invalidatable,
             fast_reg: self.fast_reg,
             chunk: self.chunk,
+            backend,
             backing: self.backing,
         }
+    }
+}
+
+impl MrInner {
+    /// An unregistered holder of `bytes` at virtual address `iova` (the
+    /// source of a Read Response from a backed region): it keeps the bytes
+    /// alive while the transmitter sends them.
+    pub fn holding(mut bytes: Box<[u8]>, iova: u64) -> MrInner {
+        let spans = vec![RawSpan {
+            ptr: bytes.as_mut_ptr(),
+            len: bytes.len(),
+        }];
+        NewMr {
+            pd: 0,
+            access: Access::LOCAL_READ,
+            iova,
+            spans,
+            backing: Backing::Vec(bytes),
+            invalidatable: false,
+            fast_reg: false,
+            chunk: None,
+            backend: None,
+        }
+        .build(0)
     }
 }
 

@@ -71,6 +71,11 @@ pub struct QpInitAttr {
     pub caps: QpCaps,
     /// Every send WR generates a completion, whatever its flags.
     pub sq_sig_all: bool,
+    /// Relaxed ordering: on a QP connected to a local region
+    /// ([`QueuePair::connect_local`]), WRs run at once and complete out of
+    /// order; fences and flushes still order (`local.rs`). RC QPs on a
+    /// connection keep RDMA's order.
+    pub relaxed_ordering: bool,
 }
 
 impl QpInitAttr {
@@ -81,6 +86,7 @@ impl QpInitAttr {
             srq: None,
             caps: QpCaps::default(),
             sq_sig_all: false,
+            relaxed_ordering: false,
         }
     }
 }
@@ -155,6 +161,7 @@ impl SqWqe {
             WrOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
             WrOp::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
             WrOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            WrOp::Flush { .. } => WcOpcode::Flush,
             WrOp::LocalInv { .. } => WcOpcode::LocalInv,
             WrOp::FastReg { .. } => WcOpcode::RegMr,
         }
@@ -194,6 +201,9 @@ pub(crate) struct QpInner {
     pub rq: Mutex<VecDeque<RecvWqe>>,
     pub rx: Mutex<Rx>,
     pub conn: OnceLock<Conn>,
+    /// A QP connected without a network (`local.rs`).
+    pub local: OnceLock<Arc<crate::local::LocalLink>>,
+    pub relaxed: bool,
     /// Set once the QP has been flushed (so it happens once).
     flushed: std::sync::atomic::AtomicBool,
 }
@@ -416,6 +426,8 @@ impl QueuePair {
             rq: Mutex::new(VecDeque::new()),
             rx: Mutex::new(Rx::new()),
             conn: OnceLock::new(),
+            local: OnceLock::new(),
+            relaxed: attr.relaxed_ordering,
             flushed: Default::default(),
         });
         core.qps.write().insert(qpn, inner.clone());
@@ -461,6 +473,30 @@ impl QueuePair {
     /// `ibv_modify_qp` for the state. RTS is reached through the connection
     /// manager ([`QueuePair::connect`], [`crate::ConnectRequest::accept`]);
     /// here RTS is only allowed back from SQD.
+    /// Connects this QP, without a network, to the regions of its own
+    /// device (`local.rs`): its RDMA Writes, Reads and Flushes name an rkey
+    /// of this device (a storage endpoint's partition, or any region in
+    /// the QP's protection domain) and are executed with the checks a
+    /// remote peer gets, in strict or relaxed order
+    /// ([`QpInitAttr::relaxed_ordering`]). Sends and atomics are not
+    /// supported on such a QP (`LocQpOpErr`). The QP goes to RTS.
+    pub fn connect_local(&self) -> Result<()> {
+        let q = &self.inner;
+        let s = q.state();
+        if !matches!(s, QpState::Reset | QpState::Init) || q.conn.get().is_some() {
+            return Err(Error::BadState {
+                qpn: q.qpn,
+                state: s,
+            });
+        }
+        let link = crate::local::LocalLink::start(q, q.relaxed);
+        if q.local.set(link).is_err() {
+            return Err(Error::inval("already connected locally"));
+        }
+        q.set_state(QpState::Rts);
+        Ok(())
+    }
+
     pub fn modify(&self, to: QpState) -> Result<()> {
         let q = &self.inner;
         let from = q.state();
@@ -585,6 +621,9 @@ impl QueuePair {
                      (ConnParams::extensions with a softrdma peer)",
                 ));
             }
+        }
+        if let Some(l) = q.local.get() {
+            return post_local(q, l, wrs);
         }
         let mut sq = q.sq.lock();
         if sq.wqes.len() + wrs.len() > q.caps.max_send_wr {
@@ -733,12 +772,108 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let q = &self.inner;
+        if let Some(l) = q.local.get() {
+            q.set_state(QpState::Error);
+            l.stop();
+        }
         if q.state() != QpState::Error && q.conn.get().is_some() {
             self.disconnect();
         }
         q.fail(WcStatus::WrFlushErr, None);
         q.core.qps.write().remove(&q.qpn);
     }
+}
+
+/// Posts to a QP connected to a local region (`local.rs`): each WR is
+/// resolved and checked here, in order; the first that fails completes with
+/// its status and moves the QP to ERROR (its successors are not queued and
+/// complete as flushed).
+fn post_local(q: &Arc<QpInner>, l: &crate::local::LocalLink, wrs: &[SendWr]) -> Result<()> {
+    use crate::local::{Job, Kind};
+    if l.outstanding() + wrs.len() > q.caps.max_send_wr {
+        return Err(Error::SendQueueFull);
+    }
+    let mut jobs = Vec::with_capacity(wrs.len());
+    let mut failed: Option<(usize, WcStatus)> = None;
+    for (i, wr) in wrs.iter().enumerate() {
+        if q.state() == QpState::Error {
+            failed = Some((i, WcStatus::WrFlushErr));
+            break;
+        }
+        let (kind, to, rkey) = match wr.op {
+            WrOp::RdmaWrite { remote_addr, rkey } => (Kind::Write, remote_addr, rkey),
+            WrOp::RdmaRead { remote_addr, rkey } => (Kind::Read, remote_addr, rkey),
+            WrOp::Flush { remote_addr, rkey } => (Kind::Flush, remote_addr, rkey),
+            _ => {
+                failed = Some((i, WcStatus::LocQpOpErr));
+                break;
+            }
+        };
+        let mut w = SqWqe {
+            seq: 0,
+            wr_id: wr.wr_id,
+            op: wr.op.clone(),
+            signaled: false,
+            fence: false,
+            solicited: false,
+            spans: Vec::new(),
+            len: 0,
+            keep: Vec::new(),
+            stage: Stage::Queued,
+            sink: None,
+            imm_next: false,
+        };
+        if let Err(st) = resolve_local(q, wr, &mut w) {
+            failed = Some((i, st));
+            break;
+        }
+        let target = match q.core.stags.lookup(rkey) {
+            Some(t) if t.check(q.pd, crate::local::need(kind), to, w.len).is_ok() => t,
+            _ => {
+                failed = Some((i, WcStatus::RemAccessErr));
+                break;
+            }
+        };
+        jobs.push(Job {
+            wr_id: wr.wr_id,
+            signaled: q.sig_all || wr.flags.contains(SendFlags::SIGNALED),
+            fence: wr.flags.contains(SendFlags::FENCE),
+            kind,
+            spans: w.spans,
+            keep: w.keep,
+            off: to - target.iova,
+            target,
+            len: w.len,
+        });
+    }
+    l.submit(jobs);
+    if let Some((i, status)) = failed {
+        q.send_cq.push(WorkCompletion {
+            wr_id: wrs[i].wr_id,
+            status,
+            opcode: WcOpcode::RdmaWrite,
+            qp_num: q.qpn,
+            ..Default::default()
+        });
+        for wr in &wrs[i + 1..] {
+            q.send_cq.push(WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                qp_num: q.qpn,
+                ..Default::default()
+            });
+        }
+        if status != WcStatus::WrFlushErr {
+            q.fail(
+                WcStatus::WrFlushErr,
+                Some(crate::device::AsyncEvent::QpFatal {
+                    qpn: q.qpn,
+                    reason: "error in a WR posted to a local QP".into(),
+                }),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Resolves a send WR's local memory; Err is the completion status.
@@ -759,11 +894,17 @@ fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus
         }
         WrOp::SendImm { .. } if !wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
         WrOp::LocalInv { .. } => return Ok(()),
+        WrOp::Flush { .. } if !wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
+        WrOp::Flush { .. } => return Ok(()),
         _ => {}
     }
     let need = if atomic { Access::LOCAL_WRITE } else { need };
     for sge in &wr.sgl {
         let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
+        // A backed region has no memory to send from or receive into.
+        if mr.backend.is_some() {
+            return Err(WcStatus::LocProtErr);
+        }
         mr.check(q.pd, need, sge.addr, sge.length as u64)
             .map_err(|_| WcStatus::LocProtErr)?;
         mr.resolve(sge.addr, sge.length as u64, &mut w.spans);

@@ -86,6 +86,16 @@ pub enum WrOp {
     SendImm {
         imm: u32,
     },
+    /// A flush (barrier) of the peer's region `rkey`: on the wire a
+    /// zero-length RDMA Read Request naming it, which a peer whose region
+    /// is backed by storage answers only once every Write it placed before
+    /// is durable (`RegionBackend::flush`); any other peer answers at once,
+    /// its earlier Writes being placed. Completes as [`crate::WcOpcode::Flush`].
+    /// No SGEs.
+    Flush {
+        remote_addr: u64,
+        rkey: u32,
+    },
     /// Bind a fast-register region's index to the memory of `sgl` under a
     /// new key byte, at virtual address `iova`, with `access`.
     FastReg {
@@ -135,6 +145,15 @@ impl SendWr {
             wr_id,
             op: WrOp::RdmaRead { remote_addr, rkey },
             sgl: vec![sge],
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    /// A flush of the peer's region `rkey` (see [`WrOp::Flush`]).
+    pub fn flush(wr_id: u64, remote_addr: u64, rkey: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::Flush { remote_addr, rkey },
+            sgl: Vec::new(),
             flags: SendFlags::SIGNALED,
         }
     }

@@ -1,0 +1,45 @@
+//! Regions whose bytes are not in memory: a storage partition, say
+//! (`softrdma-storage` exposes each partition this way).
+//!
+//! A region registered with [`ProtectionDomain::register_backend`] has an
+//! STag, a protection domain, access rights and bounds like any other, and
+//! every remote access is checked against them first. What differs is
+//! where the bytes go:
+//!
+//! - a tagged RDMA Write into it is received into the QP's staging buffer
+//!   and, once the segment's CRC checked out, handed to
+//!   [`RegionBackend::write_at`] (so nothing reaches the device from a
+//!   corrupted frame, a stronger promise than direct placement gives);
+//! - an RDMA Read Request from it is answered with bytes from
+//!   [`RegionBackend::read_at`];
+//! - a **zero-length** RDMA Read Request naming it is a flush: the engine
+//!   calls [`RegionBackend::flush`] and sends the (empty) Read Response only
+//!   after it returned, so the requester's Read completion means "every
+//!   Write placed before this Read is durable". RDMA executes a QP's
+//!   Writes and Reads in order at the responder, which makes this the
+//!   barrier of IBTA's FLUSH on the plain RFC 5040 wire: any iWARP peer,
+//!   Linux siw included, can issue it with an ordinary zero-length Read.
+//!   [`crate::WrOp::Flush`] posts one.
+//!
+//! Such a region can only be reached remotely: naming it in a local SGE
+//! fails with a local protection error, atomics on it are refused like
+//! misaligned ones, and the same-host transport never maps it (its Writes
+//! and Reads go on the stream, where the engine calls the backend).
+//!
+//! A backend's calls run on the engine's progress thread for the QP, in the
+//! order the QP's messages arrived. A backend that queues work instead
+//! (relaxed ordering) must still make `flush` wait for every write it
+//! accepted, and report a failed earlier write there at the latest.
+//!
+//! [`ProtectionDomain::register_backend`]: crate::ProtectionDomain::register_backend
+
+/// Where a backed region's bytes live. Offsets are relative to the start
+/// of the region and already checked to lie inside it.
+pub trait RegionBackend: Send + Sync + 'static {
+    /// Stores `data` at `offset`.
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Fills `buf` from `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
+    /// Returns once every write accepted so far is durable.
+    fn flush(&self) -> std::io::Result<()>;
+}

@@ -1,0 +1,279 @@
+//! The local transport: a QP connected to a region of its own device
+//! without a network ([`crate::QueuePair::connect_local`]). This is how a
+//! process reaches a storage endpoint it opened itself: the same work
+//! requests (RDMA Write, RDMA Read, Flush) with the same STag, rights and
+//! bounds checks as a remote peer gets, executed by this module's workers
+//! straight between the WR's local memory and the target region (for a
+//! backed region, `RegionBackend::write_at` from the caller's buffer: one
+//! copy, as `pwrite` from a user buffer).
+//!
+//! Ordering ([`crate::QpInitAttr::relaxed_ordering`]):
+//! - **strict** (default, RDMA's): one worker; WRs execute and complete in
+//!   posting order;
+//! - **relaxed**: [`WORKERS`] workers take WRs in posting order but run
+//!   them at once, and each completes when it is done (out of order: a small
+//!   Write overtakes a large one).
+//!
+//! A WR with [`crate::SendFlags::FENCE`] starts only when every earlier WR
+//! has completed, and no later WR starts before it completes (RDMA's fence,
+//! widened from Reads to every earlier WR). A Flush is always fenced, and
+//! completes after the target's `flush`: every earlier Write is durable.
+//!
+//! A remote access error (bad rkey, rights, bounds) completes that WR with
+//! `RemAccessErr` and moves the QP to ERROR, as the Terminate from a
+//! remote responder would; a failing backend gives `RemOpErr`.
+
+use crate::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};
+use crate::mr::{Access, MrInner};
+use crate::qp::QpInner;
+use crate::sys::RawSpan;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
+
+/// Workers of a relaxed-ordering local QP.
+pub const WORKERS: usize = 4;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
+    Write,
+    Read,
+    Flush,
+}
+
+pub(crate) struct Job {
+    pub wr_id: u64,
+    pub signaled: bool,
+    pub fence: bool,
+    pub kind: Kind,
+    /// The WR's local memory, held by `keep`.
+    pub spans: Vec<RawSpan>,
+    /// Holds the memory of `spans` until the job is done.
+    #[allow(dead_code)]
+    pub keep: Vec<Arc<MrInner>>,
+    pub target: Arc<MrInner>,
+    /// Region-relative offset.
+    pub off: u64,
+    pub len: u64,
+}
+
+// SAFETY: the raw spans point into registrations that `keep` holds; the
+// job moves to a worker thread as a whole.
+unsafe impl Send for Job {}
+
+struct State {
+    pending: VecDeque<Job>,
+    running: usize,
+    /// A fenced WR is running: nothing else starts.
+    fenced: bool,
+    stop: bool,
+}
+
+pub(crate) struct LocalLink {
+    relaxed: bool,
+    st: Mutex<State>,
+    cv: Condvar,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl LocalLink {
+    pub fn start(q: &Arc<QpInner>, relaxed: bool) -> Arc<LocalLink> {
+        let l = Arc::new(LocalLink {
+            relaxed,
+            st: Mutex::new(State {
+                pending: VecDeque::new(),
+                running: 0,
+                fenced: false,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+            threads: Mutex::new(Vec::new()),
+        });
+        let n = if relaxed { WORKERS } else { 1 };
+        let mut ts = l.threads.lock();
+        for i in 0..n {
+            let (link, qp, cq) = (l.clone(), Arc::downgrade(q), q.send_cq.clone());
+            let qpn = q.qpn;
+            ts.push(
+                std::thread::Builder::new()
+                    .name(format!("softrdma-local{qpn}.{i}"))
+                    .spawn(move || link.worker(&qp, &cq, qpn))
+                    .expect("spawn local worker"),
+            );
+        }
+        drop(ts);
+        l
+    }
+
+    /// WRs queued or running.
+    pub fn outstanding(&self) -> usize {
+        let st = self.st.lock();
+        st.pending.len() + st.running
+    }
+
+    pub fn submit(&self, jobs: Vec<Job>) {
+        let mut st = self.st.lock();
+        st.pending.extend(jobs);
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Stops the workers; queued WRs complete as flushed.
+    pub fn stop(&self) {
+        self.st.lock().stop = true;
+        self.cv.notify_all();
+        let me = std::thread::current().id();
+        for t in self.threads.lock().drain(..) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn worker(&self, qp: &Weak<QpInner>, cq: &CqInner, qpn: u32) {
+        let mut st = self.st.lock();
+        loop {
+            if st.stop {
+                // Flush what is left (once: whoever finds it).
+                for j in st.pending.drain(..) {
+                    cq.push(wc(qpn, &j, WcStatus::WrFlushErr));
+                }
+                return;
+            }
+            let startable = match st.pending.front() {
+                None => false,
+                Some(j) => {
+                    let fenced = j.fence || j.kind == Kind::Flush;
+                    !st.fenced && (!fenced || st.running == 0) && (self.relaxed || st.running == 0)
+                }
+            };
+            if !startable {
+                self.cv.wait(&mut st);
+                continue;
+            }
+            let j = st.pending.pop_front().expect("front exists");
+            let fenced = j.fence || j.kind == Kind::Flush;
+            st.running += 1;
+            st.fenced |= fenced;
+            drop(st);
+            let failed_qp = qp
+                .upgrade()
+                .is_none_or(|q| q.state() == crate::QpState::Error);
+            let status = if failed_qp {
+                WcStatus::WrFlushErr
+            } else {
+                match execute(&j) {
+                    Ok(()) => WcStatus::Success,
+                    Err(e) => {
+                        tracing::error!(qpn, stag = j.target.stag, "local access failed: {e}");
+                        WcStatus::RemOpErr
+                    }
+                }
+            };
+            if status == WcStatus::Success {
+                if j.signaled {
+                    cq.push(wc(qpn, &j, status));
+                }
+            } else {
+                cq.push(wc(qpn, &j, status));
+                if status != WcStatus::WrFlushErr {
+                    fail(qp, qpn, "backing I/O failed");
+                }
+            }
+            drop(j);
+            st = self.st.lock();
+            st.running -= 1;
+            if fenced {
+                st.fenced = false;
+            }
+            self.cv.notify_all();
+        }
+    }
+}
+
+fn fail(qp: &Weak<QpInner>, qpn: u32, reason: &str) {
+    if let Some(q) = qp.upgrade() {
+        q.fail(
+            WcStatus::WrFlushErr,
+            Some(crate::device::AsyncEvent::QpFatal {
+                qpn,
+                reason: reason.into(),
+            }),
+        );
+    }
+}
+
+pub(crate) fn wc(qpn: u32, j: &Job, status: WcStatus) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: j.wr_id,
+        status,
+        opcode: match j.kind {
+            Kind::Write => WcOpcode::RdmaWrite,
+            Kind::Read => WcOpcode::RdmaRead,
+            Kind::Flush => WcOpcode::Flush,
+        },
+        byte_len: j.len as u32,
+        qp_num: qpn,
+        ..Default::default()
+    }
+}
+
+/// The access a job needs on its target.
+pub(crate) fn need(kind: Kind) -> Access {
+    match kind {
+        Kind::Write => Access::REMOTE_WRITE,
+        Kind::Read => Access::REMOTE_READ,
+        Kind::Flush => Access::LOCAL_READ,
+    }
+}
+
+fn execute(j: &Job) -> std::io::Result<()> {
+    let t = &j.target;
+    match (&t.backend, j.kind) {
+        (Some(b), Kind::Flush) => b.flush(),
+        (None, Kind::Flush) => Ok(()),
+        (Some(b), kind) => {
+            let mut off = j.off;
+            for s in &j.spans {
+                if kind == Kind::Write {
+                    // SAFETY: the span lies in a registration held by
+                    // `j.keep`, checked for local read when posted; it stays
+                    // mapped for the call. Other accesses to the same bytes
+                    // meanwhile (the application, a peer) race as they would
+                    // with a NIC's DMA: the backend gets old or new bytes.
+                    let src = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
+                    b.write_at(off, src)?;
+                } else {
+                    // SAFETY: as above, checked for local write; the bytes
+                    // are only written through this slice during the call.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
+                    b.read_at(off, dst)?;
+                }
+                off += s.len as u64;
+            }
+            Ok(())
+        }
+        (None, kind) => {
+            let mut remote = Vec::new();
+            t.resolve(t.iova + j.off, j.len, &mut remote);
+            let mut skip = 0;
+            for s in &j.spans {
+                // SAFETY: both sides are spans of registrations held by
+                // the job (`keep`, `target`), bounds-checked when posted;
+                // distinct registrations (or the application's own overlap,
+                // which RDMA leaves undefined).
+                unsafe {
+                    if kind == Kind::Write {
+                        let src = std::slice::from_raw_parts(s.ptr as *const u8, s.len);
+                        crate::mr::copy_into_spans(&remote, skip, src);
+                    } else {
+                        let dst = std::slice::from_raw_parts_mut(s.ptr, s.len);
+                        crate::mr::copy_from_spans(&remote, skip, dst);
+                    }
+                }
+                skip += s.len;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Regions backed by something other than memory (`RegionBackend`, the
+//! storage endpoint's partitions): Writes, Reads and flushes reach the
+//! backend in the QP's order, after the checks every region gets; a flush
+//! completes only after the backend's flush returned; such a region is
+//! never reached through a local SGE or the same-host fast path.
+
+mod common;
+use common::*;
+use parking_lot::Mutex;
+use softrdma_verbs::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Event {
+    Write(u64, usize),
+    Read(u64, usize),
+    Flush,
+}
+
+struct Mem {
+    data: Mutex<Vec<u8>>,
+    log: Mutex<Vec<Event>>,
+    fail: AtomicBool,
+}
+
+impl Mem {
+    fn new(len: usize) -> Arc<Mem> {
+        Arc::new(Mem {
+            data: Mutex::new(vec![0; len]),
+            log: Mutex::new(Vec::new()),
+            fail: AtomicBool::new(false),
+        })
+    }
+}
+
+impl RegionBackend for Mem {
+    fn write_at(&self, off: u64, d: &[u8]) -> std::io::Result<()> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other("injected"));
+        }
+        self.log.lock().push(Event::Write(off, d.len()));
+        self.data.lock()[off as usize..off as usize + d.len()].copy_from_slice(d);
+        Ok(())
+    }
+    fn read_at(&self, off: u64, b: &mut [u8]) -> std::io::Result<()> {
+        self.log.lock().push(Event::Read(off, b.len()));
+        b.copy_from_slice(&self.data.lock()[off as usize..off as usize + b.len()]);
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.log.lock().push(Event::Flush);
+        Ok(())
+    }
+}
+
+fn ext() -> ConnParams {
+    ConnParams {
+        extensions: true,
+        ..Default::default()
+    }
+}
+
+const BASE: u64 = 0x7000_0000;
+
+fn backed(s: &Side, mem: &Arc<Mem>, access: Access) -> MemoryRegion {
+    let len = mem.data.lock().len() as u64;
+    s.pd.register_backend(
+        mem.clone(),
+        len,
+        access,
+        RegOptions {
+            iova: Some(BASE),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Multi-segment Writes, Reads and a flush, on a connection that also has
+/// the same-host path (both ends are in this process): every byte reaches
+/// the backend and comes back, nothing went the direct way, and the flush
+/// completed after the backend flushed everything written before it.
+#[test]
+fn writes_reads_and_flush_reach_the_backend() {
+    let (c, s) = pair_with(ext(), ext(), |_| {});
+    assert!(c.qp.conn_params().unwrap().same_host);
+    let n = 1 << 20;
+    let mem = Mem::new(n);
+    let r = backed(&s, &mem, Access::REMOTE_READ | Access::REMOTE_WRITE);
+    assert!(r.as_ptr().is_null());
+    let src = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    let dst = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    let data = pattern(n, 3);
+    src.write_at(0, &data);
+    // 300 KiB at an odd offset (several segments), then 5 small ones.
+    let mut writes = vec![(1000usize, 300 << 10)];
+    for i in 0..5 {
+        writes.push((600_000 + i * 7, 13));
+    }
+    for (i, &(off, len)) in writes.iter().enumerate() {
+        c.qp.post_send(&SendWr::write(
+            i as u64,
+            &[src.sge(off, len)],
+            BASE + off as u64,
+            r.rkey(),
+        ))
+        .unwrap();
+    }
+    c.qp.post_send(&SendWr::flush(100, BASE, r.rkey())).unwrap();
+    for i in 0..writes.len() as u64 {
+        let wc = wait(&c.cq);
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+    }
+    let wc = wait(&c.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (100, WcStatus::Success, WcOpcode::Flush)
+    );
+    // At the flush's completion the backend has flushed, after every write.
+    {
+        let log = mem.log.lock();
+        assert_eq!(log.last(), Some(&Event::Flush), "{log:?}");
+        let written: usize = log
+            .iter()
+            .map(|e| match e {
+                Event::Write(_, l) => *l,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(written, (300 << 10) + 5 * 13);
+        assert!(
+            log.iter().filter(|e| matches!(e, Event::Write(..))).count() > 6,
+            "segments"
+        );
+    }
+    for &(off, len) in &writes {
+        assert_eq!(&mem.data.lock()[off..off + len], &data[off..off + len]);
+    }
+    // Read it back through the QP.
+    c.qp.post_send(&SendWr::read(
+        7,
+        dst.sge(1000, 300 << 10),
+        BASE + 1000,
+        r.rkey(),
+    ))
+    .unwrap();
+    let wc = wait(&c.cq);
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+    let mut got = vec![0; 300 << 10];
+    dst.read_at(1000, &mut got);
+    assert_eq!(got, data[1000..1000 + (300 << 10)]);
+    assert_eq!(c.qp.same_host_stats().unwrap().direct_ops, 0);
+    // The region's own accessors go to the backend too.
+    let mut b = [0u8; 13];
+    r.read_at(600_000, &mut b);
+    assert_eq!(b[..], data[600_000..600_013]);
+}
+
+/// A flush of a region in memory completes at once.
+#[test]
+fn flush_of_a_memory_region_completes() {
+    let (c, s) = pair();
+    let m = s.pd.alloc_mr(4096, Access::ALL).unwrap();
+    c.qp.post_send(&SendWr::flush(1, m.addr(), m.rkey()))
+        .unwrap();
+    let wc = wait(&c.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (1, WcStatus::Success, WcOpcode::Flush)
+    );
+}
+
+/// A principal with read access only: its Write is refused with the RDMAP
+/// access-rights Terminate and the backend sees nothing.
+#[test]
+fn write_without_rights_is_refused_and_touches_nothing() {
+    let (c, s) = pair();
+    let mem = Mem::new(8192);
+    let r = backed(&s, &mem, Access::REMOTE_READ);
+    let src = c.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    src.write_at(0, &[9; 4096]);
+    c.qp.post_send(&SendWr::write(1, &[src.sge(0, 4096)], BASE, r.rkey()))
+        .unwrap();
+    c.qp.post_send(&SendWr::read(2, src.sge(0, 8), BASE, r.rkey()))
+        .unwrap();
+    let mut bad = 0;
+    for _ in 0..2 {
+        if wait(&c.cq).status != WcStatus::Success {
+            bad += 1;
+        }
+    }
+    assert!(bad >= 1);
+    assert!(c.qp.wait_state(QpState::Error, T));
+    assert!(mem
+        .log
+        .lock()
+        .iter()
+        .all(|e| !matches!(e, Event::Write(..))));
+    assert!(mem.data.lock().iter().all(|&b| b == 0));
+}
+
+/// Outside the region, or a backend that fails: Terminate, QP in ERROR, no
+/// panic, nothing placed.
+#[test]
+fn out_of_bounds_and_backend_errors_end_the_connection() {
+    for fail in [false, true] {
+        let (c, s) = pair();
+        let mem = Mem::new(8192);
+        mem.fail.store(fail, Ordering::Relaxed);
+        let r = backed(&s, &mem, Access::REMOTE_WRITE);
+        let src = c.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let to = if fail { BASE } else { BASE + 8192 - 100 };
+        c.qp.post_send(&SendWr::write(1, &[src.sge(0, 4096)], to, r.rkey()))
+            .unwrap();
+        c.qp.post_send(&SendWr::flush(2, BASE, r.rkey())).unwrap();
+        let mut statuses = [wait(&c.cq).status, wait(&c.cq).status];
+        statuses.sort_by_key(|s| *s == WcStatus::Success);
+        assert_ne!(statuses[0], WcStatus::Success, "fail={fail}");
+        assert!(c.qp.wait_state(QpState::Error, T));
+        assert!(s.qp.wait_state(QpState::Error, T));
+        assert!(mem.data.lock().iter().all(|&b| b == 0));
+    }
+}
+
+/// Such a region is remote-only: registering it with local or atomic
+/// rights fails, and naming it in a local SGE is a local protection error.
+#[test]
+fn backed_regions_are_remote_only() {
+    let (c, _s) = pair();
+    let mem = Mem::new(4096);
+    for a in [Access::LOCAL_WRITE, Access::REMOTE_ATOMIC] {
+        assert!(c
+            .pd
+            .register_backend(mem.clone(), 4096, a, RegOptions::default())
+            .is_err());
+    }
+    let r = backed(&c, &mem, Access::REMOTE_READ | Access::REMOTE_WRITE);
+    let dst = c.pd.alloc_mr(4096, Access::ALL).unwrap();
+    c.qp.post_send(&SendWr::write(1, &[r.sge(0, 16)], dst.addr(), dst.rkey()))
+        .unwrap();
+    let wc = wait(&c.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::LocProtErr));
+}
