@@ -60,6 +60,18 @@ enum Cmd {
     },
     /// Print PRINCIPAL's token (what its peers present when they connect).
     Token { path: PathBuf, principal: String },
+    /// Serve the store as an iWARP storage target: peers connect with a
+    /// principal's token in their MPA private data and RDMA-Write, Read
+    /// and Flush its partitions (docs/storage.md). Runs until killed.
+    Serve {
+        path: PathBuf,
+        /// TCP port (0: any; the line printed at start names it).
+        #[arg(long, default_value_t = 7472)]
+        port: u16,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
+    },
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -131,6 +143,20 @@ pub fn run(a: Args) -> Result<()> {
         Cmd::Token { path, principal } => {
             let s = Store::open(&path)?;
             println!("{}", hex(&s.token(&principal)?));
+            Ok(())
+        }
+        Cmd::Serve { path, port, bind } => {
+            use softrdma_storage::endpoint::{Endpoint, Target};
+            let ep = std::sync::Arc::new(Endpoint::open(&path.to_string_lossy())?);
+            let n = ep.store().layout().partitions.len();
+            let name = ep.name();
+            let t = Target::bind(ep, std::net::SocketAddr::new(bind, port))
+                .map_err(anyhow::Error::msg)
+                .context("starting the storage target")?;
+            println!("serving {name} on {} ({n} partitions)", t.local_addr());
+            use std::io::Write;
+            std::io::stdout().flush()?;
+            t.run(&std::sync::atomic::AtomicBool::new(false));
             Ok(())
         }
     }

@@ -13,6 +13,7 @@
 //! exclusive `flock` on the device, so two administrators cannot lose each
 //! other's changes.
 
+pub mod endpoint;
 pub mod io;
 pub mod layout;
 

@@ -1,0 +1,548 @@
+//! A store opened as an RDMA endpoint (`storage:PATH`): each partition is
+//! a memory region with its own STag, registered per connection with the
+//! connecting principal's rights, whose RDMA Writes and Reads become
+//! `pwrite`/`pread` on the device and whose zero-length Read (the engine's
+//! [`WrOp::Flush`](softrdma_verbs::WrOp::Flush)) is `fdatasync`.
+//!
+//! - **Locally**, [`Endpoint::attach`] registers the partitions in a
+//!   protection domain of the caller's device and a QP of that domain
+//!   reaches them with [`QueuePair::connect_local`] (no network).
+//! - **Remotely**, [`serve`] (the CLI's `softrdma storage serve`) accepts
+//!   iWARP connections whose MPA private data carries a principal's token
+//!   ([`ConnectRequest`] below); an unknown token is rejected in the MPA
+//!   reply with a reason; the accept lists each reachable partition's STag
+//!   and length. [`connect`] is the client side.
+//!
+//! Ordering: strict by default (each Write is in the page cache before the
+//! next message is processed, Reads see every earlier Write). Relaxed
+//! (a flag in the connect request, or `attach(.., relaxed)`): a remote
+//! connection's Writes are queued to I/O workers and processed in any
+//! order (a later Read may miss them); a local QP created with
+//! `relaxed_ordering` completes out of order. In both modes a Flush waits
+//! for every earlier Write and then makes them durable, and a failed
+//! earlier Write fails the Flush.
+
+use crate::layout::Rights;
+use crate::{StorageError, Store};
+use parking_lot::{Condvar, Mutex};
+use softrdma_verbs::{
+    Access, ConnParams, Device, MemoryRegion, ProtectionDomain, QpState, QueuePair, RegOptions,
+    RegionBackend,
+};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One partition's bytes on the device.
+pub struct PartitionBackend {
+    file: Arc<File>,
+    base: u64,
+    len: u64,
+    relaxed: Option<Arc<Writer>>,
+}
+
+impl PartitionBackend {
+    fn check(&self, off: u64, n: usize) -> io::Result<u64> {
+        match off.checked_add(n as u64) {
+            Some(end) if end <= self.len => Ok(self.base + off),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "outside the partition",
+            )),
+        }
+    }
+}
+
+impl RegionBackend for PartitionBackend {
+    fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        let at = self.check(off, data.len())?;
+        match &self.relaxed {
+            Some(w) => {
+                w.submit(at, data.to_vec());
+                Ok(())
+            }
+            None => self.file.write_all_at(data, at),
+        }
+    }
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = self.check(off, buf.len())?;
+        self.file.read_exact_at(buf, at)
+    }
+    fn flush(&self) -> io::Result<()> {
+        if let Some(w) = &self.relaxed {
+            w.drain()?;
+        }
+        self.file.sync_data()
+    }
+}
+
+/// The I/O workers behind a relaxed-ordering connection's Writes.
+struct Writer {
+    st: Mutex<WState>,
+    cv: Condvar,
+}
+
+struct WState {
+    queue: std::collections::VecDeque<(u64, Vec<u8>)>,
+    running: usize,
+    error: Option<io::Error>,
+    stop: bool,
+}
+
+/// I/O workers per relaxed connection.
+const WRITERS: usize = 2;
+/// Bytes a relaxed connection may have queued before its Writes wait.
+const MAX_QUEUED: usize = 64 << 20;
+
+impl Writer {
+    fn start(file: Arc<File>) -> Arc<Writer> {
+        let w = Arc::new(Writer {
+            st: Mutex::new(WState {
+                queue: Default::default(),
+                running: 0,
+                error: None,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+        });
+        for i in 0..WRITERS {
+            let (w, f) = (w.clone(), file.clone());
+            std::thread::Builder::new()
+                .name(format!("storage-wr{i}"))
+                .spawn(move || w.run(&f))
+                .expect("spawn storage writer");
+        }
+        w
+    }
+
+    fn submit(&self, at: u64, data: Vec<u8>) {
+        let mut st = self.st.lock();
+        // Back-pressure: the receiver waits rather than queue unbounded.
+        while st.queue.iter().map(|(_, d)| d.len()).sum::<usize>() > MAX_QUEUED {
+            self.cv.wait(&mut st);
+        }
+        st.queue.push_back((at, data));
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Waits for every queued write; returns (and clears) the first error.
+    fn drain(&self) -> io::Result<()> {
+        let mut st = self.st.lock();
+        while !st.queue.is_empty() || st.running > 0 {
+            self.cv.wait(&mut st);
+        }
+        st.error.take().map_or(Ok(()), Err)
+    }
+
+    fn run(&self, f: &File) {
+        let mut st = self.st.lock();
+        loop {
+            if let Some((at, d)) = st.queue.pop_front() {
+                st.running += 1;
+                drop(st);
+                let r = f.write_all_at(&d, at);
+                st = self.st.lock();
+                st.running -= 1;
+                if let Err(e) = r {
+                    st.error.get_or_insert(e);
+                }
+                self.cv.notify_all();
+            } else if st.stop {
+                return;
+            } else {
+                self.cv.wait(&mut st);
+            }
+        }
+    }
+}
+
+impl Drop for PartitionBackend {
+    fn drop(&mut self) {
+        if let Some(w) = &self.relaxed {
+            // Registrations of one connection share the writer; the last
+            // one stops it (after its queue drained).
+            if Arc::strong_count(w) == 1 + WRITERS {
+                let _ = w.drain();
+                w.st.lock().stop = true;
+                w.cv.notify_all();
+            }
+        }
+    }
+}
+
+/// A partition as seen by one principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionRegion {
+    /// Partition index.
+    pub index: u32,
+    /// The STag of its region.
+    pub rkey: u32,
+    /// Its length (addresses run from 0).
+    pub len: u64,
+    /// What the principal may do.
+    pub rights: Rights,
+}
+
+/// The partitions registered for one principal in one protection domain.
+/// Dropping it deregisters them.
+pub struct Session {
+    /// Who.
+    pub principal: String,
+    /// The reachable partitions (rights not empty), by index.
+    pub regions: Vec<PartitionRegion>,
+    _mrs: Vec<MemoryRegion>,
+}
+
+impl Session {
+    /// The region of partition `index`, if reachable.
+    pub fn region(&self, index: u32) -> Option<&PartitionRegion> {
+        self.regions.iter().find(|r| r.index == index)
+    }
+}
+
+/// An opened store, ready to serve its partitions.
+pub struct Endpoint {
+    store: Store,
+    file: Arc<File>,
+}
+
+impl Endpoint {
+    /// Opens `storage:PATH` (or a plain PATH).
+    pub fn open(name: &str) -> Result<Endpoint, StorageError> {
+        let path = Path::new(name.strip_prefix("storage:").unwrap_or(name));
+        let store = Store::open(path)?;
+        let file = Arc::new(store.file().try_clone().map_err(|err| StorageError::Io {
+            path: path.to_path_buf(),
+            err,
+        })?);
+        Ok(Endpoint { store, file })
+    }
+
+    /// The endpoint's name, `storage:PATH`.
+    pub fn name(&self) -> String {
+        format!("storage:{}", self.store.path().display())
+    }
+
+    /// The store behind it.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The principal a token belongs to (constant-time comparison).
+    pub fn authenticate(&self, token: &[u8]) -> Option<String> {
+        let l = self.store.layout();
+        l.authenticate(token)
+            .map(|i| l.principals[i as usize].name.clone())
+    }
+
+    /// Registers every partition `principal` has rights on, as a region of
+    /// `pd` with exactly those rights (`REMOTE_READ`, `REMOTE_WRITE`).
+    /// With `relaxed`, Writes arriving over a connection are queued to I/O
+    /// workers (see the module's notes on ordering).
+    pub fn attach(
+        &self,
+        pd: &ProtectionDomain,
+        principal: &str,
+        relaxed: bool,
+    ) -> Result<Session, StorageError> {
+        let l = self.store.layout();
+        let who = l
+            .principals
+            .iter()
+            .position(|p| p.name == principal)
+            .ok_or_else(|| StorageError::NoSuchPrincipal(principal.into()))?;
+        let writer = relaxed.then(|| Writer::start(self.file.clone()));
+        let mut regions = Vec::new();
+        let mut mrs = Vec::new();
+        for (i, p) in l.partitions.iter().enumerate() {
+            let rights = l.rights(i as u32, who as u32);
+            if rights.is_empty() {
+                continue;
+            }
+            let mut access = Access::LOCAL_READ;
+            if rights.contains(Rights::READ) {
+                access = access | Access::REMOTE_READ;
+            }
+            if rights.contains(Rights::WRITE) {
+                access = access | Access::REMOTE_WRITE;
+            }
+            let b = PartitionBackend {
+                file: self.file.clone(),
+                base: p.offset,
+                len: p.size,
+                relaxed: writer.clone(),
+            };
+            let mr = pd
+                .register_backend(
+                    Arc::new(b),
+                    p.size,
+                    access,
+                    RegOptions {
+                        iova: Some(0),
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| StorageError::BadSpec(format!("registering partition {i}: {e}")))?;
+            regions.push(PartitionRegion {
+                index: i as u32,
+                rkey: mr.rkey(),
+                len: p.size,
+                rights,
+            });
+            mrs.push(mr);
+        }
+        Ok(Session {
+            principal: principal.into(),
+            regions,
+            _mrs: mrs,
+        })
+    }
+}
+
+// ------------------------------------------------------------ wire format
+
+/// Connect request private data: magic, version, flags, token.
+const REQ_MAGIC: &[u8; 4] = b"SRSQ";
+/// Accept private data: magic, version, count, then the partitions.
+const ACC_MAGIC: &[u8; 4] = b"SRSA";
+/// Reject private data: magic, then a UTF-8 reason.
+const REJ_MAGIC: &[u8; 4] = b"SRSJ";
+const VERSION: u8 = 1;
+/// Flag: relaxed ordering.
+const FLAG_RELAXED: u8 = 1;
+const REQ_LEN: usize = 8 + 32;
+const ENTRY_LEN: usize = 16;
+/// Partitions an accept can list (MPA private data is at most 512 bytes).
+pub const MAX_LISTED: usize = 24;
+
+/// What a client sends in its MPA request.
+pub fn encode_request(token: &[u8; 32], relaxed: bool) -> Vec<u8> {
+    let mut v = Vec::with_capacity(REQ_LEN);
+    v.extend_from_slice(REQ_MAGIC);
+    v.push(VERSION);
+    v.push(if relaxed { FLAG_RELAXED } else { 0 });
+    v.extend_from_slice(&[0, 0]);
+    v.extend_from_slice(token);
+    v
+}
+
+/// Parses a connect request: (token, relaxed).
+pub fn decode_request(b: &[u8]) -> Result<([u8; 32], bool), String> {
+    if b.len() != REQ_LEN || &b[..4] != REQ_MAGIC {
+        return Err("not a softrdma storage connect request".into());
+    }
+    if b[4] != VERSION {
+        return Err(format!("unsupported request version {}", b[4]));
+    }
+    if b[5] & !FLAG_RELAXED != 0 {
+        return Err(format!("unknown flags {:#x}", b[5]));
+    }
+    let mut t = [0; 32];
+    t.copy_from_slice(&b[8..]);
+    Ok((t, b[5] & FLAG_RELAXED != 0))
+}
+
+/// The accept's list of partitions.
+pub fn encode_accept(regions: &[PartitionRegion]) -> Result<Vec<u8>, String> {
+    if regions.len() > MAX_LISTED {
+        return Err(format!(
+            "{} partitions reachable; a connection lists at most {MAX_LISTED}",
+            regions.len()
+        ));
+    }
+    let mut v = Vec::with_capacity(8 + regions.len() * ENTRY_LEN);
+    v.extend_from_slice(ACC_MAGIC);
+    v.push(VERSION);
+    v.push(regions.len() as u8);
+    v.extend_from_slice(&[0, 0]);
+    for r in regions {
+        v.extend_from_slice(&(r.index as u16).to_be_bytes());
+        v.push(rights_bits(r.rights));
+        v.push(0);
+        v.extend_from_slice(&r.rkey.to_be_bytes());
+        v.extend_from_slice(&r.len.to_be_bytes());
+    }
+    Ok(v)
+}
+
+fn rights_bits(r: Rights) -> u8 {
+    (r.contains(Rights::READ) as u8) | (r.contains(Rights::WRITE) as u8) << 1
+}
+
+/// Parses an accept.
+pub fn decode_accept(b: &[u8]) -> Result<Vec<PartitionRegion>, String> {
+    if b.len() < 8 || &b[..4] != ACC_MAGIC || b[4] != VERSION {
+        return Err("not a softrdma storage accept".into());
+    }
+    let n = b[5] as usize;
+    if n > MAX_LISTED || b.len() != 8 + n * ENTRY_LEN {
+        return Err("malformed storage accept".into());
+    }
+    b[8..]
+        .chunks_exact(ENTRY_LEN)
+        .map(|e| {
+            let rights = match e[2] {
+                1 => Rights::READ,
+                2 => Rights::WRITE,
+                3 => Rights::READ_WRITE,
+                x => return Err(format!("bad rights {x:#x}")),
+            };
+            Ok(PartitionRegion {
+                index: u16::from_be_bytes([e[0], e[1]]) as u32,
+                rights,
+                rkey: u32::from_be_bytes(e[4..8].try_into().expect("4 bytes")),
+                len: u64::from_be_bytes(e[8..16].try_into().expect("8 bytes")),
+            })
+        })
+        .collect()
+}
+
+/// Why a connection to a storage target failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The target refused: unknown token, or a malformed request.
+    #[error("the storage target refused the connection: {0}")]
+    Refused(String),
+    /// Anything else (network, MPA, a malformed accept).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Connects `qp` to a storage target at `addr` as the principal whose
+/// token is `token`; returns the partitions it may reach.
+pub fn connect(
+    qp: &QueuePair,
+    addr: std::net::SocketAddr,
+    token: &[u8; 32],
+    relaxed: bool,
+) -> Result<Vec<PartitionRegion>, ConnectError> {
+    let params = ConnParams {
+        private_data: encode_request(token, relaxed),
+        ..Default::default()
+    };
+    match qp.connect(addr, &params) {
+        Ok(pd) => decode_accept(&pd).map_err(ConnectError::Other),
+        Err(softrdma_verbs::Error::Rejected { private_data }) => {
+            let why = match private_data.strip_prefix(REJ_MAGIC) {
+                Some(r) => String::from_utf8_lossy(r).into_owned(),
+                None => "rejected (no reason given)".into(),
+            };
+            Err(ConnectError::Refused(why))
+        }
+        Err(e) => Err(ConnectError::Other(e.to_string())),
+    }
+}
+
+/// A storage target: accepts connections until `stop` is set.
+pub struct Target {
+    ep: Arc<Endpoint>,
+    dev: Device,
+    listener: softrdma_verbs::Listener,
+}
+
+struct Conn {
+    qp: QueuePair,
+    _session: Session,
+    _cq: softrdma_verbs::CompletionQueue,
+    _pd: ProtectionDomain,
+}
+
+impl Target {
+    /// Listens on `addr` on a device of its own.
+    pub fn bind(ep: Arc<Endpoint>, addr: std::net::SocketAddr) -> Result<Target, String> {
+        let dev = Device::open(softrdma_verbs::DeviceConfig {
+            // Backed regions never take the same-host path; nothing to
+            // offer.
+            same_host: false,
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+        let listener = dev.listen(addr).map_err(|e| e.to_string())?;
+        Ok(Target { ep, dev, listener })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.listener.local_addr().expect("bound listener")
+    }
+
+    /// Serves until `stop` is set (checked every 100 ms).
+    pub fn run(&self, stop: &AtomicBool) {
+        let mut conns: Vec<Conn> = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            conns.retain(|c| c.qp.state() != QpState::Error);
+            let req = match self
+                .listener
+                .get_request_timeout(Duration::from_millis(100))
+            {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("storage target: connection request failed: {e}");
+                    continue;
+                }
+            };
+            let peer = req.peer_addr();
+            match self.admit(req) {
+                Ok(c) => {
+                    tracing::info!(%peer, principal = %c._session.principal, "storage connection");
+                    conns.push(c)
+                }
+                Err(e) => tracing::warn!(%peer, "storage connection refused: {e}"),
+            }
+        }
+    }
+
+    fn admit(&self, req: softrdma_verbs::ConnectRequest) -> Result<Conn, String> {
+        let refuse = |req: softrdma_verbs::ConnectRequest, why: String| {
+            let mut pd = REJ_MAGIC.to_vec();
+            pd.extend_from_slice(why.as_bytes());
+            let _ = req.reject(&pd);
+            Err(why)
+        };
+        let (token, relaxed) = match decode_request(req.private_data()) {
+            Ok(x) => x,
+            Err(e) => return refuse(req, e),
+        };
+        let Some(principal) = self.ep.authenticate(&token) else {
+            return refuse(req, "unknown token".into());
+        };
+        let pd = self.dev.alloc_pd().map_err(|e| e.to_string())?;
+        let session = self
+            .ep
+            .attach(&pd, &principal, relaxed)
+            .map_err(|e| e.to_string())?;
+        let accept = match encode_accept(&session.regions) {
+            Ok(a) => a,
+            Err(e) => return refuse(req, e),
+        };
+        let cq = self.dev.create_cq(64).map_err(|e| e.to_string())?;
+        let qp = pd
+            .create_qp(softrdma_verbs::QpInitAttr::new(&cq))
+            .map_err(|e| e.to_string())?;
+        req.accept(
+            &qp,
+            &ConnParams {
+                private_data: accept,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Conn {
+            qp,
+            _session: session,
+            _cq: cq,
+            _pd: pd,
+        })
+    }
+}
+
+/// The store's path from an endpoint name.
+pub fn path_of(name: &str) -> PathBuf {
+    PathBuf::from(name.strip_prefix("storage:").unwrap_or(name))
+}
