@@ -8,6 +8,7 @@ mod demo;
 mod info;
 mod rping;
 mod storage;
+mod storage_bench;
 mod store;
 mod store_bench;
 

@@ -72,6 +72,25 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1")]
         bind: std::net::IpAddr,
     },
+    /// Benchmark the endpoint (local and through a target on loopback)
+    /// against fio and a raw TCP pump in the same run. PATH: a store
+    /// (principal "bench" gets rw on partition 0) or a new file (a 1 GiB
+    /// store is created).
+    Bench {
+        path: PathBuf,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 1.5)]
+        seconds: f64,
+        /// Bytes of partition 0 to cycle over.
+        #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+        working_set: u64,
+        /// Skip fio.
+        #[arg(long)]
+        no_fio: bool,
+    },
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -145,6 +164,21 @@ pub fn run(a: Args) -> Result<()> {
             println!("{}", hex(&s.token(&principal)?));
             Ok(())
         }
+        Cmd::Bench {
+            path,
+            json,
+            seconds,
+            working_set,
+            no_fio,
+        } => crate::storage_bench::run(
+            &path,
+            crate::storage_bench::Opts {
+                json,
+                duration: std::time::Duration::from_secs_f64(seconds),
+                working_set,
+                fio: !no_fio,
+            },
+        ),
         Cmd::Serve { path, port, bind } => {
             use softrdma_storage::endpoint::{Endpoint, Target};
             let ep = std::sync::Arc::new(Endpoint::open(&path.to_string_lossy())?);

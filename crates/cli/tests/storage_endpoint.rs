@@ -376,3 +376,61 @@ fn flushed_writes_survive_kill_9() {
     }
     assert!(total_flushes > 0, "no flush completed in {rounds} rounds");
 }
+
+/// `softrdma storage bench --json` on a new file: every configuration of
+/// the issue, each line with its fields, local lines with fio's figure and
+/// the ratio, remote lines with the TCP pump's, mixed lines with the
+/// small requests' latency (short runs: this checks the tool, not speed).
+#[test]
+fn storage_bench_reports_every_configuration() {
+    require_tool("fio");
+    let w = Work::new("storage-bench");
+    let p = w.path("bench.img");
+    let out = Command::new(SOFTRDMA)
+        .args([
+            "storage",
+            "bench",
+            p.to_str().unwrap(),
+            "--json",
+            "--seconds",
+            "0.05",
+        ])
+        .args(["--working-set", "16MiB"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 32 + 4);
+    let mut seen = std::collections::HashSet::new();
+    for l in &lines {
+        for k in ["op", "size", "depth", "ordering", "where", "gbps", "iops"] {
+            assert!(l.get(k).is_some(), "{k} missing in {l}");
+        }
+        assert!(l["gbps"].as_f64().unwrap() > 0.0, "{l}");
+        let op = l["op"].as_str().unwrap();
+        if op.ends_with("_mixed") {
+            assert!(l["small_lat_us_p50"].as_f64().unwrap() > 0.0);
+            continue;
+        }
+        let key = format!(
+            "{op} {} {} {} {}",
+            l["size"], l["depth"], l["ordering"], l["where"]
+        );
+        assert!(seen.insert(key), "duplicate {l}");
+        if l["where"] == "local" {
+            assert!(l["fio_gbps"].as_f64().unwrap() > 0.0, "{l}");
+            assert!(l["ratio"].as_f64().unwrap() > 0.0, "{l}");
+        } else {
+            assert!(l["tcp_gbps"].as_f64().unwrap() > 0.0, "{l}");
+        }
+    }
+    assert_eq!(seen.len(), 32);
+}

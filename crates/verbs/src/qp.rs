@@ -846,7 +846,7 @@ fn post_local(q: &Arc<QpInner>, l: &crate::local::LocalLink, wrs: &[SendWr]) -> 
             len: w.len,
         });
     }
-    l.submit(jobs);
+    l.submit(q, jobs);
     if let Some((i, status)) = failed {
         q.send_cq.push(WorkCompletion {
             wr_id: wrs[i].wr_id,

@@ -150,23 +150,27 @@ fn relaxed_ordering_completes_out_of_order_and_fence_holds() {
         if fence {
             small.flags = small.flags | SendFlags::FENCE;
         }
-        l.qp.post_send_batch(&[
+        let batch = [
             SendWr::write(1, &[src.sge(0, 512 << 10)], 4096, r.rkey()),
             small,
-        ])
-        .unwrap();
-        if relaxed && !fence {
-            let wc = wait(&l.cq);
-            assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
-            b.release();
-            assert_eq!(wait(&l.cq).wr_id, 1);
-        } else {
-            // Nothing may complete while the large Write is held.
-            assert!(l.cq.wait_one(Duration::from_millis(300)).is_none());
-            b.release();
-            assert_eq!(wait(&l.cq).wr_id, 1, "relaxed={relaxed} fence={fence}");
-            assert_eq!(wait(&l.cq).wr_id, 2);
-        }
+        ];
+        // Posted from a thread of its own: under strict ordering an idle
+        // QP runs WRs on the posting thread, which then waits at the gate.
+        std::thread::scope(|sc| {
+            sc.spawn(|| l.qp.post_send_batch(&batch).unwrap());
+            if relaxed && !fence {
+                let wc = wait(&l.cq);
+                assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+                b.release();
+                assert_eq!(wait(&l.cq).wr_id, 1);
+            } else {
+                // Nothing may complete while the large Write is held.
+                assert!(l.cq.wait_one(Duration::from_millis(300)).is_none());
+                b.release();
+                assert_eq!(wait(&l.cq).wr_id, 1, "relaxed={relaxed} fence={fence}");
+                assert_eq!(wait(&l.cq).wr_id, 2);
+            }
+        });
     }
 }
 

@@ -15,7 +15,7 @@
 mod perftest;
 mod proto;
 mod server;
-mod tcp;
+pub(crate) mod tcp;
 mod ucx;
 
 use anyhow::{bail, Context, Result};

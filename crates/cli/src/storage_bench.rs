@@ -1,0 +1,445 @@
+//! `softrdma storage bench PATH`: the storage endpoint's Writes and Reads
+//! (4 KiB and 128 KiB, queue depth 1 and 32, strict and relaxed ordering),
+//! locally through a network-less QP and remotely through a storage
+//! target on loopback, with `fio` (io_uring, same file, block size and
+//! depth, buffered like the endpoint) and a raw TCP pump measured in the
+//! same run as baselines; then a mixed-size workload (4 KiB Writes among
+//! 1 MiB ones) under strict and relaxed ordering.
+
+use anyhow::{bail, Context, Result};
+use softrdma_storage::endpoint::{connect, Endpoint, Target};
+use softrdma_storage::layout::Rights;
+use softrdma_storage::{InitOptions, PartitionSpec, Store};
+use softrdma_verbs::*;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct Opts {
+    pub json: bool,
+    pub duration: Duration,
+    /// Bytes of partition 0 the workload cycles over.
+    pub working_set: u64,
+    pub fio: bool,
+}
+
+const PRINCIPAL: &str = "bench";
+const T: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Write,
+    Read,
+}
+
+/// Makes sure PATH is a store whose partition 0 "bench" may write:
+/// creates a 1 GiB store if PATH does not exist.
+fn prepare(path: &Path, ws: u64) -> Result<(u64, [u8; 32])> {
+    if !path.exists() {
+        Store::init(
+            path,
+            &InitOptions {
+                size: Some((ws + (2 << 20)).max(1 << 30)),
+                partitions: PartitionSpec::Equal(1),
+                align: 1 << 20,
+                force: false,
+            },
+        )?;
+        eprintln!("created {} (1 partition)", path.display());
+    }
+    let mut s = Store::open(path)?;
+    if s.token(PRINCIPAL).is_err()
+        || !s
+            .layout()
+            .rights(0, principal_index(&s)?)
+            .contains(Rights::READ_WRITE)
+    {
+        s.grant("0", PRINCIPAL, Rights::READ_WRITE)?;
+        eprintln!(
+            "granted principal {PRINCIPAL:?} rw on partition 0 of {}",
+            path.display()
+        );
+    }
+    let p = &s.layout().partitions[0];
+    if p.size < ws {
+        bail!(
+            "partition 0 has {} bytes; the working set needs {ws}",
+            p.size
+        );
+    }
+    Ok((p.offset, s.token(PRINCIPAL)?))
+}
+
+fn principal_index(s: &Store) -> Result<u32> {
+    Ok(s.layout()
+        .principals
+        .iter()
+        .position(|p| p.name == PRINCIPAL)
+        .unwrap_or(usize::MAX) as u32)
+}
+
+struct Run {
+    ops: u64,
+    secs: f64,
+    /// Latencies (ns) of the small requests (mixed workload only).
+    small_lat: Vec<u64>,
+}
+
+/// Keeps `depth` WRs of `size` bytes outstanding on `qp` for
+/// `dur`, walking the working set sequentially.
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    buf: &MemoryRegion,
+    rkey: u32,
+    op: Op,
+    size: usize,
+    depth: usize,
+    ws: u64,
+    dur: Duration,
+) -> Result<Run> {
+    let mut off = 0u64;
+    let mut next = 0u64;
+    let mut done = 0u64;
+    let start = Instant::now();
+    let mut wcs = vec![WorkCompletion::default(); 64];
+    let mut stopping = false;
+    loop {
+        while !stopping && (next - done) < depth as u64 {
+            if off + size as u64 > ws {
+                off = 0;
+            }
+            let slot = (next % depth as u64) as usize;
+            let sge = buf.sge(slot * size, size);
+            let wr = match op {
+                Op::Write => SendWr::write(next, &[sge], off, rkey),
+                Op::Read => SendWr::read(next, sge, off, rkey),
+            };
+
+            qp.post_send(&wr)?;
+            off += size as u64;
+            next += 1;
+        }
+        if next == done {
+            break;
+        }
+        let mut n = cq.poll(&mut wcs);
+        if n == 0 {
+            match cq.wait_one(T) {
+                Some(wc) => {
+                    wcs[0] = wc;
+                    n = 1;
+                }
+                None => bail!("no completion for {T:?}"),
+            }
+        }
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                bail!("WR {} failed: {:?}", wc.wr_id, wc.status);
+            }
+        }
+        done += n as u64;
+        if start.elapsed() >= dur {
+            stopping = true;
+        }
+    }
+    Ok(Run {
+        ops: done,
+        secs: start.elapsed().as_secs_f64(),
+        small_lat: Vec::new(),
+    })
+}
+
+/// The mixed workload (see its caller): pairs of a 1 MiB and a 4 KiB
+/// Write, the small one's latency measured from when the pair was issued.
+fn mixed(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    buf: &MemoryRegion,
+    rkey: u32,
+    op: Op,
+    ws: u64,
+    dur: Duration,
+) -> Result<Run> {
+    let wr = |id: u64, sge: Sge, to: u64| match op {
+        Op::Write => SendWr::write(id, &[sge], to, rkey),
+        Op::Read => SendWr::read(id, sge, to, rkey),
+    };
+    const BIG: usize = 1 << 20;
+    const SMALL: usize = 4096;
+    let slots = 16;
+    let start = Instant::now();
+    let (mut next, mut done, mut big_out) = (0u64, 0u64, 0usize);
+    let mut off = 0u64;
+    let mut small_lat = Vec::new();
+    let take = |wc: WorkCompletion, big_out: &mut usize, small_seen: &mut bool| -> Result<()> {
+        if wc.status != WcStatus::Success {
+            bail!("WR {} failed: {:?}", wc.wr_id, wc.status);
+        }
+        if wc.wr_id.is_multiple_of(2) {
+            *big_out -= 1;
+        } else {
+            *small_seen = true;
+        }
+        Ok(())
+    };
+    while start.elapsed() < dur {
+        let mut small_seen = false;
+        while big_out >= slots {
+            let wc = cq.wait_one(T).context("no completion")?;
+            take(wc, &mut big_out, &mut small_seen)?;
+            done += 1;
+        }
+        if off + (BIG + SMALL) as u64 > ws {
+            off = 0;
+        }
+        let slot = (next / 2) as usize % slots;
+        let t0 = Instant::now();
+        qp.post_send(&wr(next, buf.sge(slot * BIG, BIG), off))?;
+        qp.post_send(&wr(next + 1, buf.sge(slots * BIG, SMALL), off + BIG as u64))?;
+        big_out += 1;
+        next += 2;
+        off += (BIG + SMALL) as u64;
+        while !small_seen {
+            let wc = cq.wait_one(T).context("no completion")?;
+            take(wc, &mut big_out, &mut small_seen)?;
+            done += 1;
+        }
+        small_lat.push(t0.elapsed().as_nanos() as u64);
+    }
+    while done < next {
+        let wc = cq.wait_one(T).context("no completion")?;
+        let mut s = false;
+        take(wc, &mut big_out, &mut s)?;
+        done += 1;
+    }
+    Ok(Run {
+        ops: done,
+        secs: start.elapsed().as_secs_f64(),
+        small_lat,
+    })
+}
+
+/// fio with io_uring on the same bytes: (GB/s, IOPS).
+fn fio(
+    path: &Path,
+    offset: u64,
+    ws: u64,
+    op: Op,
+    size: usize,
+    depth: usize,
+    dur: Duration,
+) -> Result<(f64, f64)> {
+    let rw = if op == Op::Write { "write" } else { "read" };
+    let out = std::process::Command::new("fio")
+        .args([
+            "--name=softrdma",
+            &format!("--filename={}", path.display()),
+            &format!("--offset={offset}"),
+            &format!("--size={ws}"),
+            &format!("--rw={rw}"),
+            &format!("--bs={size}"),
+            &format!("--iodepth={depth}"),
+            "--ioengine=io_uring",
+            "--direct=0",
+            "--time_based",
+            &format!("--runtime={}ms", dur.as_millis()),
+            "--output-format=json",
+        ])
+        .output()
+        .context("running fio (Debian package fio; scripts/setup.sh installs it)")?;
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
+    let j = &v["jobs"][0][rw];
+    let bw = j["bw_bytes"].as_f64().unwrap_or(0.0);
+    let iops = j["iops"].as_f64().unwrap_or(0.0);
+    Ok((bw / 1e9, iops))
+}
+
+fn emit(o: &Opts, v: serde_json::Value) {
+    if o.json {
+        println!("{v}");
+    } else {
+        let s = |k: &str| {
+            v.get(k)
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:<12} {:>7} {:>5} {:<7} {:<6} {:>8} {:>9} {:>8} {:>6} {:>8}",
+            s("op").trim_matches('"'),
+            s("size"),
+            s("depth"),
+            s("ordering").trim_matches('"'),
+            s("where").trim_matches('"'),
+            s("gbps"),
+            s("iops"),
+            s("fio_gbps"),
+            s("ratio"),
+            s("tcp_gbps"),
+        );
+    }
+}
+
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+pub fn run(path: &Path, o: Opts) -> Result<()> {
+    let ws = o.working_set;
+    let (offset, token) = prepare(path, ws)?;
+    let ep = Arc::new(Endpoint::open(&path.to_string_lossy())?);
+    if !o.json {
+        println!(
+            "{:<12} {:>7} {:>5} {:<7} {:<6} {:>8} {:>9} {:>8} {:>6} {:>8}",
+            "op", "size", "depth", "order", "where", "GB/s", "IOPS", "fio", "ratio", "tcp GB/s"
+        );
+    }
+    // Local: QPs on the endpoint's protection domain.
+    let dev = Device::open_default()?;
+    let pd = dev.alloc_pd()?;
+    let session = ep.attach(&pd, PRINCIPAL, false)?;
+    let rkey = session.region(0).context("partition 0")?.rkey;
+    let max_depth = 32;
+    let buf = pd.alloc_mr(max_depth * (1 << 20), Access::LOCAL_WRITE)?;
+    buf.write_at(0, &vec![0x5a; 1 << 20]);
+    let local_qp = |relaxed: bool| -> Result<(QueuePair, CompletionQueue)> {
+        let cq = dev.create_cq(1024)?;
+        let mut a = QpInitAttr::new(&cq);
+        a.relaxed_ordering = relaxed;
+        a.caps.max_send_wr = 64;
+        let qp = pd.create_qp(a)?;
+        qp.connect_local()?;
+        Ok((qp, cq))
+    };
+    // Remote: a target on loopback, a client device of its own.
+    let target = Target::bind(ep.clone(), "127.0.0.1:0".parse()?).map_err(anyhow::Error::msg)?;
+    let taddr = target.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tstop = stop.clone();
+    let th = std::thread::spawn(move || target.run(&tstop));
+    let cdev = Device::open(DeviceConfig {
+        same_host: false,
+        ..Default::default()
+    })?;
+    let cpd = cdev.alloc_pd()?;
+    let cbuf = cpd.alloc_mr(max_depth * (1 << 20), Access::LOCAL_WRITE)?;
+    let remote_qp = |relaxed: bool| -> Result<(QueuePair, CompletionQueue, u32)> {
+        let cq = cdev.create_cq(1024)?;
+        let mut a = QpInitAttr::new(&cq);
+        a.caps.max_send_wr = 64;
+        let qp = cpd.create_qp(a)?;
+        let regions = connect(&qp, taddr, &token, relaxed)?;
+        Ok((qp, cq, regions[0].rkey))
+    };
+    // TCP baseline server.
+    let tl = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let tcp_addr = tl.local_addr()?;
+    std::thread::spawn(move || crate::bench::tcp::serve(tl));
+
+    let sizes = [4096usize, 128 << 10];
+    let mut tcp_gbps = std::collections::HashMap::new();
+    for where_ in ["local", "remote"] {
+        for op in [Op::Write, Op::Read] {
+            for &size in &sizes {
+                for depth in [1usize, 32] {
+                    let fio_r = if o.fio && where_ == "local" {
+                        Some(fio(path, offset, ws, op, size, depth, o.duration)?)
+                    } else {
+                        None
+                    };
+                    for relaxed in [false, true] {
+                        let r = if where_ == "local" {
+                            let (qp, cq) = local_qp(relaxed)?;
+                            drive(&qp, &cq, &buf, rkey, op, size, depth, ws, o.duration)?
+                        } else {
+                            let (qp, cq, rk) = remote_qp(relaxed)?;
+                            drive(&qp, &cq, &cbuf, rk, op, size, depth, ws, o.duration)?
+                        };
+                        let gbps = r.ops as f64 * size as f64 / r.secs / 1e9;
+                        let mut v = serde_json::json!({
+                            "op": if op == Op::Write { "write" } else { "read" },
+                            "size": size,
+                            "depth": depth,
+                            "ordering": if relaxed { "relaxed" } else { "strict" },
+                            "where": where_,
+                            "gbps": r3(gbps),
+                            "iops": (r.ops as f64 / r.secs).round(),
+                        });
+                        if let Some((fg, _)) = fio_r {
+                            v["fio_gbps"] = r3(fg).into();
+                            v["ratio"] = r3(gbps / fg).into();
+                        }
+                        if where_ == "remote" {
+                            let t = match tcp_gbps.get(&size) {
+                                Some(t) => *t,
+                                None => {
+                                    let (b, s) = crate::bench::tcp::pump(
+                                        tcp_addr,
+                                        size,
+                                        0,
+                                        Some(o.duration),
+                                        1,
+                                    )?;
+                                    let t = b as f64 / s / 1e9;
+                                    tcp_gbps.insert(size, t);
+                                    t
+                                }
+                            };
+                            v["tcp_gbps"] = r3(t).into();
+                            v["tcp_ratio"] = r3(gbps / t).into();
+                        }
+                        emit(&o, v);
+                    }
+                }
+            }
+        }
+    }
+    // Mixed sizes: the application issues a 1 MiB Write and a 4 KiB one
+    // together and waits for the small one (up to 16 large ones stay in
+    // flight). Strict: the small one completes after the large one;
+    // relaxed: at once. `speedup` compares the small Writes' p50 latency.
+    for op in [Op::Write, Op::Read] {
+        let mut strict_p50 = 0.0;
+        for relaxed in [false, true] {
+            let (qp, cq) = local_qp(relaxed)?;
+            let r = mixed(&qp, &cq, &buf, rkey, op, ws, o.duration)?;
+            let mut lat = r.small_lat;
+            lat.sort_unstable();
+            let pct = |p: f64| {
+                lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+                    .copied()
+                    .unwrap_or(0) as f64
+                    / 1e3
+            };
+            let (p50, p99) = (pct(0.5), pct(0.99));
+            let pairs = r.ops as f64 / 2.0;
+            let gbps = pairs * (4096.0 + (1 << 20) as f64) / r.secs / 1e9;
+            let mut v = serde_json::json!({
+                            "op": if op == Op::Write { "write_mixed" } else { "read_mixed" },
+                "size": "4K+1M",
+                "depth": 32,
+                "ordering": if relaxed { "relaxed" } else { "strict" },
+                "where": "local",
+                "gbps": r3(gbps),
+                "iops": (r.ops as f64 / r.secs).round(),
+                "small_lat_us_p50": r3(p50),
+                "small_lat_us_p99": r3(p99),
+            });
+            if relaxed {
+                v["speedup"] = r3(strict_p50 / p50.max(1e-3)).into();
+            } else {
+                strict_p50 = p50;
+            }
+            emit(&o, v);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = th.join();
+    drop(session);
+    Ok(())
+}
