@@ -561,3 +561,86 @@ impl Target {
 pub fn path_of(name: &str) -> PathBuf {
     PathBuf::from(name.strip_prefix("storage:").unwrap_or(name))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rights() -> impl Strategy<Value = Rights> {
+        prop_oneof![
+            Just(Rights::READ),
+            Just(Rights::WRITE),
+            Just(Rights::READ_WRITE)
+        ]
+    }
+
+    fn region() -> impl Strategy<Value = PartitionRegion> {
+        (0u32..=u16::MAX as u32, any::<u32>(), any::<u64>(), rights()).prop_map(
+            |(index, rkey, len, rights)| PartitionRegion {
+                index,
+                rkey,
+                len,
+                rights,
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn request_round_trips(token in any::<[u8; 32]>(), relaxed in any::<bool>()) {
+            let b = encode_request(&token, relaxed);
+            prop_assert_eq!(decode_request(&b), Ok((token, relaxed)));
+        }
+
+        #[test]
+        fn accept_round_trips(rs in prop::collection::vec(region(), 0..=MAX_LISTED)) {
+            let b = encode_accept(&rs).unwrap();
+            prop_assert!(b.len() <= 8 + MAX_LISTED * ENTRY_LEN);
+            prop_assert_eq!(decode_accept(&b), Ok(rs));
+        }
+
+        /// Arbitrary bytes: no panic; whatever decodes re-encodes to the
+        /// same bytes (nothing is silently ignored).
+        #[test]
+        fn arbitrary_bytes_decode_safely(b in prop::collection::vec(any::<u8>(), 0..600)) {
+            if let Ok((t, r)) = decode_request(&b) {
+                let mut again = encode_request(&t, r);
+                // The two reserved bytes are not checked.
+                again[6..8].copy_from_slice(&b[6..8]);
+                prop_assert_eq!(again, b.clone());
+            }
+            if let Ok(rs) = decode_accept(&b) {
+                let mut again = encode_accept(&rs).unwrap();
+                again[6..8].copy_from_slice(&b[6..8]);
+                for (i, e) in again[8..].chunks_exact_mut(ENTRY_LEN).enumerate() {
+                    e[3] = b[8 + i * ENTRY_LEN + 3];
+                }
+                prop_assert_eq!(again, b);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_a_reason() {
+        let good = encode_request(&[1; 32], false);
+        let mut v = good.clone();
+        v[4] = 9;
+        assert!(decode_request(&v).unwrap_err().contains("version"));
+        let mut v = good.clone();
+        v[5] = 0x80;
+        assert!(decode_request(&v).unwrap_err().contains("flags"));
+        assert!(decode_request(&good[..39]).is_err());
+        assert!(decode_request(b"").is_err());
+        let too_many = vec![
+            PartitionRegion {
+                index: 0,
+                rkey: 1,
+                len: 1,
+                rights: Rights::READ
+            };
+            MAX_LISTED + 1
+        ];
+        assert!(encode_accept(&too_many).is_err());
+    }
+}

@@ -3,8 +3,9 @@
 //! This crate holds the store's on-disk layout ([`layout`]) and its
 //! management API ([`Store`]): initialise a file or block device with a
 //! checksummed superblock and a partition table, show it, and grant or
-//! revoke principals' rights per partition. The endpoint that exposes
-//! partitions as memory regions to RDMA Writes and Reads builds on it.
+//! revoke principals' rights per partition; and the endpoint
+//! ([`endpoint`]) that exposes the partitions as memory regions to RDMA
+//! Writes, Reads and Flushes, locally or through a storage target.
 //!
 //! Every change is validated in full before a byte is written, and written
 //! as a new generation of the metadata over the older of its two copies,
@@ -14,7 +15,6 @@
 //! other's changes.
 
 pub mod endpoint;
-pub mod io;
 pub mod layout;
 
 use layout::{Grant, Layout, LayoutError, Partition, Principal, Rights, META_LEN};
