@@ -71,6 +71,10 @@ enum Cmd {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1")]
         bind: std::net::IpAddr,
+        /// O_DIRECT for 4 KiB-aligned transfers: auto (block devices),
+        /// on, off.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+        direct: String,
     },
     /// Benchmark the endpoint (local and through a target on loopback)
     /// against fio and a raw TCP pump in the same run. PATH: a store
@@ -90,6 +94,9 @@ enum Cmd {
         /// Skip fio.
         #[arg(long)]
         no_fio: bool,
+        /// Bypass the page cache (endpoint with O_DIRECT, fio --direct=1).
+        #[arg(long)]
+        direct: bool,
     },
 }
 
@@ -170,6 +177,7 @@ pub fn run(a: Args) -> Result<()> {
             seconds,
             working_set,
             no_fio,
+            direct,
         } => crate::storage_bench::run(
             &path,
             crate::storage_bench::Opts {
@@ -177,17 +185,33 @@ pub fn run(a: Args) -> Result<()> {
                 duration: std::time::Duration::from_secs_f64(seconds),
                 working_set,
                 fio: !no_fio,
+                direct,
             },
         ),
-        Cmd::Serve { path, port, bind } => {
-            use softrdma_storage::endpoint::{Endpoint, Target};
-            let ep = std::sync::Arc::new(Endpoint::open(&path.to_string_lossy())?);
+        Cmd::Serve {
+            path,
+            port,
+            bind,
+            direct,
+        } => {
+            use softrdma_storage::endpoint::{Direct, Endpoint, Target};
+            let direct = match direct.as_str() {
+                "on" => Direct::On,
+                "off" => Direct::Off,
+                _ => Direct::Auto,
+            };
+            let ep = std::sync::Arc::new(Endpoint::open_with(&path.to_string_lossy(), direct)?);
             let n = ep.store().layout().partitions.len();
+            let d = ep.is_direct();
             let name = ep.name();
             let t = Target::bind(ep, std::net::SocketAddr::new(bind, port))
                 .map_err(anyhow::Error::msg)
                 .context("starting the storage target")?;
-            println!("serving {name} on {} ({n} partitions)", t.local_addr());
+            println!(
+                "serving {name} on {} ({n} partitions, {} I/O)",
+                t.local_addr(),
+                if d { "O_DIRECT" } else { "buffered" }
+            );
             use std::io::Write;
             std::io::stdout().flush()?;
             t.run(&std::sync::atomic::AtomicBool::new(false));

@@ -7,7 +7,7 @@
 //! 1 MiB ones) under strict and relaxed ordering.
 
 use anyhow::{bail, Context, Result};
-use softrdma_storage::endpoint::{connect, Endpoint, Target};
+use softrdma_storage::endpoint::{connect, Direct, Endpoint, Target};
 use softrdma_storage::layout::Rights;
 use softrdma_storage::{InitOptions, PartitionSpec, Store};
 use softrdma_verbs::*;
@@ -22,6 +22,8 @@ pub struct Opts {
     /// Bytes of partition 0 the workload cycles over.
     pub working_set: u64,
     pub fio: bool,
+    /// O_DIRECT endpoint, fio --direct=1.
+    pub direct: bool,
 }
 
 const PRINCIPAL: &str = "bench";
@@ -223,6 +225,7 @@ fn mixed(
 }
 
 /// fio with io_uring on the same bytes: (GB/s, IOPS).
+#[allow(clippy::too_many_arguments)]
 fn fio(
     path: &Path,
     offset: u64,
@@ -231,6 +234,7 @@ fn fio(
     size: usize,
     depth: usize,
     dur: Duration,
+    direct: bool,
 ) -> Result<(f64, f64)> {
     let rw = if op == Op::Write { "write" } else { "read" };
     let out = std::process::Command::new("fio")
@@ -243,7 +247,7 @@ fn fio(
             &format!("--bs={size}"),
             &format!("--iodepth={depth}"),
             "--ioengine=io_uring",
-            "--direct=0",
+            if direct { "--direct=1" } else { "--direct=0" },
             "--time_based",
             &format!("--runtime={}ms", dur.as_millis()),
             "--output-format=json",
@@ -292,7 +296,8 @@ fn r3(x: f64) -> f64 {
 pub fn run(path: &Path, o: Opts) -> Result<()> {
     let ws = o.working_set;
     let (offset, token) = prepare(path, ws)?;
-    let ep = Arc::new(Endpoint::open(&path.to_string_lossy())?);
+    let direct = if o.direct { Direct::On } else { Direct::Off };
+    let ep = Arc::new(Endpoint::open_with(&path.to_string_lossy(), direct)?);
     if !o.json {
         println!(
             "{:<12} {:>7} {:>5} {:<7} {:<6} {:>8} {:>9} {:>8} {:>6} {:>8}",
@@ -348,7 +353,9 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
             for &size in &sizes {
                 for depth in [1usize, 32] {
                     let fio_r = if o.fio && where_ == "local" {
-                        Some(fio(path, offset, ws, op, size, depth, o.duration)?)
+                        Some(fio(
+                            path, offset, ws, op, size, depth, o.duration, o.direct,
+                        )?)
                     } else {
                         None
                     };
@@ -367,6 +374,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
                             "depth": depth,
                             "ordering": if relaxed { "relaxed" } else { "strict" },
                             "where": where_,
+                            "direct": o.direct,
                             "gbps": r3(gbps),
                             "iops": (r.ops as f64 / r.secs).round(),
                         });
@@ -425,7 +433,8 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
                 "depth": 32,
                 "ordering": if relaxed { "relaxed" } else { "strict" },
                 "where": "local",
-                "gbps": r3(gbps),
+            "direct": o.direct,
+            "gbps": r3(gbps),
                 "iops": (r.ops as f64 / r.secs).round(),
                 "small_lat_us_p50": r3(p50),
                 "small_lat_us_p99": r3(p99),

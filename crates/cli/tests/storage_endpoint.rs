@@ -41,9 +41,10 @@ fn store(w: &Work) -> (std::path::PathBuf, [u8; 32], [u8; 32]) {
 }
 
 /// Starts `softrdma storage serve` on a free port.
-fn serve(path: &Path) -> (Child, SocketAddr) {
+fn serve(path: &Path, direct: bool) -> (Child, SocketAddr) {
     let mut c = Command::new(SOFTRDMA)
         .args(["storage", "serve", path.to_str().unwrap(), "--port", "0"])
+        .args(["--direct", if direct { "on" } else { "off" }])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -120,7 +121,7 @@ fn partition_offset(path: &Path, i: usize) -> u64 {
 fn remote_rights_tokens_and_flush() {
     let w = Work::new("storage-remote");
     let (path, alice, bob) = store(&w);
-    let (mut child, addr) = serve(&path);
+    let (mut child, addr) = serve(&path, false);
     let off0 = partition_offset(&path, 0);
     let off1 = partition_offset(&path, 1);
 
@@ -248,9 +249,64 @@ fn local_endpoint_uses_the_same_verbs() {
     }
 }
 
-/// Crash safety: a served store takes random Writes (1-16 KiB at random
-/// offsets, strict and relaxed connections) with Flushes between; the
-/// server is killed with SIGKILL at a random point with WRs in flight;
+/// O_DIRECT (forced on a regular file, as `--direct on` would): aligned
+/// transfers bypass the page cache, unaligned ones do not, and the two stay
+/// coherent; a relaxed local QP keeps several requests in flight.
+#[test]
+fn direct_io_is_coherent_with_buffered() {
+    use softrdma_storage::endpoint::Direct;
+    let w = Work::new("storage-direct");
+    let (path, _a, _b) = store(&w);
+    let ep = match Endpoint::open_with(&path.to_string_lossy(), Direct::On) {
+        Ok(ep) => ep,
+        Err(e) => panic!("O_DIRECT refused on this file system: {e}"),
+    };
+    assert!(ep.is_direct());
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let s = ep.attach(&pd, "alice", false).unwrap();
+    let p0 = s.region(0).unwrap().rkey;
+    let off0 = partition_offset(&path, 0);
+    for relaxed in [false, true] {
+        let cq = dev.create_cq(256).unwrap();
+        let mut attr = QpInitAttr::new(&cq);
+        attr.relaxed_ordering = relaxed;
+        let qp = pd.create_qp(attr).unwrap();
+        qp.connect_local().unwrap();
+        let data = pattern(1 << 20, 40 + relaxed as u64);
+        let src = pd.register(data.clone(), Access::LOCAL_WRITE).unwrap();
+        // Aligned (direct) 128 KiB pieces, then an unaligned (buffered)
+        // patch across two of them; a fence before the patch.
+        for i in 0..8u64 {
+            let o = i as usize * (128 << 10);
+            qp.post_send(&SendWr::write(i, &[src.sge(o, 128 << 10)], o as u64, p0))
+                .unwrap();
+        }
+        let patch = pattern(1000, 77);
+        let psrc = pd.register(patch.clone(), Access::LOCAL_WRITE).unwrap();
+        let mut wr = SendWr::write(8, &[psrc.sge(0, 1000)], (128 << 10) - 500, p0);
+        wr.flags = wr.flags | SendFlags::FENCE;
+        qp.post_send(&wr).unwrap();
+        qp.post_send(&SendWr::flush(9, 0, p0)).unwrap();
+        for _ in 0..10 {
+            assert_eq!(wait(&cq).status, WcStatus::Success);
+        }
+        let mut want = data.clone();
+        want[(128 << 10) - 500..(128 << 10) + 500].copy_from_slice(&patch);
+        // Read back aligned (direct read sees the buffered patch).
+        let dst = pd.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+        qp.post_send(&SendWr::read(10, dst.sge(0, 1 << 20), 0, p0))
+            .unwrap();
+        assert_eq!(wait(&cq).status, WcStatus::Success);
+        assert!(dst.to_vec() == want, "relaxed={relaxed}");
+        assert!(file_bytes(&path, off0, 1 << 20) == want);
+    }
+}
+
+/// Crash safety: a served store takes random Writes (1-16 KiB, half of
+/// them 4 KiB-aligned; strict and relaxed connections; buffered and
+/// O_DIRECT servers) with Flushes between; the server is killed with
+/// SIGKILL at a random point with WRs in flight;
 /// after a restart every byte read back through the target holds the value
 /// of the last Write that completed before the last completed Flush, or of
 /// a Write posted after it. SOFTRDMA_SOAK=1 runs 200 rounds instead of 12.
@@ -276,7 +332,8 @@ fn flushed_writes_survive_kill_9() {
     };
     let mut total_flushes = 0;
     for round in 0..rounds {
-        let (mut child, addr) = serve(&path);
+        let direct = round % 4 >= 2;
+        let (mut child, addr) = serve(&path, direct);
         let c = client();
         let relaxed = round % 2 == 1;
         let regions = connect(&c.qp, addr, &alice, relaxed).unwrap();
@@ -306,8 +363,15 @@ fn flushed_writes_survive_kill_9() {
                     .unwrap();
                 outstanding.push_back((1_000_000 + op as u64, Some(writes.len())));
             } else {
-                let len = 1024 * (1 + (rnd() % 16) as usize);
-                let at = (rnd() as usize) % (SPAN - len);
+                // Half aligned (O_DIRECT's path on a direct server), half
+                // not (the page cache's).
+                let (len, at) = if rnd() % 2 == 0 {
+                    let len = 4096 * (1 + (rnd() % 4) as usize);
+                    (len, ((rnd() as usize) % (SPAN - len)) & !4095)
+                } else {
+                    let len = 1024 * (1 + (rnd() % 16) as usize);
+                    (len, (rnd() as usize) % (SPAN - len))
+                };
                 let data = pattern(len, rnd());
                 srcs.write_at(src_off, &data);
                 c.qp.post_send(&SendWr::write(

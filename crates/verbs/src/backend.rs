@@ -42,4 +42,12 @@ pub trait RegionBackend: Send + Sync + 'static {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
     /// Returns once every write accepted so far is durable.
     fn flush(&self) -> std::io::Result<()>;
+    /// How many requests the backing device serves at once with benefit.
+    /// 1 (the default): it works at memory speed (the page cache), and a
+    /// local QP runs small requests on the posting thread. More (a device
+    /// under O_DIRECT): a relaxed-ordering local QP keeps up to this many
+    /// (at most 32) in flight on its workers.
+    fn queue_depth(&self) -> usize {
+        1
+    }
 }

@@ -1179,9 +1179,9 @@ enum Phase {
 enum Action {
     None,
     Write,
-    /// A Write into a backed region: the payload is in `Rx::backed`; give
-    /// it to the backend at this region offset.
-    BackedWrite(Arc<MrInner>, u64),
+    /// A segment of a Write into a backed region, received into
+    /// `Rx::backed` (see `Rx::backed_run`).
+    BackedWrite,
     ReadResp,
     Send,
     ReadReq(ReadRequest, Option<Arc<MrInner>>),
@@ -1216,8 +1216,12 @@ pub(crate) struct Rx {
     crc: u32,
     target: Vec<RawSpan>,
     _target_keep: Option<Arc<MrInner>>,
-    /// Staging for Writes into backed regions (`backend.rs`).
+    /// Staging for Writes into backed regions (`backend.rs`): the
+    /// segments of one Write message accumulate here (`backed_run`) and
+    /// reach the backend together (fewer, larger, aligned device writes).
     backed: Vec<u8>,
+    /// The accumulated run: region, its offset, bytes.
+    backed_run: Option<(Arc<MrInner>, u64, usize)>,
     action: Action,
     send_msn: u32,
     rr_msn: u32,
@@ -1267,6 +1271,7 @@ impl Rx {
             target: Vec::new(),
             _target_keep: None,
             backed: Vec::new(),
+            backed_run: None,
             action: Action::None,
             send_msn: 1,
             rr_msn: 1,
@@ -1414,6 +1419,12 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     rx.target.clear();
     rx._target_keep = None;
     let pd = q.pd;
+    // A Write message into a backed region is passed on whole (or in long
+    // runs); anything else arriving in the middle of one sees it placed.
+    if rx.backed_run.is_some() && !matches!(hdr, DdpHeader::Tagged(t) if t.opcode == Opcode::Write)
+    {
+        flush_backed(rx, usize::MAX).map_err(|e| backed_failed(q, &raw, e))?;
+    }
     let action = match hdr {
         DdpHeader::Tagged(t) if t.opcode == Opcode::Write => {
             if payload_len == 0 {
@@ -1431,16 +1442,30 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                     .map_err(|e| fatal(e.ddp_code(), &raw, WcStatus::WrFlushErr))?;
                 if mr.backend.is_some() {
                     // Received whole, handed to the backend once the CRC
-                    // checked out (segment_done).
-                    if rx.backed.len() < payload_len {
-                        rx.backed.resize(payload_len, 0);
+                    // checked out (segment_done), together with the rest of
+                    // its message.
+                    let off = t.to - mr.iova;
+                    let cont = matches!(&rx.backed_run,
+                        Some((m, o, l)) if m.stag == mr.stag && o + *l as u64 == off);
+                    if !cont {
+                        flush_backed(rx, usize::MAX).map_err(|e| backed_failed(q, &raw, e))?;
+                    } else if rx.backed_run.as_ref().is_some_and(|r| r.2 >= BACKED_RUN) {
+                        // Long message: pass on the 4 KiB-aligned part.
+                        flush_backed(rx, BACKED_ALIGN).map_err(|e| backed_failed(q, &raw, e))?;
+                    }
+                    let at = rx.backed_run.as_ref().map_or(0, |r| r.2);
+                    if rx.backed.len() < at + payload_len {
+                        rx.backed.resize(at + payload_len, 0);
+                    }
+                    if rx.backed_run.is_none() {
+                        rx.backed_run = Some((mr.clone(), off, 0));
                     }
                     rx.target.push(RawSpan {
-                        ptr: rx.backed.as_mut_ptr(),
+                        // SAFETY: at + payload_len <= backed.len().
+                        ptr: unsafe { rx.backed.as_mut_ptr().add(at) },
                         len: payload_len,
                     });
-                    let off = t.to - mr.iova;
-                    Action::BackedWrite(mr, off)
+                    Action::BackedWrite
                 } else {
                     mr.resolve(t.to, payload_len as u64, &mut rx.target);
                     rx._target_keep = Some(mr);
@@ -1902,20 +1927,17 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
     let n = rx.payload_len as u64;
     match std::mem::replace(&mut rx.action, Action::None) {
         Action::None | Action::Write => None,
-        Action::BackedWrite(mr, off) => {
-            let b = mr.backend.as_ref().expect("backed region");
-            match b.write_at(off, &rx.backed[..n as usize]) {
-                Ok(()) => None,
-                Err(e) => {
-                    tracing::error!(qpn = q.qpn, stag = mr.stag, off, "backed write failed: {e}");
-                    let raw = rx.hdr_bytes[..ddp::TAGGED_LEN].to_vec();
-                    Some(fatal(
-                        codes::RDMAP_CATASTROPHIC_STREAM,
-                        &raw,
-                        WcStatus::WrFlushErr,
-                    ))
-                }
+        Action::BackedWrite => {
+            if let Some(r) = rx.backed_run.as_mut() {
+                r.2 += n as usize;
             }
+            if !last {
+                return None;
+            }
+            let raw = rx.hdr_bytes[..ddp::TAGGED_LEN].to_vec();
+            flush_backed(rx, usize::MAX)
+                .err()
+                .map(|e| backed_failed(q, &raw, e))
         }
         Action::Rtr => {
             rx.rtr_expected = false;
@@ -2068,6 +2090,40 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
             Some(RxEnd::PeerTerminated(code))
         }
     }
+}
+
+/// Bytes of one Write message accumulated before part of them goes to the
+/// backend.
+const BACKED_RUN: usize = 1 << 20;
+/// A long message is passed on in multiples of this (O_DIRECT's alignment).
+const BACKED_ALIGN: usize = 4096;
+
+/// Hands the accumulated run of Write segments to its backend: all of it
+/// (`unit` = usize::MAX), or its longest prefix that is a multiple of
+/// `unit`, keeping the rest for the next segments.
+fn flush_backed(rx: &mut Rx, unit: usize) -> io::Result<()> {
+    let Some((mr, off, len)) = rx.backed_run.take() else {
+        return Ok(());
+    };
+    let n = if unit == usize::MAX {
+        len
+    } else {
+        len / unit * unit
+    };
+    if n > 0 {
+        let b = mr.backend.as_ref().expect("backed region");
+        b.write_at(off, &rx.backed[..n])?;
+    }
+    if n < len {
+        rx.backed.copy_within(n..len, 0);
+        rx.backed_run = Some((mr, off + n as u64, len - n));
+    }
+    Ok(())
+}
+
+fn backed_failed(q: &QpInner, raw: &[u8], e: io::Error) -> RxEnd {
+    tracing::error!(qpn = q.qpn, "backed write failed: {e}");
+    fatal(codes::RDMAP_CATASTROPHIC_STREAM, raw, WcStatus::WrFlushErr)
 }
 
 /// Answers a Read Request from a backed region: a flush when it is empty,

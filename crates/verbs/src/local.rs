@@ -35,6 +35,8 @@ use std::sync::{Arc, Weak};
 pub const WORKERS: usize = 2;
 /// Largest job a relaxed QP runs on the posting thread when idle.
 pub const INLINE_MAX: u64 = 64 << 10;
+/// Most workers a relaxed local QP grows to (for device-bound backends).
+pub const MAX_WORKERS: usize = 32;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kind {
@@ -78,9 +80,33 @@ pub(crate) struct LocalLink {
     st: Mutex<State>,
     cv: Condvar,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Ourselves, for workers started later.
+    me: std::sync::OnceLock<Weak<LocalLink>>,
 }
 
 impl LocalLink {
+    /// Starts workers until there are `n` (callers hold the state lock, so
+    /// the count cannot race).
+    fn grow(&self, q: &Arc<QpInner>, n: usize) {
+        let mut ts = self.threads.lock();
+        while ts.len() < n {
+            let i = ts.len();
+            let (link, qp, cq) = (
+                self.me.get().expect("set at start").upgrade(),
+                Arc::downgrade(q),
+                q.send_cq.clone(),
+            );
+            let Some(link) = link else { return };
+            let qpn = q.qpn;
+            ts.push(
+                std::thread::Builder::new()
+                    .name(format!("softrdma-local{qpn}.{i}"))
+                    .spawn(move || link.worker(&qp, &cq, qpn))
+                    .expect("spawn local worker"),
+            );
+        }
+    }
+
     pub fn start(q: &Arc<QpInner>, relaxed: bool) -> Arc<LocalLink> {
         let l = Arc::new(LocalLink {
             relaxed,
@@ -93,7 +119,9 @@ impl LocalLink {
             }),
             cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
+            me: std::sync::OnceLock::new(),
         });
+        let _ = l.me.set(Arc::downgrade(&l));
         let n = if relaxed { WORKERS } else { 1 };
         let mut ts = l.threads.lock();
         for i in 0..n {
@@ -129,8 +157,16 @@ impl LocalLink {
         for j in jobs.by_ref() {
             let fenced = j.fence || j.kind == Kind::Flush;
             let idle = st.pending.is_empty() && st.running == 0 && !st.fenced;
+            let qd = j.target.backend.as_ref().map_or(1, |b| b.queue_depth());
+            if self.relaxed && qd > 1 {
+                self.grow(q, qd.min(MAX_WORKERS));
+            }
             let now = if self.relaxed {
-                j.len <= INLINE_MAX && !st.fenced && st.pending_fences == 0 && (!fenced || idle)
+                qd == 1
+                    && j.len <= INLINE_MAX
+                    && !st.fenced
+                    && st.pending_fences == 0
+                    && (!fenced || idle)
             } else {
                 idle
             };
