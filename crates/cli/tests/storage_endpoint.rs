@@ -6,7 +6,10 @@
 
 mod common;
 use common::*;
-use softrdma_storage::endpoint::{connect, ConnectError, Endpoint, PartitionRegion};
+use softrdma_storage::endpoint::{
+    connect, decode_accept, decode_control_reply, encode_control, ConnectError, ControlOp,
+    ControlStatus, Endpoint, PartitionRegion, CTRL_MAX,
+};
 use softrdma_storage::layout::Rights;
 use softrdma_storage::{InitOptions, PartitionSpec, Store};
 use softrdma_verbs::*;
@@ -152,6 +155,50 @@ fn remote_rights_tokens_and_flush() {
     }
     assert_eq!(dst.to_vec()[..300_000], data[..300_000]);
     assert_eq!(file_bytes(&path, off0 + 12_345, 300_000), data[..300_000]);
+
+    // Control messages over Send/Receive: Ping, Info (the partition list
+    // again), FlushAll after a Write, and an unknown operation.
+    let rbuf = c.pd.alloc_mr(4 * CTRL_MAX, Access::LOCAL_WRITE).unwrap();
+    let ask = |op: u8, id: u64, slot: usize| -> (u8, u8, u64, Vec<u8>) {
+        c.qp.post_recv(&RecvWr::new(
+            50 + id,
+            &[rbuf.sge(slot * CTRL_MAX, CTRL_MAX)],
+        ))
+        .unwrap();
+        let mut req = encode_control(ControlOp::Ping, id);
+        req[5] = op;
+        let m = c.pd.register(req, Access::LOCAL_WRITE).unwrap();
+        c.qp.post_send(&SendWr::send(60 + id, &[m.sge_all()]))
+            .unwrap();
+        let mut got = None;
+        for _ in 0..2 {
+            let wc = wait(&c.cq);
+            assert_eq!(wc.status, WcStatus::Success);
+            if wc.opcode == WcOpcode::Recv {
+                let mut b = vec![0; wc.byte_len as usize];
+                rbuf.read_at(slot * CTRL_MAX, &mut b);
+                let (o, s, i, p) = decode_control_reply(&b).expect("a control reply");
+                got = Some((o, s, i, p.to_vec()));
+            }
+        }
+        got.expect("reply received")
+    };
+    assert_eq!(
+        ask(ControlOp::Ping as u8, 1, 0),
+        (1, ControlStatus::Ok as u8, 1, vec![])
+    );
+    let (_, s, _, listing) = ask(ControlOp::Info as u8, 2, 1);
+    assert_eq!(s, ControlStatus::Ok as u8);
+    assert_eq!(decode_accept(&listing).unwrap(), regions);
+    c.qp.post_send(&SendWr::write(9, &[src.sge(0, 4096)], 1 << 20, p0))
+        .unwrap();
+    assert_eq!(wait(&c.cq).status, WcStatus::Success);
+    assert_eq!(
+        ask(ControlOp::FlushAll as u8, 3, 2).1,
+        ControlStatus::Ok as u8
+    );
+    assert_eq!(file_bytes(&path, off0 + (1 << 20), 4096), data[..4096]);
+    assert_eq!(ask(99, 4, 3).1, ControlStatus::Unknown as u8);
 
     // Write to the read-only partition: refused, nothing changes.
     let before = file_bytes(&path, off1, 4096);

@@ -308,9 +308,19 @@ pub struct Session {
     /// The reachable partitions (rights not empty), by index.
     pub regions: Vec<PartitionRegion>,
     _mrs: Vec<MemoryRegion>,
+    backends: Vec<Arc<PartitionBackend>>,
 }
 
 impl Session {
+    /// Makes every Write placed so far on any of the session's partitions
+    /// durable (what the `FLUSH_ALL` control message does).
+    pub fn flush_all(&self) -> io::Result<()> {
+        for b in &self.backends {
+            b.flush()?;
+        }
+        Ok(())
+    }
+
     /// The region of partition `index`, if reachable.
     pub fn region(&self, index: u32) -> Option<&PartitionRegion> {
         self.regions.iter().find(|r| r.index == index)
@@ -411,6 +421,7 @@ impl Endpoint {
         let writer = relaxed.then(|| Writer::start(self.file.clone()));
         let mut regions = Vec::new();
         let mut mrs = Vec::new();
+        let mut backends = Vec::new();
         for (i, p) in l.partitions.iter().enumerate() {
             let rights = l.rights(i as u32, who as u32);
             if rights.is_empty() {
@@ -423,15 +434,16 @@ impl Endpoint {
             if rights.contains(Rights::WRITE) {
                 access = access | Access::REMOTE_WRITE;
             }
-            let b = PartitionBackend {
+            let b = Arc::new(PartitionBackend {
                 file: self.file.clone(),
                 base: p.offset,
                 len: p.size,
                 relaxed: writer.clone(),
-            };
+            });
+            backends.push(b.clone());
             let mr = pd
                 .register_backend(
-                    Arc::new(b),
+                    b,
                     p.size,
                     access,
                     RegOptions {
@@ -452,6 +464,7 @@ impl Endpoint {
             principal: principal.into(),
             regions,
             _mrs: mrs,
+            backends,
         })
     }
 }
@@ -598,10 +611,9 @@ pub struct Target {
 }
 
 struct Conn {
-    qp: QueuePair,
-    _session: Session,
-    _cq: softrdma_verbs::CompletionQueue,
-    _pd: ProtectionDomain,
+    qp: Arc<QueuePair>,
+    principal: String,
+    control: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Target {
@@ -642,7 +654,7 @@ impl Target {
             let peer = req.peer_addr();
             match self.admit(req) {
                 Ok(c) => {
-                    tracing::info!(%peer, principal = %c._session.principal, "storage connection");
+                    tracing::info!(%peer, principal = %c.principal, "storage connection");
                     conns.push(c)
                 }
                 Err(e) => tracing::warn!(%peer, "storage connection refused: {e}"),
@@ -677,6 +689,20 @@ impl Target {
         let qp = pd
             .create_qp(softrdma_verbs::QpInitAttr::new(&cq))
             .map_err(|e| e.to_string())?;
+        // Control messages: receives posted (in INIT) before the peer can
+        // send.
+        qp.modify(QpState::Init).map_err(|e| e.to_string())?;
+        let bufs = pd
+            .alloc_mr(CTRL_SLOTS * CTRL_MAX, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        for i in 0..CTRL_SLOTS {
+            qp.post_recv(&softrdma_verbs::RecvWr::new(
+                i as u64,
+                &[bufs.sge(i * CTRL_MAX, CTRL_MAX)],
+            ))
+            .map_err(|e| e.to_string())?;
+        }
+        let listing = accept.clone();
         req.accept(
             &qp,
             &ConnParams {
@@ -685,12 +711,171 @@ impl Target {
             },
         )
         .map_err(|e| e.to_string())?;
+        let qp = Arc::new(qp);
+        let principal = session.principal.clone();
+        let q = qp.clone();
+        let control = std::thread::Builder::new()
+            .name("storage-ctl".into())
+            .spawn(move || {
+                control_loop(&q, &cq, &pd, &bufs, &session, &listing);
+            })
+            .map_err(|e| e.to_string())?;
         Ok(Conn {
             qp,
-            _session: session,
-            _cq: cq,
-            _pd: pd,
+            principal,
+            control: Some(control),
         })
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.qp.disconnect();
+        if let Some(t) = self.control.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+// ------------------------------------------------------- control messages
+
+/// Receives posted for control messages per connection.
+const CTRL_SLOTS: usize = 8;
+/// Largest control message (request or reply).
+pub const CTRL_MAX: usize = 512;
+const CTRL_REQ: &[u8; 4] = b"SRSC";
+const CTRL_REP: &[u8; 4] = b"SRSR";
+
+/// A control request's operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ControlOp {
+    /// Answered at once (liveness, round trip).
+    Ping = 1,
+    /// Every Write the target received before this message is durable
+    /// when the reply is sent (all partitions of the connection).
+    FlushAll = 2,
+    /// The reply carries the accept's partition list again.
+    Info = 3,
+}
+
+/// A control reply's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ControlStatus {
+    /// Done.
+    Ok = 0,
+    /// The operation failed (the payload says why).
+    Failed = 1,
+    /// Not a control request this target knows.
+    Unknown = 2,
+}
+
+/// A control request: `SRSC`, version 1, operation, two zero bytes, the
+/// caller's 64-bit id (echoed in the reply).
+pub fn encode_control(op: ControlOp, id: u64) -> Vec<u8> {
+    let mut v = CTRL_REQ.to_vec();
+    v.extend_from_slice(&[VERSION, op as u8, 0, 0]);
+    v.extend_from_slice(&id.to_be_bytes());
+    v
+}
+
+/// Parses a control request: (operation byte, id).
+pub fn decode_control(b: &[u8]) -> Option<(u8, u64)> {
+    if b.len() != 16 || &b[..4] != CTRL_REQ || b[4] != VERSION {
+        return None;
+    }
+    Some((b[5], u64::from_be_bytes(b[8..16].try_into().ok()?)))
+}
+
+/// A control reply: `SRSR`, version 1, operation, status, zero, the id,
+/// then the payload (Info: the partition list; Failed: a reason).
+pub fn encode_control_reply(op: u8, status: ControlStatus, id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = CTRL_REP.to_vec();
+    v.extend_from_slice(&[VERSION, op, status as u8, 0]);
+    v.extend_from_slice(&id.to_be_bytes());
+    let room = CTRL_MAX - v.len();
+    v.extend_from_slice(&payload[..payload.len().min(room)]);
+    v
+}
+
+/// Parses a control reply: (operation byte, status byte, id, payload).
+pub fn decode_control_reply(b: &[u8]) -> Option<(u8, u8, u64, &[u8])> {
+    if b.len() < 16 || b.len() > CTRL_MAX || &b[..4] != CTRL_REP || b[4] != VERSION {
+        return None;
+    }
+    Some((
+        b[5],
+        b[6],
+        u64::from_be_bytes(b[8..16].try_into().ok()?),
+        &b[16..],
+    ))
+}
+
+/// Answers a connection's control messages until it ends.
+fn control_loop(
+    qp: &QueuePair,
+    cq: &softrdma_verbs::CompletionQueue,
+    pd: &ProtectionDomain,
+    bufs: &MemoryRegion,
+    session: &Session,
+    listing: &[u8],
+) {
+    use softrdma_verbs::{RecvWr, SendWr, WcOpcode, WcStatus};
+    // Replies in flight, each in a registration of its own until its send
+    // completes (a peer may send requests faster than replies drain).
+    let mut sending = std::collections::HashMap::new();
+    let mut next_id = 0u64;
+    loop {
+        let Some(wc) = cq.wait_one(Duration::from_millis(200)) else {
+            if qp.state() == QpState::Error {
+                return;
+            }
+            continue;
+        };
+        if wc.opcode != WcOpcode::Recv {
+            sending.remove(&wc.wr_id);
+            continue;
+        }
+        if wc.status != WcStatus::Success {
+            return;
+        }
+        let slot = wc.wr_id as usize;
+        let mut msg = vec![0u8; wc.byte_len as usize];
+        bufs.read_at(slot * CTRL_MAX, &mut msg);
+        let reply = match decode_control(&msg) {
+            Some((op, id)) if op == ControlOp::Ping as u8 => {
+                encode_control_reply(op, ControlStatus::Ok, id, &[])
+            }
+            Some((op, id)) if op == ControlOp::FlushAll as u8 => match session.flush_all() {
+                Ok(()) => encode_control_reply(op, ControlStatus::Ok, id, &[]),
+                Err(e) => {
+                    encode_control_reply(op, ControlStatus::Failed, id, e.to_string().as_bytes())
+                }
+            },
+            Some((op, id)) if op == ControlOp::Info as u8 => {
+                encode_control_reply(op, ControlStatus::Ok, id, listing)
+            }
+            Some((op, id)) => encode_control_reply(op, ControlStatus::Unknown, id, &[]),
+            None => encode_control_reply(0, ControlStatus::Unknown, 0, b"not a control request"),
+        };
+        // The receive goes back first, so the peer may send again at once.
+        let len = reply.len();
+        let ok = qp
+            .post_recv(&RecvWr::new(
+                slot as u64,
+                &[bufs.sge(slot * CTRL_MAX, CTRL_MAX)],
+            ))
+            .and_then(|_| pd.register(reply, Access::LOCAL_READ))
+            .and_then(|mr| {
+                next_id += 1;
+                qp.post_send(&SendWr::send(next_id, &[mr.sge(0, len)]))?;
+                sending.insert(next_id, mr);
+                Ok(())
+            });
+        if ok.is_err() {
+            return;
+        }
     }
 }
 
@@ -737,10 +922,26 @@ mod tests {
             prop_assert_eq!(decode_accept(&b), Ok(rs));
         }
 
+                #[test]
+        fn control_round_trips(op in any::<u8>(), st in 0u8..3, id in any::<u64>(),
+                               payload in prop::collection::vec(any::<u8>(), 0..600)) {
+            let mut req = encode_control(ControlOp::Ping, id);
+            req[5] = op;
+            prop_assert_eq!(decode_control(&req), Some((op, id)));
+            let status = [ControlStatus::Ok, ControlStatus::Failed, ControlStatus::Unknown][st as usize];
+            let rep = encode_control_reply(op, status, id, &payload);
+            prop_assert!(rep.len() <= CTRL_MAX);
+            let (o, s, i, p) = decode_control_reply(&rep).unwrap();
+            prop_assert_eq!((o, s, i), (op, st, id));
+            prop_assert_eq!(p, &payload[..payload.len().min(CTRL_MAX - 16)]);
+        }
+
         /// Arbitrary bytes: no panic; whatever decodes re-encodes to the
         /// same bytes (nothing is silently ignored).
         #[test]
         fn arbitrary_bytes_decode_safely(b in prop::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode_control(&b);
+            let _ = decode_control_reply(&b);
             if let Ok((t, r)) = decode_request(&b) {
                 let mut again = encode_request(&t, r);
                 // The two reserved bytes are not checked.
