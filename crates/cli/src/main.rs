@@ -11,6 +11,7 @@ mod storage;
 mod storage_bench;
 mod store;
 mod store_bench;
+mod transfer;
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +47,10 @@ enum Cmd {
     /// Local persistent storage as an RDMA endpoint: initialise a file or
     /// block device with partitions, show it, grant and revoke access.
     Storage(storage::Args),
+    /// The transfer planner: divides and coalesces transfers into WRs
+    /// within the device's limits (`bench` compares it with one WR per
+    /// buffer).
+    Transfer(transfer::Args),
     /// The main demo: a primary, a secondary and a verifying client load;
     /// the primary is killed half-way, the secondary takes over, the old
     /// node rejoins; prints `lost writes: N` (must be 0). About 20 s.
@@ -73,6 +78,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Store(a) => store::run(a),
         Cmd::Storage(a) => storage::run(a),
+        Cmd::Transfer(a) => transfer::run(a),
         Cmd::Demo(a) => demo::run(a),
     };
     if let Err(e) = res {

@@ -1,0 +1,49 @@
+//! `softrdma transfer bench --json` (short run): both transports, the
+//! comparison line carries the speedup and the planner's WR count, the
+//! scattered transfers were checked byte for byte by the tool (it fails
+//! otherwise) in both directions.
+
+const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
+
+#[test]
+fn transfer_bench_reports_and_checks() {
+    let out = std::process::Command::new(SOFTRDMA)
+        .args([
+            "transfer", "bench", "--json", "--rounds", "3", "--big", "67108864",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 8);
+    for l in &lines {
+        for k in ["bench", "gbps", "ops_per_s", "transport", "wrs"] {
+            assert!(l.get(k).is_some(), "{k} missing in {l}");
+        }
+        assert!(l["gbps"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    for t in ["tcp", "same-host"] {
+        let get = |b: &str| {
+            lines
+                .iter()
+                .find(|l| l["bench"] == b && l["transport"] == t)
+                .unwrap_or_else(|| panic!("no {b} line for {t}"))
+        };
+        let c = get("write64x4096_coalesced");
+        assert!(c["speedup"].as_f64().unwrap() > 0.0);
+        assert_eq!(c["wrs"], 128, "4,096 64-byte Writes in WRs of 32 SGEs");
+        assert_eq!(get("write64x4096_one_by_one")["wrs"], 4096);
+        for b in ["scattered_1000_write", "scattered_1000_read"] {
+            assert_eq!(get(b)["checked"], true);
+            assert_eq!(get(b)["bytes"], 67108864);
+        }
+    }
+}
