@@ -6,6 +6,7 @@ mod bench;
 mod cmatose;
 mod demo;
 mod info;
+mod oneshot;
 mod rping;
 mod storage;
 mod storage_bench;

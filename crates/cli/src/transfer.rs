@@ -31,6 +31,17 @@ enum Cmd {
         #[arg(long, default_value_t = 1 << 30)]
         big: u64,
     },
+    /// One-shot advertise/close against the conventional fast-register +
+    /// Send + Local Invalidate, as an iSER-like write: driver calls per
+    /// command and commands/s at 4 KiB and 64 KiB.
+    Oneshot {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Commands per measurement.
+        #[arg(long, default_value_t = 20000)]
+        commands: u64,
+    },
 }
 
 const T: Duration = Duration::from_secs(60);
@@ -144,7 +155,10 @@ fn one_by_one(p: &Pair, local: &MemoryRegion, rkey: u32, raddr: u64, n: usize) -
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let Cmd::Bench { json, rounds, big } = a.cmd;
+    let (json, rounds, big) = match a.cmd {
+        Cmd::Bench { json, rounds, big } => (json, rounds, big),
+        Cmd::Oneshot { json, commands } => return crate::oneshot::run(json, commands),
+    };
     for same_host in [false, true] {
         let transport = if same_host { "same-host" } else { "tcp" };
         let p = pair(same_host)?;

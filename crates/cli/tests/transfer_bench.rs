@@ -47,3 +47,39 @@ fn transfer_bench_reports_and_checks() {
         }
     }
 }
+
+/// `softrdma transfer oneshot --json`: the iSER-like write both ways at
+/// 4 KiB and 64 KiB; the one-shot initiator makes fewer driver calls per
+/// command (advertise + one poll, against fast-register/Send, two polls,
+/// Local Invalidate and its poll), and every close came back with the
+/// right STag and reference (the tool fails otherwise).
+#[test]
+fn oneshot_bench_counts_calls() {
+    let out = std::process::Command::new(SOFTRDMA)
+        .args(["transfer", "oneshot", "--json", "--commands", "300"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for size in [4096, 65536] {
+        let get = |b: &str| {
+            lines
+                .iter()
+                .find(|l| l["bench"] == b && l["size"] == size)
+                .unwrap()
+        };
+        let (conv, one) = (get("iser_write_conventional"), get("iser_write_one_shot"));
+        assert!(one["commands_per_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(conv["initiator_calls_per_cmd"], 6.0);
+        assert_eq!(one["initiator_calls_per_cmd"], 3.0);
+    }
+}

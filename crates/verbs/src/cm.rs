@@ -77,6 +77,9 @@ pub struct Negotiated {
     /// This end reaches the peer's memory directly for RDMA Write and Read
     /// (same-host transport, `docs/same-host.md`).
     pub same_host: bool,
+    /// Both ends agreed to `ext::ONE_SHOT` (`docs/one-shot.md`): advertise
+    /// and close travel in RDMAP headers, not in payloads.
+    pub one_shot: bool,
 }
 
 /// Private data with softrdma's extension block (and our same-host record
@@ -270,6 +273,7 @@ impl QueuePair {
             large_segments: ext.is_some_and(|f| f & mpa::ext::LARGE_SEGMENTS != 0),
             rfc7306: ext.is_some_and(|f| f & mpa::ext::RFC7306 != 0),
             same_host: link.as_ref().is_some_and(Link::direct),
+            one_shot: ext.is_some_and(|f| f & mpa::ext::ONE_SHOT != 0),
         };
         establish(self, s, n, rtr, link)?;
         Ok(rep.private_data)
@@ -460,6 +464,7 @@ impl ConnectRequest {
                         large_segments: false,
                         rfc7306: false,
                         same_host: false,
+                        one_shot: false,
                     },
                 )
             }
@@ -475,6 +480,7 @@ impl ConnectRequest {
                     large_segments: false,
                     rfc7306: false,
                     same_host: false,
+                    one_shot: false,
                 },
             ),
         };
@@ -486,6 +492,7 @@ impl ConnectRequest {
                 let agreed = offered & mpa::ext::KNOWN;
                 n.large_segments = agreed & mpa::ext::LARGE_SEGMENTS != 0;
                 n.rfc7306 = agreed & mpa::ext::RFC7306 != 0;
+                n.one_shot = agreed & mpa::ext::ONE_SHOT != 0;
                 // Same host: offer our segment if the initiator offered its
                 // own and the two are on one kernel and pid namespace.
                 let mut offer = match self.same_host {

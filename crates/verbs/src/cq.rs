@@ -75,6 +75,13 @@ pub struct WorkCompletion {
     pub solicited: bool,
     /// The immediate value of a [`WcOpcode::RecvWithImm`] completion.
     pub imm_data: Option<u32>,
+    /// One-shot close (`docs/one-shot.md`): the reference number the
+    /// initiator gave [`crate::QueuePair::advertise`] for the STag the peer
+    /// closed (in `invalidated_rkey`); the binding is already gone.
+    pub reference: Option<u64>,
+    /// One-shot advertise received: the STag the peer advertised (in the
+    /// RDMAP header, with a peer that negotiated the extension).
+    pub advertised_stag: Option<u32>,
 }
 
 impl WorkCompletion {

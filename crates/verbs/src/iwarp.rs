@@ -919,10 +919,23 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 sq.next_tx += 1;
                 return Some(TxMsg::new(hdr, spans, total, Fin::SqDone(seq)));
             }
-            op @ (WrOp::Send | WrOp::SendWithInv { .. }) => {
+            op @ (WrOp::Send
+            | WrOp::SendWithInv { .. }
+            | WrOp::SendAdvertise { .. }
+            | WrOp::SendClose { .. }) => {
+                // One-shot opcodes only to a peer that negotiated them;
+                // otherwise a plain Send (advertise put the STag in the
+                // payload) and a Send with Invalidate.
+                let one_shot = q.conn.get().is_some_and(|c| c.params.one_shot);
                 let (opcode, inval) = match (op, w.solicited) {
-                    (WrOp::SendWithInv { rkey }, false) => (Opcode::SendInvalidate, rkey),
-                    (WrOp::SendWithInv { rkey }, true) => (Opcode::SendSeInvalidate, rkey),
+                    (WrOp::SendAdvertise { stag }, _) if one_shot => (Opcode::SendAdvertise, stag),
+                    (WrOp::SendClose { stag }, _) if one_shot => (Opcode::SendClose, stag),
+                    (WrOp::SendWithInv { rkey } | WrOp::SendClose { stag: rkey }, false) => {
+                        (Opcode::SendInvalidate, rkey)
+                    }
+                    (WrOp::SendWithInv { rkey } | WrOp::SendClose { stag: rkey }, true) => {
+                        (Opcode::SendSeInvalidate, rkey)
+                    }
                     (_, false) => (Opcode::Send, 0),
                     (_, true) => (Opcode::SendSe, 0),
                 };
@@ -1372,7 +1385,11 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     }
     let s = rx.start;
     let raw = &rx.stage[s + 2..s + 2 + hl];
-    let hdr = match DdpHeader::decode_with(raw, c.params.rfc7306) {
+    let ext = softrdma_wire::Ext {
+        rfc7306: c.params.rfc7306,
+        one_shot: c.params.one_shot,
+    };
+    let hdr = match DdpHeader::decode_ext(raw, ext) {
         Ok(h) => h,
         // term_code_in: a bad DDP version in a tagged segment gets the
         // tagged code (RFC 5041 section 7.2).
@@ -1534,7 +1551,12 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
             Action::ReadResp
         }
         DdpHeader::Untagged(u) => match u.opcode {
-            Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
+            Opcode::Send
+            | Opcode::SendSe
+            | Opcode::SendInvalidate
+            | Opcode::SendSeInvalidate
+            | Opcode::SendAdvertise
+            | Opcode::SendClose => {
                 if u.msn != rx.send_msn {
                     return Err(fatal(
                         codes::DDP_UNTAGGED_MSN_RANGE,
@@ -1973,9 +1995,22 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
                 _ => unreachable!("Sends are untagged"),
             };
             let mut invalidated = None;
+            let mut reference = None;
             if opcode.invalidates() {
                 match q.core.stags.lookup(inval) {
-                    Some(mr) if mr.pd == q.pd && mr.invalidatable => {
+                    // A one-shot binding this QP advertised: invalidate it,
+                    // free it, report its reference (docs/one-shot.md).
+                    Some(mr) if mr.pd == q.pd && q.one_shot.lock().contains_key(&inval) => {
+                        let (r, index) = q.one_shot.lock().remove(&inval).expect("present");
+                        q.core.stags.set_valid(&mr, false);
+                        q.core.stags.release(index);
+                        invalidated = Some(inval);
+                        reference = Some(r);
+                    }
+                    // A close must name one of ours: a protocol violation.
+                    Some(mr)
+                        if opcode != Opcode::SendClose && mr.pd == q.pd && mr.invalidatable =>
+                    {
                         q.core.stags.set_valid(&mr, false);
                         invalidated = Some(inval);
                     }
@@ -2006,6 +2041,8 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
                 invalidated_rkey: invalidated,
                 solicited: opcode.solicited(),
                 imm_data: None,
+                reference,
+                advertised_stag: (opcode == Opcode::SendAdvertise).then_some(inval),
             });
             None
         }
@@ -2020,6 +2057,7 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
                 invalidated_rkey: None,
                 solicited,
                 imm_data: Some(imm),
+                ..Default::default()
             });
             None
         }

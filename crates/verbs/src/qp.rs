@@ -156,7 +156,11 @@ pub(crate) struct SqWqe {
 impl SqWqe {
     pub fn opcode(&self) -> WcOpcode {
         match self.op {
-            WrOp::Send | WrOp::SendWithInv { .. } | WrOp::SendImm { .. } => WcOpcode::Send,
+            WrOp::Send
+            | WrOp::SendWithInv { .. }
+            | WrOp::SendImm { .. }
+            | WrOp::SendAdvertise { .. }
+            | WrOp::SendClose { .. } => WcOpcode::Send,
             WrOp::RdmaWrite { .. } | WrOp::WriteImm { .. } => WcOpcode::RdmaWrite,
             WrOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
             WrOp::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
@@ -203,6 +207,11 @@ pub(crate) struct QpInner {
     pub conn: OnceLock<Conn>,
     /// A QP connected without a network (`local.rs`).
     pub local: OnceLock<Arc<crate::local::LocalLink>>,
+    /// One-shot bindings this QP advertised and the peer has not closed:
+    /// STag -> (reference, STag index) (`docs/one-shot.md`).
+    pub one_shot: Mutex<std::collections::HashMap<u32, (u64, u32)>>,
+    /// Key byte of the next one-shot binding.
+    next_key: std::sync::atomic::AtomicU8,
     pub relaxed: bool,
     /// Set once the QP has been flushed (so it happens once).
     flushed: std::sync::atomic::AtomicBool,
@@ -252,6 +261,7 @@ impl QpInner {
                     invalidated_rkey: None,
                     solicited: false,
                     imm_data: None,
+                    ..Default::default()
                 });
             }
         }
@@ -309,6 +319,7 @@ impl QpInner {
                 invalidated_rkey: None,
                 solicited: false,
                 imm_data: None,
+                ..Default::default()
             });
         }
         if let Some(ev) = event {
@@ -427,6 +438,8 @@ impl QueuePair {
             rx: Mutex::new(Rx::new()),
             conn: OnceLock::new(),
             local: OnceLock::new(),
+            one_shot: Mutex::new(Default::default()),
+            next_key: Default::default(),
             relaxed: attr.relaxed_ordering,
             flushed: Default::default(),
         });
@@ -473,6 +486,118 @@ impl QueuePair {
     /// `ibv_modify_qp` for the state. RTS is reached through the connection
     /// manager ([`QueuePair::connect`], [`crate::ConnectRequest::accept`]);
     /// here RTS is only allowed back from SQD.
+    /// One-shot advertise (`docs/one-shot.md`), in one call: binds a fresh
+    /// STag (new key byte) over exactly `sgl` (registered memory, any
+    /// number of pieces; it becomes one virtual range starting at address
+    /// 0) with `access` (remote read and/or write), records (`stag`,
+    /// `reference`) in the QP's command table, and sends `msg` with the
+    /// STag attached: in the RDMAP header to a peer that negotiated the
+    /// extension (its receive completion carries it in `advertised_stag`),
+    /// else as the first 4 bytes (big-endian) of the payload. Returns the
+    /// STag. The Send is unsignaled: only a failure completes it (with
+    /// `wr_id`); the command's completion is the peer's close.
+    ///
+    /// When the peer closes it ([`WrOp::SendClose`], or a Send with
+    /// Invalidate from a standard peer), the engine invalidates the STag
+    /// and frees the binding before the receive completion, which carries
+    /// the STag (`invalidated_rkey`) and `reference`. A close naming an STag
+    /// not in the table is a protocol violation: that receive completes with
+    /// `RemInvReqErr` and the connection ends with the RDMAP "cannot
+    /// invalidate" Terminate.
+    pub fn advertise(
+        &self,
+        wr_id: u64,
+        sgl: &[crate::Sge],
+        access: Access,
+        msg: &[u8],
+        reference: u64,
+    ) -> Result<u32> {
+        let q = &self.inner;
+        let c = q
+            .conn
+            .get()
+            .ok_or(Error::inval("advertise needs a connected QP"))?;
+        if q.state() != QpState::Rts {
+            return Err(Error::BadState {
+                qpn: q.qpn,
+                state: q.state(),
+            });
+        }
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE;
+        if access.0 & !remote.0 != 0 || access.0 == 0 {
+            return Err(Error::inval(
+                "advertise: access must be remote read and/or write",
+            ));
+        }
+        // The memory: checked like a WR's SGEs (local write when the peer
+        // may write it), held by the binding until it is freed.
+        let need = if access.contains(Access::REMOTE_WRITE) {
+            Access::LOCAL_WRITE
+        } else {
+            Access::LOCAL_READ
+        };
+        let (mut spans, mut keep) = (Vec::new(), Vec::new());
+        for sge in sgl {
+            let mr = q
+                .core
+                .stags
+                .lookup(sge.lkey)
+                .ok_or(Error::inval("advertise: bad lkey"))?;
+            if mr.backend.is_some() {
+                return Err(Error::inval("advertise: a backed region has no memory"));
+            }
+            mr.check(q.pd, need, sge.addr, sge.length as u64)
+                .map_err(|e| Error::inval(format!("advertise: SGE refused ({e:?})")))?;
+            mr.resolve(sge.addr, sge.length as u64, &mut spans);
+            keep.push(mr);
+        }
+        let mut payload = Vec::with_capacity(4 + msg.len());
+        let index = q.core.stags.reserve(None, q.pd)?;
+        let key = q.next_key.fetch_add(1, Ordering::Relaxed);
+        let stag = index << 8 | key as u32;
+        crate::device::fast_reg_build(&q.core, q.pd, index, key, 0, access, keep, spans);
+        if !c.params.one_shot {
+            payload.extend_from_slice(&stag.to_be_bytes());
+        }
+        payload.extend_from_slice(msg);
+        q.one_shot.lock().insert(stag, (reference, index));
+        // The message leaves from a holder of its own, kept by the WQE.
+        let len = payload.len() as u64;
+        let holder = Arc::new(MrInner::holding(payload.into_boxed_slice(), 0));
+        let mut sq = q.sq.lock();
+        if sq.wqes.len() >= q.caps.max_send_wr {
+            drop(sq);
+            q.one_shot.lock().remove(&stag);
+            q.core.stags.release(index);
+            return Err(Error::SendQueueFull);
+        }
+        let seq = sq.next_seq;
+        sq.next_seq += 1;
+        sq.wqes.push_back(SqWqe {
+            seq,
+            wr_id,
+            op: WrOp::SendAdvertise { stag },
+            // Nothing to report on success: the close is the completion
+            // that matters (an error still completes, with `wr_id`).
+            signaled: false,
+            fence: false,
+            solicited: false,
+            spans: holder.spans.clone(),
+            len,
+            keep: vec![holder],
+            stage: Stage::Queued,
+            sink: None,
+            imm_next: false,
+        });
+        q.kick_with(sq);
+        Ok(stag)
+    }
+
+    /// One-shot bindings advertised and not yet closed.
+    pub fn open_advertisements(&self) -> usize {
+        self.inner.one_shot.lock().len()
+    }
+
     /// Connects this QP, without a network, to the regions of its own
     /// device (`local.rs`): its RDMA Writes, Reads and Flushes name an rkey
     /// of this device (a storage endpoint's partition, or any region in
@@ -780,6 +905,10 @@ impl Drop for QueuePair {
             self.disconnect();
         }
         q.fail(WcStatus::WrFlushErr, None);
+        // One-shot bindings still open die with the QP.
+        for (_, (_, index)) in q.one_shot.lock().drain() {
+            q.core.stags.release(index);
+        }
         q.core.qps.write().remove(&q.qpn);
     }
 }

@@ -86,6 +86,21 @@ pub enum WrOp {
     SendImm {
         imm: u32,
     },
+    /// One-shot advertise (`docs/one-shot.md`): a Send carrying `stag` in
+    /// its RDMAP header. [`crate::QueuePair::advertise`] posts it after
+    /// binding the STag; with a peer that did not negotiate the extension
+    /// it goes out as a plain Send (advertise then puts the STag at the
+    /// start of the payload).
+    SendAdvertise {
+        stag: u32,
+    },
+    /// One-shot close (`docs/one-shot.md`): a Send that closes the peer's
+    /// advertised STag `stag`; the peer invalidates it and frees its
+    /// binding before it reports the receive. With a peer that did not
+    /// negotiate the extension, a Send with Invalidate.
+    SendClose {
+        stag: u32,
+    },
     /// A flush (barrier) of the peer's region `rkey`: on the wire a
     /// zero-length RDMA Read Request naming it, which a peer whose region
     /// is backed by storage answers only once every Write it placed before
@@ -145,6 +160,15 @@ impl SendWr {
             wr_id,
             op: WrOp::RdmaRead { remote_addr, rkey },
             sgl: vec![sge],
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    /// A Send closing the peer's advertised `stag` (see [`WrOp::SendClose`]).
+    pub fn send_close(wr_id: u64, sgl: &[Sge], stag: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            op: WrOp::SendClose { stag },
+            sgl: sgl.to_vec(),
             flags: SendFlags::SIGNALED,
         }
     }

@@ -101,6 +101,24 @@ pub enum Opcode {
     /// 1011b: Atomic Response (RFC 7306), untagged on queue 3 with an
     /// [`AtomicResponse`] body.
     AtomicResponse = 0xB,
+    /// 1100b (unassigned by RFC 5040 and RFC 7306; softrdma's one-shot
+    /// extension, negotiated with `mpa::ext::ONE_SHOT`): a Send, untagged
+    /// on queue 0, that advertises the STag in its Invalidate STag field
+    /// (the receiver's completion carries it; nothing is invalidated).
+    SendAdvertise = 0xC,
+    /// 1101b (unassigned; one-shot extension): a Send, untagged on queue
+    /// 0, that closes the STag in its Invalidate STag field: the receiver
+    /// invalidates it and frees its binding before the completion.
+    SendClose = 0xD,
+}
+
+/// Optional opcode sets a stream negotiated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ext {
+    /// RFC 7306's Immediate Data and atomics.
+    pub rfc7306: bool,
+    /// softrdma's one-shot SendAdvertise and SendClose.
+    pub one_shot: bool,
 }
 
 impl Opcode {
@@ -121,18 +139,36 @@ impl Opcode {
     /// Like [`Opcode::from_u8`], also accepting RFC 7306's opcodes when
     /// `rfc7306` (the stream negotiated them).
     pub fn from_u8_with(v: u8, rfc7306: bool) -> Result<Opcode, WireError> {
+        Opcode::from_u8_ext(
+            v,
+            Ext {
+                rfc7306,
+                one_shot: false,
+            },
+        )
+    }
+
+    /// Like [`Opcode::from_u8`], also accepting the opcode sets in `ext`.
+    pub fn from_u8_ext(v: u8, ext: Ext) -> Result<Opcode, WireError> {
         Ok(match v {
-            8 if rfc7306 => Opcode::ImmediateData,
-            9 if rfc7306 => Opcode::ImmediateDataSe,
-            0xA if rfc7306 => Opcode::AtomicRequest,
-            0xB if rfc7306 => Opcode::AtomicResponse,
+            8 if ext.rfc7306 => Opcode::ImmediateData,
+            9 if ext.rfc7306 => Opcode::ImmediateDataSe,
+            0xA if ext.rfc7306 => Opcode::AtomicRequest,
+            0xB if ext.rfc7306 => Opcode::AtomicResponse,
+            0xC if ext.one_shot => Opcode::SendAdvertise,
+            0xD if ext.one_shot => Opcode::SendClose,
             other => return Opcode::from_u8(other),
         })
     }
 
     /// Whether this is one of RFC 7306's opcodes.
     pub fn is_rfc7306(self) -> bool {
-        self as u8 >= 8
+        (8..=0xB).contains(&(self as u8))
+    }
+
+    /// Whether this is one of the one-shot extension's opcodes.
+    pub fn is_one_shot(self) -> bool {
+        matches!(self, Opcode::SendAdvertise | Opcode::SendClose)
     }
 
     /// Immediate Data, with or without Solicited Event.
@@ -159,7 +195,12 @@ impl Opcode {
     pub fn is_send(self) -> bool {
         matches!(
             self,
-            Opcode::Send | Opcode::SendInvalidate | Opcode::SendSe | Opcode::SendSeInvalidate
+            Opcode::Send
+                | Opcode::SendInvalidate
+                | Opcode::SendSe
+                | Opcode::SendSeInvalidate
+                | Opcode::SendAdvertise
+                | Opcode::SendClose
         )
     }
 
@@ -171,7 +212,10 @@ impl Opcode {
     }
 
     pub fn invalidates(self) -> bool {
-        matches!(self, Opcode::SendInvalidate | Opcode::SendSeInvalidate)
+        matches!(
+            self,
+            Opcode::SendInvalidate | Opcode::SendSeInvalidate | Opcode::SendClose
+        )
     }
 
     fn rdmap_ctrl(self) -> u8 {
@@ -279,6 +323,17 @@ impl DdpHeader {
     /// Like [`DdpHeader::decode`]; with `rfc7306`, RFC 7306's opcodes
     /// (immediate data, atomics) are accepted too.
     pub fn decode_with(buf: &[u8], rfc7306: bool) -> Result<DdpHeader, WireError> {
+        Self::decode_ext(
+            buf,
+            Ext {
+                rfc7306,
+                one_shot: false,
+            },
+        )
+    }
+
+    /// Like [`DdpHeader::decode`], accepting the opcode sets in `ext`.
+    pub fn decode_ext(buf: &[u8], ext: Ext) -> Result<DdpHeader, WireError> {
         if buf.len() < 2 {
             return Err(WireError::Short(2 - buf.len()));
         }
@@ -294,7 +349,7 @@ impl DdpHeader {
         if rctrl >> 6 != RDMAP_VERSION {
             return Err(WireError::RdmapVersion(rctrl >> 6));
         }
-        let opcode = Opcode::from_u8_with(rctrl & RDMAP_OPCODE_MASK, rfc7306)?;
+        let opcode = Opcode::from_u8_ext(rctrl & RDMAP_OPCODE_MASK, ext)?;
         let tagged = ctrl & DDP_TAGGED != 0;
         let last = ctrl & DDP_LAST != 0;
         if tagged != opcode.is_tagged() {

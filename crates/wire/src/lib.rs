@@ -25,7 +25,7 @@ pub mod mpa;
 pub mod terminate;
 
 pub use ddp::{
-    AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, Opcode, ReadRequest, TaggedHeader,
+    AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, Ext, Opcode, ReadRequest, TaggedHeader,
     UntaggedHeader,
 };
 pub use mpa::{MpaFrame, MpaHeader, MpaKind, MpaV2};

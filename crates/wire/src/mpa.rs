@@ -404,8 +404,11 @@ pub mod ext {
     /// record, and may then reach the other's registered memory without
     /// the TCP stream (`docs/same-host.md`).
     pub const SAME_HOST: u8 = 0x04;
+    /// One-shot operations (`docs/one-shot.md`): the unassigned RDMAP
+    /// opcodes 0xC (Send advertising an STag) and 0xD (Send closing one).
+    pub const ONE_SHOT: u8 = 0x08;
     /// Flags this implementation understands.
-    pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306 | SAME_HOST;
+    pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306 | SAME_HOST | ONE_SHOT;
     /// Length of the [`SameHost`] record.
     pub const SAME_HOST_LEN: usize = 56;
 

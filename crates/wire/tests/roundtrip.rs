@@ -565,3 +565,36 @@ fn ext_block_roundtrip_and_foreign_data() {
         assert_eq!(ext::strip(foreign), (None, foreign));
     }
 }
+
+/// The one-shot opcodes (0xC advertise, 0xD close) decode only on a stream
+/// that negotiated them; they are Sends on queue 0 carrying an STag, and a
+/// close invalidates it.
+#[test]
+fn one_shot_opcodes_need_the_extension() {
+    use softrdma_wire::{Ext, UntaggedHeader};
+    for (op, invalidates) in [(Opcode::SendAdvertise, false), (Opcode::SendClose, true)] {
+        let h = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: op,
+            inval_stag: 0x1234_5601,
+            qn: 0,
+            msn: 7,
+            mo: 0,
+        });
+        let mut b = vec![0; h.len()];
+        h.encode(&mut b);
+        let on = Ext {
+            rfc7306: false,
+            one_shot: true,
+        };
+        assert_eq!(DdpHeader::decode_ext(&b, on).unwrap(), h);
+        assert!(
+            DdpHeader::decode_with(&b, true).is_err(),
+            "{op:?} without the extension"
+        );
+        assert!(DdpHeader::decode(&b).is_err());
+        assert!(op.is_send() && op.is_one_shot() && !op.is_rfc7306());
+        assert_eq!(op.invalidates(), invalidates);
+        assert_eq!(op.queue(), Some(0));
+    }
+}
