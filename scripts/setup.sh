@@ -19,7 +19,7 @@ set -euo pipefail
 
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null || (cd "$(dirname "$0")/.." && pwd))
 SHARED=${SOFTRDMA_SHARED:-$ROOT/../shared}
-PKGS=(protobuf-compiler libprotobuf-dev etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential mount)
+PKGS=(protobuf-compiler libprotobuf-dev etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential mount libibverbs-dev librdmacm-dev)
 LOG=$(mktemp /tmp/softrdma-setup.XXXXXX.log)
 trap 'rm -f "$LOG"' EXIT
 

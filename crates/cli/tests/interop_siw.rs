@@ -2100,3 +2100,151 @@ fn perftest_summary_parses() {
     );
     assert_eq!(parse_perftest_summary("perftest: x: write_bw client"), None);
 }
+
+/// One-shot advertise/close against a standard peer (docs/one-shot.md): a
+/// verbs program on Linux siw in the guest (`tests/guest/oneshot_target.c`,
+/// built here against rdma-core) reads the advertised STag from the start
+/// of each command's payload, RDMA-Reads the advertised SGL (one or two
+/// pieces, 1,000 bytes to 200 KiB) at address 0 and closes with
+/// `IBV_WR_SEND_WITH_INV`. Each command is one `advertise` call and one
+/// completion here, which must carry the STag and the reference, with the
+/// binding already gone; the checksum siw computed of what it read must
+/// match the advertised bytes.
+#[test]
+fn one_shot_against_guest_siw_target() {
+    use softrdma_verbs::*;
+    let Some(env) = guest_env("one_shot_against_guest_siw_target") else {
+        return;
+    };
+    let _serial = lock_guest();
+    let work = Work::new("oneshot");
+    let src = repo_root().join("crates/cli/tests/guest/oneshot_target.c");
+    let bin = work.path("oneshot_target");
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status()
+        .expect("run cc");
+    assert!(
+        st.success(),
+        "building the guest's one-shot target failed (needs libibverbs-dev and librdmacm-dev: \
+         scripts/setup.sh installs them)"
+    );
+    let cases: [(usize, usize); 6] = [
+        (4096, 0),
+        (65536, 0),
+        (1000, 0),
+        (200 << 10, 0),
+        (30 << 10, 10 << 10),
+        (4096, 4096),
+    ];
+    let n = cases.len();
+    let host_port = free_ports(1)[0];
+    let guest_port = 7300;
+    let script = format!(
+        "{}/opt/oneshot_target 10.0.2.15 {guest_port} {n} &\n\
+         tpid=$!\n\
+         if wait_listen {guest_port}; then marker TARGET-READY; else echo TARGET-NOT-LISTENING; fi\n\
+         wait $tpid; echo TARGET-RC $?\n",
+        guest_prelude()
+    );
+    let mut guest = Guest::boot(
+        &env,
+        &work,
+        &script,
+        &[(host_port, guest_port)],
+        &[bin],
+        300,
+    );
+    loop {
+        match guest.next_line() {
+            Some(l) if l.contains("TARGET-READY") => break,
+            Some(l) if l.contains("TARGET-NOT-LISTENING") => {
+                guest.fail("the siw target did not listen")
+            }
+            Some(_) => {}
+            None => guest.fail("the guest ended before the target listened"),
+        }
+    }
+    let dev = Device::open(DeviceConfig {
+        same_host: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let qp = pd.create_qp(QpInitAttr::new(&cq)).unwrap();
+    let params = ConnParams {
+        timeout: Duration::from_secs(60),
+        ..Default::default()
+    };
+    qp.connect(("127.0.0.1", host_port), &params)
+        .expect("connect to the guest's target");
+    assert!(
+        !qp.conn_params().unwrap().one_shot,
+        "siw knows no extensions"
+    );
+    let data = pd.alloc_mr(512 << 10, Access::LOCAL_WRITE).unwrap();
+    let pat: Vec<u8> = (0..512 << 10)
+        .map(|i: usize| (i * 7 + i / 251) as u8)
+        .collect();
+    data.write_at(0, &pat);
+    let resp = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let fnv = |b: &[u8]| {
+        b.iter()
+            .fold(2166136261u32, |h, &x| (h ^ x as u32).wrapping_mul(16777619))
+    };
+    for (i, &(len, second)) in cases.iter().enumerate() {
+        qp.post_recv(&RecvWr::new(i as u64, &[resp.sge(0, 64)]))
+            .unwrap();
+        let mut sgl = vec![data.sge(0, len)];
+        let mut want = pat[..len].to_vec();
+        if second > 0 {
+            sgl.push(data.sge(300 << 10, second));
+            want.extend_from_slice(&pat[300 << 10..(300 << 10) + second]);
+        }
+        let mut msg = (want.len() as u32).to_be_bytes().to_vec();
+        msg.extend_from_slice(b"WRITE");
+        let stag = qp
+            .advertise(
+                100 + i as u64,
+                &sgl,
+                Access::REMOTE_READ,
+                &msg,
+                1000 + i as u64,
+            )
+            .unwrap();
+        let wc = cq
+            .wait_one(Duration::from_secs(60))
+            .unwrap_or_else(|| guest.fail("no close from the siw target"));
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode),
+            (i as u64, WcStatus::Success, WcOpcode::Recv),
+            "command {i}: advertised STag {stag:#x}"
+        );
+        assert_eq!(wc.invalidated_rkey, Some(stag), "command {i}");
+        assert_eq!(wc.reference, Some(1000 + i as u64), "command {i}");
+        assert_eq!(
+            qp.open_advertisements(),
+            0,
+            "binding freed before the completion"
+        );
+        let mut sum = [0u8; 4];
+        resp.read_at(0, &mut sum);
+        assert_eq!(
+            u32::from_be_bytes(sum),
+            fnv(&want),
+            "command {i}: siw read other bytes"
+        );
+    }
+    qp.disconnect();
+    let rc = guest.finish();
+    assert_eq!(rc, 0, "guest script failed");
+    assert!(
+        guest.log.iter().any(|l| l.contains(&format!("DONE {n}"))),
+        "the target did not finish"
+    );
+    assert!(guest.log.iter().any(|l| l.contains("TARGET-RC 0")));
+}
