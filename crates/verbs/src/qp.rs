@@ -382,6 +382,10 @@ pub struct QueuePair {
     pub(crate) inner: Arc<QpInner>,
     pub(crate) pd: ProtectionDomain,
     _srq: Option<SharedReceiveQueue>,
+    /// Registrations [`QueuePair::advertise_buffers`] made for caller
+    /// memory, by page-aligned start: (end, region). Reused by later
+    /// advertisements of memory they cover; dropped with the QP.
+    reg_cache: Mutex<std::collections::BTreeMap<u64, (u64, crate::MemoryRegion)>>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -448,6 +452,7 @@ impl QueuePair {
             inner,
             pd: pd.clone(),
             _srq: attr.srq,
+            reg_cache: Mutex::new(Default::default()),
         })
     }
 
@@ -591,6 +596,98 @@ impl QueuePair {
         });
         q.kick_with(sq);
         Ok(stag)
+    }
+
+    /// [`QueuePair::advertise`] for memory that need not be registered:
+    /// each buffer is covered by a registration of its pages, made here on
+    /// first use and reused by later advertisements of memory it covers
+    /// (a registration cache, like an RDMA storage initiator keeps; it
+    /// lives as long as the QP). The cached registrations allow local
+    /// access only: the peer reaches the memory through the one-shot
+    /// binding alone.
+    ///
+    /// # Safety
+    /// Every buffer must be valid for reads (and for writes if `access`
+    /// has `REMOTE_WRITE`) until the close completion for the returned STag
+    /// arrives or the QP is destroyed; the peer may access it at any time
+    /// until then.
+    pub unsafe fn advertise_buffers(
+        &self,
+        wr_id: u64,
+        bufs: &[(*mut u8, usize)],
+        access: Access,
+        msg: &[u8],
+        reference: u64,
+    ) -> Result<u32> {
+        let page = crate::sys::page_size() as u64;
+        let covered = |cache: &std::collections::BTreeMap<u64, (u64, crate::MemoryRegion)>,
+                       a: u64,
+                       b: u64| {
+            // Any registration starting at or before `a` may cover it (they
+            // can overlap), not only the nearest.
+            cache
+                .range(..=a)
+                .rev()
+                .find(|(_, (end, _))| *end >= b)
+                .map(|(_, (_, mr))| mr.lkey())
+        };
+        let mut cache = self.reg_cache.lock();
+        // The pages of buffers no registration covers, merged where they
+        // touch, are registered once each.
+        let mut need: Vec<(u64, u64)> = Vec::new();
+        for &(ptr, len) in bufs {
+            if ptr.is_null() || len == 0 || len > u32::MAX as usize {
+                return Err(Error::inval(
+                    "advertise_buffers: empty, null or oversized buffer",
+                ));
+            }
+            let (a, b) = (ptr as u64, ptr as u64 + len as u64);
+            if covered(&cache, a, b).is_none() {
+                need.push((a / page * page, b.div_ceil(page) * page));
+            }
+        }
+        need.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (s0, e0) in need {
+            match merged.last_mut() {
+                Some(last) if s0 <= last.1 => last.1 = last.1.max(e0),
+                _ => merged.push((s0, e0)),
+            }
+        }
+        for (start, end) in merged {
+            // SAFETY: the pages hold the caller's buffers, valid for as long
+            // as any binding over them exists (this function's contract);
+            // outside such a binding nothing reaches them through this
+            // registration (local access only, and only advertise_buffers
+            // names it).
+            let mr = unsafe {
+                self.pd.register_raw(
+                    start as *mut u8,
+                    (end - start) as usize,
+                    Access::LOCAL_WRITE,
+                    crate::RegOptions::default(),
+                )?
+            };
+            cache.insert(start, (end, mr));
+        }
+        let sgl: Vec<crate::Sge> = bufs
+            .iter()
+            .map(|&(ptr, len)| {
+                let (a, b) = (ptr as u64, ptr as u64 + len as u64);
+                crate::Sge {
+                    addr: a,
+                    length: len as u32,
+                    lkey: covered(&cache, a, b).expect("registered above"),
+                }
+            })
+            .collect();
+        drop(cache);
+        self.advertise(wr_id, &sgl, access, msg, reference)
+    }
+
+    /// Registrations cached by [`QueuePair::advertise_buffers`].
+    pub fn cached_registrations(&self) -> usize {
+        self.reg_cache.lock().len()
     }
 
     /// One-shot bindings advertised and not yet closed.

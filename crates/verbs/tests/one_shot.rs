@@ -155,3 +155,84 @@ fn close_of_an_unknown_stag_is_a_protocol_violation() {
         "the real binding is still ours"
     );
 }
+
+/// Memory that was never registered: `advertise_buffers` registers its
+/// pages on first use and reuses that registration for later commands over
+/// the same memory; the peer reads exactly the advertised bytes.
+#[test]
+fn unregistered_buffers_are_registered_once_and_reused() {
+    let (a, b) = pair_with(ext(), ext(), |_| {});
+    let mut mem = pattern(100 << 10, 21);
+    let mut other = pattern(8192, 22);
+    let bbuf = b.pd.alloc_mr(128 << 10, Access::LOCAL_WRITE).unwrap();
+    let base = mem.as_mut_ptr();
+    // Round 0 advertises all of `mem` (registered then); round 1 two
+    // pieces inside it (covered: no new registration).
+    for (round, (off, len, off2, len2)) in [
+        (0usize, 60 << 10, 60 << 10, 40 << 10),
+        (100, 1000, 50_000, 9),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        b.qp.post_recv(&RecvWr::new(1, &[bbuf.sge(0, 256)]))
+            .unwrap();
+        // SAFETY: `mem` outlives the close awaited below.
+        let stag = unsafe {
+            a.qp.advertise_buffers(
+                1,
+                &[(base.add(off), len), (base.add(off2), len2)],
+                Access::REMOTE_READ,
+                b"cmd",
+                round as u64,
+            )
+        }
+        .unwrap();
+        assert_eq!(
+            a.qp.cached_registrations(),
+            1,
+            "round {round}: one registration covers it"
+        );
+        let wc = wait(&b.cq);
+        assert_eq!(wc.advertised_stag, Some(stag));
+        b.qp.post_send(&SendWr::read(2, bbuf.sge(4096, len + len2), 0, stag))
+            .unwrap();
+        assert_eq!(wait(&b.cq).status, WcStatus::Success);
+        let mut got = vec![0; len + len2];
+        bbuf.read_at(4096, &mut got);
+        let mut want = mem[off..off + len].to_vec();
+        want.extend_from_slice(&mem[off2..off2 + len2]);
+        assert!(got == want, "round {round}");
+        let resp = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        a.qp.post_recv(&RecvWr::new(21, &[resp.sge(0, 64)]))
+            .unwrap();
+        b.qp.post_send(&SendWr::send_close(5, &[bbuf.sge(0, 2)], stag))
+            .unwrap();
+        assert_eq!(wait(&b.cq).status, WcStatus::Success);
+        let wc = wait(&a.cq);
+        assert_eq!(
+            (wc.status, wc.reference),
+            (WcStatus::Success, Some(round as u64))
+        );
+    }
+    // Other memory: a second registration.
+    b.qp.post_recv(&RecvWr::new(1, &[bbuf.sge(0, 256)]))
+        .unwrap();
+    // SAFETY: `other` outlives the QP's use of it (the QP is dropped first
+    // at the end of the test, freeing the binding).
+    unsafe {
+        a.qp.advertise_buffers(
+            3,
+            &[(other.as_mut_ptr(), 8192)],
+            Access::REMOTE_READ,
+            b"x",
+            9,
+        )
+    }
+    .unwrap();
+    assert_eq!(a.qp.cached_registrations(), 2);
+    let _ = wait(&b.cq);
+    drop(a);
+    drop(other);
+    drop(mem);
+}
