@@ -2180,8 +2180,20 @@ fn one_shot_against_guest_siw_target() {
         timeout: Duration::from_secs(60),
         ..Default::default()
     };
+    // The target's "RDY!" (sent once siw has the connection set up) lands
+    // here; the first command goes out after it.
+    let resp = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    qp.modify(QpState::Init).unwrap();
+    qp.post_recv(&RecvWr::new(999, &[resp.sge(0, 64)])).unwrap();
     qp.connect(("127.0.0.1", host_port), &params)
         .expect("connect to the guest's target");
+    let rdy = cq
+        .wait_one(Duration::from_secs(60))
+        .unwrap_or_else(|| guest.fail("no RDY! from the siw target"));
+    assert_eq!(
+        (rdy.wr_id, rdy.status, rdy.byte_len),
+        (999, WcStatus::Success, 4)
+    );
     assert!(
         !qp.conn_params().unwrap().one_shot,
         "siw knows no extensions"
@@ -2191,7 +2203,6 @@ fn one_shot_against_guest_siw_target() {
         .map(|i: usize| (i * 7 + i / 251) as u8)
         .collect();
     data.write_at(0, &pat);
-    let resp = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
     let fnv = |b: &[u8]| {
         b.iter()
             .fold(2166136261u32, |h, &x| (h ^ x as u32).wrapping_mul(16777619))
@@ -2216,9 +2227,15 @@ fn one_shot_against_guest_siw_target() {
                 1000 + i as u64,
             )
             .unwrap();
-        let wc = cq
-            .wait_one(Duration::from_secs(60))
-            .unwrap_or_else(|| guest.fail("no close from the siw target"));
+        let Some(wc) = cq.wait_one(Duration::from_secs(60)) else {
+            // Collect what the guest said meanwhile, then fail.
+            let until = Instant::now() + Duration::from_secs(5);
+            while let Ok(Some(_)) = guest.next_line_by(until) {}
+            guest.fail(&format!(
+                "command {i}: no close from the siw target (QP {:?})",
+                qp.state()
+            ))
+        };
         assert_eq!(
             (wc.wr_id, wc.status, wc.opcode),
             (i as u64, WcStatus::Success, WcOpcode::Recv),
