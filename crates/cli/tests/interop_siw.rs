@@ -2111,9 +2111,6 @@ fn perftest_summary_parses() {
 /// binding already gone; the checksum siw computed of what it read must
 /// match the advertised bytes.
 #[test]
-#[ignore = "failed once in about 25 runs (connection flushed after the ready message, cause not \
-            found yet; the failure now prints the engine's event and the guest's output): run \
-            with --ignored"]
 fn one_shot_against_guest_siw_target() {
     use softrdma_verbs::*;
     let Some(env) = guest_env("one_shot_against_guest_siw_target") else {
