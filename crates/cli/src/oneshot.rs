@@ -46,20 +46,32 @@ fn target(
         let wc = wait(cq, &mut calls)?;
         let mut m = vec![0; wc.byte_len as usize];
         cmdbuf.read_at(0, &mut m);
+        let be32 = |b: &[u8]| {
+            b.get(..4)
+                .map(|x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
+        };
         let (stag, body) = match wc.advertised_stag {
             Some(s) => (s, &m[..]),
-            None => (u32::from_be_bytes(m[..4].try_into()?), &m[4..]),
+            None => (
+                be32(&m).context("command without an STag")?,
+                m.get(4..).unwrap_or(&[]),
+            ),
         };
-        let len = u32::from_be_bytes(body[..4].try_into()?) as usize;
+        let len = be32(body).context("command without a length")? as usize;
+        if len > data.len() {
+            bail!(
+                "command asks for {len} bytes, more than the {} buffered",
+                data.len()
+            );
+        }
         qp.post_recv(&RecvWr::new(0, &[cmdbuf.sge(0, 256)]))?;
         qp.post_send(&SendWr::read(1, data.sge(0, len), 0, stag))?;
         wait(cq, &mut calls)?;
-        let resp = if one_shot {
+        let mut resp = if one_shot {
             SendWr::send_close(2, &[cmdbuf.sge(1024, 8)], stag)
         } else {
             SendWr::send(2, &[cmdbuf.sge(1024, 8)])
         };
-        let mut resp = resp;
         resp.flags = SendFlags::NONE;
         qp.post_send(&resp)?;
         calls.posts += 3;
@@ -79,7 +91,6 @@ fn pair(dev: &Device) -> Result<(Side, Side)> {
         ..Default::default()
     };
     let l = dev.listen("127.0.0.1:0")?;
-    let addr = l.local_addr()?;
     let mk = || -> Result<Side> {
         let pd = dev.alloc_pd()?;
         let cq = dev.create_cq(256)?;
@@ -87,15 +98,7 @@ fn pair(dev: &Device) -> Result<(Side, Side)> {
         Ok(Side { pd, cq, qp })
     };
     let (a, b) = (mk()?, mk()?);
-    std::thread::scope(|s| -> Result<()> {
-        let h = s.spawn(|| -> Result<()> {
-            l.get_request()?.accept(&b.qp, &params)?;
-            Ok(())
-        });
-        a.qp.connect(addr, &params)?;
-        h.join().map_err(|_| anyhow::anyhow!("accept panicked"))??;
-        Ok(())
-    })?;
+    crate::transfer::connect_in_process(&l, &a.qp, &b.qp, &params)?;
     Ok((a, b))
 }
 

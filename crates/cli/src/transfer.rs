@@ -57,6 +57,26 @@ struct Pair {
     _sqp: QueuePair,
 }
 
+/// Connects `client` to `server` through `l` (both in this process): the
+/// server accepts on a thread of its own while the client connects.
+pub(crate) fn connect_in_process(
+    l: &Listener,
+    client: &QueuePair,
+    server: &QueuePair,
+    params: &ConnParams,
+) -> Result<()> {
+    std::thread::scope(|s| -> Result<()> {
+        let h = s.spawn(|| -> Result<()> {
+            l.get_request()?.accept(server, params)?;
+            Ok(())
+        });
+        client.connect(l.local_addr()?, params)?;
+        h.join()
+            .map_err(|_| anyhow::anyhow!("accept thread panicked"))??;
+        Ok(())
+    })
+}
+
 fn pair(same_host: bool) -> Result<Pair> {
     let dev = Device::open_default()?;
     let params = ConnParams {
@@ -64,7 +84,6 @@ fn pair(same_host: bool) -> Result<Pair> {
         ..Default::default()
     };
     let l = dev.listen("127.0.0.1:0")?;
-    let addr = l.local_addr()?;
     let spd = dev.alloc_pd()?;
     let scq = dev.create_cq(64)?;
     let sqp = spd.create_qp(QpInitAttr::new(&scq))?;
@@ -74,17 +93,7 @@ fn pair(same_host: bool) -> Result<Pair> {
     a.caps.max_send_wr = 4096;
     a.caps.max_send_sge = dev.attr().max_sge as usize;
     let qp = pd.create_qp(a)?;
-    let p2 = params.clone();
-    std::thread::scope(|s| -> Result<()> {
-        let h = s.spawn(|| -> Result<()> {
-            l.get_request()?.accept(&sqp, &p2)?;
-            Ok(())
-        });
-        qp.connect(addr, &params)?;
-        h.join()
-            .map_err(|_| anyhow::anyhow!("accept thread panicked"))??;
-        Ok(())
-    })?;
+    connect_in_process(&l, &qp, &sqp, &params)?;
     if qp.conn_params().is_some_and(|n| n.same_host) != same_host {
         bail!("same-host transport: wanted {same_host}");
     }

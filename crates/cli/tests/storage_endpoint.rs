@@ -92,6 +92,16 @@ fn wait(cq: &CompletionQueue) -> WorkCompletion {
     cq.wait_one(T).expect("completion within 20 s")
 }
 
+/// A QP of `pd` connected locally (no network), strict or relaxed.
+fn local_qp(dev: &Device, pd: &ProtectionDomain, relaxed: bool) -> (QueuePair, CompletionQueue) {
+    let cq = dev.create_cq(256).unwrap();
+    let mut attr = QpInitAttr::new(&cq);
+    attr.relaxed_ordering = relaxed;
+    let qp = pd.create_qp(attr).unwrap();
+    qp.connect_local().unwrap();
+    (qp, cq)
+}
+
 fn file_bytes(path: &Path, at: u64, n: usize) -> Vec<u8> {
     let f = std::fs::File::open(path).unwrap();
     let mut v = vec![0; n];
@@ -256,11 +266,7 @@ fn local_endpoint_uses_the_same_verbs() {
     assert!(ep.attach(&pd, "nobody", false).is_err());
     let off0 = partition_offset(&path, 0);
     for relaxed in [false, true] {
-        let cq = dev.create_cq(256).unwrap();
-        let mut attr = QpInitAttr::new(&cq);
-        attr.relaxed_ordering = relaxed;
-        let qp = pd.create_qp(attr).unwrap();
-        qp.connect_local().unwrap();
+        let (qp, cq) = local_qp(&dev, &pd, relaxed);
         let data = pattern(256 << 10, relaxed as u64 + 10);
         let src = pd.register(data.clone(), Access::LOCAL_WRITE).unwrap();
         let dst = pd.alloc_mr(256 << 10, Access::LOCAL_WRITE).unwrap();
@@ -315,11 +321,7 @@ fn direct_io_is_coherent_with_buffered() {
     let p0 = s.region(0).unwrap().rkey;
     let off0 = partition_offset(&path, 0);
     for relaxed in [false, true] {
-        let cq = dev.create_cq(256).unwrap();
-        let mut attr = QpInitAttr::new(&cq);
-        attr.relaxed_ordering = relaxed;
-        let qp = pd.create_qp(attr).unwrap();
-        qp.connect_local().unwrap();
+        let (qp, cq) = local_qp(&dev, &pd, relaxed);
         let data = pattern(1 << 20, 40 + relaxed as u64);
         let src = pd.register(data.clone(), Access::LOCAL_WRITE).unwrap();
         // Aligned (direct) 128 KiB pieces, then an unaligned (buffered)
@@ -497,28 +499,16 @@ fn storage_bench_reports_every_configuration() {
     require_tool("fio");
     let w = Work::new("storage-bench");
     let p = w.path("bench.img");
-    let out = Command::new(SOFTRDMA)
-        .args([
-            "storage",
-            "bench",
-            p.to_str().unwrap(),
-            "--json",
-            "--seconds",
-            "0.05",
-        ])
-        .args(["--working-set", "16MiB"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = softrdma_json(&[
+        "storage",
+        "bench",
+        p.to_str().unwrap(),
+        "--json",
+        "--seconds",
+        "0.05",
+        "--working-set",
+        "16MiB",
+    ]);
     assert_eq!(lines.len(), 32 + 4);
     let mut seen = std::collections::HashSet::new();
     for l in &lines {

@@ -3,26 +3,14 @@
 //! scattered transfers were checked byte for byte by the tool (it fails
 //! otherwise) in both directions.
 
-const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
+mod common;
+use common::softrdma_json;
 
 #[test]
 fn transfer_bench_reports_and_checks() {
-    let out = std::process::Command::new(SOFTRDMA)
-        .args([
-            "transfer", "bench", "--json", "--rounds", "3", "--big", "67108864",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = softrdma_json(&[
+        "transfer", "bench", "--json", "--rounds", "3", "--big", "67108864",
+    ]);
     assert_eq!(lines.len(), 8);
     for l in &lines {
         for k in ["bench", "gbps", "ops_per_s", "transport", "wrs"] {
@@ -55,20 +43,7 @@ fn transfer_bench_reports_and_checks() {
 /// right STag and reference (the tool fails otherwise).
 #[test]
 fn oneshot_bench_counts_calls() {
-    let out = std::process::Command::new(SOFTRDMA)
-        .args(["transfer", "oneshot", "--json", "--commands", "300"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = softrdma_json(&["transfer", "oneshot", "--json", "--commands", "300"]);
     assert_eq!(lines.len(), 4);
     for size in [4096, 65536] {
         let get = |b: &str| {

@@ -32,7 +32,7 @@ use softrdma_verbs::{
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -143,7 +143,7 @@ pub struct PartitionBackend {
     file: Arc<DevFile>,
     base: u64,
     len: u64,
-    relaxed: Option<Arc<Writer>>,
+    relaxed: Option<Arc<WriterHandle>>,
 }
 
 impl PartitionBackend {
@@ -197,6 +197,8 @@ struct Writer {
 
 struct WState {
     queue: std::collections::VecDeque<(u64, Vec<u8>)>,
+    /// Bytes in `queue`.
+    queued: usize,
     running: usize,
     error: Option<io::Error>,
     stop: bool,
@@ -215,6 +217,7 @@ impl Writer {
         let w = Arc::new(Writer {
             st: Mutex::new(WState {
                 queue: Default::default(),
+                queued: 0,
                 running: 0,
                 error: None,
                 stop: false,
@@ -234,9 +237,10 @@ impl Writer {
     fn submit(&self, at: u64, data: Vec<u8>) {
         let mut st = self.st.lock();
         // Back-pressure: the receiver waits rather than queue unbounded.
-        while st.queue.iter().map(|(_, d)| d.len()).sum::<usize>() > MAX_QUEUED {
+        while st.queued > MAX_QUEUED {
             self.cv.wait(&mut st);
         }
+        st.queued += data.len();
         st.queue.push_back((at, data));
         drop(st);
         self.cv.notify_all();
@@ -255,6 +259,7 @@ impl Writer {
         let mut st = self.st.lock();
         loop {
             if let Some((at, d)) = st.queue.pop_front() {
+                st.queued -= d.len();
                 st.running += 1;
                 drop(st);
                 let r = f.write(at, &d);
@@ -273,17 +278,22 @@ impl Writer {
     }
 }
 
-impl Drop for PartitionBackend {
+/// The writer of one connection's registrations, shared by them: when
+/// the last one goes, the writer drains its queue and its threads stop.
+struct WriterHandle(Arc<Writer>);
+
+impl std::ops::Deref for WriterHandle {
+    type Target = Writer;
+    fn deref(&self) -> &Writer {
+        &self.0
+    }
+}
+
+impl Drop for WriterHandle {
     fn drop(&mut self) {
-        if let Some(w) = &self.relaxed {
-            // Registrations of one connection share the writer; the last
-            // one stops it (after its queue drained).
-            if Arc::strong_count(w) == 1 + WRITERS {
-                let _ = w.drain();
-                w.st.lock().stop = true;
-                w.cv.notify_all();
-            }
-        }
+        let _ = self.0.drain();
+        self.0.st.lock().stop = true;
+        self.0.cv.notify_all();
     }
 }
 
@@ -418,7 +428,7 @@ impl Endpoint {
             .iter()
             .position(|p| p.name == principal)
             .ok_or_else(|| StorageError::NoSuchPrincipal(principal.into()))?;
-        let writer = relaxed.then(|| Writer::start(self.file.clone()));
+        let writer = relaxed.then(|| Arc::new(WriterHandle(Writer::start(self.file.clone()))));
         let mut regions = Vec::new();
         let mut mrs = Vec::new();
         let mut backends = Vec::new();
@@ -873,15 +883,12 @@ fn control_loop(
                 sending.insert(next_id, mr);
                 Ok(())
             });
-        if ok.is_err() {
+        if let Err(e) = ok {
+            // The connection is ending (the QP left RTS); nothing to answer.
+            tracing::debug!(qpn = qp.qp_num(), "control message loop ends: {e}");
             return;
         }
     }
-}
-
-/// The store's path from an endpoint name.
-pub fn path_of(name: &str) -> PathBuf {
-    PathBuf::from(name.strip_prefix("storage:").unwrap_or(name))
 }
 
 #[cfg(test)]

@@ -79,17 +79,13 @@ pub fn run(
     }
     let mut stats = Stats::default();
     let mut flight: VecDeque<InFlight> = VecDeque::new();
-    // Unsignaled WRs in a row: one in `slots` is signaled so that slots
-    // come back.
-    let mut quiet = 0usize;
     let mut seq = 0u64;
     let mut next = planner.next_wr();
-    let mut batch = Vec::new();
+    let (mut wrs, mut posted) = (Vec::new(), Vec::new());
     let mut wcs = vec![WorkCompletion::default(); 64];
     while next.is_some() || !flight.is_empty() {
         // Fill the free slots with one doorbell.
-        batch.clear();
-        while flight.len() + batch.len() < limits.slots {
+        while flight.len() + wrs.len() < limits.slots {
             let Some(w) = next.take() else { break };
             next = planner.next_wr();
             let finishes = w.parts.iter().any(|p| p.last);
@@ -97,13 +93,11 @@ pub fn run(
             for &t in &carries {
                 prog[t].posted += 1;
             }
-            quiet += 1;
-            let room_left = flight.len() + batch.len() + 1 == limits.slots;
-            let signaled = finishes || next.is_none() || quiet >= limits.slots || room_left;
-            if signaled {
-                quiet = 0;
-                stats.signaled += 1;
-            }
+            // The WR that fills the last free slot is signaled, so slots
+            // always come back (and no run of unsignaled WRs is longer).
+            let room_left = flight.len() + wrs.len() + 1 == limits.slots;
+            let signaled = finishes || next.is_none() || room_left;
+            stats.signaled += signaled as usize;
             let op = match w.op {
                 Op::Read => WrOp::RdmaRead {
                     remote_addr: w.remote_addr,
@@ -115,27 +109,25 @@ pub fn run(
                 },
             };
             stats.bytes += w.len;
-            batch.push((
-                SendWr {
-                    wr_id: seq,
-                    op,
-                    sgl: w.sgl,
-                    flags: if signaled {
-                        SendFlags::SIGNALED
-                    } else {
-                        SendFlags::NONE
-                    },
+            wrs.push(SendWr {
+                wr_id: seq,
+                op,
+                sgl: w.sgl,
+                flags: if signaled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::NONE
                 },
-                InFlight { seq, carries },
-            ));
+            });
+            posted.push(InFlight { seq, carries });
             seq += 1;
         }
-        if !batch.is_empty() {
-            let wrs: Vec<SendWr> = batch.iter().map(|(w, _)| w.clone()).collect();
+        if !wrs.is_empty() {
             qp.post_send_batch(&wrs)?;
             stats.posts += 1;
             stats.wrs += wrs.len();
-            flight.extend(batch.drain(..).map(|(_, f)| f));
+            wrs.clear();
+            flight.extend(posted.drain(..));
             continue;
         }
         // Slots full (or the last WRs in flight): wait for completions.

@@ -61,6 +61,14 @@ pub(crate) struct Job {
     pub len: u64,
 }
 
+impl Job {
+    /// Fenced: starts when everything before it completed, and holds
+    /// everything after it (a Flush always is).
+    fn fenced(&self) -> bool {
+        self.fence || self.kind == Kind::Flush
+    }
+}
+
 // SAFETY: the raw spans point into registrations that `keep` holds; the
 // job moves to a worker thread as a whole.
 unsafe impl Send for Job {}
@@ -80,23 +88,21 @@ pub(crate) struct LocalLink {
     st: Mutex<State>,
     cv: Condvar,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// Ourselves, for workers started later.
-    me: std::sync::OnceLock<Weak<LocalLink>>,
+    /// Ourselves, for the workers it starts.
+    me: Weak<LocalLink>,
 }
 
 impl LocalLink {
-    /// Starts workers until there are `n` (callers hold the state lock, so
-    /// the count cannot race).
+    /// Starts workers until there are `n` (the `threads` lock keeps the
+    /// count from racing).
     fn grow(&self, q: &Arc<QpInner>, n: usize) {
         let mut ts = self.threads.lock();
         while ts.len() < n {
             let i = ts.len();
-            let (link, qp, cq) = (
-                self.me.get().expect("set at start").upgrade(),
-                Arc::downgrade(q),
-                q.send_cq.clone(),
-            );
-            let Some(link) = link else { return };
+            let Some(link) = self.me.upgrade() else {
+                return;
+            };
+            let (qp, cq) = (Arc::downgrade(q), q.send_cq.clone());
             let qpn = q.qpn;
             ts.push(
                 std::thread::Builder::new()
@@ -108,7 +114,7 @@ impl LocalLink {
     }
 
     pub fn start(q: &Arc<QpInner>, relaxed: bool) -> Arc<LocalLink> {
-        let l = Arc::new(LocalLink {
+        let l = Arc::new_cyclic(|me| LocalLink {
             relaxed,
             st: Mutex::new(State {
                 pending: VecDeque::new(),
@@ -119,22 +125,9 @@ impl LocalLink {
             }),
             cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
-            me: std::sync::OnceLock::new(),
+            me: me.clone(),
         });
-        let _ = l.me.set(Arc::downgrade(&l));
-        let n = if relaxed { WORKERS } else { 1 };
-        let mut ts = l.threads.lock();
-        for i in 0..n {
-            let (link, qp, cq) = (l.clone(), Arc::downgrade(q), q.send_cq.clone());
-            let qpn = q.qpn;
-            ts.push(
-                std::thread::Builder::new()
-                    .name(format!("softrdma-local{qpn}.{i}"))
-                    .spawn(move || link.worker(&qp, &cq, qpn))
-                    .expect("spawn local worker"),
-            );
-        }
-        drop(ts);
+        l.grow(q, if relaxed { WORKERS } else { 1 });
         l
     }
 
@@ -155,7 +148,7 @@ impl LocalLink {
         let mut jobs = jobs.into_iter();
         let mut st = self.st.lock();
         for j in jobs.by_ref() {
-            let fenced = j.fence || j.kind == Kind::Flush;
+            let fenced = j.fenced();
             let idle = st.pending.is_empty() && st.running == 0 && !st.fenced;
             let qd = j.target.backend.as_ref().map_or(1, |b| b.queue_depth());
             if self.relaxed && qd > 1 {
@@ -175,7 +168,7 @@ impl LocalLink {
                 st.pending.push_back(j);
                 break;
             }
-            let fenced = j.fence || j.kind == Kind::Flush;
+            let fenced = j.fenced();
             st.running += 1;
             st.fenced |= fenced;
             drop(st);
@@ -187,7 +180,7 @@ impl LocalLink {
             }
         }
         for j in jobs {
-            st.pending_fences += (j.fence || j.kind == Kind::Flush) as usize;
+            st.pending_fences += (j.fenced()) as usize;
             st.pending.push_back(j);
         }
         // Workers wait for queued jobs, or for `running` to drop to let a
@@ -225,7 +218,7 @@ impl LocalLink {
             let startable = match st.pending.front() {
                 None => false,
                 Some(j) => {
-                    let fenced = j.fence || j.kind == Kind::Flush;
+                    let fenced = j.fenced();
                     !st.fenced && (!fenced || st.running == 0) && (self.relaxed || st.running == 0)
                 }
             };
@@ -234,7 +227,7 @@ impl LocalLink {
                 continue;
             }
             let j = st.pending.pop_front().expect("front exists");
-            let fenced = j.fence || j.kind == Kind::Flush;
+            let fenced = j.fenced();
             st.pending_fences -= fenced as usize;
             st.running += 1;
             st.fenced |= fenced;

@@ -375,3 +375,22 @@ pub fn analyse_capture(file: &Path, server_ports: &[u16]) -> BTreeMap<u16, ConnW
     }
     conns
 }
+
+/// Runs `softrdma ARGS` (which must succeed) and parses its stdout as one
+/// JSON object per line.
+pub fn softrdma_json(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(args)
+        .output()
+        .expect("run softrdma");
+    assert!(
+        out.status.success(),
+        "softrdma {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("UTF-8 output")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
