@@ -27,6 +27,7 @@ use softrdma_store::ptr::RemotePtr;
 
 const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
 const PRIMARY: u8 = 2;
+const SECONDARY: u8 = 1;
 
 struct Node {
     id: u32,
@@ -97,6 +98,28 @@ fn port() -> u16 {
         .port()
 }
 
+/// A failing test shows the nodes' logs (CI keeps no files).
+impl Drop for Group {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        for id in 1..=2 {
+            let log = self.dir.join(format!("node{id}.log"));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(80)..];
+            eprintln!("--- last {} lines of {}:", tail.len(), log.display());
+            for l in tail {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
 impl Group {
     fn new(name: &str, arena: &str) -> Group {
         Group::with_coordinator(name, arena, None)
@@ -147,7 +170,7 @@ impl Group {
             addrs,
             probe,
         };
-        g.wait_redundant(Duration::from_secs(30));
+        g.wait_redundant(Duration::from_secs(30), 0);
         g
     }
 
@@ -159,14 +182,22 @@ impl Group {
             .collect()
     }
 
-    /// Waits until a primary reports the group redundant; returns its id.
-    fn wait_redundant(&mut self, timeout: Duration) -> u32 {
+    /// Waits until a primary reports the group redundant at an epoch above
+    /// `after` and the other node answers as its secondary at that same
+    /// epoch; returns the primary's id. A node restarted a moment ago must
+    /// pass `after` = the epoch before it went down: until the primary
+    /// notices the old incarnation's death it still reports the group
+    /// redundant, and only registering the new one raises the epoch.
+    fn wait_redundant(&mut self, timeout: Duration, after: u64) -> u32 {
         let deadline = Instant::now() + timeout;
         loop {
             let st = self.status();
             if st.len() == 2 {
                 if let Some(p) = st.iter().find(|s| s.role == PRIMARY && s.redundant) {
-                    return p.node;
+                    let s = st.iter().find(|s| s.node != p.node).unwrap();
+                    if p.epoch > after && s.role == SECONDARY && s.epoch == p.epoch {
+                        return p.node;
+                    }
                 }
             }
             assert!(
@@ -176,6 +207,15 @@ impl Group {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The primary's epoch now.
+    fn epoch(&mut self) -> u64 {
+        let p = self.primary();
+        self.status()
+            .iter()
+            .find(|s| s.node == p)
+            .map_or(0, |s| s.epoch)
     }
 
     fn primary(&mut self) -> u32 {
@@ -259,6 +299,7 @@ fn crash_primary_20_times() {
         let (child, rx) = start_load(&g, seed, 2.0);
         wait_progress(&rx, 0.5 + (seed % 5) as f64 * 0.2);
         let p = g.primary();
+        let e = g.epoch();
         g.nodes[(p - 1) as usize].kill();
         // Restart the killed node at once: it must rejoin as secondary.
         let dir = g.dir.clone();
@@ -270,7 +311,7 @@ fn crash_primary_20_times() {
         assert!(s["verified"].as_u64().unwrap() > 0, "round {seed}: {s}");
         total_ops += s["ops"].as_u64().unwrap();
         worst_gap = worst_gap.max(s["max_gap_ms"].as_f64().unwrap());
-        let np = g.wait_redundant(Duration::from_secs(30));
+        let np = g.wait_redundant(Duration::from_secs(30), e);
         assert_ne!(
             np, p,
             "round {seed}: the killed node cannot be primary again yet"
@@ -295,10 +336,11 @@ fn large_arena_rejoins_with_default_timings() {
             (c.insert(&v).unwrap(), v)
         })
         .collect();
+    let e = g.epoch();
     g.nodes[(s - 1) as usize].kill();
     let dir = g.dir.clone();
     g.nodes[(s - 1) as usize].start(&dir, "secondary");
-    assert_eq!(g.wait_redundant(Duration::from_secs(60)), p);
+    assert_eq!(g.wait_redundant(Duration::from_secs(60), e), p);
     g.nodes[(p - 1) as usize].kill();
     for (ptr, v) in &objs {
         assert_eq!(&c.read(*ptr).unwrap(), v, "{ptr}");
@@ -318,6 +360,7 @@ fn secondary_loss_and_resync() {
             (c.insert(&v).unwrap(), v)
         })
         .collect();
+    let e = g.epoch();
     g.nodes[(s - 1) as usize].kill();
     // The primary goes on alone once the coordinator records it degraded.
     for i in 0..50u32 {
@@ -332,7 +375,7 @@ fn secondary_loss_and_resync() {
     // A replacement joins, copies the arena and the group is redundant.
     let dir = g.dir.clone();
     g.nodes[(s - 1) as usize].start(&dir, "secondary");
-    assert_eq!(g.wait_redundant(Duration::from_secs(30)), p);
+    assert_eq!(g.wait_redundant(Duration::from_secs(30), e), p);
     let st = g.status();
     let (a, b) = (&st[0], &st[1]);
     assert_eq!((a.allocated, a.objects), (b.allocated, b.objects), "{st:?}");
@@ -514,6 +557,7 @@ fn failover_with_etcd_coordinator() {
     let (child, rx) = start_load(&g, 77, 4.0);
     wait_progress(&rx, 1.0);
     let p = g.primary();
+    let e = g.epoch();
     g.nodes[(p - 1) as usize].kill();
     let dir = g.dir.clone();
     g.nodes[(p - 1) as usize].start(&dir, "secondary");
@@ -521,7 +565,7 @@ fn failover_with_etcd_coordinator() {
     assert_eq!(s["lost_writes"], 0, "{s}");
     assert_eq!(s["errors"], 0, "{s}");
     assert_eq!(s["resurrected"], 0, "{s}");
-    let np = g.wait_redundant(Duration::from_secs(30));
+    let np = g.wait_redundant(Duration::from_secs(30), e);
     assert_ne!(np, p);
     println!(
         "etcd failover: {} ops, gap {:.0} ms",

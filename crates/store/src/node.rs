@@ -232,7 +232,14 @@ struct Copy {
     next_offset: u64,
     outstanding: u32,
     buffered: Vec<(u64, RepOp)>,
+    /// When the last chunk arrived (or the copy began): a copy that stops
+    /// making progress while the primary still beats (a chunk Read the
+    /// primary refused, a link lost under it) is restarted, see `on_tick`.
+    last_progress: Micros,
 }
+
+/// Heartbeat timeouts without a chunk after which a copy is restarted.
+const COPY_STALL_TIMEOUTS: u64 = 8;
 
 #[derive(Debug, Clone)]
 enum State {
@@ -1182,6 +1189,7 @@ impl<M: Memory> Node<M> {
                 next_offset: 0,
                 outstanding: 0,
                 buffered: Vec::new(),
+                last_progress: self.now,
             }),
             campaign: None,
         };
@@ -1292,6 +1300,7 @@ impl<M: Memory> Node<M> {
             return; // a chunk of an abandoned session
         }
         *last_heard = self.now;
+        c.last_progress = self.now;
         c.outstanding -= 1;
         if self.mem.write(offset, &data).is_err() {
             self.diverged(format!("chunk at {offset} outside the arena"));
@@ -1371,6 +1380,10 @@ impl<M: Memory> Node<M> {
                 }
                 let silent = dead(*last_heard);
                 let copying = copy.is_some();
+                let stalled = copy.as_ref().is_some_and(|c| {
+                    now.saturating_sub(c.last_progress)
+                        > COPY_STALL_TIMEOUTS * cfg.heartbeat_timeout
+                });
                 let can_campaign = campaign.is_none();
                 if silent && !copying && can_campaign {
                     // Campaign again after one more interval if this fails.
@@ -1388,6 +1401,9 @@ impl<M: Memory> Node<M> {
                 }
                 if silent && copying {
                     self.become_joining(None);
+                } else if stalled {
+                    // Ask the same primary for a new session.
+                    self.become_joining(Some(primary));
                 } else if silent && can_campaign {
                     let id = self.coord(CoordRequest::Campaign);
                     if let State::Secondary { campaign, .. } = &mut self.state {

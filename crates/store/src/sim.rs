@@ -83,6 +83,11 @@ pub struct SimConfig {
     /// Per mille of primary -> secondary `Replicate` messages dropped, as a
     /// link that breaks and is re-dialed drops what was in flight on it.
     pub drop_replicate_permille: u64,
+    /// Per mille of recovery chunks (`SyncChunk`) lost, as when the
+    /// primary refuses the joiner's RDMA Read of its arena (its STag is
+    /// disabled until a new primary's first lease renewal) and the link
+    /// breaks.
+    pub drop_sync_chunk_permille: u64,
 }
 
 impl Default for SimConfig {
@@ -96,6 +101,7 @@ impl Default for SimConfig {
             max_objects: 40,
             time_limit: 60_000_000,
             drop_replicate_permille: 0,
+            drop_sync_chunk_permille: 0,
         }
     }
 }
@@ -119,6 +125,8 @@ pub struct SimReport {
     pub dropped_replicates: u64,
     /// Times a secondary noticed a lost `Replicate` and re-synchronised.
     pub repaired_losses: u64,
+    /// `SyncChunk` messages the network dropped.
+    pub dropped_chunks: u64,
 }
 
 const HEARTBEAT: Micros = 5_000;
@@ -352,6 +360,13 @@ impl Sim {
                         let p = self.cfg.drop_replicate_permille;
                         if p > 0 && self.rng.range(0, 1000) < p {
                             self.report.dropped_replicates += 1;
+                            continue;
+                        }
+                    }
+                    if let (Addr::Node(_), Body::SyncChunk { .. }) = (to, &env.body) {
+                        let p = self.cfg.drop_sync_chunk_permille;
+                        if p > 0 && self.rng.range(0, 1000) < p {
+                            self.report.dropped_chunks += 1;
                             continue;
                         }
                     }
@@ -910,6 +925,29 @@ mod tests {
         eprintln!("sim: {dropped} Replicates dropped, {repaired} re-syncs");
         assert!(
             dropped >= 10,
+            "the fault was not exercised ({dropped} drops)"
+        );
+    }
+
+    /// A recovery copy whose chunk never comes (the primary refused the
+    /// Read) is restarted instead of waiting forever: every run still ends
+    /// redundant with identical replicas (`quiescent`).
+    #[test]
+    fn lost_chunks_restart_the_copy() {
+        let cfg = SimConfig {
+            faults: false,
+            arena_len: 1 << 20,
+            drop_sync_chunk_permille: 40,
+            ..SimConfig::default()
+        };
+        let mut dropped = 0;
+        for seed in 0..seeds(10, 200) {
+            let r = run(seed, &cfg).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            assert_eq!(r.acked_ops, (cfg.clients * cfg.ops_per_client) as u64);
+            dropped += r.dropped_chunks;
+        }
+        assert!(
+            dropped >= 5,
             "the fault was not exercised ({dropped} drops)"
         );
     }
