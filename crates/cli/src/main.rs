@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod cmatose;
 mod demo;
+mod heap;
 mod info;
 mod oneshot;
 mod rping;
@@ -52,6 +53,10 @@ enum Cmd {
     /// within the device's limits (`bench` compares it with one WR per
     /// buffer).
     Transfer(transfer::Args),
+    /// The registered-memory heap shared by several processes: create,
+    /// show (checks the shared table), unlink, bench (cached registrations
+    /// against registering each allocation).
+    Heap(heap::Args),
     /// The main demo: a primary, a secondary and a verifying client load;
     /// the primary is killed half-way, the secondary takes over, the old
     /// node rejoins; prints `lost writes: N` (must be 0). About 20 s.
@@ -80,6 +85,7 @@ fn main() {
         Cmd::Store(a) => store::run(a),
         Cmd::Storage(a) => storage::run(a),
         Cmd::Transfer(a) => transfer::run(a),
+        Cmd::Heap(a) => heap::run(a),
         Cmd::Demo(a) => demo::run(a),
     };
     if let Err(e) = res {

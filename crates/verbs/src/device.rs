@@ -124,9 +124,36 @@ pub(crate) struct Core {
     next_cq: AtomicU32,
     events: Mutex<VecDeque<AsyncEvent>>,
     events_cv: Condvar,
+    /// Consumer checks run on every posted SGE ([`Device::add_post_check`]).
+    post_checks: RwLock<Vec<(u64, Arc<dyn PostCheck>)>>,
+    has_post_checks: std::sync::atomic::AtomicBool,
+}
+
+/// A consumer's check of every local SGE posted on a device (a send or a
+/// receive work request), run before the request is queued; an error
+/// refuses the whole post with [`Error::InvalidArgument`]. The
+/// registered-memory heap uses it to prove, in debug builds, that no work
+/// request names a registration whose block was released
+/// (`softrdma-heap`).
+pub trait PostCheck: Send + Sync {
+    fn check(&self, sge: &crate::Sge) -> std::result::Result<(), String>;
 }
 
 impl Core {
+    /// Runs the consumers' post checks on `sgl` (nothing when none).
+    #[inline]
+    pub fn check_post(&self, sgl: &[crate::Sge]) -> Result<()> {
+        if !self.has_post_checks.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        for (_, c) in self.post_checks.read().iter() {
+            for sge in sgl {
+                c.check(sge).map_err(Error::inval)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn post_event(&self, ev: AsyncEvent) {
         tracing::debug!(?ev, "async event");
         let mut q = self.events.lock();
@@ -211,6 +238,8 @@ impl Device {
             next_cq: AtomicU32::new(1),
             events: Mutex::new(VecDeque::new()),
             events_cv: Condvar::new(),
+            post_checks: RwLock::new(Vec::new()),
+            has_post_checks: std::sync::atomic::AtomicBool::new(false),
         });
         let mut progress = Vec::with_capacity(n);
         for i in 0..n {
@@ -232,6 +261,26 @@ impl Device {
 
     pub fn name(&self) -> &str {
         &self.rt.core.config.name
+    }
+
+    /// Installs `check` on every SGE posted on this device's QPs and SRQs
+    /// (see [`PostCheck`]); returns its id for [`Device::remove_post_check`].
+    pub fn add_post_check(&self, check: Arc<dyn PostCheck>) -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let core = &self.rt.core;
+        let mut v = core.post_checks.write();
+        v.push((id, check));
+        core.has_post_checks.store(true, Ordering::Release);
+        id
+    }
+
+    /// Removes a check installed by [`Device::add_post_check`].
+    pub fn remove_post_check(&self, id: u64) {
+        let core = &self.rt.core;
+        let mut v = core.post_checks.write();
+        v.retain(|(i, _)| *i != id);
+        core.has_post_checks.store(!v.is_empty(), Ordering::Release);
     }
 
     pub fn addr(&self) -> IpAddr {
@@ -468,6 +517,41 @@ impl ProtectionDomain {
         access: Access,
         opts: RegOptions,
     ) -> Result<MemoryRegion> {
+        // SAFETY: the caller's contract is ours.
+        unsafe { self.register_raw_inner(ptr, len, access, opts, None) }
+    }
+
+    /// Registers memory owned by `owner` (a shared-memory mapping, say):
+    /// the registration holds `owner` until its last use, so the memory
+    /// outlives every work request naming it even if the caller drops its
+    /// own handles first.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must be valid for reads and writes for as long as
+    /// `owner` is alive, and nothing else may free or unmap it meanwhile.
+    pub unsafe fn register_owned(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        opts: RegOptions,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: the caller's contract covers the memory while `owner`
+        // lives, and the registration keeps `owner` alive.
+        unsafe { self.register_raw_inner(ptr, len, access, opts, Some(owner)) }
+    }
+
+    /// # Safety
+    /// See [`ProtectionDomain::register_raw`] (`keep`: see `register_owned`).
+    unsafe fn register_raw_inner(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        opts: RegOptions,
+        keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<MemoryRegion> {
         if ptr.is_null() {
             return Err(Error::inval("null pointer"));
         }
@@ -482,6 +566,10 @@ impl ProtectionDomain {
                 (Backing::Shared(dup), Some((fd, ino, off)))
             }
             None => (Backing::Raw, None),
+        };
+        let backing = match keep {
+            Some(k) => Backing::Kept(Box::new(backing), k),
+            None => backing,
         };
         self.install(
             vec![RawSpan { ptr, len }],
@@ -508,6 +596,19 @@ impl ProtectionDomain {
             None => (core.stags.reserve(None, self.id)?, opts.key.unwrap_or(0)),
         };
         let iova = opts.iova.unwrap_or(spans[0].ptr as u64);
+        // Pin before the STag becomes valid; a failure releases the index.
+        let mut pins = Vec::new();
+        if !fast_reg {
+            for s in &spans {
+                match crate::pin::pin(s.ptr, s.len) {
+                    Ok(p) => pins.extend(p),
+                    Err(e) => {
+                        core.stags.release(index);
+                        return Err(e);
+                    }
+                }
+            }
+        }
         let mr = Arc::new(
             NewMr {
                 pd: self.id,
@@ -519,6 +620,7 @@ impl ProtectionDomain {
                 fast_reg,
                 chunk,
                 backend: None,
+                pins,
             }
             .build(index << 8 | key as u32),
         );
@@ -569,6 +671,7 @@ impl ProtectionDomain {
                 fast_reg: false,
                 chunk: None,
                 backend: Some((backend, len)),
+                pins: Vec::new(),
             }
             .build(index << 8 | key as u32),
         );
@@ -799,6 +902,7 @@ pub(crate) fn fast_reg_build(
         fast_reg: true,
         chunk: None,
         backend: None,
+        pins: Vec::new(), // the parents are pinned
     }
     .build(index << 8 | key as u32);
     core.stags.install(Arc::new(mr));

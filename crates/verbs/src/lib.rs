@@ -44,10 +44,13 @@
 //! Posting is safe: a work request names memory by lkey, and the engine
 //! holds the registration (and so the memory) until the request completes.
 //! Deregistering invalidates the STag at once, but never frees memory the
-//! engine may still touch. The only `unsafe` entry point is
-//! [`ProtectionDomain::register_raw`], for memory the caller owns.
-//! `unsafe` code lives in `sys` (system calls on raw memory) and `mr`
-//! (placement); each block states why it is sound.
+//! engine may still touch. The only `unsafe` entry points are
+//! [`ProtectionDomain::register_raw`] and
+//! [`ProtectionDomain::register_owned`], for memory the caller owns.
+//! Registration pins the pages (`mlock`, counted per process against
+//! [`set_pin_limit`]), as `ibv_reg_mr` does on hardware.
+//! `unsafe` code lives in `sys` (system calls on raw memory), `mr`
+//! (placement) and `pin` (`mlock`); each block states why it is sound.
 
 mod backend;
 mod cm;
@@ -57,6 +60,7 @@ mod error;
 mod iwarp;
 mod local;
 mod mr;
+mod pin;
 mod poller;
 mod pool;
 mod progress;
@@ -73,10 +77,11 @@ pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
     same_host_default, AsyncEvent, Device, DeviceAttr, DeviceConfig, DeviceInfo, FastRegMr,
-    MemoryRegion, MrInfo, ProtectionDomain, QpInfo, RegOptions,
+    MemoryRegion, MrInfo, PostCheck, ProtectionDomain, QpInfo, RegOptions,
 };
 pub use error::{Error, Result};
 pub use mr::Access;
+pub use pin::{pinned_bytes, pinning_enabled, set_pin_limit, PinMap};
 pub use poller::{Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
 pub use samehost::SameHostStats;

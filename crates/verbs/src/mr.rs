@@ -67,6 +67,12 @@ pub(crate) enum Backing {
     /// Caller-owned memory backed by a file (`RegOptions::shared`): our
     /// duplicate of its descriptor, which same-host peers open.
     Shared(#[allow(dead_code)] std::os::fd::OwnedFd),
+    /// Caller-owned memory whose owner the registration keeps alive
+    /// (`register_owned`), plus what the inner backing holds.
+    Kept(
+        #[allow(dead_code)] Box<Backing>,
+        #[allow(dead_code)] Arc<dyn std::any::Any + Send + Sync>,
+    ),
 }
 
 /// A zeroed, page-aligned heap allocation.
@@ -120,6 +126,10 @@ pub(crate) struct MrInner {
     pub chunk: Option<(u32, u64, u64)>,
     /// For regions whose bytes are not in memory (`backend.rs`): no spans.
     pub backend: Option<std::sync::Arc<dyn crate::backend::RegionBackend>>,
+    /// The pages pinned for this registration (`pin.rs`); dropped, and so
+    /// unpinned, before `backing` frees the memory.
+    #[allow(dead_code)]
+    pins: Vec<crate::pin::PinGuard>,
     #[allow(dead_code)]
     backing: Backing,
 }
@@ -526,6 +536,8 @@ pub(crate) struct NewMr {
     pub chunk: Option<(u32, u64, u64)>,
     /// A backed region (`backend.rs`) and its length.
     pub backend: Option<(Arc<dyn crate::backend::RegionBackend>, u64)>,
+    /// Pins taken for the spans (see `pin.rs`).
+    pub pins: Vec<crate::pin::PinGuard>,
 }
 
 impl NewMr {
@@ -546,6 +558,7 @@ impl NewMr {
             fast_reg: self.fast_reg,
             chunk: self.chunk,
             backend,
+            pins: self.pins,
             backing: self.backing,
         }
     }
@@ -570,6 +583,7 @@ impl MrInner {
             fast_reg: false,
             chunk: None,
             backend: None,
+            pins: Vec::new(),
         }
         .build(0)
     }

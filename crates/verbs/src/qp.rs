@@ -766,6 +766,7 @@ impl QueuePair {
         if wr.sgl.len() > q.caps.max_recv_sge {
             return Err(Error::inval("too many SGEs"));
         }
+        q.core.check_post(&wr.sgl)?;
         match q.state() {
             QpState::Reset => {
                 return Err(Error::BadState {
@@ -837,6 +838,7 @@ impl QueuePair {
             if wr.sgl.len() > q.caps.max_send_sge {
                 return Err(Error::inval("too many SGEs"));
             }
+            q.core.check_post(&wr.sgl)?;
             if wr.needs_rfc7306() && !rfc7306 {
                 return Err(Error::inval(
                     "atomics and immediate data need a connection that negotiated RFC 7306 \

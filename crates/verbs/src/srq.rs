@@ -53,6 +53,7 @@ impl SharedReceiveQueue {
         if wr.sgl.len() > self.inner.max_sge {
             return Err(Error::inval("too many SGEs"));
         }
+        self.pd.dev.rt.core.check_post(&wr.sgl)?;
         let wqe = RecvWqe::resolve(&self.pd.dev.rt.core, self.inner.pd, wr)?;
         let mut q = self.inner.q.lock();
         if q.len() >= self.inner.max_wr {
