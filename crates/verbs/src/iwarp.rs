@@ -1886,11 +1886,21 @@ fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
 pub(crate) const RX_BUDGET: usize = 512;
 
 fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, mut budget: usize) -> RxEnd {
+    // Busy-poll mode: once a segment was handled and nothing is left in
+    // the stage, return to the polling application (it is waiting for what
+    // was just placed) instead of asking the socket once more: that recv
+    // would almost always say EAGAIN, a system call and the socket lock on
+    // the latency path. The application polls again anyway.
+    let polled = c.polled.load(Ordering::Relaxed);
+    let start_budget = budget;
     loop {
         match rx.phase {
             Phase::Header => {
                 if budget == 0 {
                     return RxEnd::Budget;
+                }
+                if polled && budget < start_budget && rx.avail() == 0 {
+                    return RxEnd::Block;
                 }
                 budget -= 1;
                 rx.bytes_in_frame = false;

@@ -192,6 +192,24 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
                 passive.conns.lock().remove(&qpn);
                 return Err(e.into());
             }
+            // Busy-poll latency tests measure an always-running responder
+            // (what a NIC is, and what the TCP baseline's busy-polling
+            // echo side is): a thread spins on the QP's receiver, which
+            // answers Read Requests and atomics inline, instead of a
+            // progress thread woken by epoll.
+            if h.busy_poll && matches!(h.test, Test::ReadLat | Test::AtomicLat) {
+                qp.set_busy_poll(true)?;
+                let qp = qp.clone();
+                std::thread::Builder::new()
+                    .name("bench-responder".into())
+                    .spawn(move || {
+                        while qp.state() != QpState::Error {
+                            if !qp.progress() {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    })?;
+            }
             Ok(())
         }
         Test::SendBw | Test::SendLat | Test::WriteLat => {
