@@ -338,6 +338,18 @@ fn num(f: &[&str], i: usize) -> Result<u64> {
     })
 }
 
+fn fill_tag(b: &mut [u8], tag: u64) {
+    let t = tag.to_le_bytes();
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = t[i % 8];
+    }
+}
+
+fn has_tag(b: &[u8], tag: u64) -> bool {
+    let t = tag.to_le_bytes();
+    b.iter().enumerate().all(|(i, &x)| x == t[i % 8])
+}
+
 fn keys_json(k: &softrdma_heap::Keys) -> serde_json::Value {
     json!({"lkey": k.lkey, "rkey": k.rkey, "block": k.block, "gen": k.gen})
 }
@@ -470,8 +482,12 @@ impl Worker {
             // while this runs.
             "chaos" => {
                 let (mut x, ops) = (num(f, 1)? | 1, num(f, 2)?);
-                let mut live: Vec<HeapBuf> = Vec::new();
-                let mut done = 0u64;
+                // Each buffer is filled with its own 8-byte tag (process id,
+                // serial number) and checked when freed: an allocation that
+                // overlapped another, in this process or another, shows up.
+                let pid = std::process::id() as u64;
+                let mut live: Vec<(HeapBuf, u64)> = Vec::new();
+                let (mut done, mut serial, mut corrupt) = (0u64, 0u64, 0u64);
                 println!("{}", json!({"chaos": "started"}));
                 std::io::stdout().flush()?;
                 while done < ops {
@@ -485,18 +501,28 @@ impl Worker {
                             _ => 1 + (x >> 8) % 4096,
                         };
                         let mut b = self.heap.alloc(size as usize)?;
-                        b[0] = x as u8;
-                        live.push(b);
+                        serial += 1;
+                        let tag = pid << 32 | serial;
+                        fill_tag(&mut b, tag);
+                        live.push((b, tag));
                     } else {
                         let i = (x >> 8) as usize % live.len();
-                        live.swap_remove(i);
+                        let (b, tag) = live.swap_remove(i);
+                        if !has_tag(&b, tag) {
+                            corrupt += 1;
+                        }
                     }
                     if x % 97 == 0 {
                         self.heap.trim()?;
                     }
                     done += 1;
                 }
-                json!({"ok": true, "ops": done})
+                for (b, tag) in &live {
+                    if !has_tag(b, *tag) {
+                        corrupt += 1;
+                    }
+                }
+                json!({"ok": corrupt == 0, "ops": done, "corrupt": corrupt})
             }
             c => bail!("unknown command {c:?}"),
         })
