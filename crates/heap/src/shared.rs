@@ -171,14 +171,6 @@ fn io(what: &str, e: std::io::Error) -> HeapError {
     HeapError::Os(format!("{what}: {e}"))
 }
 
-fn cvt(r: libc::c_int, what: &str) -> Result<()> {
-    if r == -1 {
-        Err(io(what, std::io::Error::last_os_error()))
-    } else {
-        Ok(())
-    }
-}
-
 fn layout_of(geo: &Geometry) -> (usize, usize, usize, usize) {
     let pg = page() as usize;
     let desc_off = std::mem::size_of::<Header>().next_multiple_of(64);
@@ -271,44 +263,49 @@ impl Segment {
     /// Creates and initialises the segment `name`; fails if it exists.
     pub fn create(name: &str, geo: Geometry) -> Result<Segment> {
         let path = path_of(name);
+        if path.exists() {
+            return Err(HeapError::Exists(name.to_string()));
+        }
+        // Initialise under a private name, then publish with link(2), which
+        // fails if the name exists: an opener never sees a segment that is
+        // not initialised, and of two racing creators one wins.
+        let tmp = path.with_file_name(format!(
+            "softrdma-heap-{name}.init-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
-            .open(&path)
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    HeapError::Exists(name.to_string())
-                } else {
-                    io(&format!("create {}", path.display()), e)
-                }
-            })?;
-        let fd = file.as_raw_fd();
-        // Hold an exclusive flock while initialising: openers take a shared
-        // one before they read the header, so they wait for us.
-        // SAFETY: flock on our own descriptor.
-        cvt(unsafe { libc::flock(fd, libc::LOCK_EX) }, "flock")?;
+            .open(&tmp)
+            .map_err(|e| io(&format!("create {}", tmp.display()), e))?;
         let (desc_off, unit_off, area_off, total) = layout_of(&geo);
         let done = (|| {
             file.set_len(total as u64).map_err(|e| io("ftruncate", e))?;
-            let base = map(fd, total, 0, geo.block_size as usize)?;
+            let base = map(file.as_raw_fd(), total, 0, geo.block_size as usize)?;
             let seg = Segment {
                 base,
                 len: total,
-                file: file.try_clone().map_err(|e| io("dup", e))?,
+                file,
                 geo,
                 desc_off,
                 unit_off,
                 area_off,
             };
             seg.init()?;
+            std::fs::hard_link(&tmp, &path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    HeapError::Exists(name.to_string())
+                } else {
+                    io(&format!("link {}", path.display()), e)
+                }
+            })?;
             Ok(seg)
         })();
-        if done.is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
-        // SAFETY: as above.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        let _ = std::fs::remove_file(&tmp);
         done
     }
 
@@ -377,24 +374,16 @@ impl Segment {
                     io(&format!("open {}", path.display()), e)
                 }
             })?;
-        let fd = file.as_raw_fd();
-        // Wait for a creator still initialising (see `create`).
-        // SAFETY: flock on our own descriptor.
-        cvt(unsafe { libc::flock(fd, libc::LOCK_SH) }, "flock")?;
-        let r = Self::open_locked(file);
-        // SAFETY: as above (the descriptor may have moved into the segment;
-        // the lock belongs to the open file description either way).
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
-        r
+        Self::open_file(file)
     }
 
-    fn open_locked(file: File) -> Result<Segment> {
+    fn open_file(file: File) -> Result<Segment> {
         let size = file.metadata().map_err(|e| io("stat", e))?.len() as usize;
         let hdr = std::mem::size_of::<Header>();
         if size < hdr {
             return Err(HeapError::Corrupt("segment shorter than its header".into()));
         }
-        // Read the header through a private mapping of its first page.
+        // Read the header with pread: its geometry says how much to map.
         let mut raw = vec![0u8; hdr];
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut raw, 0)
             .map_err(|e| io("read header", e))?;
@@ -556,20 +545,31 @@ pub fn crash_point(point: &str) {
     }
 }
 
-/// This process's start time in clock ticks after boot (`/proc/self/stat`
-/// field 22), or 0 when unreadable.
+/// The start time of process `pid` in clock ticks after boot
+/// (`/proc/PID/stat` field 22); `None` if it is gone or a zombie (a
+/// zombie holds nothing), or when `/proc` cannot tell.
 pub fn start_time(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &s[s.rfind(')')? + 2..];
     let mut f = rest.split_whitespace();
     let state = f.next()?;
     if state == "Z" || state == "X" {
-        return None; // a zombie holds nothing
+        return None;
     }
     f.nth(18)?.parse().ok()
 }
 
-/// Whether the process `pid` started at `start` is still alive.
+/// Whether the process `pid` started at `start` is still alive. Without a
+/// readable `/proc` (then our own start time is 0 too), only whether a
+/// process with that pid exists.
 pub fn alive(pid: u32, start: u64) -> bool {
-    pid != 0 && start_time(pid) == Some(start)
+    if pid == 0 {
+        return false;
+    }
+    if start != 0 {
+        return start_time(pid) == Some(start);
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }

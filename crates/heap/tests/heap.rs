@@ -297,3 +297,37 @@ fn concurrent_threads_never_share_a_slot() {
     let rep = heap.check(true).unwrap();
     assert_eq!(rep.slots_used, 0);
 }
+
+/// Creators and openers racing on one name all end up on one initialised
+/// heap (the creator publishes the segment with link(2) only once it is
+/// initialised), and no temporary file is left behind.
+#[test]
+fn racing_creators_and_openers_share_one_heap() {
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    for round in 0..20 {
+        let n = name(&format!("race{round}"));
+        let _u = Unlink(n.clone());
+        let heaps: Vec<Heap> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| Heap::open_or_create(&pd, &cfg(&n)).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let b = heaps[0].alloc(64).unwrap();
+        for h in &heaps {
+            let k = h.lookup(h.addr_of(b.offset()).unwrap(), 64).unwrap();
+            assert_eq!((k.block, k.gen), b.block(), "round {round}");
+        }
+        let left: Vec<_> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let f = e.file_name();
+                let f = f.to_string_lossy();
+                f.starts_with(&format!("softrdma-heap-{n}.init-"))
+            })
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+    }
+}
