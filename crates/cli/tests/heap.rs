@@ -317,6 +317,27 @@ fn killed_processes_leave_the_table_consistent() {
     last.exit();
 }
 
+/// `SOFTRDMA_PIN_LIMIT` bounds what a process may pin: the second block
+/// does not fit, and the allocation fails with a clear error.
+#[test]
+fn pin_limit_from_the_environment() {
+    let name = format!("pinlim-{}", std::process::id());
+    let _u = create(&name, 1 << 20, 16);
+    let mut w = Worker::start(&name, false, &[("SOFTRDMA_PIN_LIMIT", "1M")]);
+    w.ask("alloc 64");
+    w.send("alloc 200000");
+    let r = w.line();
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains("pinned memory"), "{r}");
+    let c = w.ask("check quiet");
+    assert_eq!(
+        u(&c, "slots_used"),
+        1,
+        "the failed allocation holds nothing: {c}"
+    );
+    w.exit();
+}
+
 /// `softrdma heap bench --json` prints one line per size and process count
 /// with the fields the issue names (a short run: figures are not checked
 /// here, BENCHMARKS.md records them).

@@ -13,9 +13,10 @@
 //! are kept in one map of page ranges with a count each ([`PinMap`]): a
 //! range is locked when its count goes from 0 to 1 and unlocked when it
 //! returns to 0. Pinned bytes are counted against a process-wide limit
-//! ([`set_pin_limit`], default: none beyond the kernel's own
-//! `RLIMIT_MEMLOCK`). `SOFTRDMA_PIN=0` in the environment turns pinning off
-//! for the process (registrations then cost only the STag table update).
+//! ([`set_pin_limit`], or `SOFTRDMA_PIN_LIMIT=512M` in the environment;
+//! default: none beyond the kernel's own `RLIMIT_MEMLOCK`).
+//! `SOFTRDMA_PIN=0` in the environment turns pinning off for the process
+//! (registrations then cost only the STag table update).
 
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
@@ -160,12 +161,31 @@ fn pinner() -> &'static Pinner {
         if enabled {
             raise_memlock_limit();
         }
+        let limit = std::env::var("SOFTRDMA_PIN_LIMIT").ok().and_then(|v| {
+            let r = parse_bytes(&v);
+            if r.is_none() {
+                tracing::warn!(value = %v, "SOFTRDMA_PIN_LIMIT is not a size (like 512M); ignored");
+            }
+            r
+        });
         Pinner {
             map: Mutex::new(PinMap::default()),
-            limit: Mutex::new(None),
+            limit: Mutex::new(limit),
             enabled,
         }
     })
+}
+
+/// `123`, `64K`, `512M`, `2G` -> bytes.
+fn parse_bytes(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()? {
+        'K' | 'k' => (&v[..v.len() - 1], 1u64 << 10),
+        'M' | 'm' => (&v[..v.len() - 1], 1 << 20),
+        'G' | 'g' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mul)
 }
 
 /// Raises the soft `RLIMIT_MEMLOCK` to the hard one, as RDMA applications
@@ -307,6 +327,17 @@ mod tests {
                 prop_assert!(m.ranges() <= 2 * live.len() + 1);
             }
         }
+    }
+
+    #[test]
+    fn limit_sizes_parse() {
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("64K"), Some(64 << 10));
+        assert_eq!(parse_bytes("512m"), Some(512 << 20));
+        assert_eq!(parse_bytes("2G"), Some(2 << 30));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("99999999999999G"), None);
     }
 
     #[test]
