@@ -418,6 +418,14 @@ impl Heap {
         }
     }
 
+    /// Like [`Heap::alloc`], with the bytes zeroed (a slot keeps what its
+    /// previous owner, maybe another process, left in it).
+    pub fn alloc_zeroed(&self, len: usize) -> Result<HeapBuf> {
+        let mut b = self.alloc(len)?;
+        b.fill(0);
+        Ok(b)
+    }
+
     fn alloc_huge(&self, len: usize) -> Result<HeapBuf> {
         let inner = &self.inner;
         let bs = inner.seg.geo.block_size;

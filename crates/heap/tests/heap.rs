@@ -104,6 +104,13 @@ fn allocations_know_their_keys_and_lookup_finds_them() {
     assert_eq!(heap.stats().registrations, st.registrations);
     assert!(more.iter().all(|b| b.lkey() == bufs[1].lkey()));
     drop(more);
+    // A reused slot keeps old bytes; alloc_zeroed does not.
+    let mut d = heap.alloc(4096).unwrap();
+    d.fill(0xee);
+    drop(d);
+    let z = heap.alloc_zeroed(4096).unwrap();
+    assert!(z.iter().all(|&v| v == 0));
+    drop(z);
     drop(bufs);
     heap.trim().unwrap();
     let rep = heap.check(true).unwrap();
