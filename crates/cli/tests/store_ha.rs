@@ -72,11 +72,22 @@ impl Node {
                 let _ = tx.send(l);
             }
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(40))
-            .unwrap_or_else(|_| {
-                panic!("node {} did not get ready; see {}", self.id, dir.display())
-            });
+        let line = match rx.recv_timeout(Duration::from_secs(40)) {
+            Ok(l) => l,
+            Err(e) => {
+                // Stop it and show what it said (CI keeps no files).
+                let _ = child.kill();
+                let st = child.wait();
+                let log = std::fs::read_to_string(dir.join(format!("node{}.log", self.id)))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+                panic!(
+                    "node {} did not get ready ({e:?}, exit {st:?}); its log:\n{tail}",
+                    self.id
+                );
+            }
+        };
         assert!(line.starts_with("ready"), "node {}: {line}", self.id);
         self.child = Some(child);
     }

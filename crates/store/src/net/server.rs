@@ -133,9 +133,18 @@ fn find_arena(
     })
     .encode();
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut tries = 0u32;
     loop {
+        tries += 1;
         for &p in &cfg.peers {
-            if let Ok((link, reply)) = ep.connect(p, &hello, CONNECT_TIMEOUT) {
+            let r = ep.connect(p, &hello, CONNECT_TIMEOUT);
+            if let Err(e) = &r {
+                // Say why every ~2 s: a node stuck here otherwise logs nothing.
+                if tries % 20 == 1 {
+                    tracing::info!(peer = %p, error = %e, "no arena from peer yet");
+                }
+            }
+            if let Ok((link, reply)) = r {
                 ep.remove(link.id());
                 if let Some((_, Some(r))) = parse_accept(&reply) {
                     if r.len != len {
