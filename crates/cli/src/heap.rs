@@ -265,10 +265,7 @@ fn bench_child(name: &str, size: u64, secs: f64) -> Result<()> {
         n += 16;
     }
     let uncached = t0.elapsed().as_nanos() as f64 / n as f64;
-    println!(
-        "{}",
-        json!({"cached_ns": cached, "uncached_ns": uncached, "stats": format!("{:?}", heap.stats())})
-    );
+    println!("{}", json!({"cached_ns": cached, "uncached_ns": uncached}));
     Ok(())
 }
 
@@ -402,7 +399,7 @@ impl Worker {
             "listen" => {
                 let l = self.dev.listen("127.0.0.1:0")?;
                 let port = l.local_addr()?.port();
-                let pd = self.heap_pd()?;
+                let pd = self.heap.pd().clone();
                 let cq = self.dev.create_cq(64)?;
                 let keep = self.in_qp.clone();
                 std::thread::spawn(move || {
@@ -421,7 +418,7 @@ impl Worker {
             }
             "connect" => {
                 let port = num(f, 1)?;
-                let pd = self.heap_pd()?;
+                let pd = self.heap.pd().clone();
                 let cq = self.dev.create_cq(64)?;
                 let qp = pd.create_qp(QpInitAttr::new(&cq))?;
                 qp.connect(format!("127.0.0.1:{port}"), &ConnParams::default())?;
@@ -526,10 +523,6 @@ impl Worker {
             }
             c => bail!("unknown command {c:?}"),
         })
-    }
-
-    fn heap_pd(&self) -> Result<softrdma_verbs::ProtectionDomain> {
-        Ok(self.heap.pd().clone())
     }
 
     fn rdma_write(

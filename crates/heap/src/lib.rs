@@ -529,8 +529,7 @@ impl Heap {
             let w = d.word.load(Ordering::Acquire);
             if state_of(w) == ACTIVE
                 && used_of(w) == 0
-                && d.owner_pid.load(Ordering::Relaxed) == inner.pid
-                && d.owner_start.load(Ordering::Relaxed) == inner.start
+                && inner.owns(d)
                 && inner.release(i, gen_of(w))?
             {
                 n += 1;
@@ -558,6 +557,12 @@ impl Heap {
 }
 
 impl Inner {
+    /// Whether this process obtained the block of `d`.
+    fn owns(&self, d: &shared::Desc) -> bool {
+        d.owner_pid.load(Ordering::Relaxed) == self.pid
+            && d.owner_start.load(Ordering::Relaxed) == self.start
+    }
+
     /// Claims a slot of block `i` at id `g`: reserves a count in the
     /// descriptor word (fails if the block is full, released or replaced),
     /// then a bit of the bitmap.
@@ -643,8 +648,7 @@ impl Inner {
             if state_of(w) != ACTIVE
                 || Some((i, gen_of(w))) == not
                 || d.class.load(Ordering::Relaxed) != class
-                || d.owner_pid.load(Ordering::Relaxed) != self.pid
-                || d.owner_start.load(Ordering::Relaxed) != self.start
+                || !self.owns(d)
             {
                 continue;
             }
@@ -660,18 +664,16 @@ impl Inner {
     /// a free descriptor, free units, the header; committed by turning the
     /// descriptor ACTIVE. Returns (index, id).
     fn obtain(&self, class: u32, units: u32) -> Result<(u32, u32)> {
-        let mut reaped = false;
-        loop {
-            match self.obtain_once(class, units) {
-                Err(HeapError::TableFull(_) | HeapError::AreaFull(_)) if !reaped => {
-                    reaped = true;
-                    if self.reap()? == 0 {
-                        // Nothing to reap: report the original error.
-                        return self.obtain_once(class, units);
-                    }
+        match self.obtain_once(class, units) {
+            // Full: blocks of dead processes may make room, once.
+            Err(e @ (HeapError::TableFull(_) | HeapError::AreaFull(_))) => {
+                if self.reap()? > 0 {
+                    self.obtain_once(class, units)
+                } else {
+                    Err(e)
                 }
-                r => return r,
             }
+            r => r,
         }
     }
 
@@ -755,10 +757,14 @@ impl Inner {
             }
         };
         if let Some(r) = old {
-            self.lkeys.write().remove(&r.mr.lkey());
-            self.c.deregistrations.fetch_add(1, Ordering::Relaxed);
-            drop(r);
+            self.deregister(r);
         }
+    }
+
+    /// Deregisters one of our registrations (taken out of the table).
+    fn deregister(&self, r: Reg) {
+        self.lkeys.write().remove(&r.mr.lkey());
+        self.c.deregistrations.fetch_add(1, Ordering::Relaxed);
     }
 
     fn reap(&self) -> Result<usize> {
@@ -802,10 +808,8 @@ impl Inner {
             }
             // Different and non-zero: stale. Deregister it.
             let r = regs[i as usize].take().unwrap();
-            self.lkeys.write().remove(&r.mr.lkey());
             self.c.stale_retired.fetch_add(1, Ordering::Relaxed);
-            self.c.deregistrations.fetch_add(1, Ordering::Relaxed);
-            drop(r);
+            self.deregister(r);
         }
         let d = seg.desc(i);
         let loc = d.location.load(Ordering::Acquire);
@@ -1068,24 +1072,24 @@ impl Drop for Inner {
             .iter_mut()
             .filter_map(|r| r.take())
             .collect();
-        self.c
-            .deregistrations
-            .fetch_add(regs.len() as u64, Ordering::Relaxed);
-        drop(regs);
-        self.lkeys.write().clear();
+        for r in regs {
+            self.deregister(r);
+        }
         let seg = &self.seg;
-        if let Ok(_l) = seg.lock(repair) {
-            for i in 0..seg.geo.max_blocks {
-                let d = seg.desc(i);
-                let w = d.word.load(Ordering::Acquire);
-                if state_of(w) == ACTIVE
-                    && d.owner_pid.load(Ordering::Relaxed) == self.pid
-                    && d.owner_start.load(Ordering::Relaxed) == self.start
-                {
-                    // Only empty ones: a leaked buffer's block stays (and is
-                    // reaped after this process exits).
-                    release_locked(seg, i, gen_of(w), false);
-                }
+        let _l = match seg.lock(repair) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "heap: could not release this process's blocks at exit");
+                return;
+            }
+        };
+        for i in 0..seg.geo.max_blocks {
+            let d = seg.desc(i);
+            let w = d.word.load(Ordering::Acquire);
+            if state_of(w) == ACTIVE && self.owns(d) {
+                // Only empty ones: a leaked buffer's block stays (and is
+                // reaped after this process exits).
+                release_locked(seg, i, gen_of(w), false);
             }
         }
     }

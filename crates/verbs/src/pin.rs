@@ -21,6 +21,7 @@
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Page ranges with pin counts. Pure bookkeeping: it says which ranges must
@@ -150,7 +151,8 @@ impl PinMap {
 
 struct Pinner {
     map: Mutex<PinMap>,
-    limit: Mutex<Option<u64>>,
+    /// Bytes; `u64::MAX`: no limit.
+    limit: AtomicU64,
     enabled: bool,
 }
 
@@ -170,7 +172,7 @@ fn pinner() -> &'static Pinner {
         });
         Pinner {
             map: Mutex::new(PinMap::default()),
-            limit: Mutex::new(limit),
+            limit: AtomicU64::new(limit.unwrap_or(u64::MAX)),
             enabled,
         }
     })
@@ -208,7 +210,9 @@ fn raise_memlock_limit() {
 /// (`None`: no limit but the kernel's). Registrations past it fail with
 /// [`Error::Exhausted`], like `ibv_reg_mr` past `RLIMIT_MEMLOCK`.
 pub fn set_pin_limit(limit: Option<u64>) {
-    *pinner().limit.lock() = limit;
+    pinner()
+        .limit
+        .store(limit.unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
 /// Bytes pinned by this process's registrations now.
@@ -246,10 +250,8 @@ pub(crate) fn pin(ptr: *const u8, len: usize) -> Result<Option<PinGuard>> {
     let mut map = p.map.lock();
     let gaps = map.gaps(s, e);
     let new: u64 = gaps.iter().map(|(a, b)| b - a).sum();
-    if let Some(limit) = *p.limit.lock() {
-        if map.bytes() + new > limit {
-            return Err(Error::Exhausted("pinned memory (the registration limit)"));
-        }
+    if map.bytes().saturating_add(new) > p.limit.load(Ordering::Relaxed) {
+        return Err(Error::Exhausted("pinned memory (the registration limit)"));
     }
     for (i, &(a, b)) in gaps.iter().enumerate() {
         // SAFETY: mlock only changes the residency of the caller's mapped
