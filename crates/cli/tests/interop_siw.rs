@@ -19,6 +19,10 @@
 //!   `softrdma_client_vs_guest_ucmatose_server`: rdma-core's `ucmatose`
 //!   (Sends of any size, 1 byte to 1 MiB here) against `softrdma cmatose`,
 //!   both ways (docs/cmatose-protocol.md).
+//! - `one_shot_against_guest_siw_target` and
+//!   `guest_siw_client_vs_softrdma_storage_target`: rdma-core programs of
+//!   ours (`tests/guest/*.c`) on siw against the one-shot initiator and
+//!   the storage target.
 //!
 //! A missing guest image is a failure (run `scripts/setup.sh`), unless
 //! `SOFTRDMA_NO_GUEST=1` is set. Guest boots are serialised (one at a time).
@@ -2273,4 +2277,191 @@ fn one_shot_against_guest_siw_target() {
         "the target did not finish"
     );
     assert!(guest.log.iter().any(|l| l.contains("TARGET-RC 0")));
+}
+
+/// The bytes the guest's storage client writes at partition offset `o` in
+/// its Write `k` (`pat` in tests/guest/storage_client.c).
+fn storage_pat(o: u64, k: u32) -> u8 {
+    (((o as u32).wrapping_mul(2_654_435_761)) >> 11) as u8 ^ (k.wrapping_mul(37)) as u8
+}
+
+/// A Linux siw client against `softrdma storage serve` (docs/storage.md):
+/// `tests/guest/storage_client.c`, built here against rdma-core, connects
+/// from the guest with a principal's token in its MPA private data. A wrong
+/// token is refused at connect time; with the right one it reads the
+/// partition list from the accept, pings over Send/Receive, RDMA-Writes
+/// overlapping ranges into its read-write partition, flushes with a
+/// zero-length RDMA Read and with the FlushAll control message, reads
+/// everything back, reads the read-only partition and fails the connection
+/// by Writing to it; then Writes, flushes and reads back on a
+/// relaxed-ordering connection. Afterwards the target is SIGKILLed and the
+/// store file itself must hold exactly the modelled bytes (the later of two
+/// overlapping strict Writes wins; the refused Write changed nothing), and
+/// every captured FPDU decodes cleanly in tshark, our Terminate included.
+#[test]
+fn guest_siw_client_vs_softrdma_storage_target() {
+    use softrdma_storage::layout::Rights;
+    use softrdma_storage::{InitOptions, PartitionSpec, Store};
+    use std::os::unix::fs::FileExt;
+    let Some(env) = guest_env("guest_siw_client_vs_softrdma_storage_target") else {
+        return;
+    };
+    let _serial = lock_guest();
+    let work = Work::new("storage");
+    let src = repo_root().join("crates/cli/tests/guest/storage_client.c");
+    let bin = work.path("storage_client");
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status()
+        .expect("run cc");
+    assert!(
+        st.success(),
+        "building the guest's storage client failed (needs libibverbs-dev and librdmacm-dev: \
+         scripts/setup.sh installs them)"
+    );
+    // Two 8 MiB partitions: the guest's principal may write 0 and read 1.
+    const MIB: u64 = 1 << 20;
+    let path = work.path("store.img");
+    let mut store = Store::init(
+        &path,
+        &InitOptions {
+            size: Some(18 * MIB),
+            partitions: PartitionSpec::Equal(2),
+            align: MIB,
+            force: false,
+        },
+    )
+    .unwrap();
+    let token = store
+        .grant("0", "guest", Rights::READ_WRITE)
+        .unwrap()
+        .expect("a new principal gets a token");
+    store.grant("1", "guest", Rights::READ).unwrap();
+    let parts: Vec<(u64, u64)> = store
+        .layout()
+        .partitions
+        .iter()
+        .map(|p| (p.offset, p.size))
+        .collect();
+    drop(store);
+    let (p0, p1) = (parts[0], parts[1]);
+    let ro_fill: Vec<u8> = (0..256 << 10).map(|o| storage_pat(o, 99)).collect();
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&ro_fill, p1.0).unwrap();
+    drop(f);
+    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+
+    let port = free_ports(1)[0];
+    let args: Vec<String> = [
+        "storage",
+        "serve",
+        path.to_str().unwrap(),
+        "--port",
+        &port.to_string(),
+        "--direct",
+        "off",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut server = HostProc::spawn(&work, "target", &args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host_listening(port) {
+        if server.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            panic!("storage target never listened: {}", server.premature());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let cap = Capture::start(&work, &[port]);
+    let script = format!(
+        "{}timeout 240 /opt/storage_client 10.0.2.2 {port} {hex}; echo CLIENT-RC $?\n",
+        guest_prelude()
+    );
+    let mut guest = Guest::boot(&env, &work, &script, &[], &[bin], 300);
+    let exit = guest.finish();
+    let pcap = cap.stop();
+    let has = |s: &str| guest.log.iter().any(|l| l.contains(s));
+    for want in [
+        "REJECTED",
+        "PING OK",
+        "FLUSH OK",
+        "FLUSHALL OK",
+        "STRICT VERIFIED",
+        "RO-READ OK",
+        "RO-WRITE REFUSED",
+        "RELAXED VERIFIED",
+        "DONE",
+        "CLIENT-RC 0",
+    ] {
+        if !has(want) {
+            guest.fail(&format!("the siw client did not print {want:?}"));
+        }
+    }
+    assert_eq!(exit, 0, "guest script failed");
+    if server.child.try_wait().unwrap().is_some() {
+        guest.fail(&format!("the target exited: {}", server.premature()));
+    }
+    // SIGKILL: what the client saw flushed must be in the file.
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+
+    let file = fs::File::open(&path).unwrap();
+    let read = |at: u64, n: u64| {
+        let mut v = vec![0u8; n as usize];
+        file.read_exact_at(&mut v, at).unwrap();
+        v
+    };
+    // The strict Writes, applied in order (storage_client.c's W table).
+    let writes: [(u64, u64); 5] = [
+        (0, 4096),
+        (12388, 70000),
+        (MIB, (200 << 10) + 5),
+        (50000, 30000),
+        (p0.1 - 1000, 1000),
+    ];
+    let mut model = vec![0u8; p0.1 as usize];
+    for (k, &(off, len)) in writes.iter().enumerate() {
+        for o in off..off + len {
+            model[o as usize] = storage_pat(o, k as u32);
+        }
+    }
+    // The relaxed ones, disjoint from 3 MiB on.
+    let mut off = 3 * MIB;
+    for k in 0..16u32 {
+        let len = 8192 + (k as u64 * 4100) % 61440;
+        for o in off..off + len {
+            model[o as usize] = storage_pat(o, 100 + k);
+        }
+        off += len;
+    }
+    let got = read(p0.0, p0.1);
+    if let Some(i) = (0..model.len()).find(|&i| got[i] != model[i]) {
+        panic!(
+            "store file, partition 0 byte {i}: {:#x}, expected {:#x}",
+            got[i], model[i]
+        );
+    }
+    let mut ro = ro_fill.clone();
+    ro.resize(p1.1 as usize, 0);
+    assert!(
+        read(p1.0, p1.1) == ro,
+        "the read-only partition changed (the refused Write landed?)"
+    );
+    // Every frame decodes; the connections carried Writes, Read Requests
+    // and Responses, Sends and our Terminate; one MPA reply was a reject.
+    let conns = analyse_capture(&pcap, &[port]);
+    let c = conns
+        .get(&port)
+        .unwrap_or_else(|| panic!("no iWARP traffic decoded on port {port}"));
+    for op in [0u32, 1, 2, 3, 7] {
+        assert!(
+            c.opcodes.contains(&op),
+            "RDMAP opcode {op} not seen (saw {:?})",
+            c.opcodes
+        );
+    }
+    assert!(c.rejected, "the wrong token's MPA reject was not seen");
 }
