@@ -15,22 +15,27 @@
 //!
 //! Ordering: strict by default (each Write is in the page cache before the
 //! next message is processed, Reads see every earlier Write). Relaxed
-//! (a flag in the connect request, or `attach(.., relaxed)`): a remote
-//! connection's Writes are queued to I/O workers and processed in any
-//! order (a later Read may miss them); a local QP created with
+//! (a flag in the connect request, or `attach(.., relaxed)`): on an
+//! O_DIRECT endpoint a remote connection's Writes are queued to I/O workers
+//! and processed in any order (a later Read may miss them), on a buffered
+//! one they are written as they arrive (the page cache is faster than the
+//! hand-off; relaxing permits reordering, it does not require it); a local
+//! QP created with
 //! `relaxed_ordering` completes out of order. In both modes a Flush waits
 //! for every earlier Write and then makes them durable, and a failed
 //! earlier Write fails the Flush.
 
 use crate::layout::Rights;
+use crate::uring::{Aligned, Ring};
 use crate::{StorageError, Store};
 use parking_lot::{Condvar, Mutex};
 use softrdma_verbs::{
-    Access, ConnParams, Device, MemoryRegion, ProtectionDomain, QpState, QueuePair, RegOptions,
-    RegionBackend,
+    Access, ConnParams, Device, IoDone, MemoryRegion, ProtectionDomain, QpState, QueuePair,
+    RegOptions, RegionBackend,
 };
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,7 +56,7 @@ pub enum Direct {
 
 /// Alignment of O_DIRECT transfers (a multiple of any logical block size
 /// up to 4 KiB).
-const DIRECT_ALIGN: usize = 4096;
+const DIRECT_ALIGN: usize = crate::uring::ALIGN;
 
 /// The device, opened buffered and, where allowed, with O_DIRECT.
 ///
@@ -63,6 +68,9 @@ const DIRECT_ALIGN: usize = 4096;
 struct DevFile {
     buffered: File,
     direct: Option<File>,
+    /// Asynchronous O_DIRECT I/O (with `direct`, where the kernel allows
+    /// io_uring).
+    ring: Option<Ring>,
 }
 
 impl DevFile {
@@ -79,9 +87,9 @@ impl DevFile {
     fn write(&self, at: u64, data: &[u8]) -> io::Result<()> {
         match self.direct_for(at, data.len()) {
             Some(f) => {
-                let mut bounce = Bounce::new(data.len().min(IO_PIECE));
+                let mut bounce = Aligned::new(data.len().min(IO_PIECE));
                 for (i, c) in data.chunks(IO_PIECE).enumerate() {
-                    let b = bounce.get(c.len());
+                    let b = &mut bounce.get()[..c.len()];
                     b.copy_from_slice(c);
                     f.write_all_at(b, at + (i * IO_PIECE) as u64)?;
                 }
@@ -98,9 +106,9 @@ impl DevFile {
     fn read(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
         match self.direct_for(at, buf.len()) {
             Some(f) => {
-                let mut bounce = Bounce::new(buf.len().min(IO_PIECE));
+                let mut bounce = Aligned::new(buf.len().min(IO_PIECE));
                 for (i, c) in buf.chunks_mut(IO_PIECE).enumerate() {
-                    let b = bounce.get(c.len());
+                    let b = &mut bounce.get()[..c.len()];
                     f.read_exact_at(b, at + (i * IO_PIECE) as u64)?;
                     c.copy_from_slice(b);
                 }
@@ -118,23 +126,6 @@ impl DevFile {
         // One inode: this writes back the page cache and flushes the
         // device's cache for direct writes too.
         self.buffered.sync_data()
-    }
-}
-
-/// A 4 KiB-aligned buffer carved out of a vector (no unsafe needed).
-struct Bounce {
-    v: Vec<u8>,
-    start: usize,
-}
-
-impl Bounce {
-    fn new(len: usize) -> Bounce {
-        let v = vec![0u8; len + DIRECT_ALIGN];
-        let start = v.as_ptr().align_offset(DIRECT_ALIGN);
-        Bounce { v, start }
-    }
-    fn get(&mut self, len: usize) -> &mut [u8] {
-        &mut self.v[self.start..self.start + len]
     }
 }
 
@@ -177,6 +168,9 @@ impl RegionBackend for PartitionBackend {
         if let Some(w) = &self.relaxed {
             w.drain()?;
         }
+        if let Some(r) = &self.file.ring {
+            r.drain();
+        }
         self.file.sync()
     }
     fn queue_depth(&self) -> usize {
@@ -185,6 +179,53 @@ impl RegionBackend for PartitionBackend {
             32
         } else {
             1
+        }
+    }
+    fn is_async(&self) -> bool {
+        self.file.ring.is_some()
+    }
+    fn submit_write(&self, off: u64, data: &[&[u8]], done: IoDone) {
+        let total = data.iter().map(|d| d.len()).sum();
+        let at = match self.check(off, total) {
+            Ok(at) => at,
+            Err(e) => return done(Err(e)),
+        };
+        match (&self.file.ring, self.file.direct_for(at, total)) {
+            (Some(ring), Some(f)) if self.relaxed.is_none() => {
+                let mut b = Aligned::new(total);
+                let mut k = 0;
+                for d in data {
+                    b.get()[k..k + d.len()].copy_from_slice(d);
+                    k += d.len();
+                }
+                ring.write(f.as_raw_fd(), at, b, done)
+            }
+            _ => {
+                let mut r = Ok(());
+                let mut o = off;
+                for d in data {
+                    r = self.write_at(o, d);
+                    if r.is_err() {
+                        break;
+                    }
+                    o += d.len() as u64;
+                }
+                done(r.map(|()| &[][..]))
+            }
+        }
+    }
+    fn submit_read(&self, off: u64, len: usize, done: IoDone) {
+        let at = match self.check(off, len) {
+            Ok(at) => at,
+            Err(e) => return done(Err(e)),
+        };
+        match (&self.file.ring, self.file.direct_for(at, len)) {
+            (Some(ring), Some(f)) => ring.read(f.as_raw_fd(), at, len, done),
+            _ => {
+                let mut v = vec![0u8; len];
+                let r = self.file.read(at, &mut v);
+                done(r.map(|()| &v[..]))
+            }
         }
     }
 }
@@ -381,11 +422,22 @@ impl Endpoint {
         } else {
             None
         };
+        let ring = match &direct_file {
+            Some(_) => match Ring::new() {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!("no io_uring ({e}): O_DIRECT requests run one per thread");
+                    None
+                }
+            },
+            None => None,
+        };
         Ok(Endpoint {
             store,
             file: Arc::new(DevFile {
                 buffered,
                 direct: direct_file,
+                ring,
             }),
         })
     }
@@ -393,6 +445,12 @@ impl Endpoint {
     /// Whether aligned transfers bypass the page cache.
     pub fn is_direct(&self) -> bool {
         self.file.direct.is_some()
+    }
+
+    /// Whether O_DIRECT requests of a relaxed local QP go through io_uring
+    /// (several in flight from one thread) rather than one thread each.
+    pub fn uses_io_uring(&self) -> bool {
+        self.file.ring.is_some()
     }
 
     /// The endpoint's name, `storage:PATH`.
@@ -414,7 +472,8 @@ impl Endpoint {
 
     /// Registers every partition `principal` has rights on, as a region of
     /// `pd` with exactly those rights (`REMOTE_READ`, `REMOTE_WRITE`).
-    /// With `relaxed`, Writes arriving over a connection are queued to I/O
+    /// With `relaxed` on an O_DIRECT endpoint, Writes arriving over a
+    /// connection are queued to I/O
     /// workers (see the module's notes on ordering).
     pub fn attach(
         &self,
@@ -428,7 +487,10 @@ impl Endpoint {
             .iter()
             .position(|p| p.name == principal)
             .ok_or_else(|| StorageError::NoSuchPrincipal(principal.into()))?;
-        let writer = relaxed.then(|| Arc::new(WriterHandle(Writer::start(self.file.clone()))));
+        // Queued writes pay off only when the device is slower than the
+        // copy and hand-off: not on the page cache.
+        let writer = (relaxed && self.file.direct.is_some())
+            .then(|| Arc::new(WriterHandle(Writer::start(self.file.clone()))));
         let mut regions = Vec::new();
         let mut mrs = Vec::new();
         let mut backends = Vec::new();

@@ -16,6 +16,7 @@
 
 pub mod endpoint;
 pub mod layout;
+mod uring;
 
 use layout::{Grant, Layout, LayoutError, Partition, Principal, Rights, META_LEN};
 use std::fs::{File, OpenOptions};

@@ -33,6 +33,12 @@
 //!
 //! [`ProtectionDomain::register_backend`]: crate::ProtectionDomain::register_backend
 
+/// Called once when an asynchronous backend request ends: with the bytes
+/// read (a read) or an empty slice (a write), or the error. It may run on
+/// the backend's completion thread or, for a request the backend did
+/// synchronously, inside the submitting call.
+pub type IoDone = Box<dyn FnOnce(std::io::Result<&[u8]>) + Send>;
+
 /// Where a backed region's bytes live. Offsets are relative to the start
 /// of the region and already checked to lie inside it.
 pub trait RegionBackend: Send + Sync + 'static {
@@ -49,5 +55,35 @@ pub trait RegionBackend: Send + Sync + 'static {
     /// (at most 32) in flight on its workers.
     fn queue_depth(&self) -> usize {
         1
+    }
+    /// Whether [`RegionBackend::submit_write`] and
+    /// [`RegionBackend::submit_read`] return before the I/O is done (a
+    /// kernel queue such as io_uring does it). A relaxed-ordering local QP
+    /// then keeps up to [`RegionBackend::queue_depth`] requests in flight
+    /// from one thread instead of one thread per request.
+    fn is_async(&self) -> bool {
+        false
+    }
+    /// Starts writing the concatenation of `data` at `offset`; `done` runs
+    /// when it is stored. The slices need only live for this call (a
+    /// backend copies what it keeps). Default: `write_at`, then `done`.
+    fn submit_write(&self, offset: u64, data: &[&[u8]], done: IoDone) {
+        let mut at = offset;
+        let mut r = Ok(());
+        for d in data {
+            r = self.write_at(at, d);
+            if r.is_err() {
+                break;
+            }
+            at += d.len() as u64;
+        }
+        done(r.map(|()| &[][..]))
+    }
+    /// Starts reading `len` bytes at `offset`; `done` gets them. Default:
+    /// `read_at`, then `done`.
+    fn submit_read(&self, offset: u64, len: usize, done: IoDone) {
+        let mut v = vec![0u8; len];
+        let r = self.read_at(offset, &mut v);
+        done(r.map(|()| &v[..]))
     }
 }

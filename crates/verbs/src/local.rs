@@ -12,7 +12,11 @@
 //!   posting order;
 //! - **relaxed**: [`WORKERS`] workers take WRs in posting order but run
 //!   them at once, and each completes when it is done (out of order: a small
-//!   Write overtakes a large one).
+//!   Write overtakes a large one). A backend that queues I/O in the kernel
+//!   ([`crate::RegionBackend::is_async`], the storage endpoint's io_uring
+//!   under O_DIRECT) instead gets up to its queue depth of WRs in flight,
+//!   started from the posting thread (or a worker, as completions free
+//!   room) and completed from the backend's completion callback.
 //!
 //! A WR with [`crate::SendFlags::FENCE`] starts only when every earlier WR
 //! has completed, and no later WR starts before it completes (RDMA's fence,
@@ -151,6 +155,24 @@ impl LocalLink {
             let fenced = j.fenced();
             let idle = st.pending.is_empty() && st.running == 0 && !st.fenced;
             let qd = j.target.backend.as_ref().map_or(1, |b| b.queue_depth());
+            if let Some(depth) = self.async_depth(&j) {
+                // The backend queues it in the kernel: start it here, up
+                // to its depth, in posting order; a worker starts the rest
+                // as completions free room.
+                if !st.fenced
+                    && st.pending_fences == 0
+                    && st.pending.is_empty()
+                    && st.running < depth
+                {
+                    st.running += 1;
+                    drop(st);
+                    self.launch(q, j);
+                    st = self.st.lock();
+                    continue;
+                }
+                st.pending.push_back(j);
+                break;
+            }
             if self.relaxed && qd > 1 {
                 self.grow(q, qd.min(MAX_WORKERS));
             }
@@ -192,6 +214,84 @@ impl LocalLink {
         }
     }
 
+    /// The depth to which `j` may be kept in flight asynchronously, if its
+    /// backend queues I/O in the kernel (relaxed ordering, not fenced).
+    fn async_depth(&self, j: &Job) -> Option<usize> {
+        let b = j.target.backend.as_ref()?;
+        (self.relaxed && !j.fenced() && j.kind != Kind::Flush && b.is_async())
+            .then(|| b.queue_depth().clamp(1, MAX_WORKERS))
+    }
+
+    /// A job started with [`LocalLink::launch`] has ended.
+    fn release(&self) {
+        self.st.lock().running -= 1;
+        self.cv.notify_all();
+    }
+
+    /// Hands `j` (counted in `running`) to its asynchronous backend; the
+    /// completion reports it and releases its slot.
+    fn launch(&self, q: &Arc<QpInner>, j: Job) {
+        let (cq, qpn) = (q.send_cq.clone(), q.qpn);
+        if q.state() == crate::QpState::Error {
+            cq.push(wc(qpn, &j, WcStatus::WrFlushErr));
+            self.release();
+            return;
+        }
+        let link = self.me.upgrade().expect("a link in use is alive");
+        let b = j.target.backend.clone().expect("async jobs are backed");
+        let (kind, off, len) = (j.kind, j.off, j.len as usize);
+        // The registrations stay alive across the submitting call even if
+        // the completion runs (and drops the job) inside it.
+        let hold = j.keep.clone();
+        let sources: Vec<&[u8]> = if kind == Kind::Write {
+            j.spans
+                .iter()
+                // SAFETY: each span lies in a registration held by `hold`
+                // (and the job), checked for local read when posted; the
+                // slices are used only during `submit_write`, which copies
+                // what it keeps.
+                .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let qw = Arc::downgrade(q);
+        let done: crate::IoDone = Box::new(move |r: std::io::Result<&[u8]>| {
+            let status = match r {
+                Ok(bytes) => {
+                    if kind == Kind::Read {
+                        let mut at = 0;
+                        for s in &j.spans {
+                            let n = s.len.min(bytes.len().saturating_sub(at));
+                            // SAFETY: the span lies in a registration the
+                            // job holds, checked for local write when
+                            // posted; nothing else writes it through us.
+                            let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, n) };
+                            dst.copy_from_slice(&bytes[at..at + n]);
+                            at += n;
+                        }
+                    }
+                    WcStatus::Success
+                }
+                Err(e) => {
+                    tracing::error!(qpn, stag = j.target.stag, "local access failed: {e}");
+                    WcStatus::RemOpErr
+                }
+            };
+            match qw.upgrade() {
+                Some(q) => complete(&q, &cq, qpn, j, status),
+                None => cq.push(wc(qpn, &j, WcStatus::WrFlushErr)),
+            }
+            link.release();
+        });
+        match kind {
+            Kind::Write => b.submit_write(off, &sources, done),
+            _ => b.submit_read(off, len, done),
+        }
+        drop(sources);
+        drop(hold);
+    }
+
     /// Stops the workers; queued WRs complete as flushed.
     pub fn stop(&self) {
         self.st.lock().stop = true;
@@ -219,7 +319,11 @@ impl LocalLink {
                 None => false,
                 Some(j) => {
                     let fenced = j.fenced();
-                    !st.fenced && (!fenced || st.running == 0) && (self.relaxed || st.running == 0)
+                    let room = self.async_depth(j).is_none_or(|d| st.running < d);
+                    !st.fenced
+                        && (!fenced || st.running == 0)
+                        && (self.relaxed || st.running == 0)
+                        && room
                 }
             };
             if !startable {
@@ -232,6 +336,18 @@ impl LocalLink {
             st.running += 1;
             st.fenced |= fenced;
             drop(st);
+            if self.async_depth(&j).is_some() {
+                // Its completion releases `running` and wakes us.
+                match qp.upgrade() {
+                    Some(q) => self.launch(&q, j),
+                    None => {
+                        cq.push(wc(qpn, &j, WcStatus::WrFlushErr));
+                        self.release();
+                    }
+                }
+                st = self.st.lock();
+                continue;
+            }
             match qp.upgrade() {
                 Some(q) => finish(&q, cq, qpn, j),
                 None => cq.push(wc(qpn, &j, WcStatus::WrFlushErr)),
@@ -259,6 +375,11 @@ fn finish(q: &QpInner, cq: &CqInner, qpn: u32, j: Job) {
             }
         }
     };
+    complete(q, cq, qpn, j, status);
+}
+
+/// Reports a job's end with `status`; a failed backend ends the QP.
+fn complete(q: &QpInner, cq: &CqInner, qpn: u32, j: Job, status: WcStatus) {
     if status != WcStatus::Success || j.signaled {
         cq.push(wc(qpn, &j, status));
     }
