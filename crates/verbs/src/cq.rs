@@ -107,6 +107,11 @@ pub(crate) struct CqInner {
 impl CqInner {
     /// Adds a completion; fires the event fd if armed and the completion
     /// qualifies.
+    /// No completion waits to be polled.
+    pub fn is_drained(&self) -> bool {
+        self.q.lock().is_empty()
+    }
+
     pub fn push(&self, wc: WorkCompletion) {
         let mut q = self.q.lock();
         if q.len() >= self.cap {

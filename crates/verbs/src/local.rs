@@ -9,7 +9,11 @@
 //!
 //! Ordering ([`crate::QpInitAttr::relaxed_ordering`]):
 //! - **strict** (default, RDMA's): one worker; WRs execute and complete in
-//!   posting order;
+//!   posting order. On a backend that queues I/O in the kernel (below),
+//!   WRs are pipelined as a NIC pipelines an RC QP: up to the queue depth
+//!   in flight, started in posting order, a WR that overlaps one in flight
+//!   (unless both are Reads) waits for it, and completions are reported in
+//!   posting order; the result is that of running them one by one;
 //! - **relaxed**: [`WORKERS`] workers take WRs in posting order but run
 //!   them at once, and each completes when it is done (out of order: a small
 //!   Write overtakes a large one). A backend that queues I/O in the kernel
@@ -85,6 +89,29 @@ struct State {
     /// Fenced WRs among `pending`.
     pending_fences: usize,
     stop: bool,
+    /// Strict ordering: what the asynchronous WRs in flight touch (a WR
+    /// that overlaps one of them, other than two Reads, waits).
+    inflight: Vec<Span>,
+    /// Strict ordering: the next asynchronous WR's place in the completion
+    /// order.
+    next_seq: u64,
+}
+
+/// A range of a target region an asynchronous WR in flight touches.
+struct Span {
+    seq: u64,
+    target: usize,
+    start: u64,
+    end: u64,
+    write: bool,
+}
+
+/// Strict ordering: completions of asynchronous WRs that ended before an
+/// earlier one, held until it ends.
+#[derive(Default)]
+struct Reorder {
+    next: u64,
+    held: std::collections::BTreeMap<u64, (Job, WcStatus)>,
 }
 
 pub(crate) struct LocalLink {
@@ -94,6 +121,7 @@ pub(crate) struct LocalLink {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Ourselves, for the workers it starts.
     me: Weak<LocalLink>,
+    order: Mutex<Reorder>,
 }
 
 impl LocalLink {
@@ -126,10 +154,13 @@ impl LocalLink {
                 fenced: false,
                 pending_fences: 0,
                 stop: false,
+                inflight: Vec::new(),
+                next_seq: 0,
             }),
             cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
             me: me.clone(),
+            order: Mutex::new(Reorder::default()),
         });
         l.grow(q, if relaxed { WORKERS } else { 1 });
         l
@@ -155,18 +186,32 @@ impl LocalLink {
             let fenced = j.fenced();
             let idle = st.pending.is_empty() && st.running == 0 && !st.fenced;
             let qd = j.target.backend.as_ref().map_or(1, |b| b.queue_depth());
-            if let Some(depth) = self.async_depth(&j) {
-                // The backend queues it in the kernel: start it here, up
-                // to its depth, in posting order; a worker starts the rest
-                // as completions free room.
-                if !st.fenced
-                    && st.pending_fences == 0
-                    && st.pending.is_empty()
-                    && st.running < depth
+            if self.async_depth(&j).is_some() {
+                // Nothing in flight and every completion consumed: the
+                // application waits for each request before the next
+                // (queue depth 1). Doing it here and now saves the two
+                // thread wake-ups of an asynchronous completion. (Relaxed:
+                // small ones only, so a large one never blocks the posting
+                // of a small one that could overtake it.)
+                if idle
+                    && !fenced
+                    && (!self.relaxed || j.len <= INLINE_MAX)
+                    && q.send_cq.is_drained()
                 {
                     st.running += 1;
                     drop(st);
-                    self.launch(q, j);
+                    finish(q, &q.send_cq, q.qpn, j);
+                    st = self.st.lock();
+                    st.running -= 1;
+                    continue;
+                }
+                // The backend queues it in the kernel: start it here, up
+                // to its depth, in posting order; a worker starts the rest
+                // as completions free room.
+                if st.pending.is_empty() && self.may_launch(&st, &j) {
+                    let seq = self.claim(&mut st, &j);
+                    drop(st);
+                    self.launch(q, j, seq);
                     st = self.st.lock();
                     continue;
                 }
@@ -215,26 +260,101 @@ impl LocalLink {
     }
 
     /// The depth to which `j` may be kept in flight asynchronously, if its
-    /// backend queues I/O in the kernel (relaxed ordering, not fenced).
+    /// backend queues I/O in the kernel (not fenced, not a Flush).
     fn async_depth(&self, j: &Job) -> Option<usize> {
         let b = j.target.backend.as_ref()?;
-        (self.relaxed && !j.fenced() && j.kind != Kind::Flush && b.is_async())
+        (!j.fenced() && j.kind != Kind::Flush && b.is_async())
             .then(|| b.queue_depth().clamp(1, MAX_WORKERS))
     }
 
-    /// A job started with [`LocalLink::launch`] has ended.
-    fn release(&self) {
-        self.st.lock().running -= 1;
+    /// Whether asynchronous `j` may start now (the posting thread checks
+    /// besides that nothing is queued before it): no fence running, room below the backend's depth, and under strict ordering
+    /// no overlap with a WR in flight unless both are Reads (so the result
+    /// is that of running them one by one, as on a NIC that pipelines an
+    /// RC QP's WRs and completes them in order).
+    fn may_launch(&self, st: &State, j: &Job) -> bool {
+        let depth = self.async_depth(j).unwrap_or(1);
+        if st.fenced || st.running >= depth {
+            return false;
+        }
+        if self.relaxed {
+            return true;
+        }
+        let (t, a, b) = (Arc::as_ptr(&j.target) as usize, j.off, j.off + j.len);
+        let w = j.kind == Kind::Write;
+        !st.inflight
+            .iter()
+            .any(|f| f.target == t && f.start < b && a < f.end && (w || f.write))
+    }
+
+    /// Counts `j` as running; under strict ordering records its span and
+    /// gives it its place in the completion order.
+    fn claim(&self, st: &mut State, j: &Job) -> Option<u64> {
+        st.running += 1;
+        if self.relaxed {
+            return None;
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.inflight.push(Span {
+            seq,
+            target: Arc::as_ptr(&j.target) as usize,
+            start: j.off,
+            end: j.off + j.len,
+            write: j.kind == Kind::Write,
+        });
+        Some(seq)
+    }
+
+    /// A job started with [`LocalLink::launch`] has ended (and, under
+    /// strict ordering, been reported).
+    fn release(&self, seq: Option<u64>) {
+        let mut st = self.st.lock();
+        st.running -= 1;
+        if let Some(seq) = seq {
+            st.inflight.retain(|f| f.seq != seq);
+        }
+        drop(st);
         self.cv.notify_all();
     }
 
-    /// Hands `j` (counted in `running`) to its asynchronous backend; the
-    /// completion reports it and releases its slot.
-    fn launch(&self, q: &Arc<QpInner>, j: Job) {
+    /// Reports an asynchronous job's end: at once (relaxed), or in posting
+    /// order (strict: held until every earlier one is reported).
+    fn report(
+        &self,
+        q: &Weak<QpInner>,
+        cq: &CqInner,
+        qpn: u32,
+        seq: Option<u64>,
+        j: Job,
+        status: WcStatus,
+    ) {
+        let deliver = |j: Job, status: WcStatus| match q.upgrade() {
+            Some(q) => complete(&q, cq, qpn, j, status),
+            None => cq.push(wc(qpn, &j, WcStatus::WrFlushErr)),
+        };
+        let Some(seq) = seq else {
+            return deliver(j, status);
+        };
+        let mut o = self.order.lock();
+        o.held.insert(seq, (j, status));
+        loop {
+            let next = o.next;
+            let Some((j, status)) = o.held.remove(&next) else {
+                break;
+            };
+            o.next += 1;
+            deliver(j, status);
+        }
+    }
+
+    /// Hands `j` (claimed) to its asynchronous backend; the completion
+    /// reports it and releases its slot.
+    fn launch(&self, q: &Arc<QpInner>, j: Job, seq: Option<u64>) {
         let (cq, qpn) = (q.send_cq.clone(), q.qpn);
         if q.state() == crate::QpState::Error {
-            cq.push(wc(qpn, &j, WcStatus::WrFlushErr));
-            self.release();
+            self.report(&Arc::downgrade(q), &cq, qpn, seq, j, WcStatus::WrFlushErr);
+            self.release(seq);
             return;
         }
         let link = self.me.upgrade().expect("a link in use is alive");
@@ -278,11 +398,8 @@ impl LocalLink {
                     WcStatus::RemOpErr
                 }
             };
-            match qw.upgrade() {
-                Some(q) => complete(&q, &cq, qpn, j, status),
-                None => cq.push(wc(qpn, &j, WcStatus::WrFlushErr)),
-            }
-            link.release();
+            link.report(&qw, &cq, qpn, seq, j, status);
+            link.release(seq);
         });
         match kind {
             Kind::Write => b.submit_write(off, &sources, done),
@@ -317,13 +434,10 @@ impl LocalLink {
             }
             let startable = match st.pending.front() {
                 None => false,
+                Some(j) if self.async_depth(j).is_some() => self.may_launch(&st, j),
                 Some(j) => {
                     let fenced = j.fenced();
-                    let room = self.async_depth(j).is_none_or(|d| st.running < d);
-                    !st.fenced
-                        && (!fenced || st.running == 0)
-                        && (self.relaxed || st.running == 0)
-                        && room
+                    !st.fenced && (!fenced || st.running == 0) && (self.relaxed || st.running == 0)
                 }
             };
             if !startable {
@@ -331,23 +445,25 @@ impl LocalLink {
                 continue;
             }
             let j = st.pending.pop_front().expect("front exists");
-            let fenced = j.fenced();
-            st.pending_fences -= fenced as usize;
-            st.running += 1;
-            st.fenced |= fenced;
-            drop(st);
             if self.async_depth(&j).is_some() {
-                // Its completion releases `running` and wakes us.
+                // Its completion releases its slot and wakes us.
+                let seq = self.claim(&mut st, &j);
+                drop(st);
                 match qp.upgrade() {
-                    Some(q) => self.launch(&q, j),
+                    Some(q) => self.launch(&q, j, seq),
                     None => {
                         cq.push(wc(qpn, &j, WcStatus::WrFlushErr));
-                        self.release();
+                        self.release(seq);
                     }
                 }
                 st = self.st.lock();
                 continue;
             }
+            let fenced = j.fenced();
+            st.pending_fences -= fenced as usize;
+            st.running += 1;
+            st.fenced |= fenced;
+            drop(st);
             match qp.upgrade() {
                 Some(q) => finish(&q, cq, qpn, j),
                 None => cq.push(wc(qpn, &j, WcStatus::WrFlushErr)),
