@@ -108,21 +108,26 @@ fn drive(
     let start = Instant::now();
     let mut wcs = vec![WorkCompletion::default(); 64];
     let mut stopping = false;
+    let mut batch = Vec::with_capacity(depth);
     loop {
+        // Refill the queue with one post (one doorbell), as an RDMA
+        // application posts a list of work requests.
         while !stopping && (next - done) < depth as u64 {
             if off + size as u64 > ws {
                 off = 0;
             }
             let slot = (next % depth as u64) as usize;
             let sge = buf.sge(slot * size, size);
-            let wr = match op {
+            batch.push(match op {
                 Op::Write => SendWr::write(next, &[sge], off, rkey),
                 Op::Read => SendWr::read(next, sge, off, rkey),
-            };
-
-            qp.post_send(&wr)?;
+            });
             off += size as u64;
             next += 1;
+        }
+        if !batch.is_empty() {
+            qp.post_send_batch(&batch)?;
+            batch.clear();
         }
         if next == done {
             break;

@@ -184,6 +184,16 @@ impl RegionBackend for PartitionBackend {
     fn is_async(&self) -> bool {
         self.file.ring.is_some()
     }
+    fn hold_doorbell(&self) {
+        if let Some(r) = &self.file.ring {
+            r.hold();
+        }
+    }
+    fn release_doorbell(&self) {
+        if let Some(r) = &self.file.ring {
+            r.release();
+        }
+    }
     fn submit_write(&self, off: u64, data: &[&[u8]], done: IoDone) {
         let total = data.iter().map(|d| d.len()).sum();
         let at = match self.check(off, total) {
@@ -192,7 +202,7 @@ impl RegionBackend for PartitionBackend {
         };
         match (&self.file.ring, self.file.direct_for(at, total)) {
             (Some(ring), Some(f)) if self.relaxed.is_none() => {
-                let mut b = Aligned::new(total);
+                let mut b = ring.buffer(total);
                 let mut k = 0;
                 for d in data {
                     b.get()[k..k + d.len()].copy_from_slice(d);

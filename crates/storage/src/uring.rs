@@ -15,7 +15,7 @@ use softrdma_verbs::IoDone;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Alignment of buffers, offsets and lengths.
@@ -61,6 +61,12 @@ struct Inner {
     inflight: Mutex<Table>,
     room: Condvar,
     stop: AtomicBool,
+    /// Bounce buffers of [`POOLED`] bytes to reuse (no allocation, no
+    /// zeroing, no page faults per request).
+    pool: Mutex<Vec<Vec<u8>>>,
+    /// Submitters holding the doorbell ([`Ring::hold`]): entries queued
+    /// meanwhile reach the kernel with the last [`Ring::release`].
+    held: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -74,6 +80,10 @@ pub struct Ring {
     inner: Arc<Inner>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// `IORING_ENTER_GETEVENTS` (linux/io_uring.h; the crate keeps its
+/// constants private).
+const ENTER_GETEVENTS: u32 = 1;
 
 /// `user_data` of the wake-up sent at shutdown.
 const WAKE: u64 = u64::MAX;
@@ -89,6 +99,8 @@ impl Ring {
             inflight: Mutex::new(Table::default()),
             room: Condvar::new(),
             stop: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            pool: Mutex::new(Vec::new()),
         });
         let i = inner.clone();
         let thread = std::thread::Builder::new()
@@ -100,6 +112,12 @@ impl Ring {
         })
     }
 
+    /// A bounce buffer of `len` bytes for [`Ring::write`]: a reused one
+    /// up to 128 KiB. Its bytes are unspecified.
+    pub fn buffer(&self, len: usize) -> Aligned {
+        self.inner.buffer(len)
+    }
+
     /// Writes `buf` at `offset` of `fd` (both aligned); `done` gets an
     /// empty slice or the error.
     pub fn write(&self, fd: RawFd, offset: u64, buf: Aligned, done: IoDone) {
@@ -108,7 +126,22 @@ impl Ring {
 
     /// Reads `len` bytes (aligned) at `offset`; `done` gets them.
     pub fn read(&self, fd: RawFd, offset: u64, len: usize, done: IoDone) {
-        self.inner.submit(fd, offset, Aligned::new(len), true, done)
+        let buf = self.inner.buffer(len);
+        self.inner.submit(fd, offset, buf, true, done)
+    }
+
+    /// Holds the doorbell: requests queued until the matching
+    /// [`Ring::release`] go to the kernel together, one system call and
+    /// one device notification for the batch.
+    pub fn hold(&self) {
+        self.inner.held.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Releases the doorbell; the last holder submits what was queued.
+    pub fn release(&self) {
+        if self.inner.held.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.enter();
+        }
     }
 
     /// Waits until no request is in flight.
@@ -144,7 +177,30 @@ impl Drop for Ring {
     }
 }
 
+/// Size of a pooled bounce buffer's vector.
+const POOLED: usize = (128 << 10) + ALIGN;
+/// Most pooled buffers kept.
+const POOL_MAX: usize = 64;
+
 impl Inner {
+    fn buffer(&self, len: usize) -> Aligned {
+        if len + ALIGN > POOLED {
+            return Aligned::new(len);
+        }
+        let v = self.pool.lock().pop().unwrap_or_else(|| vec![0u8; POOLED]);
+        let start = v.as_ptr().align_offset(ALIGN);
+        Aligned { v, start, len }
+    }
+
+    fn recycle(&self, v: Vec<u8>) {
+        if v.len() == POOLED {
+            let mut p = self.pool.lock();
+            if p.len() < POOL_MAX {
+                p.push(v);
+            }
+        }
+    }
+
     fn submit(&self, fd: RawFd, offset: u64, mut buf: Aligned, read: bool, done: IoDone) {
         debug_assert!(offset.is_multiple_of(ALIGN as u64) && buf.len.is_multiple_of(ALIGN));
         let (ptr, len) = (buf.ptr(), buf.len as u32);
@@ -186,12 +242,9 @@ impl Inner {
             let pushed = unsafe { sq.push(e) }.is_ok();
             sq.sync();
             drop(sq);
-            if let Err(err) = self.ring.submit() {
-                // EBUSY/EAGAIN: completions must be reaped first; the
-                // completion thread does that, so try again.
-                if !matches!(err.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) {
-                    tracing::error!("io_uring submit failed: {err}");
-                }
+            // A full queue goes to the kernel even with the doorbell held.
+            if !pushed || self.held.load(Ordering::Acquire) == 0 {
+                self.enter();
             }
             if pushed {
                 return;
@@ -200,10 +253,30 @@ impl Inner {
         }
     }
 
+    /// Hands the queued entries to the kernel.
+    fn enter(&self) {
+        if let Err(err) = self.ring.submit() {
+            // EBUSY/EAGAIN: completions must be reaped first; the
+            // completion thread does that, and the caller tries again.
+            if !matches!(err.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) {
+                tracing::error!("io_uring submit failed: {err}");
+            }
+        }
+    }
+
     /// The completion thread.
     fn reap(&self) {
         loop {
-            if let Err(e) = self.ring.submitter().submit_and_wait(1) {
+            // Wait only: submitting is the submitters' business (and
+            // would contend for the ring's submission lock with them).
+            // SAFETY: no entries are submitted by this call and no
+            // argument is passed.
+            let waited = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None)
+            };
+            if let Err(e) = waited {
                 if e.raw_os_error() != Some(libc::EINTR) {
                     tracing::error!("io_uring wait failed: {e}");
                 }
@@ -242,6 +315,7 @@ impl Inner {
                 let read = op.read;
                 let bytes = op.buf.get();
                 (op.done)(r.map(|()| if read { &bytes[..] } else { &[][..] }));
+                self.recycle(op.buf.v);
                 self.room.notify_all();
             }
             if stop && self.stop.load(Ordering::Acquire) {

@@ -64,6 +64,13 @@ pub trait RegionBackend: Send + Sync + 'static {
     fn is_async(&self) -> bool {
         false
     }
+    /// Requests submitted until the matching
+    /// [`RegionBackend::release_doorbell`] may wait in the backend's queue
+    /// and reach the device together (a local QP holds it across one
+    /// posted batch of work requests). Default: nothing.
+    fn hold_doorbell(&self) {}
+    /// Ends [`RegionBackend::hold_doorbell`]; the last holder submits.
+    fn release_doorbell(&self) {}
     /// Starts writing the concatenation of `data` at `offset`; `done` runs
     /// when it is stored. The slices need only live for this call (a
     /// backend copies what it keeps). Default: `write_at`, then `done`.

@@ -180,6 +180,29 @@ impl LocalLink {
     /// so small requests never wait behind them) and no fence is queued or
     /// running.
     pub fn submit(&self, q: &Arc<QpInner>, jobs: Vec<Job>) {
+        // A batch reaches each asynchronous backend with one doorbell.
+        let mut held: Vec<Arc<dyn crate::RegionBackend>> = Vec::new();
+        if jobs.len() > 1 {
+            for j in &jobs {
+                if let Some(b) = j.target.backend.as_ref().filter(|b| b.is_async()) {
+                    let same = |h: &Arc<dyn crate::RegionBackend>| {
+                        std::ptr::addr_eq(Arc::as_ptr(h), Arc::as_ptr(b))
+                    };
+                    if !held.iter().any(same) {
+                        b.hold_doorbell();
+                        held.push(b.clone());
+                    }
+                }
+            }
+        }
+        self.submit_jobs(q, jobs);
+        for b in held {
+            b.release_doorbell();
+        }
+    }
+
+    fn submit_jobs(&self, q: &Arc<QpInner>, jobs: Vec<Job>) {
+        let single = jobs.len() == 1;
         let mut jobs = jobs.into_iter();
         let mut st = self.st.lock();
         for j in jobs.by_ref() {
@@ -187,13 +210,14 @@ impl LocalLink {
             let idle = st.pending.is_empty() && st.running == 0 && !st.fenced;
             let qd = j.target.backend.as_ref().map_or(1, |b| b.queue_depth());
             if self.async_depth(&j).is_some() {
-                // Nothing in flight and every completion consumed: the
-                // application waits for each request before the next
-                // (queue depth 1). Doing it here and now saves the two
+                // A single request, nothing in flight and every
+                // completion consumed: the application waits for each
+                // request before the next (queue depth 1). Doing it here and now saves the two
                 // thread wake-ups of an asynchronous completion. (Relaxed:
                 // small ones only, so a large one never blocks the posting
                 // of a small one that could overtake it.)
-                if idle
+                if single
+                    && idle
                     && !fenced
                     && (!self.relaxed || j.len <= INLINE_MAX)
                     && q.send_cq.is_drained()
@@ -314,8 +338,13 @@ impl LocalLink {
         if let Some(seq) = seq {
             st.inflight.retain(|f| f.seq != seq);
         }
+        // Only workers wait on `cv`, and only for queued WRs: with none
+        // queued, waking them would cost two context switches for nothing.
+        let news = !st.pending.is_empty();
         drop(st);
-        self.cv.notify_all();
+        if news {
+            self.cv.notify_all();
+        }
     }
 
     /// Reports an asynchronous job's end: at once (relaxed), or in posting
