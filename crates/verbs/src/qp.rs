@@ -1127,8 +1127,14 @@ fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus
         _ => {}
     }
     let need = if atomic { Access::LOCAL_WRITE } else { need };
-    for sge in &wr.sgl {
-        let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
+    for (i, sge) in wr.sgl.iter().enumerate() {
+        // SGEs of one registration in a row (a coalesced SGL): one look-up
+        // and one reference held for all of them.
+        if i == 0 || wr.sgl[i - 1].lkey != sge.lkey {
+            let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
+            w.keep.push(mr);
+        }
+        let mr = w.keep.last().expect("pushed for this SGE's lkey");
         // A backed region has no memory to send from or receive into.
         if mr.backend.is_some() {
             return Err(WcStatus::LocProtErr);
@@ -1140,7 +1146,6 @@ fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus
         if matches!(wr.op, WrOp::RdmaRead { .. }) || atomic {
             w.sink = Some((mr.clone(), sge.addr));
         }
-        w.keep.push(mr);
     }
     if w.len > q.core.config.attr.max_msg_size {
         return Err(WcStatus::LocLenErr);
