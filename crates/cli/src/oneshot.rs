@@ -19,20 +19,36 @@ struct Calls {
     polls: u64,
 }
 
-fn wait(cq: &CompletionQueue, calls: &mut Calls) -> Result<WorkCompletion> {
+/// Polls for completions (one driver call, counted), waiting for the
+/// first if none is ready; any failed one is an error.
+fn reap(cq: &CompletionQueue, wcs: &mut [WorkCompletion], calls: &mut Calls) -> Result<usize> {
     calls.polls += 1;
-    let wc = match cq.poll_one() {
-        Some(wc) => wc,
-        None => cq.wait_one(T).context("no completion")?,
-    };
-    if wc.status != WcStatus::Success {
-        bail!("WR {} failed: {:?}", wc.wr_id, wc.status);
+    let mut n = cq.poll(wcs);
+    if n == 0 {
+        wcs[0] = cq.wait_one(T).context("no completion")?;
+        n = 1;
     }
-    Ok(wc)
+    for wc in &wcs[..n] {
+        if wc.status != WcStatus::Success {
+            bail!("WR {} failed: {:?}", wc.wr_id, wc.status);
+        }
+    }
+    Ok(n)
 }
 
-/// The target (B): receive a command (STag + length), RDMA-Read the data,
-/// answer: a close (one-shot) or a plain Send (conventional).
+/// Receive slots (and command buffers) on each side.
+const RECVS: usize = 32;
+/// WR id bases on the target.
+const READ: u64 = 1 << 32;
+const REPLY: u64 = 2 << 32;
+
+fn be32(b: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(..4)?.try_into().ok()?))
+}
+
+/// The target (B): receive commands (STag, length, command id), RDMA-Read
+/// the data, answer each: a close (one-shot) or a plain Send carrying the
+/// command id (conventional). Up to `RECVS` commands at once.
 fn target(
     qp: &QueuePair,
     cq: &CompletionQueue,
@@ -42,39 +58,56 @@ fn target(
     one_shot: bool,
 ) -> Result<Calls> {
     let mut calls = Calls::default();
-    for _ in 0..n {
-        let wc = wait(cq, &mut calls)?;
-        let mut m = vec![0; wc.byte_len as usize];
-        cmdbuf.read_at(0, &mut m);
-        let be32 = |b: &[u8]| {
-            b.get(..4)
-                .map(|x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
-        };
-        let (stag, body) = match wc.advertised_stag {
-            Some(s) => (s, &m[..]),
-            None => (
-                be32(&m).context("command without an STag")?,
-                m.get(4..).unwrap_or(&[]),
-            ),
-        };
-        let len = be32(body).context("command without a length")? as usize;
-        if len > data.len() {
-            bail!(
-                "command asks for {len} bytes, more than the {} buffered",
-                data.len()
-            );
+    let mut wcs = vec![WorkCompletion::default(); 64];
+    // Per receive slot: the command being served (STag, id).
+    let mut serving = vec![(0u32, 0u64); RECVS];
+    let mut served = 0u64;
+    while served < n {
+        let k = reap(cq, &mut wcs, &mut calls)?;
+        for wc in wcs[..k].iter().copied() {
+            if wc.opcode == WcOpcode::Recv {
+                let r = wc.wr_id as usize;
+                let mut m = vec![0; wc.byte_len as usize];
+                cmdbuf.read_at(r * 256, &mut m);
+                let (stag, body) = match wc.advertised_stag {
+                    Some(s) => (s, &m[..]),
+                    None => (
+                        be32(&m).context("command without an STag")?,
+                        m.get(4..).unwrap_or(&[]),
+                    ),
+                };
+                let len = be32(body).context("command without a length")? as usize;
+                let id = body
+                    .get(4..12)
+                    .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+                    .context("command without an id")?;
+                if len > data.len() {
+                    bail!(
+                        "command asks for {len} bytes, more than the {} buffered",
+                        data.len()
+                    );
+                }
+                serving[r] = (stag, id);
+                qp.post_recv(&RecvWr::new(r as u64, &[cmdbuf.sge(r * 256, 256)]))?;
+                qp.post_send(&SendWr::read(READ + r as u64, data.sge(0, len), 0, stag))?;
+                calls.posts += 2;
+            } else if wc.wr_id & READ != 0 {
+                let r = (wc.wr_id - READ) as usize;
+                let (stag, id) = serving[r];
+                // The reply's bytes: the command id, in a slot of its own.
+                let at = 2 * RECVS * 256 + r * 16;
+                cmdbuf.write_at(at, &id.to_be_bytes());
+                let mut resp = if one_shot {
+                    SendWr::send_close(REPLY, &[cmdbuf.sge(at, 8)], stag)
+                } else {
+                    SendWr::send(REPLY, &[cmdbuf.sge(at, 8)])
+                };
+                resp.flags = SendFlags::NONE;
+                qp.post_send(&resp)?;
+                calls.posts += 1;
+                served += 1;
+            }
         }
-        qp.post_recv(&RecvWr::new(0, &[cmdbuf.sge(0, 256)]))?;
-        qp.post_send(&SendWr::read(1, data.sge(0, len), 0, stag))?;
-        wait(cq, &mut calls)?;
-        let mut resp = if one_shot {
-            SendWr::send_close(2, &[cmdbuf.sge(1024, 8)], stag)
-        } else {
-            SendWr::send(2, &[cmdbuf.sge(1024, 8)])
-        };
-        resp.flags = SendFlags::NONE;
-        qp.post_send(&resp)?;
-        calls.posts += 3;
     }
     Ok(calls)
 }
@@ -102,113 +135,224 @@ fn pair(dev: &Device) -> Result<(Side, Side)> {
     Ok((a, b))
 }
 
-pub fn run(json: bool, commands: u64) -> Result<()> {
+/// What one measurement found.
+struct Measured {
+    secs: f64,
+    calls: Calls,
+    target: Calls,
+}
+
+/// WR ids on the initiator: kind in the high bits, command slot below.
+const SEND: u64 = 1 << 32;
+const INV: u64 = 2 << 32;
+const ADV: u64 = 3 << 32;
+
+/// A drives `commands` iSER-like writes of `size` bytes with `depth` in
+/// flight; B serves them.
+fn measure(
+    dev: &Device,
+    size: usize,
+    one_shot: bool,
+    depth: usize,
+    commands: u64,
+) -> Result<Measured> {
+    let (a, b) = pair(dev)?;
+    let data = a.pd.alloc_mr(depth * size, Access::LOCAL_WRITE)?;
+    data.write_at(0, &vec![0x3c; depth * size]);
+    let resp = a.pd.alloc_mr(RECVS * 64, Access::LOCAL_WRITE)?;
+    let cmd = a.pd.alloc_mr(depth * 64, Access::LOCAL_WRITE)?;
+    let fr: Vec<FastRegMr> = (0..depth)
+        .map(|_| a.pd.alloc_fast_reg_mr())
+        .collect::<Result<_, _>>()?;
+    let before_open = a.qp.open_advertisements();
+    // B's receives are up before A sends anything.
+    let bcmd = b.pd.alloc_mr(3 * RECVS * 256, Access::LOCAL_WRITE)?;
+    let bdata = b.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE)?;
+    for r in 0..RECVS {
+        b.qp.post_recv(&RecvWr::new(r as u64, &[bcmd.sge(r * 256, 256)]))?;
+    }
+    let mut calls = Calls::default();
+    // A's receives for the replies (not counted: both paths need them
+    // posted up front the same way; the re-post per reply is counted).
+    for r in 0..RECVS {
+        a.qp.post_recv(&RecvWr::new(r as u64, &[resp.sge(r * 64, 64)]))?;
+    }
+    let m = std::thread::scope(|s| -> Result<Measured> {
+        let tb = s.spawn(|| target(&b.qp, &b.cq, &bcmd, &bdata, commands, one_shot));
+        let t0 = Instant::now();
+        // Per slot: the command in it, and (conventional) what has come
+        // back of it: its Send's completion, the reply.
+        let mut slot_cmd = vec![0u64; depth];
+        let mut sent = vec![false; depth];
+        let mut replied = vec![false; depth];
+        let mut stags = std::collections::HashMap::new();
+        let mut next = 0u64;
+        let mut done = 0u64;
+        let issue = |k: usize,
+                     id: u64,
+                     calls: &mut Calls,
+                     stags: &mut std::collections::HashMap<u64, u32>|
+         -> Result<()> {
+            let mut body = (size as u32).to_be_bytes().to_vec();
+            body.extend_from_slice(&id.to_be_bytes());
+            body.extend_from_slice(b"WRITE lba=0");
+            let sge = data.sge(k * size, size);
+            if one_shot {
+                // One call: bind + table + send.
+                let stag =
+                    a.qp.advertise(ADV + k as u64, &[sge], Access::REMOTE_READ, &body, id)?;
+                stags.insert(id, stag);
+            } else {
+                // Bind a new key over the buffer, send the command with
+                // the STag in its payload (one doorbell).
+                let key = id as u8;
+                let stag = fr[k].stag_with_key(key);
+                let mut msg = stag.to_be_bytes().to_vec();
+                msg.extend_from_slice(&body);
+                cmd.write_at(k * 64, &msg);
+                let mut reg = SendWr::fast_reg(0, &fr[k], key, &[sge], 0, Access::REMOTE_READ);
+                reg.flags = SendFlags::NONE;
+                let send = SendWr::send(SEND + k as u64, &[cmd.sge(k * 64, msg.len())]);
+                a.qp.post_send_batch(&[reg, send])?;
+                stags.insert(id, stag);
+            }
+            calls.posts += 1;
+            Ok(())
+        };
+        while next < commands.min(depth as u64) {
+            let k = next as usize;
+            slot_cmd[k] = next;
+            issue(k, next, &mut calls, &mut stags)?;
+            next += 1;
+        }
+        let mut wcs = vec![WorkCompletion::default(); 64];
+        let mut free = Vec::new();
+        while done < commands {
+            let n = reap(&a.cq, &mut wcs, &mut calls)?;
+            for wc in &wcs[..n] {
+                if wc.opcode == WcOpcode::Recv {
+                    let mut idb = [0u8; 8];
+                    resp.read_at(wc.wr_id as usize * 64, &mut idb);
+                    a.qp.post_recv(&RecvWr::new(
+                        wc.wr_id,
+                        &[resp.sge(wc.wr_id as usize * 64, 64)],
+                    ))?;
+                    calls.posts += 1;
+                    if one_shot {
+                        // The close is the command's only completion.
+                        let id = wc.reference.context("a close without a reference")?;
+                        let want = stags.remove(&id);
+                        if wc.invalidated_rkey.is_none() || wc.invalidated_rkey != want {
+                            bail!(
+                                "close for {:?}/{id}, expected {want:?}",
+                                wc.invalidated_rkey
+                            );
+                        }
+                        let k = slot_cmd
+                            .iter()
+                            .position(|&c| c == id)
+                            .context("a close for no command in flight")?;
+                        free.push(k);
+                    } else {
+                        let id = u64::from_be_bytes(idb);
+                        let k = slot_cmd
+                            .iter()
+                            .position(|&c| c == id)
+                            .context("a reply for no command in flight")?;
+                        replied[k] = true;
+                        if sent[k] {
+                            let stag = stags.remove(&id).expect("issued");
+                            a.qp.post_send(&SendWr::local_inv(INV + k as u64, stag))?;
+                            calls.posts += 1;
+                        }
+                    }
+                } else if wc.wr_id & !0xffff_ffff == SEND {
+                    let k = (wc.wr_id - SEND) as usize;
+                    sent[k] = true;
+                    if replied[k] {
+                        let stag = stags.remove(&slot_cmd[k]).expect("issued");
+                        a.qp.post_send(&SendWr::local_inv(INV + k as u64, stag))?;
+                        calls.posts += 1;
+                    }
+                } else if wc.wr_id & !0xffff_ffff == INV {
+                    // Unbound: the slot is free.
+                    free.push((wc.wr_id - INV) as usize);
+                }
+            }
+            for k in free.drain(..) {
+                done += 1;
+                sent[k] = false;
+                replied[k] = false;
+                if next < commands {
+                    slot_cmd[k] = next;
+                    issue(k, next, &mut calls, &mut stags)?;
+                    next += 1;
+                } else {
+                    slot_cmd[k] = u64::MAX;
+                }
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let target = tb
+            .join()
+            .map_err(|_| anyhow::anyhow!("target panicked"))??;
+        Ok(Measured {
+            secs,
+            calls,
+            target,
+        })
+    })?;
+    if a.qp.open_advertisements() != before_open {
+        bail!("bindings left open");
+    }
+    Ok(m)
+}
+
+pub fn run(json: bool, commands: u64, depths: &[usize]) -> Result<()> {
     // No same-host path: the iWARP wire is what is measured.
     let dev = Device::open(DeviceConfig {
         same_host: false,
         ..Default::default()
     })?;
-    for size in [4096usize, 64 << 10] {
-        for one_shot in [false, true] {
-            let (a, b) = pair(&dev)?;
-            let data = a.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE)?;
-            data.write_at(0, &vec![0x3c; 64 << 10]);
-            let resp = a.pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
-            let cmd = a.pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
-            let fr = a.pd.alloc_fast_reg_mr()?;
-            let mut calls = Calls::default();
-            let before_open = a.qp.open_advertisements();
-            // B's first receive is up before A sends anything.
-            let bcmd = b.pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
-            let bdata = b.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE)?;
-            b.qp.post_recv(&RecvWr::new(0, &[bcmd.sge(0, 256)]))?;
-            let bt = std::thread::scope(|s| -> Result<(f64, Calls)> {
-                let tb = s.spawn(|| target(&b.qp, &b.cq, &bcmd, &bdata, commands, one_shot));
-                let t0 = Instant::now();
-                for i in 0..commands {
-                    a.qp.post_recv(&RecvWr::new(100 + i, &[resp.sge(0, 64)]))?;
-                    calls.posts += 1;
-                    let mut body = (size as u32).to_be_bytes().to_vec();
-                    body.extend_from_slice(b"WRITE lba=0");
-                    if one_shot {
-                        // One call: bind + table + send.
-                        let stag =
-                            a.qp.advertise(i, &[data.sge(0, size)], Access::REMOTE_READ, &body, i)?;
-                        calls.posts += 1;
-                        // The close is the only completion.
-                        let wc = wait(&a.cq, &mut calls)?;
-                        if wc.invalidated_rkey != Some(stag) || wc.reference != Some(i) {
-                            bail!(
-                                "close for {:?}/{:?}, expected {stag:#x}/{i}",
-                                wc.invalidated_rkey,
-                                wc.reference
-                            );
-                        }
-                    } else {
-                        // Bind a new key over the buffer, send the command
-                        // with the STag in its payload (one doorbell).
-                        let key = i as u8;
-                        let stag = fr.stag_with_key(key);
-                        let mut msg = stag.to_be_bytes().to_vec();
-                        msg.extend_from_slice(&body);
-                        cmd.write_at(0, &msg);
-                        let mut reg = SendWr::fast_reg(
-                            1,
-                            &fr,
-                            key,
-                            &[data.sge(0, size)],
-                            0,
-                            Access::REMOTE_READ,
-                        );
-                        reg.flags = SendFlags::NONE;
-                        a.qp.post_send_batch(&[reg, SendWr::send(2, &[cmd.sge(0, msg.len())])])?;
-                        calls.posts += 1;
-                        wait(&a.cq, &mut calls)?; // the Send
-                        wait(&a.cq, &mut calls)?; // the response
-                                                  // Unbind.
-                        a.qp.post_send(&SendWr::local_inv(3, stag))?;
-                        calls.posts += 1;
-                        wait(&a.cq, &mut calls)?;
-                    }
+    for &depth in depths {
+        if depth == 0 || depth > 16 {
+            bail!("--depth {depth}: 1 to 16 (the connection's ORD)");
+        }
+        for size in [4096usize, 64 << 10] {
+            for one_shot in [false, true] {
+                let m = measure(&dev, size, one_shot, depth, commands)?;
+                let (secs, calls, bcalls) = (m.secs, m.calls, m.target);
+                let per = |x: u64| (x as f64 / commands as f64 * 100.0).round() / 100.0;
+                let v = serde_json::json!({
+                    "bench": if one_shot { "iser_write_one_shot" } else { "iser_write_conventional" },
+                    "size": size,
+                    "depth": depth,
+                    "commands": commands,
+                    "commands_per_s": (commands as f64 / secs).round(),
+                    "gbps": ((commands * size as u64) as f64 / secs / 1e9 * 1000.0).round() / 1000.0,
+                    "initiator_calls_per_cmd": per(calls.posts + calls.polls),
+                    "initiator_posts_per_cmd": per(calls.posts),
+                    "initiator_polls_per_cmd": per(calls.polls),
+                    "target_calls_per_cmd": per(bcalls.posts + bcalls.polls),
+                    // Command, Read Request, Read Response, response/close.
+                    "wire_messages_per_cmd": 4,
+                    "round_trips_per_cmd": 2,
+                });
+                if json {
+                    println!("{v}");
+                } else {
+                    println!(
+                        "{:<26} {:>6} B  depth {:>2}  {:>8} cmd/s  initiator {} calls/cmd ({} posts, {} polls), target {}",
+                        v["bench"].as_str().unwrap_or(""),
+                        size,
+                        depth,
+                        v["commands_per_s"],
+                        v["initiator_calls_per_cmd"],
+                        v["initiator_posts_per_cmd"],
+                        v["initiator_polls_per_cmd"],
+                        v["target_calls_per_cmd"]
+                    );
                 }
-                let secs = t0.elapsed().as_secs_f64();
-                let bc = tb
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("target panicked"))??;
-                Ok((secs, bc))
-            })?;
-            let (secs, bcalls) = bt;
-            if a.qp.open_advertisements() != before_open {
-                bail!("bindings left open");
-            }
-            let per = |x: u64| (x as f64 / commands as f64 * 100.0).round() / 100.0;
-            let v = serde_json::json!({
-                "bench": if one_shot { "iser_write_one_shot" } else { "iser_write_conventional" },
-                "size": size,
-                "commands": commands,
-                "commands_per_s": (commands as f64 / secs).round(),
-                "gbps": ((commands * size as u64) as f64 / secs / 1e9 * 1000.0).round() / 1000.0,
-                "initiator_calls_per_cmd": per(calls.posts + calls.polls),
-                "initiator_posts_per_cmd": per(calls.posts),
-                "initiator_polls_per_cmd": per(calls.polls),
-                "target_calls_per_cmd": per(bcalls.posts + bcalls.polls),
-                // Command, Read Request, Read Response, response/close.
-                "wire_messages_per_cmd": 4,
-                "round_trips_per_cmd": 2,
-            });
-            if json {
-                println!("{v}");
-            } else {
-                println!(
-                    "{:<26} {:>6} B  {:>8} cmd/s  initiator {} calls/cmd ({} posts, {} polls), target {}",
-                    v["bench"].as_str().unwrap_or(""),
-                    size,
-                    v["commands_per_s"],
-                    v["initiator_calls_per_cmd"],
-                    v["initiator_posts_per_cmd"],
-                    v["initiator_polls_per_cmd"],
-                    v["target_calls_per_cmd"]
-                );
             }
         }
     }

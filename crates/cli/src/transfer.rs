@@ -41,6 +41,9 @@ enum Cmd {
         /// Commands per measurement.
         #[arg(long, default_value_t = 20000)]
         commands: u64,
+        /// Commands in flight (1 to 16; several: one measurement each).
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16])]
+        depth: Vec<usize>,
     },
 }
 
@@ -166,7 +169,11 @@ fn one_by_one(p: &Pair, local: &MemoryRegion, rkey: u32, raddr: u64, n: usize) -
 pub fn run(a: Args) -> Result<()> {
     let (json, rounds, big) = match a.cmd {
         Cmd::Bench { json, rounds, big } => (json, rounds, big),
-        Cmd::Oneshot { json, commands } => return crate::oneshot::run(json, commands),
+        Cmd::Oneshot {
+            json,
+            commands,
+            depth,
+        } => return crate::oneshot::run(json, commands, &depth),
     };
     for same_host in [false, true] {
         let transport = if same_host { "same-host" } else { "tcp" };
