@@ -312,7 +312,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
     // Local: QPs on the endpoint's protection domain.
     let dev = Device::open_default()?;
     let pd = dev.alloc_pd()?;
-    let session = ep.attach(&pd, PRINCIPAL, false)?;
+    let session = ep.attach(&pd, PRINCIPAL)?;
     let rkey = session.region(0).context("partition 0")?.rkey;
     let max_depth = 32;
     let buf = pd.alloc_mr(max_depth * (1 << 20), Access::LOCAL_WRITE)?;

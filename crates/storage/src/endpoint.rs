@@ -13,17 +13,20 @@
 //!   reply with a reason; the accept lists each reachable partition's STag
 //!   and length. [`connect`] is the client side.
 //!
-//! Ordering: strict by default (each Write is in the page cache before the
-//! next message is processed, Reads see every earlier Write). Relaxed
-//! (a flag in the connect request, or `attach(.., relaxed)`): on an
-//! O_DIRECT endpoint a remote connection's Writes are queued to I/O workers
-//! and processed in any order (a later Read may miss them), on a buffered
-//! one they are written as they arrive (the page cache is faster than the
-//! hand-off; relaxing permits reordering, it does not require it); a local
-//! QP created with
-//! `relaxed_ordering` completes out of order. In both modes a Flush waits
-//! for every earlier Write and then makes them durable, and a failed
-//! earlier Write fails the Flush.
+//! Ordering, remote: strict by default (the result is that of executing
+//! the connection's messages one by one: a Read sees every earlier
+//! Write). On a buffered endpoint each Write is in the page cache before
+//! the next message is processed. On an O_DIRECT endpoint with io_uring
+//! ([`Endpoint::attach_connection`]) aligned Writes are queued to the
+//! device as they arrive; one that overlaps a queued Write waits for it,
+//! and so does a Read. Relaxed (a flag in the connect request): queued
+//! Writes wait for nothing, overlapping ones between two Flushes land in
+//! either order and a later Read may miss them (on a buffered endpoint they
+//! are written as they arrive: relaxing permits reordering, it does not
+//! require it). Locally a QP created with `relaxed_ordering` completes out
+//! of order (`softrdma_verbs`' `local.rs`). In every mode a Flush waits for
+//! every earlier Write and then makes them durable, and a failed earlier
+//! Write fails the Flush.
 
 use crate::layout::Rights;
 use crate::uring::{Aligned, Ring};
@@ -57,6 +60,9 @@ pub enum Direct {
 /// Alignment of O_DIRECT transfers (a multiple of any logical block size
 /// up to 4 KiB).
 const DIRECT_ALIGN: usize = crate::uring::ALIGN;
+
+/// Largest single pread/pwrite.
+const IO_PIECE: usize = 128 << 10;
 
 /// The device, opened buffered and, where allowed, with O_DIRECT.
 ///
@@ -134,7 +140,8 @@ pub struct PartitionBackend {
     file: Arc<DevFile>,
     base: u64,
     len: u64,
-    relaxed: Option<Arc<WriterHandle>>,
+    /// A remote connection's Writes, queued to io_uring (O_DIRECT).
+    pipe: Option<Arc<Pipe>>,
 }
 
 impl PartitionBackend {
@@ -152,24 +159,23 @@ impl PartitionBackend {
 impl RegionBackend for PartitionBackend {
     fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
         let at = self.check(off, data.len())?;
-        match &self.relaxed {
-            Some(w) => {
-                w.submit(at, data.to_vec());
-                Ok(())
-            }
+        match &self.pipe {
+            Some(p) => p.write(at, data),
             None => self.file.write(at, data),
         }
     }
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         let at = self.check(off, buf.len())?;
+        if let Some(p) = &self.pipe {
+            p.before_read(at, buf.len());
+        }
         self.file.read(at, buf)
     }
     fn flush(&self) -> io::Result<()> {
-        if let Some(w) = &self.relaxed {
-            w.drain()?;
-        }
-        if let Some(r) = &self.file.ring {
-            r.drain();
+        // (A local QP's own asynchronous requests: its Flush is fenced,
+        // they have all completed before this runs.)
+        if let Some(p) = &self.pipe {
+            p.drain()?;
         }
         self.file.sync()
     }
@@ -200,16 +206,8 @@ impl RegionBackend for PartitionBackend {
             Ok(at) => at,
             Err(e) => return done(Err(e)),
         };
-        match (&self.file.ring, self.file.direct_for(at, total)) {
-            (Some(ring), Some(f)) if self.relaxed.is_none() => {
-                let mut b = ring.buffer(total);
-                let mut k = 0;
-                for d in data {
-                    b.get()[k..k + d.len()].copy_from_slice(d);
-                    k += d.len();
-                }
-                ring.write(f.as_raw_fd(), at, b, done)
-            }
+        match (&self.pipe, self.file.direct_for(at, total)) {
+            (Some(p), Some(_)) => p.submit(at, data, done),
             _ => {
                 let mut r = Ok(());
                 let mut o = off;
@@ -229,6 +227,9 @@ impl RegionBackend for PartitionBackend {
             Ok(at) => at,
             Err(e) => return done(Err(e)),
         };
+        if let Some(p) = &self.pipe {
+            p.before_read(at, len);
+        }
         match (&self.file.ring, self.file.direct_for(at, len)) {
             (Some(ring), Some(f)) => ring.read(f.as_raw_fd(), at, len, done),
             _ => {
@@ -240,111 +241,155 @@ impl RegionBackend for PartitionBackend {
     }
 }
 
-/// The I/O workers behind a relaxed-ordering connection's Writes.
-struct Writer {
-    st: Mutex<WState>,
+/// The O_DIRECT Writes of one session (a remote connection, or a local
+/// attachment) queued to io_uring, and the rules that keep them safe.
+///
+/// A remote connection's aligned Writes are queued as they arrive
+/// (`queue`): the engine's progress thread goes on with the next message,
+/// so a stream of Writes keeps the device busy instead of waiting for each.
+/// A local QP queues its own through [`Pipe::submit`].
+///
+/// - Strict ordering (remote; a local QP orders its own WRs) keeps the
+///   result of one-at-a-time execution: a Write overlapping one in flight
+///   waits for it. Relaxed: overlapping Writes between two Flushes land in
+///   either order.
+/// - In both modes, a Write that goes through the page cache (unaligned)
+///   waits for the queued Writes it overlaps, and so does any Read. Linux
+///   cannot keep a page cached while an O_DIRECT write of it is in flight:
+///   a mutation that let a buffered write through here made reads fail
+///   with EIO (the kernel's "page cache invalidation failure" on direct
+///   I/O).
+/// - A Flush waits for every queued Write and reports the first failure.
+struct Pipe {
+    file: Arc<DevFile>,
+    strict: bool,
+    queue: bool,
+    st: Mutex<PipeState>,
     cv: Condvar,
 }
 
-struct WState {
-    queue: std::collections::VecDeque<(u64, Vec<u8>)>,
-    /// Bytes in `queue`.
-    queued: usize,
-    running: usize,
+#[derive(Default)]
+struct PipeState {
+    /// (id, device range, through the page cache) of the Writes in flight.
+    inflight: Vec<(u64, u64, u64, bool)>,
+    next: u64,
     error: Option<io::Error>,
-    stop: bool,
 }
 
-/// Largest single pread/pwrite.
-const IO_PIECE: usize = 128 << 10;
-
-/// I/O workers per relaxed connection.
-const WRITERS: usize = 2;
-/// Bytes a relaxed connection may have queued before its Writes wait.
-const MAX_QUEUED: usize = 64 << 20;
-
-impl Writer {
-    fn start(file: Arc<DevFile>) -> Arc<Writer> {
-        let w = Arc::new(Writer {
-            st: Mutex::new(WState {
-                queue: Default::default(),
-                queued: 0,
-                running: 0,
-                error: None,
-                stop: false,
-            }),
-            cv: Condvar::new(),
-        });
-        for i in 0..WRITERS {
-            let (w, f) = (w.clone(), file.clone());
-            std::thread::Builder::new()
-                .name(format!("storage-wr{i}"))
-                .spawn(move || w.run(&f))
-                .expect("spawn storage writer");
+impl Pipe {
+    /// Waits until no Write in flight overlapping `[at, at + len)` that
+    /// `blocks` matches (given whether it goes through the page cache).
+    fn wait_clear(
+        &self,
+        st: &mut parking_lot::MutexGuard<'_, PipeState>,
+        at: u64,
+        len: usize,
+        blocks: impl Fn(bool) -> bool,
+    ) {
+        let end = at + len as u64;
+        while st
+            .inflight
+            .iter()
+            .any(|&(_, a, b, buffered)| a < end && at < b && blocks(buffered))
+        {
+            // What we wait for may sit in the submission queue behind a
+            // doorbell this thread holds (a posted batch): ring it.
+            if let Some(r) = &self.file.ring {
+                r.kick();
+            }
+            self.cv.wait(st);
         }
-        w
     }
 
-    fn submit(&self, at: u64, data: Vec<u8>) {
+    /// Records a Write about to start, once nothing it must not overlap is
+    /// in flight: a buffered one waits for every overlapping Write, a
+    /// direct one for overlapping buffered ones (and, strict, for all).
+    fn claim(&self, at: u64, len: usize, buffered: bool) -> u64 {
         let mut st = self.st.lock();
-        // Back-pressure: the receiver waits rather than queue unbounded.
-        while st.queued > MAX_QUEUED {
-            self.cv.wait(&mut st);
+        let strict = self.strict;
+        self.wait_clear(&mut st, at, len, |other_buffered| {
+            buffered || strict || other_buffered
+        });
+        let id = st.next;
+        st.next += 1;
+        st.inflight.push((id, at, at + len as u64, buffered));
+        id
+    }
+
+    /// A claimed Write has ended.
+    fn release(&self, id: u64, r: &io::Result<()>) {
+        let mut st = self.st.lock();
+        st.inflight.retain(|&(i, ..)| i != id);
+        if let Err(e) = r {
+            st.error
+                .get_or_insert_with(|| io::Error::new(e.kind(), e.to_string()));
         }
-        st.queued += data.len();
-        st.queue.push_back((at, data));
         drop(st);
         self.cv.notify_all();
     }
 
-    /// Waits for every queued write; returns (and clears) the first error.
+    /// `write_at`: queued (remote, aligned) or done now.
+    fn write(self: &Arc<Self>, at: u64, data: &[u8]) -> io::Result<()> {
+        let direct = self.file.ring.is_some() && self.file.direct_for(at, data.len()).is_some();
+        if direct && self.queue {
+            // A failure is kept for the next Flush (in `submit`).
+            self.submit(at, &[data], Box::new(|_| {}));
+            return Ok(());
+        }
+        let id = self.claim(at, data.len(), !direct);
+        let r = self.file.write(at, data);
+        // (A failure here is reported to the caller, not kept.)
+        self.release(id, &Ok(()));
+        r
+    }
+
+    /// Queues an aligned Write of the concatenation of `data` at `at`;
+    /// `done` runs when it is on the device (or failed; the failure is
+    /// also kept for the next Flush).
+    fn submit(self: &Arc<Self>, at: u64, data: &[&[u8]], done: IoDone) {
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        let (Some(ring), Some(f)) = (&self.file.ring, self.file.direct_for(at, total)) else {
+            unreachable!("only aligned writes on a ring are queued");
+        };
+        let id = self.claim(at, total, false);
+        let mut b = ring.buffer(total);
+        let mut k = 0;
+        for d in data {
+            b.get()[k..k + d.len()].copy_from_slice(d);
+            k += d.len();
+        }
+        let me = self.clone();
+        ring.write(
+            f.as_raw_fd(),
+            at,
+            b,
+            Box::new(move |r| {
+                let kept = r.as_ref().map(|_| ()).map_err(|e| {
+                    tracing::error!("queued storage write at {at} failed: {e}");
+                    io::Error::new(e.kind(), e.to_string())
+                });
+                me.release(id, &kept);
+                done(r);
+            }),
+        );
+    }
+
+    /// A Read waits for the Writes in flight it overlaps.
+    fn before_read(&self, at: u64, len: usize) {
+        let mut st = self.st.lock();
+        self.wait_clear(&mut st, at, len, |_| true);
+    }
+
+    /// Waits for every queued Write; returns (and clears) the first error.
     fn drain(&self) -> io::Result<()> {
         let mut st = self.st.lock();
-        while !st.queue.is_empty() || st.running > 0 {
+        while !st.inflight.is_empty() {
+            if let Some(r) = &self.file.ring {
+                r.kick();
+            }
             self.cv.wait(&mut st);
         }
         st.error.take().map_or(Ok(()), Err)
-    }
-
-    fn run(&self, f: &DevFile) {
-        let mut st = self.st.lock();
-        loop {
-            if let Some((at, d)) = st.queue.pop_front() {
-                st.queued -= d.len();
-                st.running += 1;
-                drop(st);
-                let r = f.write(at, &d);
-                st = self.st.lock();
-                st.running -= 1;
-                if let Err(e) = r {
-                    st.error.get_or_insert(e);
-                }
-                self.cv.notify_all();
-            } else if st.stop {
-                return;
-            } else {
-                self.cv.wait(&mut st);
-            }
-        }
-    }
-}
-
-/// The writer of one connection's registrations, shared by them: when
-/// the last one goes, the writer drains its queue and its threads stop.
-struct WriterHandle(Arc<Writer>);
-
-impl std::ops::Deref for WriterHandle {
-    type Target = Writer;
-    fn deref(&self) -> &Writer {
-        &self.0
-    }
-}
-
-impl Drop for WriterHandle {
-    fn drop(&mut self) {
-        let _ = self.0.drain();
-        self.0.st.lock().stop = true;
-        self.0.cv.notify_all();
     }
 }
 
@@ -481,15 +526,45 @@ impl Endpoint {
     }
 
     /// Registers every partition `principal` has rights on, as a region of
-    /// `pd` with exactly those rights (`REMOTE_READ`, `REMOTE_WRITE`).
-    /// With `relaxed` on an O_DIRECT endpoint, Writes arriving over a
-    /// connection are queued to I/O
-    /// workers (see the module's notes on ordering).
-    pub fn attach(
+    /// `pd` with exactly those rights (`REMOTE_READ`, `REMOTE_WRITE`), for
+    /// use in this process through local QPs ([`QueuePair::connect_local`]):
+    /// every access is done when its WR completes.
+    pub fn attach(&self, pd: &ProtectionDomain, principal: &str) -> Result<Session, StorageError> {
+        // The local QP orders its own WRs (strict or relaxed); the pipe
+        // only keeps buffered and direct I/O of one page apart.
+        self.register(pd, principal, self.pipe(false, false))
+    }
+
+    fn pipe(&self, strict: bool, queue: bool) -> Option<Arc<Pipe>> {
+        self.file.ring.is_some().then(|| {
+            Arc::new(Pipe {
+                file: self.file.clone(),
+                strict,
+                queue,
+                st: Mutex::new(PipeState::default()),
+                cv: Condvar::new(),
+            })
+        })
+    }
+
+    /// [`Endpoint::attach`] for a remote connection (what [`Target`]
+    /// does): on an O_DIRECT endpoint with io_uring, the connection's
+    /// Writes are queued to the device as they arrive (see the module's
+    /// notes on ordering; `relaxed` as the peer asked).
+    pub fn attach_connection(
         &self,
         pd: &ProtectionDomain,
         principal: &str,
         relaxed: bool,
+    ) -> Result<Session, StorageError> {
+        self.register(pd, principal, self.pipe(!relaxed, true))
+    }
+
+    fn register(
+        &self,
+        pd: &ProtectionDomain,
+        principal: &str,
+        pipe: Option<Arc<Pipe>>,
     ) -> Result<Session, StorageError> {
         let l = self.store.layout();
         let who = l
@@ -497,10 +572,6 @@ impl Endpoint {
             .iter()
             .position(|p| p.name == principal)
             .ok_or_else(|| StorageError::NoSuchPrincipal(principal.into()))?;
-        // Queued writes pay off only when the device is slower than the
-        // copy and hand-off: not on the page cache.
-        let writer = (relaxed && self.file.direct.is_some())
-            .then(|| Arc::new(WriterHandle(Writer::start(self.file.clone()))));
         let mut regions = Vec::new();
         let mut mrs = Vec::new();
         let mut backends = Vec::new();
@@ -520,7 +591,7 @@ impl Endpoint {
                 file: self.file.clone(),
                 base: p.offset,
                 len: p.size,
-                relaxed: writer.clone(),
+                pipe: pipe.clone(),
             });
             backends.push(b.clone());
             let mr = pd
@@ -761,7 +832,7 @@ impl Target {
         let pd = self.dev.alloc_pd().map_err(|e| e.to_string())?;
         let session = self
             .ep
-            .attach(&pd, &principal, relaxed)
+            .attach_connection(&pd, &principal, relaxed)
             .map_err(|e| e.to_string())?;
         let accept = match encode_accept(&session.regions) {
             Ok(a) => a,

@@ -144,6 +144,12 @@ impl Ring {
         }
     }
 
+    /// Hands whatever is queued to the kernel now, doorbell held or not
+    /// (for a submitter about to wait for one of its own requests).
+    pub fn kick(&self) {
+        self.inner.enter();
+    }
+
     /// Waits until no request is in flight.
     pub fn drain(&self) {
         let mut t = self.inner.inflight.lock();
