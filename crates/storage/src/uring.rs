@@ -213,6 +213,10 @@ impl Inner {
         let id = {
             let mut t = self.inflight.lock();
             while t.ops.len() >= ENTRIES as usize {
+                // Some of them may wait behind a held doorbell (ours, or
+                // another submitter's): hand them to the kernel, or no
+                // completion will ever make room.
+                self.enter();
                 self.room.wait(&mut t);
             }
             t.next += 1;
