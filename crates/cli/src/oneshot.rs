@@ -227,6 +227,7 @@ fn measure(
         }
         let mut wcs = vec![WorkCompletion::default(); 64];
         let mut free = Vec::new();
+        let mut unbind = Vec::new();
         while done < commands {
             let n = reap(&a.cq, &mut wcs, &mut calls)?;
             for wc in &wcs[..n] {
@@ -260,29 +261,31 @@ fn measure(
                             .position(|&c| c == id)
                             .context("a reply for no command in flight")?;
                         replied[k] = true;
-                        if sent[k] {
-                            let stag = stags.remove(&id).expect("issued");
-                            a.qp.post_send(&SendWr::local_inv(INV + k as u64, stag))?;
-                            calls.posts += 1;
-                        }
+                        unbind.push(k);
                     }
                 } else if wc.wr_id & !0xffff_ffff == SEND {
                     let k = (wc.wr_id - SEND) as usize;
                     sent[k] = true;
-                    if replied[k] {
-                        let stag = stags.remove(&slot_cmd[k]).expect("issued");
-                        a.qp.post_send(&SendWr::local_inv(INV + k as u64, stag))?;
-                        calls.posts += 1;
-                    }
+                    unbind.push(k);
                 } else if wc.wr_id & !0xffff_ffff == INV {
                     // Unbound: the slot is free.
                     free.push((wc.wr_id - INV) as usize);
                 }
             }
+            // Conventional: a command's Send completion and its reply
+            // both came back: unbind its STag.
+            for k in unbind.drain(..) {
+                if sent[k] && replied[k] {
+                    // (Both may have come in this batch: once.)
+                    sent[k] = false;
+                    replied[k] = false;
+                    let stag = stags.remove(&slot_cmd[k]).expect("issued");
+                    a.qp.post_send(&SendWr::local_inv(INV + k as u64, stag))?;
+                    calls.posts += 1;
+                }
+            }
             for k in free.drain(..) {
                 done += 1;
-                sent[k] = false;
-                replied[k] = false;
                 if next < commands {
                     slot_cmd[k] = next;
                     issue(k, next, &mut calls, &mut stags)?;

@@ -2105,6 +2105,26 @@ fn perftest_summary_parses() {
     assert_eq!(parse_perftest_summary("perftest: x: write_bw client"), None);
 }
 
+/// Builds `tests/guest/NAME.c` against rdma-core into the work directory
+/// (the guest runs the binary from /opt).
+fn build_guest_program(work: &Work, name: &str) -> PathBuf {
+    let src = repo_root().join(format!("crates/cli/tests/guest/{name}.c"));
+    let bin = work.path(name);
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status()
+        .expect("run cc");
+    assert!(
+        st.success(),
+        "building the guest's {name} failed (needs libibverbs-dev and librdmacm-dev: \
+         scripts/setup.sh installs them)"
+    );
+    bin
+}
+
 /// One-shot advertise/close against a standard peer (docs/one-shot.md): a
 /// verbs program on Linux siw in the guest (`tests/guest/oneshot_target.c`,
 /// built here against rdma-core) reads the advertised STag from the start
@@ -2122,20 +2142,7 @@ fn one_shot_against_guest_siw_target() {
     };
     let _serial = lock_guest();
     let work = Work::new("oneshot");
-    let src = repo_root().join("crates/cli/tests/guest/oneshot_target.c");
-    let bin = work.path("oneshot_target");
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .status()
-        .expect("run cc");
-    assert!(
-        st.success(),
-        "building the guest's one-shot target failed (needs libibverbs-dev and librdmacm-dev: \
-         scripts/setup.sh installs them)"
-    );
+    let bin = build_guest_program(&work, "oneshot_target");
     let cases: [(usize, usize); 6] = [
         (4096, 0),
         (65536, 0),
@@ -2308,20 +2315,7 @@ fn guest_siw_client_vs_softrdma_storage_target() {
     };
     let _serial = lock_guest();
     let work = Work::new("storage");
-    let src = repo_root().join("crates/cli/tests/guest/storage_client.c");
-    let bin = work.path("storage_client");
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .status()
-        .expect("run cc");
-    assert!(
-        st.success(),
-        "building the guest's storage client failed (needs libibverbs-dev and librdmacm-dev: \
-         scripts/setup.sh installs them)"
-    );
+    let bin = build_guest_program(&work, "storage_client");
     // Two 8 MiB partitions: the guest's principal may write 0 and read 1.
     const MIB: u64 = 1 << 20;
     let path = work.path("store.img");

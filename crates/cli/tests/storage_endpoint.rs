@@ -121,6 +121,46 @@ fn pattern(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A xorshift generator of numbers below its argument.
+fn rng(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed;
+    move |n| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    }
+}
+
+/// A store opened with O_DIRECT (io_uring required) and alice's
+/// partitions attached locally: (store path, endpoint, device, PD,
+/// session, partition 0's rkey, its offset in the file).
+fn direct_local(
+    w: &Work,
+) -> (
+    std::path::PathBuf,
+    Endpoint,
+    Device,
+    ProtectionDomain,
+    softrdma_storage::endpoint::Session,
+    u32,
+    u64,
+) {
+    let (path, _a, _b) = store(w);
+    let ep = Endpoint::open_with(
+        &path.to_string_lossy(),
+        softrdma_storage::endpoint::Direct::On,
+    )
+    .unwrap();
+    assert!(ep.uses_io_uring(), "io_uring refused by the kernel");
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let s = ep.attach(&pd, "alice").unwrap();
+    let p0 = s.region(0).unwrap().rkey;
+    let off0 = partition_offset(&path, 0);
+    (path, ep, dev, pd, s, p0, off0)
+}
+
 fn partition_offset(path: &Path, i: usize) -> u64 {
     Store::open(path).unwrap().layout().partitions[i].offset
 }
@@ -360,27 +400,13 @@ fn direct_io_is_coherent_with_buffered() {
 /// the file.
 #[test]
 fn relaxed_direct_io_through_io_uring() {
-    use softrdma_storage::endpoint::Direct;
     let w = Work::new("storage-uring");
-    let (path, _a, _b) = store(&w);
-    let ep = Endpoint::open_with(&path.to_string_lossy(), Direct::On).unwrap();
-    assert!(ep.uses_io_uring(), "io_uring refused by the kernel");
-    let dev = Device::open_default().unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let s = ep.attach(&pd, "alice").unwrap();
-    let p0 = s.region(0).unwrap().rkey;
-    let off0 = partition_offset(&path, 0);
+    let (path, _ep, dev, pd, _s, p0, off0) = direct_local(&w);
     let (qp, cq) = local_qp(&dev, &pd, true);
     const SPAN: usize = 4 << 20;
     const SLOT: usize = 64 << 10;
     let mut model = file_bytes(&path, off0, SPAN);
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut rnd = rng(0x2545_f491_4f6c_dd1du64);
     let src = pd.alloc_mr(48 * SLOT, Access::LOCAL_WRITE).unwrap();
     let dst = pd.alloc_mr(48 * SLOT, Access::LOCAL_WRITE).unwrap();
     let (mut aligned, mut unaligned) = (0, 0);
@@ -478,26 +504,13 @@ fn relaxed_direct_io_through_io_uring() {
 /// that round gave it.
 #[test]
 fn buffered_and_direct_writes_of_one_page_do_not_collide() {
-    use softrdma_storage::endpoint::Direct;
     let w = Work::new("storage-collide");
-    let (path, _a, _b) = store(&w);
-    let ep = Endpoint::open_with(&path.to_string_lossy(), Direct::On).unwrap();
-    let dev = Device::open_default().unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let s = ep.attach(&pd, "alice").unwrap();
-    let p0 = s.region(0).unwrap().rkey;
+    let (path, _ep, dev, pd, _s, p0, off0) = direct_local(&w);
     let (qp, cq) = local_qp(&dev, &pd, true);
     const WIN: usize = 64 << 10;
     let src = pd.alloc_mr(32 * WIN, Access::LOCAL_WRITE).unwrap();
     let dst = pd.alloc_mr(8 * WIN, Access::LOCAL_WRITE).unwrap();
-    let off0 = partition_offset(&path, 0);
-    let mut x = 0xdead_beef_1234_5678u64;
-    let mut rnd = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut rnd = rng(0xdead_beef_1234_5678u64);
     for round in 0..60u64 {
         let base = (round as usize % 32) * WIN;
         // Per byte of the window: the values this round's Writes gave it.
@@ -565,16 +578,8 @@ fn buffered_and_direct_writes_of_one_page_do_not_collide() {
 /// one), and the file must end as the last Writes left it.
 #[test]
 fn strict_direct_io_pipelines_in_order() {
-    use softrdma_storage::endpoint::Direct;
     let w = Work::new("storage-strict-uring");
-    let (path, _a, _b) = store(&w);
-    let ep = Endpoint::open_with(&path.to_string_lossy(), Direct::On).unwrap();
-    assert!(ep.uses_io_uring(), "io_uring refused by the kernel");
-    let dev = Device::open_default().unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let s = ep.attach(&pd, "alice").unwrap();
-    let p0 = s.region(0).unwrap().rkey;
-    let off0 = partition_offset(&path, 0);
+    let (path, _ep, dev, pd, _s, p0, off0) = direct_local(&w);
     let cq = dev.create_cq(1024).unwrap();
     let mut attr = QpInitAttr::new(&cq);
     attr.caps.max_send_wr = 1024;
@@ -584,13 +589,7 @@ fn strict_direct_io_pipelines_in_order() {
     const SPAN: usize = 16 * BLK;
     const OPS: usize = 400;
     let mut model = file_bytes(&path, off0, SPAN);
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rnd = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut rnd = rng(0x9e37_79b9_7f4a_7c15u64);
     let src = pd.alloc_mr(OPS * 4 * BLK, Access::LOCAL_WRITE).unwrap();
     let dst = pd.alloc_mr(OPS * 4 * BLK, Access::LOCAL_WRITE).unwrap();
     let mut reads = Vec::new();
@@ -673,13 +672,7 @@ fn remote_direct_writes_are_queued_in_order() {
     const BLK: usize = 4096;
     const SPAN: usize = 16 * BLK;
     const OPS: usize = 600;
-    let mut x = 0x1234_5678_9abc_def1u64;
-    let mut rnd = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut rnd = rng(0x1234_5678_9abc_def1u64);
     // Strict.
     let c = client();
     let p0 = connect(&c.qp, addr, &alice, false).unwrap()[0].rkey;

@@ -208,18 +208,7 @@ impl RegionBackend for PartitionBackend {
         };
         match (&self.pipe, self.file.direct_for(at, total)) {
             (Some(p), Some(_)) => p.submit(at, data, done),
-            _ => {
-                let mut r = Ok(());
-                let mut o = off;
-                for d in data {
-                    r = self.write_at(o, d);
-                    if r.is_err() {
-                        break;
-                    }
-                    o += d.len() as u64;
-                }
-                done(r.map(|()| &[][..]))
-            }
+            _ => done(softrdma_verbs::write_each(self, off, data).map(|()| &[][..])),
         }
     }
     fn submit_read(&self, off: u64, len: usize, done: IoDone) {

@@ -276,6 +276,8 @@ impl Inner {
 
     /// The completion thread.
     fn reap(&self) {
+        // Completions taken off the queue in one pass (kept across passes).
+        let mut ended = Vec::new();
         loop {
             // Wait only: submitting is the submitters' business (and
             // would contend for the ring's submission lock with them).
@@ -291,7 +293,6 @@ impl Inner {
                     tracing::error!("io_uring wait failed: {e}");
                 }
             }
-            let mut ended = Vec::new();
             {
                 // SAFETY: only this thread ever looks at the completion
                 // queue.
@@ -301,7 +302,7 @@ impl Inner {
                 }
             }
             let mut stop = false;
-            for (id, res) in ended {
+            for (id, res) in ended.drain(..) {
                 if id == WAKE {
                     stop = true;
                     continue;

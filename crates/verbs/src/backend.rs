@@ -75,16 +75,7 @@ pub trait RegionBackend: Send + Sync + 'static {
     /// when it is stored. The slices need only live for this call (a
     /// backend copies what it keeps). Default: `write_at`, then `done`.
     fn submit_write(&self, offset: u64, data: &[&[u8]], done: IoDone) {
-        let mut at = offset;
-        let mut r = Ok(());
-        for d in data {
-            r = self.write_at(at, d);
-            if r.is_err() {
-                break;
-            }
-            at += d.len() as u64;
-        }
-        done(r.map(|()| &[][..]))
+        done(write_each(self, offset, data).map(|()| &[][..]))
     }
     /// Starts reading `len` bytes at `offset`; `done` gets them. Default:
     /// `read_at`, then `done`.
@@ -93,4 +84,20 @@ pub trait RegionBackend: Send + Sync + 'static {
         let r = self.read_at(offset, &mut v);
         done(r.map(|()| &v[..]))
     }
+}
+
+/// Writes the concatenation of `data` at `offset` with
+/// [`RegionBackend::write_at`], piece by piece (what a synchronous
+/// `submit_write` does).
+pub fn write_each<B: RegionBackend + ?Sized>(
+    b: &B,
+    offset: u64,
+    data: &[&[u8]],
+) -> std::io::Result<()> {
+    let mut at = offset;
+    for d in data {
+        b.write_at(at, d)?;
+        at += d.len() as u64;
+    }
+    Ok(())
 }

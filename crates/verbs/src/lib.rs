@@ -72,7 +72,7 @@ mod srq;
 mod sys;
 mod wr;
 
-pub use backend::{IoDone, RegionBackend};
+pub use backend::{write_each, IoDone, RegionBackend};
 pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{

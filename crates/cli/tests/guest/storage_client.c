@@ -175,13 +175,7 @@ static int try_post(struct conn *c, enum ibv_wr_opcode op, uint64_t wr_id, uint8
 
 static void post(struct conn *c, enum ibv_wr_opcode op, uint64_t wr_id, uint8_t *local,
 		 uint32_t len, uint32_t stag, uint64_t raddr) {
-	struct ibv_sge s = { .addr = (uintptr_t)local, .length = len, .lkey = c->mr->lkey };
-	struct ibv_send_wr wr = {
-		.wr_id = wr_id, .sg_list = &s, .num_sge = 1, .opcode = op,
-		.send_flags = IBV_SEND_SIGNALED,
-		.wr.rdma = { .remote_addr = raddr, .rkey = stag },
-	}, *bad;
-	if (ibv_post_send(c->id->qp, &wr, &bad))
+	if (try_post(c, op, wr_id, local, len, stag, raddr))
 		DIE("ibv_post_send (opcode %d, wr %llu) failed", op, (unsigned long long)wr_id);
 }
 
