@@ -4,12 +4,12 @@
 #
 #   scripts/setup.sh          # as root; idempotent; quick when all is there
 #
-# - Debian packages: protoc and the protobuf well-known types (etcd-client's
-#   build script imports google/protobuf/*.proto, shipped in libprotobuf-dev,
-#   which --no-install-recommends would skip), etcd, tshark (wire
-#   checks in the interop tests), fio, redis, iproute2, ucx-utils, hyperfine
-#   (side-by-side peers), build-essential (the linker Rust needs), mount
-#   (losetup: the storage tests put a store on a loop device).
+# - Debian packages: etcd (the store's etcd coordinator is tested against a
+#   real one; building needs no protoc: the coordinator speaks etcd's JSON
+#   gateway), tshark (wire checks in the interop tests), fio, redis,
+#   iproute2, ucx-utils, hyperfine (side-by-side peers), build-essential
+#   (the linker Rust needs), mount (losetup: the storage tests put a store
+#   on a loop device), rdma-core's headers (guest test programs).
 # - Rust via rustup, only when no cargo is found (Debian's cargo is too old).
 # - The guest: ../shared/kvm-rdma/build.sh (root + apt; about a minute).
 #
@@ -19,7 +19,7 @@ set -euo pipefail
 
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null || (cd "$(dirname "$0")/.." && pwd))
 SHARED=${SOFTRDMA_SHARED:-$ROOT/../shared}
-PKGS=(protobuf-compiler libprotobuf-dev etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential mount libibverbs-dev librdmacm-dev)
+PKGS=(etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential mount libibverbs-dev librdmacm-dev)
 LOG=$(mktemp /tmp/softrdma-setup.XXXXXX.log)
 trap 'rm -f "$LOG"' EXIT
 
@@ -80,8 +80,6 @@ if [ -d /run/systemd/system ]; then
 fi
 
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || die "etcd binary not found after installing etcd-server"
-command -v protoc >/dev/null || die "protoc not found after installing protobuf-compiler"
-[ -f /usr/include/google/protobuf/descriptor.proto ] || die "google/protobuf/descriptor.proto missing (libprotobuf-dev)"
 command -v tshark >/dev/null || die "tshark not found after installing tshark"
 
 # --- Rust ------------------------------------------------------------------

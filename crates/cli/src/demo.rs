@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -44,6 +44,23 @@ pub struct Args {
     /// on success).
     #[arg(long)]
     workdir: Option<PathBuf>,
+}
+
+/// The demo process's own log file (`demo.log` in the work directory),
+/// once the directory is known; log lines before that are dropped.
+static LOG: OnceLock<std::fs::File> = OnceLock::new();
+
+/// Where `main` sends the demo's log lines.
+pub struct LogFile;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogFile {
+    type Writer = Box<dyn Write + 'a>;
+    fn make_writer(&'a self) -> Self::Writer {
+        match LOG.get() {
+            Some(f) => Box::new(f),
+            None => Box::new(std::io::sink()),
+        }
+    }
 }
 
 struct Proc {
@@ -168,6 +185,9 @@ pub fn run(a: Args) -> Result<()> {
             tmp.clone()
         }
     };
+    if let Ok(f) = std::fs::File::create(dir.join("demo.log")) {
+        let _ = LOG.set(f);
+    }
     println!("softrdma demo: HA remote memory store, failover under load");
     let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
     let n1: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
@@ -234,6 +254,8 @@ pub fn run(a: Args) -> Result<()> {
     let mut events: Vec<String> = Vec::new();
     let mut rejoin_started: Option<Instant> = None;
     let mut restarted = false;
+    let mut promoted: Option<f64> = None;
+    let mut kill_t = 0.0;
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(line) => {
@@ -277,6 +299,7 @@ pub fn run(a: Args) -> Result<()> {
                                 format!("  ! {t:.1} s: killed the primary, node {p} (SIGKILL)"),
                             );
                             killed = Some((p, Instant::now()));
+                            kill_t = t;
                         }
                     }
                     Some("summary") => {
@@ -290,6 +313,30 @@ pub fn run(a: Args) -> Result<()> {
         }
         // Restart the killed node once the survivor has taken over.
         if let Some((p, at)) = killed {
+            if promoted.is_none() {
+                let st: Vec<_> = probe
+                    .status_all()
+                    .into_iter()
+                    .filter_map(|(_, r)| r.ok())
+                    .collect();
+                if let Some(s) = st.iter().find(|s| s.role == PRIMARY && s.node != p) {
+                    let ms = at.elapsed().as_secs_f64() * 1e3;
+                    promoted = Some(ms);
+                    say(
+                        &bar,
+                        format!(
+                            "  > node {} took over as primary (epoch {}) {ms:.0} ms after the kill; \
+                             clients saw node {p}'s connections reset and failed over",
+                            s.node, s.epoch
+                        ),
+                    );
+                    events.push(format!(
+                        "{:.1} s: node {} promoted to primary ({ms:.0} ms after the kill)",
+                        kill_t + ms / 1e3,
+                        s.node
+                    ));
+                }
+            }
             if !restarted && at.elapsed() > Duration::from_millis(1500) {
                 restarted = true;
                 let cfg = if p == 1 { &c1 } else { &c2 };

@@ -277,6 +277,9 @@ struct Worker {
     bufs: HashMap<u64, HeapBuf>,
     next_id: u64,
     out_qp: Option<(QueuePair, softrdma_verbs::CompletionQueue)>,
+    /// Connection parameters: extensions (and so the same-host transport,
+    /// where the peer offers it too) when started with `--same-host`.
+    params: ConnParams,
     in_qp: Arc<parking_lot::Mutex<Vec<QueuePair>>>,
     next_wr: u64,
     scratch: Option<HeapBuf>,
@@ -306,6 +309,10 @@ fn worker(name: &str, same_host: bool) -> Result<()> {
         in_qp: Arc::new(parking_lot::Mutex::new(Vec::new())),
         next_wr: 1,
         scratch: None,
+        params: ConnParams {
+            extensions: same_host,
+            ..Default::default()
+        },
     };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
@@ -402,11 +409,12 @@ impl Worker {
                 let pd = self.heap.pd().clone();
                 let cq = self.dev.create_cq(64)?;
                 let keep = self.in_qp.clone();
+                let params = self.params.clone();
                 std::thread::spawn(move || {
                     let run = || -> Result<()> {
                         let req = l.get_request()?;
                         let qp = pd.create_qp(QpInitAttr::new(&cq))?;
-                        req.accept(&qp, &ConnParams::default())?;
+                        req.accept(&qp, &params)?;
                         keep.lock().push(qp);
                         Ok(())
                     };
@@ -421,9 +429,10 @@ impl Worker {
                 let pd = self.heap.pd().clone();
                 let cq = self.dev.create_cq(64)?;
                 let qp = pd.create_qp(QpInitAttr::new(&cq))?;
-                qp.connect(format!("127.0.0.1:{port}"), &ConnParams::default())?;
+                qp.connect(format!("127.0.0.1:{port}"), &self.params)?;
+                let same_host = qp.conn_params().is_some_and(|n| n.same_host);
                 self.out_qp = Some((qp, cq));
-                json!({"ok": true})
+                json!({"ok": true, "same_host": same_host})
             }
             // write <id> <remote_addr> <rkey>: RDMA Write of the whole
             // buffer into the peer's memory, completion awaited.

@@ -73,10 +73,21 @@ fn main() {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    if matches!(cli.cmd, Cmd::Demo(_)) {
+        // The demo's terminal shows progress and the summary; its own log
+        // lines (the expected connection reset when it kills the primary
+        // among them) go to demo.log in its work directory.
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(demo::LogFile)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let res = match cli.cmd {
         Cmd::Info(a) => info::run(a),
         Cmd::Rping(a) => rping::run(a),

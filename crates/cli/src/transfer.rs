@@ -30,6 +30,14 @@ enum Cmd {
         /// Size of the scattered transfer (default 1GiB).
         #[arg(long, default_value_t = 1 << 30)]
         big: u64,
+        /// Mutation testing of the bench's own checks (tests only):
+        /// `no-flush` inspects the target without flushing first,
+        /// `corrupt:STAGE` flips one byte of the target (or, for
+        /// `scattered-read`, of the local buffers) just before the check of
+        /// STAGE (`one-by-one`, `coalesced`, `scattered-write`,
+        /// `scattered-read`). Each must make the bench fail.
+        #[arg(long, hide = true, value_delimiter = ',')]
+        mutate: Vec<String>,
     },
     /// One-shot advertise/close against the conventional fast-register +
     /// Send + Local Invalidate, as an iSER-like write: driver calls per
@@ -130,6 +138,63 @@ fn emit(json: bool, v: serde_json::Value) {
     }
 }
 
+/// Makes sure every RDMA Write posted on `p.qp` before it is placed in
+/// the target's memory (an RDMA Write completion at the initiator only says
+/// that the source buffer may be reused; see [`exec::flush`]).
+fn flush(p: &Pair, raddr: u64, rkey: u32) -> Result<()> {
+    Ok(exec::flush(&p.qp, &p.cq, raddr, rkey, T)?)
+}
+
+/// The bench's mutations (see `--mutate`).
+struct Mutations {
+    no_flush: bool,
+    corrupt: Vec<String>,
+}
+
+impl Mutations {
+    fn parse(m: &[String]) -> Result<Mutations> {
+        let mut out = Mutations {
+            no_flush: false,
+            corrupt: Vec::new(),
+        };
+        for x in m {
+            match x.split_once(':') {
+                None if x == "no-flush" => out.no_flush = true,
+                Some(("corrupt", st))
+                    if [
+                        "one-by-one",
+                        "coalesced",
+                        "scattered-write",
+                        "scattered-read",
+                    ]
+                    .contains(&st) =>
+                {
+                    out.corrupt.push(st.to_string())
+                }
+                _ => bail!("unknown mutation {x:?}"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Flushes unless mutated not to.
+    fn flush(&self, p: &Pair, raddr: u64, rkey: u32) -> Result<()> {
+        if self.no_flush {
+            return Ok(());
+        }
+        flush(p, raddr, rkey)
+    }
+
+    /// Flips byte `at` of `mr` if `stage` is to be corrupted.
+    fn corrupt(&self, stage: &str, mr: &MemoryRegion, at: usize) {
+        if self.corrupt.iter().any(|s| s == stage) {
+            let mut b = [0u8];
+            mr.read_at(at, &mut b);
+            mr.write_at(at, &[!b[0]]);
+        }
+    }
+}
+
 fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -167,8 +232,13 @@ fn one_by_one(p: &Pair, local: &MemoryRegion, rkey: u32, raddr: u64, n: usize) -
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let (json, rounds, big) = match a.cmd {
-        Cmd::Bench { json, rounds, big } => (json, rounds, big),
+    let (json, rounds, big, mutate) = match a.cmd {
+        Cmd::Bench {
+            json,
+            rounds,
+            big,
+            mutate,
+        } => (json, rounds, big, Mutations::parse(&mutate)?),
         Cmd::Oneshot {
             json,
             commands,
@@ -186,7 +256,13 @@ pub fn run(a: Args) -> Result<()> {
             .spd
             .alloc_mr(n * 64, Access::REMOTE_WRITE | Access::REMOTE_READ)?;
         let (rkey, raddr) = (remote.rkey(), remote.addr());
+        let zeros = vec![0u8; n * 64];
+        // Every check first flushes (placement before inspection), and the
+        // target is cleared before each measurement, so each check sees
+        // only the bytes of its own run.
         let check = |what: &str| -> Result<()> {
+            mutate.flush(&p, raddr, rkey)?;
+            mutate.corrupt(what, &remote, 1234 * 64 + 17);
             let got = remote.to_vec();
             for i in 0..n {
                 if got[i * 64..i * 64 + 64] != pat[i * 128..i * 128 + 64] {
@@ -196,12 +272,13 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         };
         // One by one.
+        remote.write_at(0, &zeros);
         let t0 = Instant::now();
         for _ in 0..rounds {
             one_by_one(&p, &local, rkey, raddr, n)?;
         }
         let s1 = t0.elapsed().as_secs_f64();
-        check("one by one")?;
+        check("one-by-one")?;
         let ops1 = (n * rounds) as f64 / s1;
         emit(
             json,
@@ -223,6 +300,7 @@ pub fn run(a: Args) -> Result<()> {
         let limits = Limits::of_device(p.qp.pd().device(), SLOTS);
         let p_wrs = Planner::new(limits, transfers.clone()).announced().0;
         let mut done = 0usize;
+        remote.write_at(0, &zeros);
         let t0 = Instant::now();
         for _ in 0..rounds {
             let st = exec::run(
@@ -329,10 +407,17 @@ pub fn run(a: Args) -> Result<()> {
                     st.bytes
                 );
             }
-            // Byte for byte.
+            // Byte for byte (a Read completion means the bytes are in the
+            // local buffers; a Write completion does not mean they are in
+            // the target's: flush first).
             let ok = match op {
-                Op::Write => rbig.to_vec() == want,
+                Op::Write => {
+                    mutate.flush(&p, rbig.addr(), rbig.rkey())?;
+                    mutate.corrupt("scattered-write", &rbig, big as usize / 2);
+                    rbig.to_vec() == want
+                }
                 Op::Read => {
+                    mutate.corrupt("scattered-read", &scattered, 0);
                     let mut got = Vec::with_capacity(big as usize);
                     for s in &sgl {
                         let mut b = vec![0; s.length as usize];

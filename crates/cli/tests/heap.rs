@@ -130,7 +130,13 @@ fn four_processes_write_into_each_other() {
     let mut w: Vec<Worker> = (0..4).map(|k| Worker::start(&name, k < 2, &[])).collect();
     let ports: Vec<u64> = w.iter_mut().map(|x| u(&x.ask("listen"), "port")).collect();
     for k in 0..4 {
-        w[k].ask(&format!("connect {}", ports[(k + 1) % 4]));
+        let r = w[k].ask(&format!("connect {}", ports[(k + 1) % 4]));
+        assert_eq!(
+            r["same_host"],
+            k == 0,
+            "connection {k} -> {}: {r}",
+            (k + 1) % 4
+        );
     }
     // Each allocates buffers of several sizes (several classes and blocks,
     // one multi-unit block).

@@ -36,6 +36,33 @@ fn transfer_bench_reports_and_checks() {
     }
 }
 
+/// The bench's own checks can fail: one flipped byte of the target (or, for
+/// the Read, of the local buffers), flipped after the Flush that proves
+/// placement and before the check, makes the bench exit non-zero and name
+/// that stage. The coalesced check runs on a target cleared after the
+/// one-by-one run, so it cannot pass on the earlier run's bytes.
+/// (`--mutate no-flush` skips the Flush; whether the check then sees
+/// unplaced bytes is a race, so it is for runs by hand, not for this test.)
+#[test]
+fn transfer_bench_checks_catch_misplaced_bytes() {
+    for (stage, want) in [
+        ("one-by-one", "one-by-one: write 1234 landed wrong"),
+        ("coalesced", "coalesced: write 1234 landed wrong"),
+        ("scattered-write", "scattered Write: bytes differ"),
+        ("scattered-read", "scattered Read: bytes differ"),
+    ] {
+        let mutate = format!("corrupt:{stage}");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args(["transfer", "bench", "--json", "--rounds", "1"])
+            .args(["--big", "4194304", "--mutate", &mutate])
+            .output()
+            .expect("run softrdma");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--mutate {mutate}: the bench passed");
+        assert!(err.contains(want), "--mutate {mutate}: {err}");
+    }
+}
+
 /// `softrdma transfer oneshot --json`: the iSER-like write both ways at
 /// 4 KiB and 64 KiB, one command at a time and 16 in flight; the one-shot
 /// initiator makes fewer driver calls per command (advertise, the reply

@@ -52,6 +52,43 @@ pub struct Progress {
     pub completed: usize,
 }
 
+/// WR id of the Flush posted by [`flush`].
+pub const FLUSH_WR_ID: u64 = u64::MAX;
+
+/// Returns once every RDMA Write posted on `qp` before the call is placed
+/// in the target's memory. A Write's completion only frees its source
+/// buffers (the target may not have placed it yet); a Flush (a zero-length
+/// RDMA Read of `rkey` at `remote_addr`) is answered only after everything
+/// before it on the connection was placed, so its completion is the proof.
+/// `cq` receives `qp`'s send completions and is used by nothing else
+/// meanwhile; other successful completions reaped while waiting are
+/// dropped, a failed one is an error.
+pub fn flush(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote_addr: u64,
+    rkey: u32,
+    timeout: Duration,
+) -> Result<(), ExecError> {
+    qp.post_send(&SendWr::flush(FLUSH_WR_ID, remote_addr, rkey))?;
+    loop {
+        let wc = match cq.poll_one() {
+            Some(wc) => wc,
+            None => cq.wait_one(timeout).ok_or(ExecError::Timeout(timeout))?,
+        };
+        if wc.status != WcStatus::Success {
+            return Err(ExecError::Failed {
+                wr: wc.wr_id,
+                transfers: Vec::new(),
+                status: wc.status,
+            });
+        }
+        if wc.wr_id == FLUSH_WR_ID {
+            return Ok(());
+        }
+    }
+}
+
 /// Runs every transfer of `planner` on `qp` (whose send completions go to
 /// `cq`, used by nothing else meanwhile); calls `done(i)` once per
 /// transfer `i`, when all of its WRs have completed (an empty transfer at

@@ -109,10 +109,14 @@ fn random_transfers_move_every_byte_and_report_once() {
         // A Write's completion means sent, not placed: a Flush (a
         // zero-length Read, answered after every earlier Write is placed)
         // before looking at the remote memory.
-        qp.post_send(&SendWr::flush(u64::MAX, remote.addr(), remote.rkey()))
-            .unwrap();
-        let wc = cq.wait_one(Duration::from_secs(20)).unwrap();
-        assert_eq!((wc.wr_id, wc.status), (u64::MAX, WcStatus::Success));
+        exec::flush(
+            &qp,
+            &cq,
+            remote.addr(),
+            remote.rkey(),
+            Duration::from_secs(20),
+        )
+        .unwrap();
         let image = remote.to_vec();
         for t in &ts {
             let mut at = (t.remote_addr - remote.addr()) as usize;

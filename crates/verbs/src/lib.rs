@@ -39,6 +39,32 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## What a completion promises
+//!
+//! As in RFC 5040 (RDMAP, section 5: a Data Source's completion of an RDMA
+//! Write says nothing about the Data Sink, which is never notified) and as
+//! Linux siw implements it (`siw_qp_tx.c` completes a Write once its last
+//! FPDU is handed to TCP):
+//!
+//! * **RDMA Write / Send completion at the initiator**: the source buffers
+//!   may be reused. Nothing more: the target may not have placed the bytes
+//!   yet (they can sit in socket buffers or in the target's receive path),
+//!   and a remote failure after that point is reported by a Terminate, not
+//!   by this completion. Do not inspect the target's memory on the strength
+//!   of it.
+//! * **Placement is proven by** the completion of a later RDMA Read on the
+//!   same QP (a target answers a Read Request only after everything before
+//!   it on the stream was placed; [`SendWr::flush`] is the zero-length one
+//!   for exactly this), or by the target's own receive completion of a later
+//!   Send (or Write with Immediate Data) on the same QP, after which the
+//!   target may look, and answer.
+//! * **RDMA Read completion**: the bytes are in the local buffer.
+//! * **Receive completion**: the message and every Write before it on the
+//!   same QP are placed.
+//! * On the same-host transport a Write is copied into the peer's memory by
+//!   the posting thread, so placement happens before the completion; code
+//!   must not rely on it, since the same program over TCP would race.
+//!
 //! ## Safety model
 //!
 //! Posting is safe: a work request names memory by lkey, and the engine

@@ -147,6 +147,10 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
+    /// An RDMA Write of `sgl` to `remote_addr` under `rkey`. Its completion
+    /// frees the source buffers; it does not say the bytes are placed at the
+    /// target (crate docs, "What a completion promises": follow it with a
+    /// [`SendWr::flush`] or a Send the target answers).
     pub fn write(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: u32) -> SendWr {
         SendWr {
             wr_id,

@@ -11,20 +11,36 @@
 //!
 //! Every change is one transaction guarded by compares (put-if-absent for
 //! `leader`, compare-and-set on `state`'s `mod_revision`), so the rules of
-//! [`crate::coord`] hold under concurrency. etcd leases have a granularity
+//! [`crate::coord`] hold under concurrency. Both keys are read in one
+//! transaction, so a snapshot is consistent. etcd leases have a granularity
 //! of one second (and etcd enforces a minimum of a few seconds), so
 //! failover with etcd takes seconds, not the embedded coordinator's
 //! sub-second time.
 //!
-//! `etcd-client` is async; tokio is confined to this file: the coordinator
-//! owns a small current-thread runtime and blocks on it, so the rest of the
-//! store stays thread-based.
+//! ## Transport: etcd's JSON gateway
+//!
+//! etcd serves its v3 API twice on the client port: as gRPC and as JSON
+//! over HTTP/1.1 (the "gRPC gateway", `POST /v3/kv/range`, `/v3/kv/txn`,
+//! `/v3/lease/grant`, `/v3/lease/keepalive`, `/v3/lease/revoke`; documented
+//! at <https://etcd.io/docs/v3.4/dev-guide/api_grpc_gateway/>, present in
+//! every etcd since 3.3). We use the JSON form: a gRPC client needs code
+//! generated from etcd's `.proto` files at build time, which needs
+//! `protoc`, which a fresh machine does not have; the JSON form needs only
+//! a blocking HTTP client (`ureq`, kept-alive connections), `serde_json`
+//! and `base64`. Keys and values travel base64-encoded, 64-bit integers as
+//! decimal strings, and fields equal to zero/false are omitted by the
+//! server (so a missing field reads as its default).
+//!
+//! Several endpoints may be given; a request that cannot reach one
+//! endpoint is retried on the next.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde_json::{json, Value};
 
 use super::{Campaign, CoordError, Coordinator, GroupRecord};
 use crate::proto::Member;
@@ -47,10 +63,197 @@ fn parse_member(s: &str) -> Option<Option<Member>> {
     }))
 }
 
-fn io(e: etcd_client::Error) -> CoordError {
-    CoordError::Io(format!("etcd: {e}"))
+/// An int64 field of a gateway answer: a decimal string, a number, or
+/// absent (zero).
+fn int(v: &Value, field: &str) -> Result<i64, CoordError> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::String(s)) => s
+            .parse()
+            .map_err(|_| CoordError::Protocol(format!("etcd: {field} is not an integer: {s:?}"))),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .ok_or_else(|| CoordError::Protocol(format!("etcd: {field} out of range: {n}"))),
+        Some(o) => Err(CoordError::Protocol(format!(
+            "etcd: {field} has an unexpected type: {o}"
+        ))),
+    }
 }
 
+fn b64(s: &str) -> String {
+    B64.encode(s.as_bytes())
+}
+
+/// One key-value of a range answer: `(value, mod_revision, lease)`.
+fn kv_of(range: &Value, what: &str) -> Result<Option<(String, i64, i64)>, CoordError> {
+    let Some(kv) = range
+        .get("kvs")
+        .and_then(|k| k.as_array())
+        .and_then(|a| a.first())
+    else {
+        return Ok(None);
+    };
+    let bad = || CoordError::Protocol(format!("malformed etcd value of {what}"));
+    let raw = kv.get("value").and_then(|v| v.as_str()).unwrap_or("");
+    let bytes = B64.decode(raw).map_err(|_| bad())?;
+    let value = String::from_utf8(bytes).map_err(|_| bad())?;
+    Ok(Some((value, int(kv, "mod_revision")?, int(kv, "lease")?)))
+}
+
+/// A blocking client of etcd's JSON gateway.
+struct Gateway {
+    agent: ureq::Agent,
+    endpoints: Vec<String>,
+    /// Index of the endpoint that answered last.
+    current: Mutex<usize>,
+}
+
+impl Gateway {
+    fn new(endpoints: &[String]) -> Result<Gateway, CoordError> {
+        if endpoints.is_empty() {
+            return Err(CoordError::Setup("etcd: no endpoints given".into()));
+        }
+        let endpoints = endpoints
+            .iter()
+            .map(|e| {
+                let e = e.trim_end_matches('/');
+                if e.starts_with("https://") {
+                    Err(CoordError::Setup(format!(
+                        "etcd endpoint {e}: TLS is not supported; use an http:// endpoint"
+                    )))
+                } else if e.starts_with("http://") {
+                    Ok(e.to_string())
+                } else {
+                    Ok(format!("http://{e}"))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .build();
+        Ok(Gateway {
+            agent,
+            endpoints,
+            current: Mutex::new(0),
+        })
+    }
+
+    /// `POST path` with a JSON body; the answer's JSON. An endpoint that
+    /// cannot be reached is skipped; an error answer is returned as is.
+    fn call(&self, path: &str, body: &Value) -> Result<Value, CoordError> {
+        let body = body.to_string();
+        let start = *self.current.lock().unwrap();
+        let n = self.endpoints.len();
+        let mut last = String::new();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let url = format!("{}{path}", self.endpoints[i]);
+            let text = match self
+                .agent
+                .post(&url)
+                .set("Content-Type", "application/json")
+                .send_string(&body)
+            {
+                Ok(r) => r.into_string(),
+                Err(ureq::Error::Status(code, r)) => {
+                    let text = r.into_string().unwrap_or_default();
+                    let msg = serde_json::from_str::<Value>(&text)
+                        .ok()
+                        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+                        .unwrap_or(text);
+                    return Err(CoordError::Io(format!("etcd {url}: HTTP {code}: {msg}")));
+                }
+                Err(ureq::Error::Transport(t)) => {
+                    last = format!("etcd {url}: {t}");
+                    continue;
+                }
+            };
+            let text = text.map_err(|e| CoordError::Io(format!("etcd {url}: {e}")))?;
+            *self.current.lock().unwrap() = i;
+            // A streaming call (keepalive) answers one JSON object per
+            // line; we send one request, so the first line is the answer.
+            let first = text.lines().next().unwrap_or("");
+            return serde_json::from_str(first).map_err(|e| {
+                CoordError::Protocol(format!("etcd {url}: not JSON ({e}): {first:.200}"))
+            });
+        }
+        Err(CoordError::Io(last))
+    }
+
+    fn txn(&self, compare: Vec<Value>, success: Vec<Value>) -> Result<Value, CoordError> {
+        self.call(
+            "/v3/kv/txn",
+            &json!({ "compare": compare, "success": success }),
+        )
+    }
+
+    fn lease_grant(&self, ttl_secs: i64) -> Result<i64, CoordError> {
+        let r = self.call("/v3/lease/grant", &json!({ "TTL": ttl_secs }))?;
+        if let Some(e) = r
+            .get("error")
+            .and_then(|e| e.as_str())
+            .filter(|e| !e.is_empty())
+        {
+            return Err(CoordError::Io(format!("etcd lease grant: {e}")));
+        }
+        match int(&r, "ID")? {
+            0 => Err(CoordError::Protocol(
+                "etcd lease grant without an ID".into(),
+            )),
+            id => Ok(id),
+        }
+    }
+
+    fn lease_revoke(&self, id: i64) -> Result<(), CoordError> {
+        match self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() })) {
+            Ok(_) => Ok(()),
+            // Already gone (expired or revoked): what we wanted.
+            Err(CoordError::Io(e)) if e.contains("lease not found") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Renews lease `id`; its remaining TTL in seconds (0: gone).
+    fn lease_keep_alive(&self, id: i64) -> Result<i64, CoordError> {
+        let r = self.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        match r.get("result") {
+            Some(res) => int(res, "TTL"),
+            None => Err(CoordError::Protocol(format!(
+                "etcd keepalive: unexpected answer {r}"
+            ))),
+        }
+    }
+}
+
+fn cmp_eq(target: &str, key: &str, field: &str, value: i64) -> Value {
+    json!({ "target": target, "result": "EQUAL", "key": b64(key), field: value.to_string() })
+}
+
+fn put(key: &str, value: &str, lease: i64) -> Value {
+    let mut p = json!({ "key": b64(key), "value": b64(value) });
+    if lease != 0 {
+        p["lease"] = json!(lease.to_string());
+    }
+    json!({ "request_put": p })
+}
+
+fn range(key: &str) -> Value {
+    json!({ "request_range": { "key": b64(key) } })
+}
+
+fn succeeded(r: &Value) -> bool {
+    r.get("succeeded")
+        .and_then(|s| s.as_bool())
+        .unwrap_or(false)
+}
+
+fn revision(r: &Value) -> Result<u64, CoordError> {
+    let h = r
+        .get("header")
+        .ok_or_else(|| CoordError::Protocol("etcd answer without header".into()))?;
+    Ok(int(h, "revision")? as u64)
+}
 /// Current state of a group as read from etcd.
 struct Snapshot {
     /// `(mod_revision, primary, in_sync)` of `state`, if present.
@@ -72,59 +275,59 @@ impl Snapshot {
 
 /// A [`Coordinator`] backed by etcd.
 pub struct EtcdCoordinator {
-    rt: tokio::runtime::Runtime,
-    client: Mutex<Client>,
+    gw: Gateway,
+    /// Serialises this coordinator's read-then-transact sequences (their
+    /// safety comes from etcd's compares; this only keeps one node's own
+    /// calls from interleaving).
+    op: Mutex<()>,
     /// Lease granted per group by this coordinator.
     leases: Mutex<BTreeMap<String, i64>>,
     prefix: String,
 }
 
 impl EtcdCoordinator {
-    /// Connects to `endpoints` (e.g. `["http://127.0.0.1:2379"]`).
+    /// Connects to `endpoints` (e.g. `["http://127.0.0.1:2379"]`) and checks
+    /// that one of them answers.
     pub fn connect(endpoints: &[String]) -> Result<EtcdCoordinator, CoordError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CoordError::Setup(format!("tokio runtime: {e}")))?;
-        let opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5));
-        let client = rt
-            .block_on(Client::connect(endpoints, Some(opts)))
-            .map_err(io)?;
-        Ok(EtcdCoordinator {
-            rt,
-            client: Mutex::new(client),
+        let c = EtcdCoordinator {
+            gw: Gateway::new(endpoints)?,
+            op: Mutex::new(()),
             leases: Mutex::new(BTreeMap::new()),
             prefix: "/softrdma/store".into(),
-        })
+        };
+        c.gw.call("/v3/kv/range", &json!({ "key": b64(&c.prefix) }))?;
+        Ok(c)
     }
 
     fn key(&self, group: &str, which: &str) -> String {
         format!("{}/{group}/{which}", self.prefix)
     }
 
-    fn snapshot(&self, c: &mut Client, group: &str) -> Result<Snapshot, CoordError> {
+    /// Both keys of `group`, read in one transaction (one revision).
+    fn snapshot(&self, group: &str) -> Result<Snapshot, CoordError> {
         let (sk, lk) = (self.key(group, "state"), self.key(group, "leader"));
-        let s = self.rt.block_on(c.get(sk, None)).map_err(io)?;
-        let l = self.rt.block_on(c.get(lk, None)).map_err(io)?;
+        let r = self.gw.txn(vec![], vec![range(&sk), range(&lk)])?;
         let bad = |what: &str| CoordError::Protocol(format!("malformed etcd {what} for {group}"));
-        let state = match s.kvs().first() {
+        let resp = r
+            .get("responses")
+            .and_then(|a| a.as_array())
+            .filter(|a| a.len() == 2)
+            .ok_or_else(|| bad("snapshot"))?;
+        let rng = |i: usize| resp[i].get("response_range").ok_or_else(|| bad("snapshot"));
+        let state = match kv_of(rng(0)?, "state")? {
             None => None,
-            Some(kv) => {
-                let v = kv.value_str().map_err(|_| bad("state"))?;
+            Some((v, rev, _)) => {
                 let (p, i) = v.split_once(' ').ok_or_else(|| bad("state"))?;
                 let p = parse_member(p).flatten().ok_or_else(|| bad("state"))?;
                 let i = parse_member(i).ok_or_else(|| bad("state"))?;
-                Some((kv.mod_revision(), p, i))
+                Some((rev, p, i))
             }
         };
-        let leader = match l.kvs().first() {
+        let leader = match kv_of(rng(1)?, "leader")? {
             None => None,
-            Some(kv) => {
-                let v = kv.value_str().map_err(|_| bad("leader"))?;
-                let m = parse_member(v).flatten().ok_or_else(|| bad("leader"))?;
-                Some((kv.lease(), m))
+            Some((v, _, lease)) => {
+                let m = parse_member(&v).flatten().ok_or_else(|| bad("leader"))?;
+                Some((lease, m))
             }
         };
         Ok(Snapshot { state, leader })
@@ -133,8 +336,8 @@ impl EtcdCoordinator {
 
 impl Coordinator for EtcdCoordinator {
     fn campaign(&self, group: &str, me: Member, ttl: Duration) -> Result<Campaign, CoordError> {
-        let mut c = self.client.lock().unwrap();
-        let snap = self.snapshot(&mut c, group)?;
+        let _op = self.op.lock().unwrap();
+        let snap = self.snapshot(group)?;
         let lease_ok = snap.leader.is_none_or(|(_, m)| m == me);
         let eligible = match snap.state {
             None => true,
@@ -146,43 +349,34 @@ impl Coordinator for EtcdCoordinator {
             });
         }
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
-        let lease = self
-            .rt
-            .block_on(c.lease_grant(secs, None))
-            .map_err(io)?
-            .id();
+        let lease = self.gw.lease_grant(secs)?;
         let (sk, lk) = (self.key(group, "state"), self.key(group, "leader"));
         let state_cmp = match snap.state {
-            None => Compare::version(sk.clone(), CompareOp::Equal, 0),
-            Some((rev, _, _)) => Compare::mod_revision(sk.clone(), CompareOp::Equal, rev),
+            None => cmp_eq("VERSION", &sk, "version", 0),
+            Some((rev, _, _)) => cmp_eq("MOD", &sk, "mod_revision", rev),
         };
         let leader_cmp = match snap.leader {
-            None => Compare::version(lk.clone(), CompareOp::Equal, 0),
-            Some((old, _)) => Compare::lease(lk.clone(), CompareOp::Equal, old),
+            None => cmp_eq("VERSION", &lk, "version", 0),
+            Some((old, _)) => cmp_eq("LEASE", &lk, "lease", old),
         };
-        let txn = Txn::new().when([state_cmp, leader_cmp]).and_then([
-            TxnOp::put(sk, format!("{} -", fmt_member(Some(me))), None),
-            TxnOp::put(
-                lk,
-                fmt_member(Some(me)),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-        ]);
-        let resp = self.rt.block_on(c.txn(txn)).map_err(io)?;
-        if !resp.succeeded() {
-            let _ = self.rt.block_on(c.lease_revoke(lease));
-            let snap = self.snapshot(&mut c, group)?;
+        let resp = self.gw.txn(
+            vec![state_cmp, leader_cmp],
+            vec![
+                put(&sk, &format!("{} -", fmt_member(Some(me))), 0),
+                put(&lk, &fmt_member(Some(me)), lease),
+            ],
+        )?;
+        if !succeeded(&resp) {
+            let _ = self.gw.lease_revoke(lease);
+            let snap = self.snapshot(group)?;
             return Ok(Campaign::Lost {
                 record: snap.record(),
             });
         }
-        let epoch = resp
-            .header()
-            .ok_or_else(|| CoordError::Protocol("etcd txn without header".into()))?
-            .revision() as u64;
+        let epoch = revision(&resp)?;
         if let Some(old) = self.leases.lock().unwrap().insert(group.to_string(), lease) {
             if snap.leader.is_some_and(|(l, _)| l == old) {
-                let _ = self.rt.block_on(c.lease_revoke(old));
+                let _ = self.gw.lease_revoke(old);
             }
         }
         Ok(Campaign::Won { epoch })
@@ -192,8 +386,8 @@ impl Coordinator for EtcdCoordinator {
         let Some(lease) = self.leases.lock().unwrap().get(group).copied() else {
             return Ok(false);
         };
-        let mut c = self.client.lock().unwrap();
-        let snap = self.snapshot(&mut c, group)?;
+        let _op = self.op.lock().unwrap();
+        let snap = self.snapshot(group)?;
         let current = snap
             .state
             .is_some_and(|(rev, p, _)| rev as u64 == epoch && p == me)
@@ -201,12 +395,7 @@ impl Coordinator for EtcdCoordinator {
         if !current {
             return Ok(false);
         }
-        let ttl = self.rt.block_on(async {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            Ok::<_, etcd_client::Error>(stream.message().await?.map_or(0, |r| r.ttl()))
-        });
-        Ok(ttl.map_err(io)? > 0)
+        Ok(self.gw.lease_keep_alive(lease)? > 0)
     }
 
     fn set_in_sync(
@@ -219,52 +408,45 @@ impl Coordinator for EtcdCoordinator {
         let Some(lease) = self.leases.lock().unwrap().get(group).copied() else {
             return Ok(None);
         };
-        let mut c = self.client.lock().unwrap();
-        // `state` at revision `epoch` naming us is exactly what the
-        // compare-and-set below protects.
-        let snap = self.snapshot(&mut c, group)?;
-        if !snap
-            .state
-            .is_some_and(|(rev, p, _)| rev as u64 == epoch && p == me)
-        {
-            return Ok(None);
-        }
+        let _op = self.op.lock().unwrap();
         let (sk, lk) = (self.key(group, "state"), self.key(group, "leader"));
-        let txn = Txn::new()
-            .when([
-                Compare::mod_revision(sk.clone(), CompareOp::Equal, epoch as i64),
-                Compare::lease(lk, CompareOp::Equal, lease),
-            ])
-            .and_then([TxnOp::put(
-                sk,
-                format!("{} {}", fmt_member(Some(me)), fmt_member(in_sync)),
-                None,
-            )]);
-        let resp = self.rt.block_on(c.txn(txn)).map_err(io)?;
-        if !resp.succeeded() {
+        // `state` at revision `epoch` and `leader` on our lease are exactly
+        // what the compares protect; a record that names another primary
+        // at that revision cannot exist (a campaign changes the revision).
+        let resp = self.gw.txn(
+            vec![
+                cmp_eq("MOD", &sk, "mod_revision", epoch as i64),
+                cmp_eq("LEASE", &lk, "lease", lease),
+            ],
+            vec![put(
+                &sk,
+                &format!("{} {}", fmt_member(Some(me)), fmt_member(in_sync)),
+                0,
+            )],
+        )?;
+        if !succeeded(&resp) {
             return Ok(None);
         }
-        Ok(resp.header().map(|h| h.revision() as u64))
+        Ok(Some(revision(&resp)?))
     }
 
     fn resign(&self, group: &str, me: Member, epoch: u64) -> Result<(), CoordError> {
         let Some(lease) = self.leases.lock().unwrap().remove(group) else {
             return Ok(());
         };
-        let mut c = self.client.lock().unwrap();
-        let snap = self.snapshot(&mut c, group)?;
+        let _op = self.op.lock().unwrap();
+        let snap = self.snapshot(group)?;
         if snap
             .state
             .is_some_and(|(rev, p, _)| rev as u64 == epoch && p == me)
         {
-            self.rt.block_on(c.lease_revoke(lease)).map_err(io)?;
+            self.gw.lease_revoke(lease)?;
         }
         Ok(())
     }
 
     fn get(&self, group: &str) -> Result<Option<GroupRecord>, CoordError> {
-        let mut c = self.client.lock().unwrap();
-        Ok(self.snapshot(&mut c, group)?.record())
+        Ok(self.snapshot(group)?.record())
     }
 }
 
