@@ -181,15 +181,7 @@ fn serve(s: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-fn role_name(r: u8) -> &'static str {
-    match r {
-        0 => "joining",
-        1 => "secondary",
-        2 => "primary",
-        3 => "fenced",
-        _ => "?",
-    }
-}
+use softrdma_store::proto::role_name;
 
 fn status(n: &NodesArg) -> Result<()> {
     let mut c = client(&n.nodes)?;

@@ -11,6 +11,8 @@
 //! stag = "0x00012345"              # optional: else the primary generates one
 //! heartbeat_interval_ms = 50
 //! heartbeat_timeout_ms = 250
+//! min_in_sync_replicas = 0         # 1: refuse writes while no secondary is in sync
+//! clock_drift_permille = 50        # lease margin for clocks that run slow
 //!
 //! [coordinator]
 //! kind = "embedded"                # or "etcd"
@@ -131,6 +133,9 @@ fn default_hb_timeout() -> u64 {
 fn default_lease() -> u64 {
     200
 }
+fn default_drift() -> u64 {
+    50
+}
 
 /// A node's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -165,6 +170,17 @@ pub struct Config {
     /// Lease TTL in ms.
     #[serde(default = "default_lease")]
     pub lease_ttl_ms: u64,
+    /// Secondaries that must hold a write before it is acknowledged: 0
+    /// (default: a primary left alone keeps acknowledging writes, held by
+    /// it only) or 1 (it refuses them until a secondary is in sync again).
+    /// The trade-off is in docs/store.md.
+    #[serde(default)]
+    pub min_in_sync_replicas: u8,
+    /// How much (parts per thousand) a node's clock may run slow against
+    /// the coordinator's; the primary stops serving this share of its
+    /// lease early.
+    #[serde(default = "default_drift")]
+    pub clock_drift_permille: u64,
     /// Coordinator.
     pub coordinator: CoordinatorConfig,
 }
@@ -247,6 +263,18 @@ impl Config {
             return bad(format!(
                 "lease_ttl_ms ({}) must exceed heartbeat_interval_ms ({}): leases are renewed each beat",
                 self.lease_ttl_ms, self.heartbeat_interval_ms
+            ));
+        }
+        if self.min_in_sync_replicas > 1 {
+            return bad(format!(
+                "min_in_sync_replicas ({}) must be 0 or 1: a group has one secondary",
+                self.min_in_sync_replicas
+            ));
+        }
+        if self.clock_drift_permille >= 500 {
+            return bad(format!(
+                "clock_drift_permille ({}) must be below 500",
+                self.clock_drift_permille
             ));
         }
         if self.peers.contains(&self.listen) {

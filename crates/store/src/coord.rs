@@ -14,11 +14,25 @@
 //! * [`campaign`](Coordinator::campaign) wins iff the lease is free (or
 //!   already the caller's) and the caller is *eligible*: there is no record
 //!   yet (bootstrap), or it is the record's primary or in-sync member. Winning
-//!   writes a new record `{new epoch, caller, in_sync: none}`.
+//!   writes a new record `{new epoch, caller, in_sync}`, where `in_sync` is
+//!   the old record's when the caller was its primary (a re-election: the
+//!   in-sync member still holds every acknowledged write, since the primary
+//!   acknowledged none without it) and none otherwise (a failover: the old
+//!   primary is gone or fenced). [`Campaign::Won`] says which.
 //! * [`set_in_sync`](Coordinator::set_in_sync) succeeds only for the current
 //!   primary holding the lease at the current epoch (compare-and-set) and
 //!   bumps the epoch.
 //! * Epochs only grow.
+//! * [`retire`](Coordinator::retire): a node about to discard its data and
+//!   rejoin under a new incarnation asks first. Refused while the record
+//!   names the old incarnation (as primary or in-sync member: its data may
+//!   be the only full copy); otherwise the new incarnation becomes the
+//!   node's current one, and from then on the old one can neither be
+//!   registered in sync (a `set_in_sync` still on its way fails) nor win a
+//!   campaign (one still on its way loses). Without this a late
+//!   registration or campaign could name an incarnation that no longer
+//!   exists, and with the other node lost the group could never elect a
+//!   primary again.
 //!
 //! Hence a primary may acknowledge writes alone ("degraded") only after it
 //! has recorded `in_sync: none`; from then on the former secondary can never
@@ -56,6 +70,8 @@ pub enum Campaign {
     Won {
         /// The new epoch.
         epoch: u64,
+        /// The in-sync secondary it keeps (a re-election), if any.
+        in_sync: Option<Member>,
     },
     /// Someone else is primary, or the caller is not eligible.
     Lost {
@@ -98,6 +114,9 @@ pub trait Coordinator: Send + Sync {
     fn resign(&self, group: &str, me: Member, epoch: u64) -> Result<(), CoordError>;
     /// Reads the record (poll).
     fn get(&self, group: &str) -> Result<Option<GroupRecord>, CoordError>;
+    /// Retires `old` in favour of incarnation `new` of the same node;
+    /// `false` if the record names `old` (keep the data).
+    fn retire(&self, group: &str, old: Member, new: u64) -> Result<bool, CoordError>;
 }
 
 #[derive(Debug, Clone)]
@@ -129,6 +148,8 @@ impl Entry {
 #[derive(Debug, Clone, Default)]
 pub struct LeaseTable {
     groups: BTreeMap<String, Entry>,
+    /// Per group and node: the current incarnation, once one retired.
+    current: BTreeMap<(String, u32), u64>,
 }
 
 impl LeaseTable {
@@ -137,10 +158,22 @@ impl LeaseTable {
         LeaseTable::default()
     }
 
+    /// Whether `m` was retired (its node has a newer current incarnation).
+    fn retired(&self, group: &str, m: Member) -> bool {
+        self.current
+            .get(&(group.to_string(), m.node))
+            .is_some_and(|&c| c != m.incarnation)
+    }
+
     /// See [`Coordinator::campaign`].
     pub fn campaign(&mut self, group: &str, me: Member, ttl: u64, now: u64) -> Campaign {
-        let next_epoch = match self.groups.get(group) {
-            None => 1,
+        if self.retired(group, me) {
+            return Campaign::Lost {
+                record: self.groups.get(group).map(|e| e.record(now)),
+            };
+        }
+        let (next_epoch, in_sync) = match self.groups.get(group) {
+            None => (1, None),
             Some(e) => {
                 let lease_ok = !e.held(now) || e.primary == me;
                 let eligible = e.primary == me || e.in_sync == Some(me);
@@ -149,7 +182,8 @@ impl LeaseTable {
                         record: Some(e.record(now)),
                     };
                 }
-                e.epoch + 1
+                let keep = if e.primary == me { e.in_sync } else { None };
+                (e.epoch + 1, keep)
             }
         };
         self.groups.insert(
@@ -157,12 +191,15 @@ impl LeaseTable {
             Entry {
                 epoch: next_epoch,
                 primary: me,
-                in_sync: None,
+                in_sync,
                 expires: Some(now + ttl),
                 ttl,
             },
         );
-        Campaign::Won { epoch: next_epoch }
+        Campaign::Won {
+            epoch: next_epoch,
+            in_sync,
+        }
     }
 
     fn current_mut(&mut self, group: &str, me: Member, epoch: u64, now: u64) -> Option<&mut Entry> {
@@ -191,6 +228,9 @@ impl LeaseTable {
         in_sync: Option<Member>,
         now: u64,
     ) -> Option<u64> {
+        if in_sync.is_some_and(|m| self.retired(group, m)) {
+            return None;
+        }
         let e = self.current_mut(group, me, epoch, now)?;
         assert!(
             in_sync.is_none_or(|m| m.node != me.node),
@@ -212,6 +252,19 @@ impl LeaseTable {
     pub fn get(&self, group: &str, now: u64) -> Option<GroupRecord> {
         self.groups.get(group).map(|e| e.record(now))
     }
+
+    /// See [`Coordinator::retire`].
+    pub fn retire(&mut self, group: &str, old: Member, new: u64) -> bool {
+        if self
+            .groups
+            .get(group)
+            .is_some_and(|e| e.primary == old || e.in_sync == Some(old))
+        {
+            return false;
+        }
+        self.current.insert((group.to_string(), old.node), new);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -226,7 +279,13 @@ mod tests {
     fn lease_table_rules() {
         let mut t = LeaseTable::new();
         let (a, b) = (m(1, 10), m(2, 20));
-        assert_eq!(t.campaign("g", a, 100, 0), Campaign::Won { epoch: 1 });
+        assert_eq!(
+            t.campaign("g", a, 100, 0),
+            Campaign::Won {
+                epoch: 1,
+                in_sync: None
+            }
+        );
         // b is not eligible and the lease is held.
         assert!(matches!(t.campaign("g", b, 100, 50), Campaign::Lost { .. }));
         assert!(t.keep_alive("g", a, 1, 90));
@@ -237,7 +296,14 @@ mod tests {
             t.campaign("g", b, 100, 189),
             Campaign::Lost { .. }
         ));
-        assert_eq!(t.campaign("g", b, 100, 190), Campaign::Won { epoch: 3 });
+        // A failover: the new primary records no in-sync member.
+        assert_eq!(
+            t.campaign("g", b, 100, 190),
+            Campaign::Won {
+                epoch: 3,
+                in_sync: None
+            }
+        );
         // The old primary is fenced: no renewal, no CAS.
         assert!(!t.keep_alive("g", a, 2, 191));
         assert_eq!(t.set_in_sync("g", a, 2, None, 191), None);
@@ -257,8 +323,46 @@ mod tests {
             Campaign::Lost { .. }
         ));
         // b itself can, under a new epoch.
-        assert_eq!(t.campaign("g", b, 100, 400), Campaign::Won { epoch: 4 });
+        assert_eq!(
+            t.campaign("g", b, 100, 400),
+            Campaign::Won {
+                epoch: 4,
+                in_sync: None
+            }
+        );
         t.resign("g", b, 4, 401);
         assert!(!t.get("g", 401).unwrap().lease_held);
+        // A re-election of the record's primary keeps its in-sync member
+        // (issue 16: a lease hiccup must not cost the secondary a full
+        // copy); a failover to the in-sync member does not.
+        let c = m(3, 30);
+        assert_eq!(t.set_in_sync("g", b, 4, Some(c), 402), None, "resigned");
+        assert_eq!(
+            t.campaign("g", b, 100, 403),
+            Campaign::Won {
+                epoch: 5,
+                in_sync: None
+            }
+        );
+        assert_eq!(t.set_in_sync("g", b, 5, Some(c), 404), Some(6));
+        // b's lease lapses (no renewal): b wins again, c stays in sync.
+        assert_eq!(
+            t.campaign("g", b, 100, 600),
+            Campaign::Won {
+                epoch: 7,
+                in_sync: Some(c)
+            }
+        );
+        // c cannot retire while named; a retired incarnation can neither be
+        // registered nor win.
+        assert!(!t.retire("g", c, 31));
+        // Now b dies; c takes over with nobody in sync.
+        assert_eq!(
+            t.campaign("g", c, 100, 800),
+            Campaign::Won {
+                epoch: 8,
+                in_sync: None
+            }
+        );
     }
 }

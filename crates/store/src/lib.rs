@@ -21,6 +21,7 @@ pub mod alloc;
 pub mod arena;
 pub mod config;
 pub mod coord;
+pub mod lincheck;
 pub mod net;
 pub mod node;
 pub mod object;

@@ -35,14 +35,15 @@
 //! refused (`Stale`, or `StaleEpoch` for a client request) and changes
 //! nothing. A primary that sees a newer epoch steps down.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::alloc::{AllocError, Allocator};
 use crate::arena::Memory;
 use crate::coord::{Campaign, GroupRecord};
 use crate::object::{self, HEADER_LEN};
 use crate::proto::{
-    Body, DedupEntry, Effect, Envelope, Member, NodeId, Op, RepOp, Reply, StatusInfo, StoreError,
+    self, Body, DedupEntry, Effect, Envelope, Member, NodeId, Op, RepOp, Reply, StatusInfo,
+    StoreError,
 };
 use crate::ptr::{ArenaRef, PtrError, RemotePtr};
 
@@ -66,6 +67,16 @@ pub struct NodeConfig {
     pub sync_chunk: u32,
     /// Chunk requests kept in flight during recovery.
     pub sync_window: u32,
+    /// Secondaries that must hold a write before it is acknowledged: 0
+    /// (a primary left alone acknowledges writes alone, like Redis's
+    /// default `min-replicas-to-write 0`) or 1 (it refuses new writes with
+    /// [`StoreError::NotEnoughReplicas`] until a secondary is in sync
+    /// again, like `min-replicas-to-write 1`). See docs/store.md.
+    pub min_in_sync: u8,
+    /// Bound on how much a node's clock may run slow or fast against the
+    /// coordinator's, in parts per thousand: the primary counts its lease
+    /// as `lease_ttl` less this share.
+    pub clock_drift_permille: u64,
 }
 
 /// A party: a node of the group or a client.
@@ -96,6 +107,12 @@ pub enum CoordRequest {
     },
     /// [`Coordinator::get`](crate::coord::Coordinator::get).
     Get,
+    /// [`Coordinator::retire`](crate::coord::Coordinator::retire) of this
+    /// incarnation in favour of `new`.
+    Retire {
+        /// The next incarnation.
+        new: u64,
+    },
 }
 
 /// Answers to [`CoordRequest`]s.
@@ -109,6 +126,8 @@ pub enum CoordReply {
     SetInSync(Option<u64>),
     /// To `Get`.
     Get(Option<GroupRecord>),
+    /// To `Retire`.
+    Retire(bool),
 }
 
 /// What happened.
@@ -221,7 +240,8 @@ struct Primary {
     replicated_through: u64,
     max_released: u64,
     lease_until: Micros,
-    keepalive: Option<(u64, Micros)>,
+    /// The renewal in flight: (call id, sent at, epoch it names).
+    keepalive: Option<(u64, Micros, u64)>,
     last_beat: Micros,
 }
 
@@ -255,9 +275,19 @@ enum State {
         last_beat: Micros,
         copy: Option<Copy>,
         campaign: Option<u64>,
+        /// The primary says the coordinator records us in sync.
+        registered: bool,
     },
     Primary(Primary),
     Fenced {
+        asked: Option<u64>,
+        last_try: Micros,
+    },
+    /// About to discard the data and rejoin `to` as incarnation `new`;
+    /// waiting for the coordinator to retire the current one.
+    Leaving {
+        to: Option<NodeId>,
+        new: u64,
         asked: Option<u64>,
         last_try: Micros,
     },
@@ -280,6 +310,15 @@ pub struct Node<M: Memory> {
     lost_replicates: u64,
     /// Copy sessions started (as primary); numbers them uniquely.
     sessions: u64,
+    /// Writes applied to the allocator and the retry table but not yet to
+    /// the arena's bytes: a primary makes a write visible to one-sided
+    /// readers only once it is committed (held by the in-sync secondary,
+    /// or by the primary alone where that is allowed), so no reader sees a
+    /// write that a failover could lose. In sequence order, ending at
+    /// `applied_seq`.
+    unexposed: VecDeque<(u64, RepOp, Vec<u64>)>,
+    /// The `Resend` asked last: (first missing seq, when).
+    resend_asked: Option<(u64, Micros)>,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -317,6 +356,8 @@ impl<M: Memory> Node<M> {
             last_divergence: None,
             lost_replicates: 0,
             sessions: 0,
+            unexposed: VecDeque::new(),
+            resend_asked: None,
         }
     }
 
@@ -341,7 +382,7 @@ impl<M: Memory> Node<M> {
             State::Joining { .. } => Role::Joining,
             State::Secondary { .. } => Role::Secondary,
             State::Primary(_) => Role::Primary,
-            State::Fenced { .. } => Role::Fenced,
+            State::Fenced { .. } | State::Leaving { .. } => Role::Fenced,
         }
     }
     /// Current epoch.
@@ -384,41 +425,60 @@ impl<M: Memory> Node<M> {
     }
 
     /// Forwarded writes this node found missing (a link to its primary
-    /// broke and dropped them) and repaired by re-synchronising.
+    /// broke and dropped them) and had sent again (or, while copying,
+    /// repaired by starting the copy over).
     pub fn lost_replicates(&self) -> u64 {
         self.lost_replicates
     }
 
-    /// A forwarded write never arrived: start over as a joiner (a fresh
-    /// copy of the arena). Not a divergence: links may drop messages when
-    /// they break, and the sequence numbers exist to notice.
+    /// A forwarded write never arrived (a link broke under it): ask the
+    /// primary to send it again, from `expected` on. The primary holds
+    /// every write we have not acknowledged, so we keep our copy (and our
+    /// place as the in-sync member: throwing it away for a full copy left
+    /// a window in which the group had no member able to take over). Not a
+    /// divergence: links may drop messages when they break, and the
+    /// sequence numbers exist to notice. Asked again after a heartbeat
+    /// interval while the gap stays.
     fn lost_replicate(&mut self, primary: NodeId, expected: u64, seen: u64) {
-        tracing::warn!(
-            expected,
-            seen,
-            "a replicated write from the primary was lost; re-synchronising"
-        );
-        self.lost_replicates += 1;
-        self.become_joining(Some(primary));
+        let now = self.now;
+        if self.resend_asked.is_some_and(|(f, at)| {
+            f == expected && now.saturating_sub(at) < self.cfg.heartbeat_interval
+        }) {
+            return;
+        }
+        if self.resend_asked.is_none_or(|(f, _)| f != expected) {
+            tracing::warn!(
+                expected,
+                seen,
+                "a replicated write from the primary was lost; asking for it again"
+            );
+            self.lost_replicates += 1;
+        }
+        self.resend_asked = Some((expected, now));
+        self.send(Addr::Node(primary), Body::Resend { from: expected });
     }
 
     /// Whether this node's arena may be read at `now`: it is the primary
-    /// and its lease (as it last renewed it) has not run out, or it is a
-    /// secondary that finished copying and heard from its primary within
-    /// the heartbeat timeout (so the primary cannot yet have dropped it and
-    /// acknowledged writes without it). The network layer keeps the
-    /// arena's STag valid for one-sided Reads exactly while this holds, so
-    /// a node that was cut off and replaced stops serving stale data to
-    /// clients that still reach it.
+    /// and its lease (as it last renewed it, less the clock-drift margin)
+    /// has not run out. Only the primary serves one-sided reads, and only
+    /// committed writes are in its arena's bytes (`unexposed`), so reads
+    /// are linearizable: a secondary's bytes can lag the primary's
+    /// acknowledgements, or run ahead of what a failover keeps, and two
+    /// copies exposing a write at different moments would let one reader
+    /// see it and a later reader not (docs/store.md, "Consistency").
     pub fn serves_reads(&self, now: Micros) -> bool {
+        self.reads_until().is_some_and(|u| now < u)
+    }
+
+    /// Until when (this node's clock) one-sided reads of the arena may be
+    /// served: the network layer gives the arena's STag this deadline, so
+    /// the engine refuses reads from then on even if no thread of the node
+    /// runs at that moment (a paused or busy node cannot serve stale
+    /// bytes). `None`: not at all.
+    pub fn reads_until(&self) -> Option<Micros> {
         match &self.state {
-            State::Primary(p) => now < p.lease_until,
-            State::Secondary {
-                last_heard,
-                copy: None,
-                ..
-            } => now < last_heard + self.cfg.heartbeat_timeout,
-            _ => false,
+            State::Primary(p) => Some(p.lease_until),
+            _ => None,
         }
     }
 
@@ -430,10 +490,10 @@ impl<M: Memory> Node<M> {
     pub fn is_synced_secondary(&self) -> bool {
         matches!(self.state, State::Secondary { copy: None, .. })
     }
-    /// Primary with no write awaiting acknowledgement.
+    /// Primary with no write awaiting acknowledgement (or exposure).
     pub fn is_idle(&self) -> bool {
         match &self.state {
-            State::Primary(p) => p.pending.is_empty(),
+            State::Primary(p) => p.pending.is_empty() && self.unexposed.is_empty(),
             _ => true,
         }
     }
@@ -442,11 +502,16 @@ impl<M: Memory> Node<M> {
         let u = self.alloc.usage();
         StatusInfo {
             node: self.cfg.member.node,
-            role: match self.role() {
-                Role::Joining => 0,
-                Role::Secondary => 1,
-                Role::Primary => 2,
-                Role::Fenced => 3,
+            role: match &self.state {
+                State::Joining { .. } => proto::ROLE_JOINING,
+                State::Secondary {
+                    copy: None,
+                    registered: true,
+                    ..
+                } => proto::ROLE_SECONDARY,
+                State::Secondary { .. } => proto::ROLE_SYNCING,
+                State::Primary(_) => proto::ROLE_PRIMARY,
+                State::Fenced { .. } | State::Leaving { .. } => proto::ROLE_FENCED,
             },
             epoch: self.epoch,
             arena_base: self.cfg.arena.base,
@@ -472,6 +537,12 @@ impl<M: Memory> Node<M> {
             if let Replica::InSync { .. } = p.replica {
                 assert!(p.replicated_through <= self.applied_seq);
             }
+        }
+        if let (Some(f), Some(b)) = (self.unexposed.front(), self.unexposed.back()) {
+            assert!(
+                b.0 == self.applied_seq && b.0 - f.0 + 1 == self.unexposed.len() as u64,
+                "unexposed writes are the last applied ones, contiguous"
+            );
         }
         debug_assert!({
             self.alloc.check_invariants();
@@ -512,11 +583,40 @@ impl<M: Memory> Node<M> {
 
     /// Discards all data and starts joining under a fresh incarnation (the
     /// coordinator must never mistake this empty node for its former self).
+    ///
+    /// A node whose incarnation the coordinator may name (a synced
+    /// secondary, a former primary) first retires it at the coordinator
+    /// (`Leaving`), keeping its data until that is done: if the record
+    /// names it (its data may be the only full copy, or a campaign of its
+    /// is on its way) it keeps the data, and once retired no late
+    /// registration or campaign can name it.
     fn become_joining(&mut self, primary: Option<NodeId>) {
-        self.cfg.member.incarnation = self.cfg.member.incarnation.wrapping_add(1);
+        let named = match &self.state {
+            State::Joining { .. } | State::Leaving { .. } => false,
+            State::Secondary { copy, .. } => copy.is_none(),
+            State::Primary(_) | State::Fenced { .. } => true,
+        };
+        if named {
+            let new = self.cfg.member.incarnation.wrapping_add(1);
+            let id = self.coord(CoordRequest::Retire { new });
+            self.state = State::Leaving {
+                to: primary,
+                new,
+                asked: Some(id),
+                last_try: self.now,
+            };
+            return;
+        }
+        self.rejoin_now(primary, self.cfg.member.incarnation.wrapping_add(1));
+    }
+
+    /// Discards all data and joins as incarnation `incarnation`.
+    fn rejoin_now(&mut self, primary: Option<NodeId>, incarnation: u64) {
+        self.cfg.member.incarnation = incarnation;
         self.alloc = Allocator::new(self.cfg.arena.len);
         self.dedup.clear();
         self.applied_seq = 0;
+        self.unexposed.clear();
         self.state = State::Joining {
             join_sent: None,
             asked: None,
@@ -538,20 +638,40 @@ impl<M: Memory> Node<M> {
         self.send(Addr::Node(primary), Body::Join { member, arena_len });
     }
 
-    fn become_primary(&mut self, epoch: u64) {
-        assert!(epoch >= self.epoch, "won epochs only grow");
-        self.epoch = self.epoch.max(epoch);
+    /// Takes over as primary at `epoch`. `in_sync`: the secondary the
+    /// coordinator kept in sync (a re-election of this very node after a
+    /// lease hiccup): its acknowledgements stay required, and it keeps its
+    /// copy instead of copying the whole arena again.
+    fn become_primary(&mut self, epoch: u64, in_sync: Option<Member>) {
+        if epoch < self.epoch {
+            // A late answer: someone won a later epoch since (we heard of
+            // it from a peer). We are superseded; find out by whom.
+            let id = self.coord(CoordRequest::Get);
+            self.state = State::Fenced {
+                asked: Some(id),
+                last_try: self.now,
+            };
+            return;
+        }
+        self.epoch = epoch;
         // The lease began at the coordinator some time before this reply:
         // count it as expired until a renewal sent from now on succeeds.
         let id = self.coord(CoordRequest::KeepAlive { epoch: self.epoch });
+        let replica = match in_sync {
+            Some(m) if m.node != self.cfg.member.node => Replica::InSync {
+                m,
+                last_heard: self.now,
+            },
+            _ => Replica::None,
+        };
         self.state = State::Primary(Primary {
             next_seq: self.applied_seq + 1,
             pending: BTreeMap::new(),
-            replica: Replica::None,
+            replica,
             replicated_through: 0,
             max_released: 0,
             lease_until: self.now,
-            keepalive: Some((id, self.now)),
+            keepalive: Some((id, self.now, self.epoch)),
             last_beat: self.now,
         });
     }
@@ -650,7 +770,8 @@ impl<M: Memory> Node<M> {
             Body::Heartbeat => self.on_heartbeat(from),
             Body::Replicate { seq, op } => self.on_replicate(from, seq, op),
             Body::ReplicateAck { seq } => self.on_replicate_ack(from, seq),
-            Body::ReplicateHead { seq } => self.on_replicate_head(from, seq),
+            Body::ReplicateHead { seq, in_sync } => self.on_replicate_head(from, seq, in_sync),
+            Body::Resend { from: first } => self.on_resend(from, first),
             Body::Join { member, arena_len } => self.on_join(from, member, arena_len),
             Body::SyncStart {
                 session,
@@ -782,6 +903,15 @@ impl<M: Memory> Node<M> {
                 return; // an old duplicate; the client has moved on
             }
         }
+        if !self.may_accept_writes() {
+            return self.send(
+                from,
+                Body::Response {
+                    req_id,
+                    result: Err(StoreError::NotEnoughReplicas),
+                },
+            );
+        }
         match self.plan(&op) {
             Err(e) => self.send(
                 from,
@@ -802,13 +932,22 @@ impl<M: Memory> Node<M> {
                     effects,
                     reply: reply.clone(),
                 };
-                self.apply(seq, &rep).expect("a planned write applies");
+                // The bytes reach the arena (and one-sided readers) when
+                // the write commits (`release`).
+                let caps = self.apply_meta(seq, &rep).expect("a planned write applies");
                 let State::Primary(p) = &self.state else {
                     unreachable!()
                 };
                 if let Some(n) = p.replica.node() {
-                    self.send(Addr::Node(n), Body::Replicate { seq, op: rep });
+                    self.send(
+                        Addr::Node(n),
+                        Body::Replicate {
+                            seq,
+                            op: rep.clone(),
+                        },
+                    );
                 }
+                self.unexposed.push_back((seq, rep, caps));
                 self.add_waiter(seq, from, req_id, Ok(reply));
                 self.release();
             }
@@ -922,35 +1061,71 @@ impl<M: Memory> Node<M> {
         }
     }
 
-    /// Applies a write's effects; identical on every replica.
+    /// Applies a write's effects, allocator and arena bytes; identical on
+    /// every replica.
     fn apply(&mut self, seq: u64, op: &RepOp) -> Result<(), String> {
+        let caps = self.apply_meta(seq, op)?;
+        self.apply_bytes(op, &caps)
+    }
+
+    /// The bytes of a write whose allocator effects [`Self::apply_meta`]
+    /// already applied (checked there: they cannot fail on a well-formed
+    /// arena); `caps`: the allocation of each `Write` effect, in order, as
+    /// `apply_meta` found them.
+    fn apply_bytes(&mut self, op: &RepOp, caps: &[u64]) -> Result<(), String> {
+        let mut caps = caps.iter();
+        for e in &op.effects {
+            match e {
+                Effect::Alloc { .. } => {}
+                Effect::Write {
+                    offset,
+                    version,
+                    data,
+                } => {
+                    let cap = *caps.next().ok_or("allocation of a write unknown")?;
+                    object::write_object(&mut self.mem, *offset, cap, *version, data)
+                        .map_err(|e| e.to_string())?;
+                }
+                Effect::Free { offset } => {
+                    object::scrub(&mut self.mem, *offset).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A write's effects on the allocator and the retry table, with every
+    /// check of its bytes' effects (so [`Self::apply_bytes`] cannot fail);
+    /// returns the allocation of each `Write` effect.
+    fn apply_meta(&mut self, seq: u64, op: &RepOp) -> Result<Vec<u64>, String> {
         if seq != self.applied_seq + 1 {
             return Err(format!(
                 "write {seq} out of order after {}",
                 self.applied_seq
             ));
         }
+        let mut caps = Vec::new();
         for e in &op.effects {
             match e {
                 Effect::Alloc { offset, len } => self
                     .alloc
                     .alloc_at(*offset, *len)
                     .map_err(|e| e.to_string())?,
-                Effect::Write {
-                    offset,
-                    version,
-                    data,
-                } => {
+                Effect::Write { offset, data, .. } => {
                     let cap = self
                         .alloc
                         .allocation_at(*offset)
                         .ok_or_else(|| format!("write to unallocated offset {offset}"))?;
-                    object::write_object(&mut self.mem, *offset, cap, *version, data)
-                        .map_err(|e| e.to_string())?;
+                    if object::encoded_len(data.len()) as u64 > cap {
+                        return Err(format!(
+                            "write of {} bytes into an allocation of {cap} at {offset}",
+                            data.len()
+                        ));
+                    }
+                    caps.push(cap);
                 }
                 Effect::Free { offset } => {
                     self.alloc.free(*offset).map_err(|e| e.to_string())?;
-                    object::scrub(&mut self.mem, *offset).map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -964,7 +1139,33 @@ impl<M: Memory> Node<M> {
             },
         );
         self.applied_seq = seq;
-        Ok(())
+        Ok(caps)
+    }
+
+    /// Writes the bytes of every unexposed write through `seq` into the
+    /// arena, in order.
+    fn expose(&mut self, seq: u64) {
+        while self.unexposed.front().is_some_and(|w| w.0 <= seq) {
+            let (_, op, caps) = self.unexposed.pop_front().expect("front");
+            self.apply_bytes(&op, &caps)
+                .expect("apply_meta checked every effect");
+        }
+    }
+
+    /// Whether a new write may be accepted now (the `min_in_sync` policy):
+    /// with 1, only while a secondary's acknowledgements are required and
+    /// it is not being dropped.
+    fn may_accept_writes(&self) -> bool {
+        match &self.state {
+            State::Primary(p) => {
+                self.cfg.min_in_sync == 0
+                    || matches!(
+                        p.replica,
+                        Replica::Registering { failed: false, .. } | Replica::InSync { .. }
+                    )
+            }
+            _ => false,
+        }
     }
 
     /// Sends the responses that may go now, in sequence order.
@@ -976,10 +1177,25 @@ impl<M: Memory> Node<M> {
         if now >= p.lease_until {
             return; // lease possibly lost: acknowledge nothing
         }
+        // Committed: held by the in-sync secondary, or by us alone where
+        // the policy allows it (with min_in_sync 1 a write waits for a
+        // secondary to be in sync again).
+        let committed = if p.replica.acks_required() {
+            p.replicated_through
+        } else if self.cfg.min_in_sync == 0 {
+            self.applied_seq
+        } else {
+            0
+        };
+        let committed = committed.max(p.max_released);
+        self.expose(committed);
+        let State::Primary(p) = &mut self.state else {
+            unreachable!()
+        };
         let mut sends = Vec::new();
         while let Some(entry) = p.pending.first_entry() {
             let seq = *entry.key();
-            if p.replica.acks_required() && seq > p.replicated_through {
+            if seq > committed {
                 break;
             }
             for w in entry.remove() {
@@ -1042,6 +1258,12 @@ impl<M: Memory> Node<M> {
         if seq > self.applied_seq + 1 {
             return self.lost_replicate(primary, self.applied_seq + 1, seq);
         }
+        if seq <= self.applied_seq {
+            // Sent again after a `Resend` while the original was still on
+            // its way: applied already.
+            let seq = self.applied_seq;
+            return self.send(Addr::Node(primary), Body::ReplicateAck { seq });
+        }
         match self.apply(seq, &op) {
             Ok(()) => self.send(Addr::Node(primary), Body::ReplicateAck { seq }),
             Err(e) => {
@@ -1056,19 +1278,59 @@ impl<M: Memory> Node<M> {
     /// `Replicate` was lost with a broken link: resynchronise now rather
     /// than when the next write shows the gap (there may be none, and the
     /// lost write's client would wait for an ack that never comes).
-    fn on_replicate_head(&mut self, from: Addr, seq: u64) {
+    fn on_replicate_head(&mut self, from: Addr, seq: u64, in_sync: bool) {
         let State::Secondary {
             primary,
             copy: None,
+            ref mut registered,
             ..
         } = self.state
         else {
             return;
         };
-        if from != Addr::Node(primary) || seq <= self.applied_seq {
+        if from != Addr::Node(primary) {
+            return;
+        }
+        *registered = in_sync;
+        if seq <= self.applied_seq {
             return;
         }
         self.lost_replicate(primary, self.applied_seq + 1, seq);
+    }
+
+    /// Our secondary lost forwarded writes from `first` on: send them again
+    /// from the writes it has not acknowledged (kept unexposed while its
+    /// acknowledgements are required). A secondary whose acknowledgements
+    /// are not required is copying: it starts over by itself.
+    fn on_resend(&mut self, from: Addr, first: u64) {
+        let State::Primary(p) = &self.state else {
+            return;
+        };
+        let Addr::Node(n) = from else { return };
+        if p.replica.node() != Some(n) || !p.replica.acks_required() {
+            return;
+        }
+        let covered =
+            first > self.applied_seq || self.unexposed.front().is_some_and(|w| w.0 <= first);
+        if !covered {
+            // It lacks writes it acknowledged: not a replica we can trust.
+            tracing::warn!(first, "secondary asks for committed writes; dropping it");
+            if let State::Primary(p) = &self.state {
+                if matches!(p.replica, Replica::InSync { .. }) {
+                    return self.drop_replica();
+                }
+            }
+            return;
+        }
+        let again: Vec<(u64, RepOp)> = self
+            .unexposed
+            .iter()
+            .filter(|w| w.0 >= first)
+            .map(|w| (w.0, w.1.clone()))
+            .collect();
+        for (seq, op) in again {
+            self.send(from, Body::Replicate { seq, op });
+        }
     }
 
     fn on_replicate_ack(&mut self, from: Addr, seq: u64) {
@@ -1122,6 +1384,15 @@ impl<M: Memory> Node<M> {
             }
             _ => return refuse(self, "another secondary is active"),
         }
+        // The copy reads our arena's bytes: put every write in them first.
+        // No secondary's acknowledgements are required here (we are alone
+        // or copying to this very node), so no other node can take over
+        // and lose these writes after a reader saw them.
+        let State::Primary(p) = &self.state else {
+            unreachable!()
+        };
+        assert!(!p.replica.acks_required());
+        self.expose(self.applied_seq);
         let start_seq = self.applied_seq + 1;
         self.sessions += 1;
         let session = self.sessions;
@@ -1184,6 +1455,7 @@ impl<M: Memory> Node<M> {
             primary: p,
             last_heard: self.now,
             last_beat: self.now,
+            registered: false,
             copy: Some(Copy {
                 session,
                 next_offset: 0,
@@ -1244,7 +1516,16 @@ impl<M: Memory> Node<M> {
         let session = c.session;
         for (seq, op) in c.buffered {
             if seq > self.applied_seq + 1 {
-                return self.lost_replicate(primary, self.applied_seq + 1, seq);
+                // A write forwarded during the copy was lost: the primary
+                // does not keep those (it does not wait for a copying
+                // secondary), so start the copy over.
+                tracing::warn!(
+                    expected = self.applied_seq + 1,
+                    seen = seq,
+                    "a replicated write was lost during the copy; starting over"
+                );
+                self.lost_replicates += 1;
+                return self.become_joining(Some(primary));
             }
             if let Err(e) = self.apply(seq, &op) {
                 self.diverged(e);
@@ -1356,6 +1637,23 @@ impl<M: Memory> Node<M> {
                     }
                 }
             }
+            State::Leaving {
+                to,
+                new,
+                asked,
+                last_try,
+            } => {
+                if asked.is_none() && due(*last_try) {
+                    let (to, new) = (*to, *new);
+                    let id = self.coord(CoordRequest::Retire { new });
+                    self.state = State::Leaving {
+                        to,
+                        new,
+                        asked: Some(id),
+                        last_try: now,
+                    };
+                }
+            }
             State::Fenced { asked, last_try } => {
                 if asked.is_none() && due(*last_try) {
                     *last_try = now;
@@ -1372,6 +1670,7 @@ impl<M: Memory> Node<M> {
                 last_beat,
                 copy,
                 campaign,
+                ..
             } => {
                 let primary = *primary;
                 let beat = due(*last_beat);
@@ -1415,9 +1714,10 @@ impl<M: Memory> Node<M> {
                 if due(p.last_beat) {
                     p.last_beat = now;
                     if let Some(n) = p.replica.node() {
+                        let in_sync = matches!(p.replica, Replica::InSync { .. });
                         self.send(Addr::Node(n), Body::Heartbeat);
                         let seq = self.applied_seq;
-                        self.send(Addr::Node(n), Body::ReplicateHead { seq });
+                        self.send(Addr::Node(n), Body::ReplicateHead { seq, in_sync });
                     }
                     let State::Primary(p) = &mut self.state else {
                         unreachable!()
@@ -1426,7 +1726,7 @@ impl<M: Memory> Node<M> {
                         let epoch = self.epoch;
                         let id = self.coord(CoordRequest::KeepAlive { epoch });
                         if let State::Primary(p) = &mut self.state {
-                            p.keepalive = Some((id, now));
+                            p.keepalive = Some((id, now, epoch));
                         }
                     }
                 }
@@ -1477,12 +1777,31 @@ impl<M: Memory> Node<M> {
     fn on_coord(&mut self, id: u64, reply: Result<CoordReply, String>) {
         let now = self.now;
         match (&mut self.state, reply) {
-            (State::Primary(p), reply) if p.keepalive.is_some_and(|(k, _)| k == id) => {
-                let (_, sent) = p.keepalive.take().unwrap();
+            (State::Primary(p), reply) if p.keepalive.is_some_and(|(k, ..)| k == id) => {
+                let (_, sent, asked_epoch) = p.keepalive.take().unwrap();
                 match reply {
                     Ok(CoordReply::KeepAlive(true)) => {
-                        p.lease_until = p.lease_until.max(sent + self.cfg.lease_ttl);
+                        // Counted from when we asked, less the share by
+                        // which our clock may run slow against the
+                        // coordinator's: we stop before it can think the
+                        // lease lapsed.
+                        let ttl = self.cfg.lease_ttl;
+                        let margin = ttl * self.cfg.clock_drift_permille / 1000;
+                        p.lease_until = p.lease_until.max(sent + ttl - margin);
                         self.release();
+                    }
+                    Ok(CoordReply::KeepAlive(false)) if asked_epoch < self.epoch => {
+                        // A renewal that named the epoch before our own
+                        // bump (registering or dropping the secondary): the
+                        // coordinator refused it for the epoch, not because
+                        // someone else leads. Ask again at the current one
+                        // (issue 16: stepping down here threw the in-sync
+                        // secondary away and served stale reads).
+                        let epoch = self.epoch;
+                        let id = self.coord(CoordRequest::KeepAlive { epoch });
+                        if let State::Primary(p) = &mut self.state {
+                            p.keepalive = Some((id, now, epoch));
+                        }
                     }
                     Ok(CoordReply::KeepAlive(false)) => self.step_down(),
                     _ => {} // retried on the next beat
@@ -1545,11 +1864,25 @@ impl<M: Memory> Node<M> {
             (State::Secondary { campaign, .. }, reply) if *campaign == Some(id) => {
                 *campaign = None;
                 match reply {
-                    Ok(CoordReply::Campaign(Campaign::Won { epoch })) => self.become_primary(epoch),
-                    Ok(CoordReply::Campaign(Campaign::Lost { record })) => {
-                        self.after_lost(record);
+                    Ok(CoordReply::Campaign(Campaign::Won { epoch, in_sync })) => {
+                        self.become_primary(epoch, in_sync)
                     }
-                    _ => {}
+                    Ok(CoordReply::Campaign(Campaign::Lost { record }))
+                        if record.is_none_or(|r| r.epoch >= self.epoch) =>
+                    {
+                        self.after_lost(record)
+                    }
+                    _ => {
+                        // (A refusal that shows a record older than our
+                        // epoch is a late answer: it says nothing of now.)
+                        // Unknown outcome (it may have won): ask again; a
+                        // campaign by the record's primary wins again, so
+                        // the answer settles it.
+                        let id = self.coord(CoordRequest::Campaign);
+                        if let State::Secondary { campaign, .. } = &mut self.state {
+                            *campaign = Some(id);
+                        }
+                    }
                 }
             }
             (State::Joining { asked, .. }, reply) if *asked == Some(id) => {
@@ -1565,18 +1898,46 @@ impl<M: Memory> Node<M> {
                         self.epoch = self.epoch.max(r.epoch);
                         if r.lease_held && r.primary.node != self.cfg.member.node {
                             self.send_join(r.primary.node);
+                        } else if r.primary == self.cfg.member && !r.lease_held {
+                            // We won the bootstrap campaign but its answer
+                            // was lost (a joining incarnation is named
+                            // nowhere else: `become_joining` takes a new
+                            // one). Nothing was written yet: campaign again.
+                            let id = self.coord(CoordRequest::Campaign);
+                            if let State::Joining { asked, .. } = &mut self.state {
+                                *asked = Some(id);
+                            }
                         }
                     }
-                    Ok(CoordReply::Campaign(Campaign::Won { epoch })) => {
+                    Ok(CoordReply::Campaign(Campaign::Won { epoch, in_sync })) => {
                         // Bootstrap: an empty group starts with this node.
-                        self.become_primary(epoch);
+                        self.become_primary(epoch, in_sync);
                     }
                     _ => {}
+                }
+            }
+            (State::Leaving { to, new, asked, .. }, reply) if *asked == Some(id) => {
+                *asked = None;
+                let (to, new) = (*to, *new);
+                match reply {
+                    Ok(CoordReply::Retire(true)) => self.rejoin_now(to, new),
+                    Ok(CoordReply::Retire(false)) => {
+                        // The record names us: keep the data (we may hold
+                        // the only full copy) and ask again later, as a
+                        // fenced node, which campaigns when it may.
+                        self.state = State::Fenced {
+                            asked: None,
+                            last_try: now,
+                        };
+                    }
+                    _ => {} // retried on a tick
                 }
             }
             (State::Fenced { asked, .. }, reply) if *asked == Some(id) => {
                 *asked = None;
                 match reply {
+                    // A late answer (older than what we know): ask again.
+                    Ok(CoordReply::Get(Some(r))) if r.epoch < self.epoch => {}
                     Ok(CoordReply::Get(r)) => {
                         let r = r.filter(|r| r.lease_held && r.primary != self.cfg.member);
                         match r {
@@ -1593,7 +1954,9 @@ impl<M: Memory> Node<M> {
                             }
                         }
                     }
-                    Ok(CoordReply::Campaign(Campaign::Won { epoch })) => self.become_primary(epoch),
+                    Ok(CoordReply::Campaign(Campaign::Won { epoch, in_sync })) => {
+                        self.become_primary(epoch, in_sync)
+                    }
                     Ok(CoordReply::Campaign(Campaign::Lost { record })) => self.after_lost(record),
                     _ => {}
                 }
@@ -1606,15 +1969,23 @@ impl<M: Memory> Node<M> {
     /// live primary, otherwise rejoin that primary; wait if nobody leads.
     fn after_lost(&mut self, record: Option<GroupRecord>) {
         let Some(r) = record else { return };
-        if !r.lease_held {
-            return; // retry later
+        if !r.lease_held || r.epoch < self.epoch {
+            return; // retry later (nobody leads, or a late answer)
         }
         let me = self.cfg.member;
+        let heard = |last: Micros| self.now.saturating_sub(last) <= self.cfg.heartbeat_timeout;
         match self.state {
             // Still the in-sync secondary of a live primary: keep the epoch
-            // of its stream (see `on_message`).
-            State::Secondary { primary, .. }
-                if primary == r.primary.node && r.in_sync == Some(me) => {}
+            // of its stream (see `on_message`). Also when that primary still
+            // talks to us: it is the authority on whether we are its
+            // secondary (the answer may be older than its latest
+            // registration of us; if it dropped us it stops talking and we
+            // come back here once silent).
+            State::Secondary {
+                primary,
+                last_heard,
+                ..
+            } if primary == r.primary.node && (r.in_sync == Some(me) || heard(last_heard)) => {}
             _ => {
                 self.epoch = self.epoch.max(r.epoch);
                 self.become_joining(Some(r.primary.node));

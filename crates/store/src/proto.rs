@@ -132,9 +132,20 @@ pub enum Body {
     /// number forwarded so far. Links are FIFO, so a secondary that has
     /// applied less lost a `Replicate` (a link broke and was re-dialed) and
     /// resynchronises at once instead of waiting for the next write's gap.
+    /// `in_sync` tells the secondary whether the coordinator records it as
+    /// the in-sync member (for `status`).
     ReplicateHead {
         /// Highest sequence number sent.
         seq: u64,
+        /// The secondary is registered in sync.
+        in_sync: bool,
+    },
+    /// Secondary -> primary: writes from `from` on never arrived (a link
+    /// broke under them); send them again. The primary still holds every
+    /// write its secondary has not acknowledged.
+    Resend {
+        /// First missing sequence number.
+        from: u64,
     },
 }
 
@@ -187,12 +198,40 @@ pub enum Reply {
     Status(StatusInfo),
 }
 
+/// [`StatusInfo::role`]: no data yet.
+pub const ROLE_JOINING: u8 = 0;
+/// [`StatusInfo::role`]: a secondary recorded in sync (holds every
+/// acknowledged write).
+pub const ROLE_SECONDARY: u8 = 1;
+/// [`StatusInfo::role`]: the primary.
+pub const ROLE_PRIMARY: u8 = 2;
+/// [`StatusInfo::role`]: a former primary that stopped serving.
+pub const ROLE_FENCED: u8 = 3;
+/// [`StatusInfo::role`]: a secondary still copying or catching up, not yet
+/// recorded in sync (it would not survive the primary's loss).
+pub const ROLE_SYNCING: u8 = 4;
+
+/// A human name of [`StatusInfo::role`].
+pub fn role_name(role: u8) -> &'static str {
+    match role {
+        ROLE_JOINING => "joining",
+        ROLE_SECONDARY => "secondary",
+        ROLE_PRIMARY => "primary",
+        ROLE_FENCED => "fenced",
+        ROLE_SYNCING => "syncing",
+        _ => "unknown",
+    }
+}
+
 /// A node's view of itself and its group.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StatusInfo {
     /// Node id.
     pub node: NodeId,
-    /// Role: 0 joining, 1 secondary, 2 primary, 3 fenced.
+    /// Role: [`ROLE_JOINING`], [`ROLE_SECONDARY`] (recorded in sync by
+    /// the coordinator), [`ROLE_PRIMARY`], [`ROLE_FENCED`] or
+    /// [`ROLE_SYNCING`] (a secondary copying the arena or catching up, not
+    /// yet recorded in sync).
     pub role: u8,
     /// Current epoch.
     pub epoch: u64,
@@ -315,6 +354,12 @@ pub enum StoreError {
     /// The object was being changed; retry.
     #[error("torn read; retry")]
     Torn,
+    /// The primary has no secondary in sync and the group's policy
+    /// (`min_in_sync_replicas = 1`) forbids acknowledging a write held by
+    /// one node only: nothing was changed; retry once the group is
+    /// redundant again.
+    #[error("write refused: no secondary in sync (min_in_sync_replicas = 1); nothing was changed")]
+    NotEnoughReplicas,
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -491,9 +536,14 @@ fn enc_body(w: &mut W, b: &Body) {
             w.u8(12);
             w.bytes(reason.as_bytes());
         }
-        Body::ReplicateHead { seq } => {
+        Body::ReplicateHead { seq, in_sync } => {
             w.u8(13);
             w.u64(*seq);
+            w.u8(*in_sync as u8);
+        }
+        Body::Resend { from } => {
+            w.u8(14);
+            w.u64(*from);
         }
     }
 }
@@ -615,6 +665,7 @@ fn enc_error(w: &mut W, e: &StoreError) {
             w.u8(10);
             w.bytes(s.as_bytes());
         }
+        StoreError::NotEnoughReplicas => w.u8(11),
     }
 }
 
@@ -795,7 +846,11 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
         12 => Body::JoinRefused {
             reason: r.string()?,
         },
-        13 => Body::ReplicateHead { seq: r.u64()? },
+        13 => Body::ReplicateHead {
+            seq: r.u64()?,
+            in_sync: r.bool()?,
+        },
+        14 => Body::Resend { from: r.u64()? },
         tag => return Err(DecodeError::BadTag { what: "body", tag }),
     })
 }
@@ -882,6 +937,7 @@ fn dec_error(r: &mut R<'_>) -> Result<StoreError, DecodeError> {
         },
         9 => StoreError::Torn,
         10 => StoreError::Other(r.string()?),
+        11 => StoreError::NotEnoughReplicas,
         tag => return Err(DecodeError::BadTag { what: "error", tag }),
     })
 }
@@ -945,6 +1001,7 @@ mod tests {
             (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::TooLarge { len, max }),
             any::<u64>().prop_map(|largest_free| StoreError::Full { largest_free }),
             Just(StoreError::Torn),
+            Just(StoreError::NotEnoughReplicas),
             "[a-z é]{0,12}".prop_map(StoreError::Other),
         ]
     }
@@ -1053,7 +1110,9 @@ mod tests {
                 through_seq
             }),
             "[a-z]{0,10}".prop_map(|reason| Body::JoinRefused { reason }),
-            any::<u64>().prop_map(|seq| Body::ReplicateHead { seq }),
+            (any::<u64>(), any::<bool>())
+                .prop_map(|(seq, in_sync)| Body::ReplicateHead { seq, in_sync }),
+            any::<u64>().prop_map(|from| Body::Resend { from }),
         ]
     }
 

@@ -19,17 +19,36 @@
 //! arena, under a new incarnation; they rejoin and re-sync. Clients retry a
 //! request on the other node when an answer is late.
 //!
+//! More faults, each behind a [`SimConfig`] switch: a coordinator that
+//! answers late (up to three lease TTLs), out of order, and loses requests
+//! and replies (the node sees the error its runtime would report); node
+//! clocks that run fast or slow (within a bound); and nodes paused (as by
+//! SIGSTOP) for longer than their lease, whose messages, ticks and
+//! one-sided reads wait until they resume.
+//!
+//! Clients read with one-sided RDMA Reads: the read reaches the target
+//! node's memory after a network delay and is served there only while the
+//! node's [`Node::reads_until`] deadline (the arena STag's deadline in the
+//! real runtime, checked by the engine without the node's help) has not
+//! passed on the node's clock; otherwise the client falls back to a read
+//! through the node, as the real client does. Clients also read each
+//! other's objects.
+//!
 //! Checks, once the crash phase is over and the group is quiescent: every
 //! acknowledged write reads back exactly, no deleted object is resurrected,
-//! no object leaked (retries applied once), reads during the run returned
-//! the last acknowledged value, both arenas, allocators and retry tables are
-//! identical, and no secondary ever failed to apply a forwarded write.
+//! no object leaked (retries applied once), both arenas, allocators and
+//! retry tables are identical, no secondary ever failed to apply a
+//! forwarded write, and the history of every object (inserts, updates,
+//! deletes, reads by any client, with their invocation and completion
+//! times; operations still in flight count as possibly applied) is
+//! linearizable ([`crate::lincheck`]).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::arena::HeapMemory;
 use crate::coord::LeaseTable;
+use crate::lincheck::{self, Kind};
 use crate::node::{Addr, CoordReply, CoordRequest, Input, Micros, Node, NodeConfig, Output, Role};
 use crate::object;
 use crate::proto::{self, Body, Envelope, Member, NodeId, Op, Reply, StoreError};
@@ -88,6 +107,20 @@ pub struct SimConfig {
     /// disabled until a new primary's first lease renewal) and the link
     /// breaks.
     pub drop_sync_chunk_permille: u64,
+    /// The coordinator answers late (up to three lease TTLs), out of order,
+    /// and loses 2% of requests and 2% of replies.
+    pub coord_faults: bool,
+    /// Each node's clock runs at a rate within this many per mille of real
+    /// time (the coordinator's clock is real time).
+    pub clock_drift_permille: u64,
+    /// Nodes are paused (as by SIGSTOP) for one to four lease TTLs.
+    pub pauses: bool,
+    /// Percent of operations that read another client's object.
+    pub shared_reads_percent: u64,
+    /// Reads are one-sided where the node's deadline allows.
+    pub one_sided_reads: bool,
+    /// The nodes' `min_in_sync` policy.
+    pub min_in_sync: u8,
 }
 
 impl Default for SimConfig {
@@ -102,6 +135,12 @@ impl Default for SimConfig {
             time_limit: 60_000_000,
             drop_replicate_permille: 0,
             drop_sync_chunk_permille: 0,
+            coord_faults: false,
+            clock_drift_permille: 0,
+            pauses: false,
+            shared_reads_percent: 20,
+            one_sided_reads: true,
+            min_in_sync: 0,
         }
     }
 }
@@ -127,6 +166,19 @@ pub struct SimReport {
     pub repaired_losses: u64,
     /// `SyncChunk` messages the network dropped.
     pub dropped_chunks: u64,
+    /// Reads served one-sided (by a node's memory, no node code involved).
+    pub one_sided_reads: u64,
+    /// One-sided reads refused (deadline passed, node gone) and retried
+    /// through a node.
+    pub refused_reads: u64,
+    /// Coordinator requests or replies lost.
+    pub coord_losses: u64,
+    /// Node pauses injected.
+    pub pauses: u64,
+    /// Operations recorded in the checked history.
+    pub history_ops: u64,
+    /// Writes refused for want of an in-sync secondary (`min_in_sync` 1).
+    pub refused_writes: u64,
 }
 
 const HEARTBEAT: Micros = 5_000;
@@ -134,6 +186,9 @@ const TIMEOUT: Micros = 25_000;
 const LEASE: Micros = 20_000;
 const TICK: Micros = 1_000;
 const CLIENT_TIMEOUT: Micros = 40_000;
+/// How long a node's runtime waits for the coordinator before it reports
+/// the call failed.
+const COORD_TIMEOUT: Micros = 10_000;
 const NODE_IDS: [NodeId; 2] = [1, 2];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -153,8 +208,18 @@ enum Payload {
     },
     CoordRep {
         id: u64,
-        reply: CoordReply,
+        reply: Result<CoordReply, String>,
     },
+}
+
+/// What a one-sided read found.
+#[derive(Debug)]
+enum OneSided {
+    Data(Vec<u8>),
+    Torn,
+    /// The STag refused it (deadline passed), the bytes were no object, or
+    /// the connection was gone.
+    Refused,
 }
 
 #[derive(Debug)]
@@ -169,12 +234,29 @@ enum Event {
     ClientWake(usize, u64),
     Crash,
     Restart(NodeId),
+    Pause,
+    /// A one-sided read reaches node `n`.
+    ReadArrive {
+        c: usize,
+        n: NodeId,
+        gens: (u64, u64),
+        token: u64,
+        ptr: RemotePtr,
+    },
+    /// Its outcome reaches the client.
+    ReadDone {
+        c: usize,
+        token: u64,
+        outcome: OneSided,
+    },
 }
 
 #[derive(Debug, Clone)]
 struct Obj {
     ptr: RemotePtr,
     data: Vec<u8>,
+    /// The object's key in the checked history.
+    oid: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -183,6 +265,22 @@ struct Inflight {
     op: Op,
     obj: Option<usize>,
     switch_on_wake: bool,
+    /// First invocation.
+    call: Micros,
+    /// A read: the object's key (its owner may be another client).
+    read_oid: Option<u64>,
+    /// A read still trying the one-sided way.
+    one_sided: bool,
+    /// Torn one-sided reads so far.
+    torn: u32,
+}
+
+/// A value's tag in the history: the writer's id and request number,
+/// which every value carries in its first 16 bytes.
+fn tag_of(data: &[u8]) -> Option<u64> {
+    let c = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
+    let r = u64::from_le_bytes(data.get(8..16)?.try_into().ok()?);
+    Some(c << 32 | (r & 0xffff_ffff))
 }
 
 #[derive(Debug)]
@@ -217,6 +315,21 @@ struct Sim {
     violations: Vec<String>,
     report: SimReport,
     trace: bool,
+    /// Per node: clock rate offset (parts per million) and origin.
+    clocks: BTreeMap<NodeId, (i64, u64)>,
+    /// Per node: paused until (real time).
+    paused: BTreeMap<NodeId, Micros>,
+    /// Per node: its reads deadline after its last input (node clock).
+    reads_until: BTreeMap<NodeId, Option<Micros>>,
+    /// The checked history.
+    history: Vec<lincheck::Op>,
+    /// Per object key: the earliest invocation of an update that moves it
+    /// or of its delete (from then on a read through an older pointer may
+    /// find other bytes or none: pointer semantics, not a register's).
+    unstable: BTreeMap<u64, Micros>,
+    next_oid: u64,
+    /// Which object each written value (tag) was written to.
+    tag_key: BTreeMap<u64, u64>,
 }
 
 fn summarize(i: &Input) -> String {
@@ -280,10 +393,25 @@ impl Sim {
         if !self.alive(from) || !self.alive(to) {
             return;
         }
-        let at = self.now + self.delay();
-        let last = self.channel_last.entry((from, to)).or_insert(0);
-        let at = at.max(*last);
-        *last = at;
+        let coord = from == Ent::Coord || to == Ent::Coord;
+        let at = if coord && self.cfg.coord_faults {
+            // Late and out of order: no FIFO on the coordinator's channel.
+            let r = self.rng.range(0, 100);
+            self.now
+                + if r < 80 {
+                    self.rng.range(20, 400)
+                } else if r < 95 {
+                    self.rng.range(400, LEASE)
+                } else {
+                    self.rng.range(LEASE, 3 * LEASE)
+                }
+        } else {
+            let at = self.now + self.delay();
+            let last = self.channel_last.entry((from, to)).or_insert(0);
+            let at = at.max(*last);
+            *last = at;
+            at
+        };
         let gens = (self.gen_of(from), self.gen_of(to));
         self.schedule(
             at,
@@ -308,10 +436,31 @@ impl Sim {
             lease_ttl: LEASE,
             sync_chunk: 16 << 10,
             sync_window: 4,
+            min_in_sync: self.cfg.min_in_sync,
+            clock_drift_permille: 50,
         }
     }
 
+    /// Node `n`'s clock now: its own origin and rate (drift).
+    fn node_now(&self, n: NodeId) -> Micros {
+        let (ppm, origin) = self.clocks.get(&n).copied().unwrap_or((0, 0));
+        let t = self.now as i128;
+        (origin as i128 + t + t * ppm as i128 / 1_000_000) as Micros
+    }
+
     fn start_node(&mut self, n: NodeId) {
+        let d = self.cfg.clock_drift_permille as i64 * 1000;
+        let ppm = if d > 0 {
+            self.rng.range(0, 2 * d as u64 + 1) as i64 - d
+        } else {
+            0
+        };
+        let origin = self.rng.range(0, 1 << 30);
+        // Keep the node's clock monotonic across incarnations.
+        let floor = self.clocks.get(&n).map(|_| self.node_now(n)).unwrap_or(0);
+        self.clocks.insert(n, (ppm, origin + floor));
+        self.paused.remove(&n);
+        self.reads_until.insert(n, None);
         let mut garbage = vec![0u8; self.arena.len as usize];
         for chunk in garbage.chunks_mut(8) {
             let r = self.rng.next_u64().to_le_bytes();
@@ -337,8 +486,15 @@ impl Sim {
         } else {
             None
         };
-        let outs = node.handle(self.now, input);
+        let t = {
+            let (ppm, origin) = self.clocks.get(&n).copied().unwrap_or((0, 0));
+            let x = self.now as i128;
+            (origin as i128 + x + x * ppm as i128 / 1_000_000) as Micros
+        };
+        let outs = node.handle(t, input);
         let after = node.role();
+        let until = node.reads_until();
+        self.reads_until.insert(n, until);
         if let Some(sm) = summary.filter(|s| !s.is_empty()) {
             eprintln!(
                 "{:>9} n{n} {:?}->{:?} e{} a{} {sm}",
@@ -377,11 +533,33 @@ impl Sim {
                     let bytes = proto::encode(&env);
                     self.transmit(Ent::Node(n), to, Payload::Msg(bytes));
                 }
-                Output::Coord { id, req } => self.transmit(
-                    Ent::Node(n),
-                    Ent::Coord,
-                    Payload::CoordReq { id, member, req },
-                ),
+                Output::Coord { id, req } => {
+                    if self.cfg.coord_faults && self.rng.range(0, 100) < 2 {
+                        // The request is lost: the runtime reports the
+                        // failure after its timeout.
+                        self.report.coord_losses += 1;
+                        let at = self.now + COORD_TIMEOUT;
+                        let gens = (0, self.gen_of(Ent::Node(n)));
+                        self.schedule(
+                            at,
+                            Event::Deliver {
+                                from: Ent::Coord,
+                                to: Ent::Node(n),
+                                gens,
+                                payload: Payload::CoordRep {
+                                    id,
+                                    reply: Err("coordinator timeout".into()),
+                                },
+                            },
+                        );
+                        continue;
+                    }
+                    self.transmit(
+                        Ent::Node(n),
+                        Ent::Coord,
+                        Payload::CoordReq { id, member, req },
+                    )
+                }
             }
         }
     }
@@ -398,6 +576,14 @@ impl Sim {
                 CoordReply::SetInSync(t.set_in_sync("g", member, epoch, in_sync, now))
             }
             CoordRequest::Get => CoordReply::Get(t.get("g", now)),
+            CoordRequest::Retire { new } => CoordReply::Retire(t.retire("g", member, new)),
+        };
+        let reply = if self.cfg.coord_faults && self.rng.range(0, 100) < 2 {
+            // Applied, but the answer is lost.
+            self.report.coord_losses += 1;
+            Err("coordinator timeout".to_string())
+        } else {
+            Ok(reply)
         };
         self.transmit(Ent::Coord, Ent::Node(from), Payload::CoordRep { id, reply });
     }
@@ -433,11 +619,26 @@ impl Sim {
         let max_value = self.cfg.max_value as u64;
         let max_objects = self.cfg.max_objects;
         let ops = self.cfg.ops_per_client;
-        let rng = &mut self.rng;
-        let cl = &mut self.clients[c];
-        if cl.done >= ops {
+        let shared = self.cfg.shared_reads_percent;
+        if self.clients[c].done >= ops {
             return;
         }
+        // Another client's object, sometimes.
+        let others: Vec<usize> = (0..self.clients.len())
+            .filter(|&o| o != c && !self.clients[o].objects.is_empty())
+            .collect();
+        let shared_read = !others.is_empty() && self.rng.range(0, 100) < shared;
+        let foreign = if shared_read {
+            let o = others[self.rng.range(0, others.len() as u64) as usize];
+            let objs = &self.clients[o].objects;
+            let k = self.rng.range(0, objs.len() as u64) as usize;
+            Some((objs[k].ptr, objs[k].oid))
+        } else {
+            None
+        };
+        let now = self.now;
+        let rng = &mut self.rng;
+        let cl = &mut self.clients[c];
         cl.next_req += 1;
         let req_id = cl.next_req;
         let len = rng.range(16, max_value) as usize;
@@ -449,26 +650,137 @@ impl Sim {
         }
         let n = cl.objects.len();
         let dice = rng.range(0, 100);
-        let (op, obj) = if n == 0 || (dice < 35 && n < max_objects) {
-            (Op::Insert { data: value }, None)
+        let (op, obj, read_oid) = if let Some((ptr, oid)) = foreign {
+            (Op::Read { ptr }, None, Some(oid))
+        } else if n == 0 || (dice < 35 && n < max_objects) {
+            (Op::Insert { data: value }, None, None)
         } else {
             let i = rng.range(0, n as u64) as usize;
-            let ptr = cl.objects[i].ptr;
+            let (ptr, oid) = (cl.objects[i].ptr, cl.objects[i].oid);
             if dice < 65 {
-                (Op::Update { ptr, data: value }, Some(i))
+                if let Some(t) = tag_of(&value) {
+                    self.tag_key.insert(t, oid);
+                }
+                if object::encoded_len(value.len()) as u64 > ptr.len as u64 {
+                    let u = self.unstable.entry(oid).or_insert(now);
+                    *u = (*u).min(now);
+                }
+                (Op::Update { ptr, data: value }, Some(i), None)
             } else if dice < 80 {
-                (Op::Delete { ptr }, Some(i))
+                let u = self.unstable.entry(oid).or_insert(now);
+                *u = (*u).min(now);
+                (Op::Delete { ptr }, Some(i), None)
             } else {
-                (Op::Read { ptr }, Some(i))
+                (Op::Read { ptr }, Some(i), Some(oid))
             }
         };
+        let one_sided = matches!(op, Op::Read { .. }) && self.cfg.one_sided_reads;
+        let cl = &mut self.clients[c];
         cl.inflight = Some(Inflight {
             req_id,
             op,
             obj,
             switch_on_wake: true,
+            call: now,
+            read_oid,
+            one_sided,
+            torn: 0,
         });
-        self.client_send(c);
+        if one_sided {
+            self.read_one_sided(c);
+        } else {
+            self.client_send(c);
+        }
+    }
+
+    /// Sends the in-flight read of client `c` as a one-sided RDMA Read to
+    /// its target node.
+    fn read_one_sided(&mut self, c: usize) {
+        let cl = &mut self.clients[c];
+        let Some(Op::Read { ptr }) = cl.inflight.as_ref().map(|i| i.op.clone()) else {
+            unreachable!("a read in flight")
+        };
+        cl.token += 1;
+        let (token, mut n) = (cl.token, cl.target);
+        let from = Ent::Client(cl.id);
+        // Now and then a read goes to the other node, as from a client
+        // that has not been redirected yet (or one that only reads).
+        if self.rng.range(0, 100) < 30 {
+            n = other(n);
+        }
+        // Same queue pair as the client's requests: FIFO with them.
+        let at = self.now + self.delay();
+        let last = self.channel_last.entry((from, Ent::Node(n))).or_insert(0);
+        let at = at.max(*last);
+        *last = at;
+        let gens = (0, self.gen_of(Ent::Node(n)));
+        self.schedule(
+            at,
+            Event::ReadArrive {
+                c,
+                n,
+                gens,
+                token,
+                ptr,
+            },
+        );
+        self.schedule(self.now + CLIENT_TIMEOUT, Event::ClientWake(c, token));
+    }
+
+    /// A one-sided read at node `n`: the engine serves it from the node's
+    /// memory while the node's deadline (on the node's clock) allows.
+    fn read_arrive(&mut self, c: usize, n: NodeId, gens: (u64, u64), token: u64, ptr: RemotePtr) {
+        let alive = self.nodes.contains_key(&n) && gens.1 == self.gen_of(Ent::Node(n));
+        let valid = alive
+            && self
+                .reads_until
+                .get(&n)
+                .copied()
+                .flatten()
+                .is_some_and(|u| self.node_now(n) < u);
+        let outcome = if !valid {
+            OneSided::Refused
+        } else {
+            let mem = self.nodes[&n].memory().bytes();
+            let off = (ptr.addr - self.arena.base) as usize;
+            match object::decode(&mem[off..off + ptr.len as usize]) {
+                Ok(o) => OneSided::Data(o.data.to_vec()),
+                Err(object::ObjectError::Torn) => OneSided::Torn,
+                Err(_) => OneSided::Refused,
+            }
+        };
+        let at = self.now + self.delay();
+        self.schedule(at, Event::ReadDone { c, token, outcome });
+    }
+
+    fn read_done(&mut self, c: usize, token: u64, outcome: OneSided) {
+        let cl = &mut self.clients[c];
+        if cl.token != token {
+            return;
+        }
+        let Some(inf) = cl.inflight.clone() else {
+            return;
+        };
+        match outcome {
+            OneSided::Data(data) => {
+                self.report.one_sided_reads += 1;
+                self.complete(c, &inf, Ok(Reply::Data { version: 0, data }));
+            }
+            OneSided::Torn if inf.torn < 3 => {
+                if let Some(i) = self.clients[c].inflight.as_mut() {
+                    i.torn += 1;
+                }
+                self.read_one_sided(c);
+            }
+            _ => {
+                // As the real client: ask the node instead.
+                self.report.refused_reads += 1;
+                if let Some(i) = self.clients[c].inflight.as_mut() {
+                    i.one_sided = false;
+                }
+                self.client_send(c);
+            }
+        }
     }
 
     fn client_wake(&mut self, c: usize, token: u64) {
@@ -476,12 +788,13 @@ impl Sim {
         if cl.token != token {
             return;
         }
-        match &cl.inflight {
+        match &mut cl.inflight {
             None => self.client_next(c),
             Some(i) => {
-                if i.switch_on_wake {
+                if i.switch_on_wake || i.one_sided {
                     cl.target = other(cl.target);
                 }
+                i.one_sided = false;
                 self.report.retries += 1;
                 self.client_send(c);
             }
@@ -497,25 +810,25 @@ impl Sim {
         let Some(inf) = cl.inflight.clone() else {
             return;
         };
-        if inf.req_id != req_id {
+        if inf.req_id != req_id || inf.one_sided {
             return;
         }
         match result {
-            Ok(reply) => {
-                self.apply_reply(c, &inf, reply);
-                let cl = &mut self.clients[c];
-                cl.inflight = None;
-                cl.done += 1;
-                self.report.acked_ops += 1;
-                cl.token += 1;
-                let token = cl.token;
-                let at = self.now + self.rng.range(0, 2_000);
-                self.schedule(at, Event::ClientWake(c, token));
-            }
             Err(StoreError::StaleEpoch { .. }) => {
                 if cl.target == from {
                     self.client_send(c);
                 }
+            }
+            Err(StoreError::NotEnoughReplicas) => {
+                // Refused, nothing changed (min_in_sync 1 while the group
+                // is not redundant): try again a little later.
+                self.report.refused_writes += 1;
+                cl.token += 1;
+                let token = cl.token;
+                if let Some(i) = cl.inflight.as_mut() {
+                    i.switch_on_wake = false;
+                }
+                self.schedule(self.now + 5_000, Event::ClientWake(c, token));
             }
             Err(StoreError::NotPrimary { primary }) => {
                 cl.target = match primary {
@@ -529,18 +842,86 @@ impl Sim {
                 }
                 self.schedule(self.now + 1_000, Event::ClientWake(c, token));
             }
+            r => self.complete(c, &inf, r),
+        }
+    }
+
+    /// Client `c`'s operation `inf` finished with `result`.
+    fn complete(&mut self, c: usize, inf: &Inflight, result: Result<Reply, StoreError>) {
+        self.record(c, inf, &result);
+        match result {
+            Ok(reply) => self.apply_reply(c, inf, reply),
+            // Reads of another client's object may find it gone.
+            Err(_) if inf.obj.is_none() && inf.read_oid.is_some() => {}
             Err(e) => self
                 .violations
                 .push(format!("client {c}: {:?} failed: {e}", inf.op)),
         }
+        let cl = &mut self.clients[c];
+        cl.inflight = None;
+        cl.done += 1;
+        self.report.acked_ops += 1;
+        cl.token += 1;
+        let token = cl.token;
+        let at = self.now + self.rng.range(0, 2_000);
+        self.schedule(at, Event::ClientWake(c, token));
+    }
+
+    /// Adds client `c`'s finished operation to the history.
+    fn record(&mut self, c: usize, inf: &Inflight, result: &Result<Reply, StoreError>) {
+        let client = self.clients[c].id;
+        let now = self.now;
+        let (key, kind) = match (&inf.op, result) {
+            (Op::Insert { data }, Ok(Reply::Inserted(_))) => {
+                // The key is made when the insert is acknowledged.
+                self.next_oid += 1;
+                if let Some(t) = tag_of(data) {
+                    self.tag_key.insert(t, self.next_oid);
+                }
+                (self.next_oid, Kind::Write(tag_of(data)))
+            }
+            (Op::Update { data, .. }, Ok(_)) => {
+                let o = &self.clients[c].objects[inf.obj.unwrap()];
+                (o.oid, Kind::Write(tag_of(data)))
+            }
+            (Op::Delete { .. }, Ok(_)) => {
+                let o = &self.clients[c].objects[inf.obj.unwrap()];
+                (o.oid, Kind::Write(None))
+            }
+            (Op::Read { .. }, r) => {
+                let oid = inf.read_oid.expect("reads name their object");
+                let seen = match r {
+                    Ok(Reply::Data { data, .. }) => tag_of(data),
+                    _ => None,
+                };
+                // Through a pointer the object has since left (moved or
+                // deleted), a read may find other bytes or none.
+                let moved = self.unstable.get(&oid).is_some_and(|&u| u <= now);
+                let ours = |t: u64| self.tag_key.get(&t) == Some(&oid);
+                if moved && seen.is_none_or(|t| !ours(t)) {
+                    return;
+                }
+                (oid, Kind::Read(seen))
+            }
+            _ => return,
+        };
+        self.history.push(lincheck::Op {
+            key,
+            client,
+            call: inf.call,
+            ret: Some(now),
+            kind,
+        });
     }
 
     fn apply_reply(&mut self, c: usize, inf: &Inflight, reply: Reply) {
+        let oid = self.next_oid;
         let cl = &mut self.clients[c];
         match (&inf.op, reply) {
             (Op::Insert { data }, Reply::Inserted(ptr)) => cl.objects.push(Obj {
                 ptr,
                 data: data.clone(),
+                oid,
             }),
             (Op::Update { data, .. }, Reply::Updated(ptr)) => {
                 let o = &mut cl.objects[inf.obj.unwrap()];
@@ -551,15 +932,7 @@ impl Sim {
                 let o = cl.objects.swap_remove(inf.obj.unwrap());
                 cl.deleted.push((o.ptr, o.data));
             }
-            (Op::Read { .. }, Reply::Data { data, .. }) => {
-                let o = &cl.objects[inf.obj.unwrap()];
-                if o.data != data {
-                    self.violations.push(format!(
-                        "client {c}: read of {} returned other bytes than last acknowledged",
-                        o.ptr
-                    ));
-                }
-            }
+            (Op::Read { .. }, Reply::Data { .. }) => {}
             (op, r) => self
                 .violations
                 .push(format!("client {c}: {op:?} answered with {r:?}")),
@@ -598,6 +971,28 @@ impl Sim {
         self.report.crashes += 1;
         let at = self.now + self.rng.range(5_000, 60_000);
         self.schedule(at, Event::Restart(victim));
+    }
+
+    /// Pauses a random node for one to four lease TTLs (as SIGSTOP does:
+    /// its messages, ticks and one-sided reads wait until it resumes).
+    fn pause(&mut self) {
+        if self.crash_phase_over {
+            return;
+        }
+        let next = self.now + self.rng.range(50_000, 300_000);
+        self.schedule(next, Event::Pause);
+        let n = NODE_IDS[self.rng.range(0, 2) as usize];
+        if !self.nodes.contains_key(&n) || self.paused.get(&n).is_some_and(|&u| u > self.now) {
+            return;
+        }
+        let until = self.now + self.rng.range(LEASE, 4 * LEASE);
+        self.paused.insert(n, until);
+        self.report.pauses += 1;
+    }
+
+    /// Until when node `n` is paused, if it is now.
+    fn paused_until(&self, n: NodeId) -> Option<Micros> {
+        self.paused.get(&n).copied().filter(|&u| u > self.now)
     }
 
     fn quiescent(&self) -> bool {
@@ -677,6 +1072,34 @@ impl Sim {
                 }
             }
         }
+        // The history of every object is linearizable; writes still in
+        // flight count as possibly applied.
+        let mut h = self.history.clone();
+        for (c, cl) in self.clients.iter().enumerate() {
+            if let Some(inf) = &cl.inflight {
+                let kind = match &inf.op {
+                    Op::Update { data, .. } => Kind::Write(tag_of(data)),
+                    Op::Delete { .. } => Kind::Write(None),
+                    _ => continue,
+                };
+                let oid = cl.objects[inf.obj.unwrap()].oid;
+                h.push(lincheck::Op {
+                    key: oid,
+                    client: c as u64,
+                    call: inf.call,
+                    ret: None,
+                    kind,
+                });
+            }
+        }
+        let bad = lincheck::check(&h);
+        if !bad.is_empty() {
+            v.push(format!(
+                "{} objects' histories are not linearizable:\n{}",
+                bad.len(),
+                lincheck::report(&bad[..bad.len().min(3)])
+            ));
+        }
         let allocs = p.allocator().usage().allocations;
         if allocs != live {
             v.push(format!(
@@ -720,6 +1143,13 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         violations: Vec::new(),
         report: SimReport::default(),
         trace: std::env::var("SOFTRDMA_SIM_TRACE").is_ok_and(|v| v == "1"),
+        clocks: BTreeMap::new(),
+        paused: BTreeMap::new(),
+        reads_until: BTreeMap::new(),
+        history: Vec::new(),
+        unstable: BTreeMap::new(),
+        next_oid: 0,
+        tag_key: BTreeMap::new(),
     };
     for n in NODE_IDS {
         sim.start_node(n);
@@ -743,6 +1173,10 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
     if cfg.faults {
         let at = sim.rng.range(20_000, 100_000);
         sim.schedule(at, Event::Crash);
+    }
+    if cfg.pauses {
+        let at = sim.rng.range(20_000, 100_000);
+        sim.schedule(at, Event::Pause);
     }
     while let Some(Reverse((at, _, id))) = sim.queue.pop() {
         assert!(at >= sim.now);
@@ -776,7 +1210,21 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         if cfg.faults && !sim.crash_phase_over && clients_done {
             sim.crash_phase_over = true;
         }
-        match sim.events.remove(&id).expect("event") {
+        let ev = sim.events.remove(&id).expect("event");
+        // A paused node gets nothing until it resumes (in the same order).
+        let at_node = match &ev {
+            Event::Deliver {
+                to: Ent::Node(n), ..
+            }
+            | Event::Tick(n, _)
+            | Event::ReadArrive { n, .. } => Some(*n),
+            _ => None,
+        };
+        if let Some(until) = at_node.and_then(|n| sim.paused_until(n)) {
+            sim.schedule(until, ev);
+            continue;
+        }
+        match ev {
             Event::Deliver {
                 from,
                 to,
@@ -792,13 +1240,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
                         let Ent::Node(n) = from else { unreachable!() };
                         sim.on_coord(n, id, member, req);
                     }
-                    (Ent::Node(n), Payload::CoordRep { id, reply }) => sim.feed(
-                        n,
-                        Input::Coord {
-                            id,
-                            reply: Ok(reply),
-                        },
-                    ),
+                    (Ent::Node(n), Payload::CoordRep { id, reply }) => {
+                        sim.feed(n, Input::Coord { id, reply })
+                    }
                     (Ent::Node(n), Payload::Msg(bytes)) => {
                         let env = proto::decode(&bytes).expect("codec round trip");
                         let from = match from {
@@ -831,9 +1275,19 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
             Event::ClientWake(c, token) => sim.client_wake(c, token),
             Event::Crash => sim.crash(),
             Event::Restart(n) => sim.start_node(n),
+            Event::Pause => sim.pause(),
+            Event::ReadArrive {
+                c,
+                n,
+                gens,
+                token,
+                ptr,
+            } => sim.read_arrive(c, n, gens, token, ptr),
+            Event::ReadDone { c, token, outcome } => sim.read_done(c, token, outcome),
         }
     }
     sim.report.end_time = sim.now;
+    sim.report.history_ops = sim.history.len() as u64;
     sim.report.repaired_losses += sim.nodes.values().map(|n| n.lost_replicates()).sum::<u64>();
     if sim.violations.is_empty() {
         Ok(sim.report)
@@ -961,5 +1415,100 @@ mod tests {
             (a.acked_ops, a.crashes, a.messages, a.end_time),
             (b.acked_ops, b.crashes, b.messages, b.end_time)
         );
+    }
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use super::*;
+
+    fn count(default: u64, soak: u64) -> u64 {
+        std::env::var("SOFTRDMA_SEEDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(if std::env::var("SOFTRDMA_SOAK").is_ok_and(|v| v == "1") {
+                soak
+            } else {
+                default
+            })
+    }
+
+    /// The faults that found issue 16: a coordinator that answers late,
+    /// out of order and loses requests and replies, node clocks drifting by
+    /// up to 2%, nodes paused for longer than their lease, on top of the
+    /// crashes; one-sided reads and reads of other clients' objects; every
+    /// object's history must be linearizable and no acknowledged write lost.
+    #[test]
+    fn coordinator_faults_pauses_and_drift_keep_histories_linearizable() {
+        let cfg = SimConfig {
+            coord_faults: true,
+            clock_drift_permille: 20,
+            pauses: true,
+            ..SimConfig::default()
+        };
+        let first: u64 = std::env::var("SOFTRDMA_SEED").map_or(0, |s| s.parse().unwrap());
+        let n = count(2000, 50_000);
+        let mut total = SimReport::default();
+        let mut failures = Vec::new();
+        for seed in first..first + n {
+            match run(seed, &cfg) {
+                Ok(r) => {
+                    total.crashes += r.crashes;
+                    total.pauses += r.pauses;
+                    total.coord_losses += r.coord_losses;
+                    total.one_sided_reads += r.one_sided_reads;
+                    total.refused_reads += r.refused_reads;
+                    total.elections += r.elections;
+                    total.history_ops += r.history_ops;
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        eprintln!(
+            "sim: {n} seeds, {} crashes, {} pauses, {} coordinator losses, {} elections, \
+             {} one-sided reads ({} refused), {} ops checked; {} failed",
+            total.crashes,
+            total.pauses,
+            total.coord_losses,
+            total.elections,
+            total.one_sided_reads,
+            total.refused_reads,
+            total.history_ops,
+            failures.len()
+        );
+        for f in failures.iter().take(5) {
+            eprintln!("--- {f}");
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {n} seeds failed; first: {}",
+            failures.len(),
+            failures[0]
+        );
+        assert!(total.pauses > n && total.coord_losses > n / 2 && total.crashes > n);
+    }
+
+    /// The same faults with `min_in_sync` 1: a primary left alone refuses
+    /// new writes (and acknowledges none held by it only), and everything
+    /// still holds.
+    #[test]
+    fn min_in_sync_one_refuses_instead_of_acknowledging_alone() {
+        let cfg = SimConfig {
+            coord_faults: true,
+            clock_drift_permille: 20,
+            pauses: true,
+            min_in_sync: 1,
+            ..SimConfig::default()
+        };
+        let n = count(500, 10_000);
+        let first: u64 = std::env::var("SOFTRDMA_SEED").map_or(0, |s| s.parse().unwrap());
+        let (mut refused, mut ops) = (0, 0);
+        for seed in first..first + n {
+            let r = run(seed, &cfg).unwrap_or_else(|e| panic!("{e}"));
+            refused += r.refused_writes;
+            ops += r.acked_ops;
+        }
+        eprintln!("sim (min_in_sync 1): {n} seeds, {ops} ops, {refused} writes refused");
+        assert!(refused > 0, "the policy was never exercised");
     }
 }

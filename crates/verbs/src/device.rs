@@ -766,6 +766,20 @@ impl MemoryRegion {
     pub fn set_valid(&self, valid: bool) {
         self.dev.rt.core.stags.set_valid(&self.inner, valid);
     }
+    /// Bounds the STag's validity in time: from `deadline` on (and until
+    /// another call moves it) every access through the STag is refused as
+    /// if it were invalid, local or remote, over TCP or by a same-host
+    /// peer, without any thread of this process having to act at that
+    /// moment (a process that is stopped, descheduled or busy cannot extend
+    /// it). `None` removes the deadline. For a remote Read the check is
+    /// made when the Read starts; a same-host peer also re-checks after
+    /// its copy. This is what a lease-holder needs: the HA store's primary
+    /// lets clients read its arena only while its lease runs.
+    pub fn set_valid_until(&self, deadline: Option<std::time::Instant>) {
+        let d = deadline.map_or(crate::mr::NO_DEADLINE, crate::sys::instant_ns);
+        self.dev.rt.core.stags.set_deadline(&self.inner, d);
+    }
+
     /// An SGE covering `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: usize) -> crate::Sge {
         assert!(offset + len <= self.len(), "SGE outside the region");

@@ -24,7 +24,7 @@ use crate::sys::RawSpan;
 use parking_lot::{Mutex, RwLock};
 use softrdma_wire::terminate::codes;
 use softrdma_wire::TermCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Access rights of a memory region.
@@ -117,6 +117,9 @@ pub(crate) struct MrInner {
     /// The memory, in order; lengths add up to `len`.
     pub spans: Vec<RawSpan>,
     pub valid: AtomicBool,
+    /// Accesses are refused from this `sys::mono_ns` instant on
+    /// ([`NO_DEADLINE`]: never); see `MemoryRegion::set_valid_until`.
+    pub deadline: AtomicU64,
     /// Fast-register STags may be invalidated remotely or locally; plain
     /// registrations only when registered as such.
     pub invalidatable: bool,
@@ -181,13 +184,22 @@ impl AccessError {
     }
 }
 
+/// `MrInner::deadline` of a region without one.
+pub(crate) const NO_DEADLINE: u64 = u64::MAX;
+
 impl MrInner {
+    /// Whether the region's deadline has passed.
+    pub fn expired(&self) -> bool {
+        let d = self.deadline.load(Ordering::Acquire);
+        d != NO_DEADLINE && crate::sys::mono_ns() >= d
+    }
+
     /// Checks an access of `len` bytes at virtual address `to`, in the order
     /// siw uses: valid, protection domain, rights, bounds (a range whose
     /// end passes 2^64 is the "TO wrap" error of RFC 5040 Figure 9 and RFC
     /// 5041 section 7.2).
     pub fn check(&self, pd: u32, need: Access, to: u64, len: u64) -> Result<(), AccessError> {
-        if !self.valid.load(Ordering::Acquire) {
+        if !self.valid.load(Ordering::Acquire) || self.expired() {
             return Err(AccessError::InvalidStag);
         }
         if self.pd != pd {
@@ -275,7 +287,6 @@ impl MrInner {
 /// the caller holds (so the 8 bytes are live, aligned and inside it).
 pub(crate) unsafe fn atomic_apply(target: RawSpan, req: &softrdma_wire::AtomicRequest) -> u64 {
     use softrdma_wire::AtomicOp;
-    use std::sync::atomic::AtomicU64;
     // SAFETY: the pointer is 8-byte aligned and valid for reads and writes
     // for as long as the caller holds the registration (contract above).
     // Every atomic this engine performs on registered memory goes through
@@ -403,8 +414,26 @@ impl StagTable {
                 len: mr.len,
                 addr,
                 chunk: if addr != 0 { mr.chunk } else { None },
+                deadline: mr.deadline.load(Ordering::Acquire),
             },
         );
+    }
+
+    /// Sets `mr`'s deadline (`sys::mono_ns` instant, [`NO_DEADLINE`]:
+    /// none). A later deadline is published with one store (an access that
+    /// read the earlier one only stops sooner); an earlier one republishes
+    /// the entry and waits, like invalidation, until no same-host peer is
+    /// inside an access that passed the old deadline.
+    pub fn set_deadline(&self, mr: &MrInner, deadline: u64) {
+        let old = mr.deadline.swap(deadline, Ordering::AcqRel);
+        if !self.lookup(mr.stag).is_some_and(|m| std::ptr::eq(&*m, mr)) {
+            return;
+        }
+        match &self.shm {
+            Some(shm) if deadline >= old => shm.extend_deadline(mr.stag >> 8, deadline),
+            Some(_) => self.publish(mr),
+            None => {}
+        }
     }
 
     /// Makes `mr` valid or invalid (Local Invalidate, Send with Invalidate,
@@ -554,6 +583,7 @@ impl NewMr {
             len,
             spans: self.spans,
             valid: AtomicBool::new(true),
+            deadline: AtomicU64::new(NO_DEADLINE),
             invalidatable: self.invalidatable,
             fast_reg: self.fast_reg,
             chunk: self.chunk,

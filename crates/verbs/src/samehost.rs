@@ -326,7 +326,10 @@ impl Remote {
             }
         };
         self.peer.end(self.slot);
-        ok
+        // A read that ended after the region's deadline may have copied
+        // bytes the owner no longer vouches for (a lease-bound region: see
+        // `MemoryRegion::set_valid_until`): the TCP path decides instead.
+        ok && (write || !f.expired())
     }
 }
 

@@ -41,16 +41,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_be_bytes(*b"SRDMAshm");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Connection slots per segment.
 pub(crate) const SLOTS: usize = 4096;
-/// Published STag indices: all of them (24 bits). The entries take 1 GiB
+/// Published STag indices: all of them (24 bits). The entries take 2 GiB
 /// of the segment's address space; only the pages of entries in use are
 /// ever touched, and only those cost memory.
 pub(crate) const ENTRIES: usize = 1 << 24;
 const HDR: usize = 4096;
 const SLOT_SIZE: usize = 64;
-const ENTRY_SIZE: usize = 64;
+const ENTRY_SIZE: usize = 128;
 const SLOT_OFF: usize = HDR;
 const ENTRY_OFF: usize = SLOT_OFF + SLOTS * SLOT_SIZE;
 /// Bytes of a connection's ring (a power of two): about what loopback TCP
@@ -134,6 +134,10 @@ struct Entry {
     /// is only used while the inode matches (descriptor numbers are
     /// reused).
     chunk_ino: AtomicU64,
+    /// Accesses must start (and, for reads, end) before this
+    /// `sys::mono_ns` instant; `u64::MAX`: no deadline. Only ever moved
+    /// later in place; moved earlier under the seqlock.
+    deadline: AtomicU64,
 }
 
 /// What the owner publishes about a registration.
@@ -148,6 +152,8 @@ pub(crate) struct Publication {
     /// The memfd chunk holding the region: the owner's descriptor, the
     /// chunk's inode, and the offset of byte 0.
     pub chunk: Option<(u32, u64, u64)>,
+    /// See [`Entry::deadline`].
+    pub deadline: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT_SIZE);
@@ -231,6 +237,16 @@ pub(crate) struct Found {
     /// The chunk (owner's descriptor, inode) and the offset of the first
     /// byte of the access in it, if the region lives in one.
     pub chunk: Option<(u32, u64, u64)>,
+    /// The entry's deadline as read (`u64::MAX`: none).
+    pub deadline: u64,
+}
+
+impl Found {
+    /// Whether the deadline has passed (a read that ends after it must not
+    /// be used: the owner may have stopped vouching for the bytes).
+    pub fn expired(&self) -> bool {
+        self.deadline != u64::MAX && sys::mono_ns() >= self.deadline
+    }
 }
 
 // --------------------------------------------------------------- owner
@@ -316,12 +332,22 @@ impl LocalShm {
         e.chunk.store(fd, Relaxed);
         e.chunk_ino.store(ino, Relaxed);
         e.chunk_off.store(off, Relaxed);
+        e.deadline.store(p.deadline, Relaxed);
         e.seq.store(old + 2, SeqCst);
         drop(w);
         // Accesses need a reachable entry: if the old one was not, none
         // can be running.
         if was_reachable {
             self.wait_quiet(index, old);
+        }
+    }
+
+    /// Moves entry `index`'s deadline later (one store: an access that read
+    /// the earlier deadline only stops sooner).
+    pub fn extend_deadline(&self, index: u32, deadline: u64) {
+        if (index as usize) < ENTRIES {
+            let _w = self.writer.lock();
+            self.seg.entry(index).deadline.store(deadline, Release);
         }
     }
 
@@ -515,8 +541,12 @@ impl PeerShm {
             e.chunk_ino.load(Relaxed),
             e.chunk_off.load(Relaxed),
         );
+        let deadline = e.deadline.load(Acquire);
         std::sync::atomic::fence(Acquire);
         if e.seq.load(Relaxed) != seq {
+            return None;
+        }
+        if deadline != u64::MAX && sys::mono_ns() >= deadline {
             return None;
         }
         let end = to.checked_add(len)?;
@@ -529,6 +559,7 @@ impl PeerShm {
         ok.then(|| Found {
             index,
             seq,
+            deadline,
             addr: addr + (to - iova),
             chunk: (chunk != 0).then(|| (chunk - 1, ino, coff + (to - iova))),
         })

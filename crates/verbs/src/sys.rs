@@ -278,6 +278,31 @@ pub fn shutdown(fd: RawFd) {
     }
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `std::time::Instant` reads
+/// on Linux, shared by every process of the host (region deadlines,
+/// `MemoryRegion::set_valid_until`, are compared with it on both sides of
+/// the same-host transport).
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC exists
+    // on every Linux, so the call cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The `mono_ns` value of `t`.
+pub fn instant_ns(t: std::time::Instant) -> u64 {
+    let (now, mono) = (std::time::Instant::now(), mono_ns());
+    if t >= now {
+        mono.saturating_add(u64::try_from((t - now).as_nanos()).unwrap_or(u64::MAX))
+    } else {
+        mono.saturating_sub(u64::try_from((now - t).as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no pointer arguments.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };

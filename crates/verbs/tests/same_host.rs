@@ -534,3 +534,86 @@ fn across_processes() {
     drop(stdin);
     assert!(child.wait().unwrap().success());
 }
+
+/// `MemoryRegion::set_valid_until`: a region readable until a deadline is
+/// read directly by a same-host peer and over TCP before it, and refused
+/// after it on both paths, although no thread of the owner does anything at
+/// the deadline (a lease-holder that is stopped or busy cannot extend its
+/// lease, and its memory must stop being served on time). A later deadline
+/// makes it readable again; `None` removes the deadline.
+#[test]
+fn deadline_bounds_remote_reads_on_both_paths() {
+    for same_host in [true, false] {
+        let params = if same_host {
+            ext()
+        } else {
+            ConnParams::default()
+        };
+        let lease = std::time::Duration::from_millis(300);
+        let (c, s) = pair_with(params.clone(), params, |_| {});
+        let n = 4096;
+        let remote = s.pd.alloc_mr(n, Access::ALL).unwrap();
+        let data = pattern(n, 5);
+        remote.write_at(0, &data);
+        let local = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+        let deadline = std::time::Instant::now() + lease;
+        remote.set_valid_until(Some(deadline));
+        let read = |id: u64| {
+            local.write_at(0, &vec![0; n]);
+            c.qp.post_send(&SendWr::read(
+                id,
+                local.sge_all(),
+                remote.addr(),
+                remote.rkey(),
+            ))
+            .unwrap();
+            wait(&c.cq)
+        };
+        let wc = read(1);
+        assert!(wc.is_ok(), "same_host {same_host}: {wc:?}");
+        assert_eq!(local.to_vec(), data);
+        let direct = c.qp.same_host_stats().map_or(0, |st| st.direct_ops);
+        assert_eq!(direct, same_host as u64);
+        // Past the deadline (the owner's threads idle): refused.
+        while std::time::Instant::now() < deadline {
+            std::thread::park_timeout(deadline - std::time::Instant::now());
+        }
+        let wc = read(2);
+        assert!(
+            !wc.is_ok(),
+            "same_host {same_host}: read after the deadline: {wc:?}"
+        );
+        assert_eq!(local.to_vec(), vec![0; n], "no byte of the region copied");
+        assert_eq!(
+            c.qp.same_host_stats().map_or(0, |st| st.direct_ops),
+            direct,
+            "not read directly"
+        );
+        // The refusal ended that connection (Terminate); a new one reads
+        // again once the deadline moves on, and with no deadline.
+        for d in [Some(std::time::Instant::now() + lease), None] {
+            remote.set_valid_until(d);
+            // A new QP of the region's protection domain serves it.
+            let l = s.dev.listen("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let sqp = s.pd.create_qp(QpInitAttr::new(&s.cq)).unwrap();
+            let c2 = side(&c.dev, QpCaps::default());
+            let params = if same_host {
+                ext()
+            } else {
+                ConnParams::default()
+            };
+            std::thread::scope(|sc| {
+                sc.spawn(|| l.get_request().unwrap().accept(&sqp, &params).unwrap());
+                c2.qp.connect(addr, &params).unwrap();
+            });
+            let l2 = c2.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+            c2.qp
+                .post_send(&SendWr::read(3, l2.sge_all(), remote.addr(), remote.rkey()))
+                .unwrap();
+            let wc = wait(&c2.cq);
+            assert!(wc.is_ok(), "same_host {same_host}, deadline {d:?}: {wc:?}");
+            assert_eq!(l2.to_vec(), data);
+        }
+    }
+}

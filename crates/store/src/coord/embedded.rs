@@ -83,7 +83,7 @@ fn answer(table: &Mutex<LeaseTable>, now: u64, line: &str) -> String {
     let mut t = table.lock().unwrap();
     let r: Result<String, String> = (|| match w[..] {
         ["CAMPAIGN", g, m, ttl] => Ok(match t.campaign(g, member(m)?, num(ttl)?, now) {
-            Campaign::Won { epoch } => format!("WON {epoch}"),
+            Campaign::Won { epoch, in_sync } => format!("WON {epoch} {}", fmt_member(in_sync)),
             Campaign::Lost { record: None } => "LOST -".into(),
             Campaign::Lost { record: Some(r) } => format!("LOST {}", fmt_record(&r)),
         }),
@@ -101,6 +101,7 @@ fn answer(table: &Mutex<LeaseTable>, now: u64, line: &str) -> String {
             t.resign(g, member(m)?, num(e)?, now);
             Ok("OK 1".into())
         }
+        ["RETIRE", g, m, n] => Ok(format!("OK {}", t.retire(g, member(m)?, num(n)?) as u8)),
         ["GET", g] => Ok(match t.get(g, now) {
             Some(r) => format!("REC {}", fmt_record(&r)),
             None => "NONE".into(),
@@ -284,8 +285,9 @@ impl Coordinator for EmbeddedClient {
         ))?;
         let ws: Vec<&str> = w.iter().map(String::as_str).collect();
         match ws[..] {
-            ["WON", e] => Ok(Campaign::Won {
+            ["WON", e, i] => Ok(Campaign::Won {
                 epoch: e.parse().map_err(|_| proto_err(&w))?,
+                in_sync: parse_member(i).map_err(CoordError::Protocol)?,
             }),
             ["LOST", "-"] => Ok(Campaign::Lost { record: None }),
             ["LOST", ref rest @ ..] => Ok(Campaign::Lost {
@@ -344,6 +346,15 @@ impl Coordinator for EmbeddedClient {
             _ => Err(proto_err(&w)),
         }
     }
+    fn retire(&self, group: &str, old: Member, new: u64) -> Result<bool, CoordError> {
+        check_group(group)?;
+        let w = self.call(format!("RETIRE {group} {} {new}", fmt_member(Some(old))))?;
+        match w.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            ["OK", "1"] => Ok(true),
+            ["OK", "0"] => Ok(false),
+            _ => Err(proto_err(&w)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -362,7 +373,7 @@ mod tests {
         let (ma, mb) = (m(1, 11), m(2, 22));
         let ttl = Duration::from_millis(300);
         assert_eq!(a.get("g").unwrap(), None);
-        let Campaign::Won { epoch } = a.campaign("g", ma, ttl).unwrap() else {
+        let Campaign::Won { epoch, .. } = a.campaign("g", ma, ttl).unwrap() else {
             panic!("first campaign must win")
         };
         let Campaign::Lost { record: Some(r) } = b.campaign("g", mb, ttl).unwrap() else {
@@ -377,7 +388,7 @@ mod tests {
         // Resigning frees the lease at once: the in-sync member takes over
         // under a newer epoch, and the old primary is fenced.
         a.resign("g", ma, e2).unwrap();
-        let Campaign::Won { epoch: e3 } = b.campaign("g", mb, ttl).unwrap() else {
+        let Campaign::Won { epoch: e3, .. } = b.campaign("g", mb, ttl).unwrap() else {
             panic!("in-sync secondary must win after resign")
         };
         assert!(e3 > e2);
@@ -394,7 +405,7 @@ mod tests {
         let a = EmbeddedClient::new(server.addr());
         let b = EmbeddedClient::new(server.addr());
         let (ma, mb) = (m(1, 1), m(2, 2));
-        let Campaign::Won { epoch } = a.campaign("g", ma, Duration::from_millis(100)).unwrap()
+        let Campaign::Won { epoch, .. } = a.campaign("g", ma, Duration::from_millis(100)).unwrap()
         else {
             panic!()
         };

@@ -8,6 +8,9 @@
 //!   (campaign won, in-sync member changed) is a new epoch.
 //! * `leader` (attached to the primary's lease): `"<primary>"`. It vanishes
 //!   when the lease expires or is revoked; its presence is "lease held".
+//! * `member/<node>` (no lease): the node's current incarnation, written by
+//!   [`Coordinator::retire`]; a registration or campaign naming another
+//!   incarnation of that node fails.
 //!
 //! Every change is one transaction guarded by compares (put-if-absent for
 //! `leader`, compare-and-set on `state`'s `mod_revision`), so the rules of
@@ -242,6 +245,10 @@ fn range(key: &str) -> Value {
     json!({ "request_range": { "key": b64(key) } })
 }
 
+fn cmp_value(key: &str, value: &str) -> Value {
+    json!({ "target": "VALUE", "result": "EQUAL", "key": b64(key), "value": b64(value) })
+}
+
 fn succeeded(r: &Value) -> bool {
     r.get("succeeded")
         .and_then(|s| s.as_bool())
@@ -303,6 +310,18 @@ impl EtcdCoordinator {
         format!("{}/{group}/{which}", self.prefix)
     }
 
+    /// The compare that `m` is its node's current incarnation (no
+    /// `member/<node>` key, or one naming it); `None` if it is not.
+    fn current_cmp(&self, group: &str, m: Member) -> Result<Option<Value>, CoordError> {
+        let k = self.key(group, &format!("member/{}", m.node));
+        let r = self.gw.call("/v3/kv/range", &json!({ "key": b64(&k) }))?;
+        Ok(match kv_of(&r, "member")? {
+            None => Some(cmp_eq("VERSION", &k, "version", 0)),
+            Some((v, ..)) if v == m.incarnation.to_string() => Some(cmp_value(&k, &v)),
+            Some(_) => None,
+        })
+    }
+
     /// Both keys of `group`, read in one transaction (one revision).
     fn snapshot(&self, group: &str) -> Result<Snapshot, CoordError> {
         let (sk, lk) = (self.key(group, "state"), self.key(group, "leader"));
@@ -348,6 +367,12 @@ impl Coordinator for EtcdCoordinator {
                 record: snap.record(),
             });
         }
+        let Some(me_cmp) = self.current_cmp(group, me)? else {
+            // A retired incarnation (a late campaign of a node that moved on).
+            return Ok(Campaign::Lost {
+                record: snap.record(),
+            });
+        };
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
         let lease = self.gw.lease_grant(secs)?;
         let (sk, lk) = (self.key(group, "state"), self.key(group, "leader"));
@@ -359,10 +384,19 @@ impl Coordinator for EtcdCoordinator {
             None => cmp_eq("VERSION", &lk, "version", 0),
             Some((old, _)) => cmp_eq("LEASE", &lk, "lease", old),
         };
+        // A re-election keeps the in-sync member (see `crate::coord`).
+        let in_sync = match snap.state {
+            Some((_, p, i)) if p == me => i,
+            _ => None,
+        };
         let resp = self.gw.txn(
-            vec![state_cmp, leader_cmp],
+            vec![state_cmp, leader_cmp, me_cmp],
             vec![
-                put(&sk, &format!("{} -", fmt_member(Some(me))), 0),
+                put(
+                    &sk,
+                    &format!("{} {}", fmt_member(Some(me)), fmt_member(in_sync)),
+                    0,
+                ),
                 put(&lk, &fmt_member(Some(me)), lease),
             ],
         )?;
@@ -379,7 +413,7 @@ impl Coordinator for EtcdCoordinator {
                 let _ = self.gw.lease_revoke(old);
             }
         }
-        Ok(Campaign::Won { epoch })
+        Ok(Campaign::Won { epoch, in_sync })
     }
 
     fn keep_alive(&self, group: &str, me: Member, epoch: u64) -> Result<bool, CoordError> {
@@ -413,11 +447,19 @@ impl Coordinator for EtcdCoordinator {
         // `state` at revision `epoch` and `leader` on our lease are exactly
         // what the compares protect; a record that names another primary
         // at that revision cannot exist (a campaign changes the revision).
+        // A member to register must be its node's current incarnation.
+        let mut cmps = vec![
+            cmp_eq("MOD", &sk, "mod_revision", epoch as i64),
+            cmp_eq("LEASE", &lk, "lease", lease),
+        ];
+        if let Some(m) = in_sync {
+            match self.current_cmp(group, m)? {
+                Some(c) => cmps.push(c),
+                None => return Ok(None),
+            }
+        }
         let resp = self.gw.txn(
-            vec![
-                cmp_eq("MOD", &sk, "mod_revision", epoch as i64),
-                cmp_eq("LEASE", &lk, "lease", lease),
-            ],
+            cmps,
             vec![put(
                 &sk,
                 &format!("{} {}", fmt_member(Some(me)), fmt_member(in_sync)),
@@ -447,6 +489,30 @@ impl Coordinator for EtcdCoordinator {
 
     fn get(&self, group: &str) -> Result<Option<GroupRecord>, CoordError> {
         Ok(self.snapshot(group)?.record())
+    }
+
+    fn retire(&self, group: &str, old: Member, new: u64) -> Result<bool, CoordError> {
+        let _op = self.op.lock().unwrap();
+        let sk = self.key(group, "state");
+        let mk = self.key(group, &format!("member/{}", old.node));
+        // Read, then write only if `state` did not change in between.
+        for _ in 0..8 {
+            let snap = self.snapshot(group)?;
+            let state_cmp = match snap.state {
+                Some((_, p, i)) if p == old || i == Some(old) => return Ok(false),
+                Some((rev, ..)) => cmp_eq("MOD", &sk, "mod_revision", rev),
+                None => cmp_eq("VERSION", &sk, "version", 0),
+            };
+            let r = self
+                .gw
+                .txn(vec![state_cmp], vec![put(&mk, &new.to_string(), 0)])?;
+            if succeeded(&r) {
+                return Ok(true);
+            }
+        }
+        Err(CoordError::Protocol(format!(
+            "etcd: the record of {group} kept changing during retire"
+        )))
     }
 }
 
@@ -545,7 +611,7 @@ mod tests {
         let ttl = Duration::from_secs(2);
 
         assert_eq!(a.get("g").unwrap(), None);
-        let Campaign::Won { epoch: e1 } = a.campaign("g", ma, ttl).unwrap() else {
+        let Campaign::Won { epoch: e1, .. } = a.campaign("g", ma, ttl).unwrap() else {
             panic!("bootstrap campaign must win")
         };
         let r = b.get("g").unwrap().unwrap();
@@ -573,7 +639,7 @@ mod tests {
         // The primary resigns: the in-sync secondary wins a newer epoch and
         // the old primary is fenced.
         a.resign("g", ma, e2).unwrap();
-        let Campaign::Won { epoch: e3 } = b.campaign("g", mb, ttl).unwrap() else {
+        let Campaign::Won { epoch: e3, .. } = b.campaign("g", mb, ttl).unwrap() else {
             panic!("in-sync secondary must win")
         };
         assert!(e3 > e2);

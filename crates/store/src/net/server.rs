@@ -245,6 +245,8 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         // Chunks are RDMA Reads of the primary's arena (see node_loop).
         sync_chunk: 256 * 1024,
         sync_window: 4,
+        min_in_sync: cfg.min_in_sync_replicas,
+        clock_drift_permille: cfg.clock_drift_permille,
     };
     let node = Node::new(ncfg, arena);
 
@@ -346,6 +348,9 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
                             .set_in_sync(&group, me, epoch, in_sync)
                             .map(CoordReply::SetInSync),
                         CoordRequest::Get => c.get(&group).map(CoordReply::Get),
+                        CoordRequest::Retire { new } => {
+                            c.retire(&group, me, new).map(CoordReply::Retire)
+                        }
                     }
                     .map_err(|e| e.to_string());
                     if !tx.send(Ev::Coord { id, reply }) {
@@ -448,14 +453,14 @@ fn node_loop(
     coord: Sender<(u64, CoordRequest, Member)>,
     arena_mr: softrdma_verbs::MemoryRegion,
 ) {
-    // The arena's STag is valid exactly while the node serves reads
-    // (checked after every event; ticks come every heartbeat interval, so
-    // it goes within one interval of the lease running out, well before
-    // the coordinator can have promoted anyone else: that takes the lease
-    // TTL plus the secondary's heartbeat timeout).
+    // The arena's STag is valid exactly while the node serves reads: it
+    // carries the node's deadline (`Node::reads_until`), updated after
+    // every event and enforced by the engine itself.
     let t0 = Instant::now();
     let now = || t0.elapsed().as_micros() as u64;
     let mut owner: HashMap<u32, Addr> = HashMap::new();
+    // Frames of links not announced yet (see `Ev::Link` below).
+    let mut unowned: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
     let mut to_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut from_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut clients: HashMap<u64, Arc<Link>> = HashMap::new();
@@ -464,6 +469,7 @@ fn node_loop(
     let mut pending: std::collections::VecDeque<Ev> = std::collections::VecDeque::new();
     let mut link_evs = Vec::new();
     let mut idle_since = Instant::now();
+    let mut served_until: Option<Instant> = None;
     loop {
         // Events of the other threads, then the links' input.
         while let Ok(ev) = rx.try_recv() {
@@ -490,6 +496,18 @@ fn node_loop(
                 Ev::Coord { id, reply } => Input::Coord { id, reply },
                 Ev::Accepted { link, who } => {
                     owner.insert(link.id(), who);
+                    // Frames it sent before we got here come first.
+                    if let Some(early) = unowned.remove(&link.id()) {
+                        for (k, bytes) in early.into_iter().enumerate() {
+                            pending.insert(
+                                k,
+                                Ev::Link(LinkEvent::Frame {
+                                    link: link.id(),
+                                    bytes,
+                                }),
+                            );
+                        }
+                    }
                     match who {
                         Addr::Client(c) => {
                             if let Some(old) = clients.insert(c, link) {
@@ -504,6 +522,17 @@ fn node_loop(
                 }
                 Ev::Dialed { link, node: n } => {
                     owner.insert(link.id(), Addr::Node(n));
+                    if let Some(early) = unowned.remove(&link.id()) {
+                        for (k, bytes) in early.into_iter().enumerate() {
+                            pending.insert(
+                                k,
+                                Ev::Link(LinkEvent::Frame {
+                                    link: link.id(),
+                                    bytes,
+                                }),
+                            );
+                        }
+                    }
                     if let Some(old) = to_node.insert(n, link) {
                         old.close();
                     }
@@ -511,6 +540,7 @@ fn node_loop(
                 }
                 Ev::Link(LinkEvent::Down { link }) => {
                     owner.remove(&link);
+                    unowned.remove(&link);
                     to_node.retain(|_, l| l.id() != link);
                     from_node.retain(|_, l| l.id() != link);
                     clients.retain(|_, l| l.id() != link);
@@ -519,6 +549,11 @@ fn node_loop(
                 }
                 Ev::Link(LinkEvent::Frame { link, bytes }) => {
                     let Some(&from) = owner.get(&link) else {
+                        // The thread that made the link live announces it
+                        // through the event queue, which this frame beat:
+                        // keep it until the announcement (issue 16,
+                        // finding 7: such first requests were dropped).
+                        unowned.entry(link).or_default().push(bytes);
                         continue;
                     };
                     match proto::decode(&bytes) {
@@ -603,14 +638,29 @@ fn node_loop(
                     }
                 }
             }
-            let serve = node.serves_reads(now());
-            if serve != arena_mr.is_valid() {
-                arena_mr.set_valid(serve);
-                tracing::info!(
-                    serve,
-                    "one-sided reads of the arena {}",
-                    if serve { "enabled" } else { "disabled" }
-                );
+            // The STag's deadline is the node's: the engine refuses reads
+            // from then on by itself, even if this thread is stopped or
+            // busy (a paused primary that lost its lease must not serve
+            // stale bytes when it resumes, before it gets here).
+            let until = node
+                .reads_until()
+                .filter(|&u| u > now())
+                .map(|u| t0 + Duration::from_micros(u));
+            if until != served_until {
+                match until {
+                    Some(d) => {
+                        arena_mr.set_valid_until(Some(d));
+                        if !arena_mr.is_valid() {
+                            arena_mr.set_valid(true);
+                            tracing::info!("one-sided reads of the arena enabled");
+                        }
+                    }
+                    None => {
+                        arena_mr.set_valid(false);
+                        tracing::info!("one-sided reads of the arena disabled");
+                    }
+                }
+                served_until = until;
             }
         }
     }
