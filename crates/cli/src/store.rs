@@ -38,6 +38,13 @@ enum Cmd {
     /// Throughput and latency of insert/update/one-sided read against Redis
     /// (primary + replica) at the same concurrency (own group and Redis).
     Bench(crate::store_bench::Args),
+    /// Checks a recorded history (JSON lines: key, client, call, ret,
+    /// op "write"|"read", value; as the linearizability tests save them)
+    /// against a register model; prints each failing key's minimal history.
+    Lincheck {
+        /// The history file.
+        file: std::path::PathBuf,
+    },
 }
 
 #[derive(ClapArgs)]
@@ -103,6 +110,7 @@ pub struct LoadArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.cmd {
         Cmd::Serve(s) => serve(s),
+        Cmd::Lincheck { file } => lincheck(&file),
         Cmd::Put(o) => {
             let mut c = client(&o.nodes.nodes)?;
             let p = c.insert(o.first.as_bytes())?;
@@ -539,4 +547,40 @@ pub fn load(l: &LoadArgs) -> Result<LoadReport> {
         })
         .collect();
     Ok(r)
+}
+
+/// `softrdma store lincheck FILE`.
+fn lincheck(file: &std::path::Path) -> Result<()> {
+    use softrdma_store::lincheck::{check, report, Kind, Op};
+    let text = std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
+    let mut ops = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("line {}", n + 1))?;
+        let num = |k: &str| v[k].as_u64();
+        let value = num("value");
+        let kind = match v["op"].as_str() {
+            Some("write") => Kind::Write(value),
+            Some("read") => Kind::Read(value),
+            o => bail!("line {}: op {o:?}", n + 1),
+        };
+        ops.push(Op {
+            key: num("key").with_context(|| format!("line {}: key", n + 1))?,
+            client: num("client").unwrap_or(0),
+            call: num("call").with_context(|| format!("line {}: call", n + 1))?,
+            ret: num("ret"),
+            kind,
+        });
+    }
+    let bad = check(&ops);
+    if bad.is_empty() {
+        println!("{} operations: linearizable", ops.len());
+        return Ok(());
+    }
+    print!("{}", report(&bad));
+    bail!("{} of the keys are not linearizable", bad.len())
 }

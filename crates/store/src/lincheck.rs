@@ -222,21 +222,40 @@ fn remaining_all_unknown(entries: &[Entry], next: &[usize], head: usize, ops: &[
 
 /// Shrinks a non-linearizable history of one key to a small one that still
 /// fails: drops operations one at a time while the rest stays
-/// non-linearizable.
+/// non-linearizable, but never the write of a value that a remaining read
+/// returned (else every stale read would shrink to "a read of a value never
+/// written", which hides the cause).
 pub fn minimize(ops: &[Op]) -> Vec<Op> {
     let mut cur = ops.to_vec();
     debug_assert!(!linearizable(&cur));
+    // Passes until nothing more goes (a write may become removable once
+    // the reads of its value are gone).
+    loop {
+        let before = cur.len();
+        cur = minimize_pass(cur);
+        if cur.len() == before {
+            break;
+        }
+    }
+    cur.sort_by_key(|o| (o.call, o.ret));
+    cur
+}
+
+fn minimize_pass(mut cur: Vec<Op>) -> Vec<Op> {
     let mut i = 0;
     while i < cur.len() {
+        let explains = match cur[i].kind {
+            Kind::Write(v) => cur.iter().any(|o| o.kind == Kind::Read(v) && v.is_some()),
+            Kind::Read(_) => false,
+        };
         let mut trial = cur.clone();
         trial.remove(i);
-        if !linearizable(&trial) {
+        if !explains && !linearizable(&trial) {
             cur = trial;
         } else {
             i += 1;
         }
     }
-    cur.sort_by_key(|o| (o.call, o.ret));
     cur
 }
 

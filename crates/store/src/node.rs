@@ -319,6 +319,8 @@ pub struct Node<M: Memory> {
     unexposed: VecDeque<(u64, RepOp, Vec<u64>)>,
     /// The `Resend` asked last: (first missing seq, when).
     resend_asked: Option<(u64, Micros)>,
+    /// When this node (as a secondary) last campaigned.
+    last_campaign: Micros,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -358,6 +360,7 @@ impl<M: Memory> Node<M> {
             sessions: 0,
             unexposed: VecDeque::new(),
             resend_asked: None,
+            last_campaign: 0,
         }
     }
 
@@ -1683,11 +1686,10 @@ impl<M: Memory> Node<M> {
                     now.saturating_sub(c.last_progress)
                         > COPY_STALL_TIMEOUTS * cfg.heartbeat_timeout
                 });
-                let can_campaign = campaign.is_none();
-                if silent && !copying && can_campaign {
-                    // Campaign again after one more interval if this fails.
-                    *last_heard = now - cfg.heartbeat_timeout + cfg.heartbeat_interval;
-                }
+                // One campaign in flight at a time, one per interval.
+                // (`last_heard` stays what it is: `after_lost` asks whether
+                // the primary still talks to us.)
+                let can_campaign = campaign.is_none() && due(self.last_campaign);
                 if beat {
                     self.send(Addr::Node(primary), Body::Heartbeat);
                     if !copying {
@@ -1704,6 +1706,7 @@ impl<M: Memory> Node<M> {
                     // Ask the same primary for a new session.
                     self.become_joining(Some(primary));
                 } else if silent && can_campaign {
+                    self.last_campaign = now;
                     let id = self.coord(CoordRequest::Campaign);
                     if let State::Secondary { campaign, .. } = &mut self.state {
                         *campaign = Some(id);
@@ -2004,5 +2007,259 @@ fn touch(r: &mut Replica, n: NodeId, now: Micros) {
             *last_heard = now
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Scripted scenarios: two nodes and a coordinator driven by hand, so a
+    //! test decides which message or coordinator answer comes when.
+    use super::*;
+    use crate::arena::HeapMemory;
+    use crate::coord::LeaseTable;
+
+    const ARENA: ArenaRef = ArenaRef {
+        base: 0x7e00_0000_0000,
+        len: 64 << 10,
+        stag: 0x0012_3401,
+    };
+    const HB: Micros = 5_000;
+
+    struct Call {
+        node: NodeId,
+        id: u64,
+        member: Member,
+        req: CoordRequest,
+    }
+
+    /// Two nodes, a lease table, and the messages and calls in flight.
+    struct H {
+        t: Micros,
+        nodes: BTreeMap<NodeId, Node<HeapMemory>>,
+        coord: LeaseTable,
+        msgs: VecDeque<(NodeId, NodeId, Envelope)>,
+        calls: Vec<Call>,
+        sync_starts: usize,
+    }
+
+    impl H {
+        fn new() -> H {
+            let mut nodes = BTreeMap::new();
+            for n in [1, 2] {
+                let cfg = NodeConfig {
+                    member: Member {
+                        node: n,
+                        incarnation: 100 * n as u64,
+                    },
+                    arena: ARENA,
+                    heartbeat_interval: HB,
+                    heartbeat_timeout: 5 * HB,
+                    lease_ttl: 4 * HB,
+                    sync_chunk: 16 << 10,
+                    sync_window: 4,
+                    min_in_sync: 0,
+                    clock_drift_permille: 50,
+                };
+                nodes.insert(n, Node::new(cfg, HeapMemory::new(ARENA.len)));
+            }
+            H {
+                t: 1,
+                nodes,
+                coord: LeaseTable::new(),
+                msgs: VecDeque::new(),
+                calls: Vec::new(),
+                sync_starts: 0,
+            }
+        }
+
+        fn feed(&mut self, n: NodeId, input: Input) {
+            let node = self.nodes.get_mut(&n).unwrap();
+            let member = node.member();
+            for o in node.handle(self.t, input) {
+                match o {
+                    Output::Send {
+                        to: Addr::Node(to),
+                        env,
+                    } => {
+                        if matches!(env.body, Body::SyncStart { .. }) {
+                            self.sync_starts += 1;
+                        }
+                        self.msgs.push_back((n, to, env));
+                    }
+                    Output::Send { .. } => {}
+                    Output::Coord { id, req } => self.calls.push(Call {
+                        node: n,
+                        id,
+                        member,
+                        req,
+                    }),
+                }
+            }
+        }
+
+        /// Answers call `i` now.
+        fn answer(&mut self, i: usize) {
+            let c = self.calls.remove(i);
+            let t = &mut self.coord;
+            let now = self.t;
+            let reply = match c.req {
+                CoordRequest::Campaign => {
+                    CoordReply::Campaign(t.campaign("g", c.member, 4 * HB, now))
+                }
+                CoordRequest::KeepAlive { epoch } => {
+                    CoordReply::KeepAlive(t.keep_alive("g", c.member, epoch, now))
+                }
+                CoordRequest::SetInSync { epoch, in_sync } => {
+                    CoordReply::SetInSync(t.set_in_sync("g", c.member, epoch, in_sync, now))
+                }
+                CoordRequest::Get => CoordReply::Get(t.get("g", now)),
+                CoordRequest::Retire { new } => CoordReply::Retire(t.retire("g", c.member, new)),
+            };
+            self.feed(
+                c.node,
+                Input::Coord {
+                    id: c.id,
+                    reply: Ok(reply),
+                },
+            );
+        }
+
+        /// Runs for `dt`: ticks every millisecond, every message delivered
+        /// at once, every call answered at once unless `hold` says so.
+        fn run(&mut self, dt: Micros, hold: &dyn Fn(&Call, &H) -> bool) {
+            let end = self.t + dt;
+            while self.t < end {
+                self.t += 1_000;
+                for n in [1, 2] {
+                    self.feed(n, Input::Tick);
+                }
+                loop {
+                    if let Some((from, to, env)) = self.msgs.pop_front() {
+                        self.feed(
+                            to,
+                            Input::Message {
+                                from: Addr::Node(from),
+                                env,
+                            },
+                        );
+                        continue;
+                    }
+                    match (0..self.calls.len()).find(|&i| !hold(&self.calls[i], self)) {
+                        Some(i) => self.answer(i),
+                        None => break,
+                    }
+                }
+            }
+        }
+
+        fn node(&self, n: NodeId) -> &Node<HeapMemory> {
+            &self.nodes[&n]
+        }
+
+        /// Runs until node 1 is primary with node 2 in sync.
+        fn redundant(&mut self) {
+            self.run(200_000, &|_, _| false);
+            assert!(self.node(1).is_redundant(), "{:?}", self.node(1).status());
+        }
+    }
+
+    fn never(_: &Call, _: &H) -> bool {
+        false
+    }
+
+    /// Issue 16, finding 1's trigger: a renewal sent at epoch E comes back
+    /// false because the primary itself moved the epoch to E+1 (registering
+    /// its secondary) meanwhile. The primary must not step down (it did,
+    /// then won E+2 with nobody in sync and acknowledged writes alone while
+    /// the secondary still served reads).
+    #[test]
+    fn a_renewal_refused_for_our_own_epoch_bump_is_not_a_step_down() {
+        let mut h = H::new();
+        let is_reg = |c: &Call| {
+            matches!(
+                c.req,
+                CoordRequest::SetInSync {
+                    in_sync: Some(_),
+                    ..
+                }
+            )
+        };
+        let is_ka = |c: &Call| c.node == 1 && matches!(c.req, CoordRequest::KeepAlive { .. });
+        // Until node 1 asks to register node 2 (held)...
+        h.run(200_000, &|c, _| is_reg(c));
+        let reg = h
+            .calls
+            .iter()
+            .position(is_reg)
+            .expect("registration asked");
+        assert!(h.node(1).role() == Role::Primary && !h.node(1).is_redundant());
+        // ... and a renewal goes out while it is pending (held too).
+        h.run(2 * HB, &|c, _| is_reg(c) || is_ka(c));
+        assert!(h.calls.iter().any(is_ka), "a renewal in flight");
+        let e = h.node(1).epoch();
+        // The registration is answered first: the epoch moves to e + 1.
+        let reg = h.calls.iter().position(is_reg).unwrap_or(reg);
+        h.answer(reg);
+        assert_eq!(h.node(1).epoch(), e + 1);
+        assert!(h.node(1).is_redundant());
+        // Then the renewal named e: refused for the epoch.
+        let ka = h.calls.iter().position(is_ka).unwrap();
+        let CoordRequest::KeepAlive { epoch } = h.calls[ka].req else {
+            unreachable!()
+        };
+        assert_eq!(epoch, e);
+        h.answer(ka);
+        assert_eq!(h.node(1).role(), Role::Primary, "stepped down");
+        assert!(h.node(1).is_redundant());
+        h.run(100_000, &never);
+        assert!(h.node(1).is_redundant());
+        assert_eq!(h.node(1).epoch(), e + 1, "no new election");
+        assert_eq!(h.sync_starts, 1, "the secondary copied once");
+    }
+
+    /// Issue 16, finding 2: a lease hiccup (renewals late past the TTL)
+    /// makes the primary step down and win again; the in-sync secondary
+    /// stays in sync (no second copy of the arena) and the group is
+    /// redundant again at a higher epoch.
+    #[test]
+    fn a_lease_hiccup_keeps_the_secondary_in_sync() {
+        let mut h = H::new();
+        h.redundant();
+        let (e0, s0) = (h.node(1).epoch(), h.node(2).member());
+        assert_eq!(h.sync_starts, 1);
+        // No renewal of node 1 answered for 6 heartbeats (> the 4-beat TTL,
+        // < node 2's 5-beat timeout: node 2 keeps hearing node 1).
+        h.run(6 * HB, &|c, _| {
+            c.node == 1 && matches!(c.req, CoordRequest::KeepAlive { .. })
+        });
+        h.run(100_000, &never);
+        assert_eq!(h.node(1).role(), Role::Primary);
+        assert!(h.node(1).epoch() > e0, "re-elected");
+        assert!(h.node(1).is_redundant(), "{:?}", h.node(1).status());
+        assert_eq!(h.node(2).member(), s0, "same incarnation, same copy");
+        assert_eq!(h.sync_starts, 1, "no second copy of the arena");
+    }
+
+    /// Issue 16, finding 4: a secondary that finished copying reports
+    /// "syncing" until its primary says the coordinator records it in sync.
+    #[test]
+    fn status_says_secondary_only_once_registered() {
+        let mut h = H::new();
+        // Hold the registration.
+        let hold = |c: &Call, _: &H| {
+            matches!(
+                c.req,
+                CoordRequest::SetInSync {
+                    in_sync: Some(_),
+                    ..
+                }
+            )
+        };
+        h.run(200_000, &hold);
+        assert!(h.node(2).is_synced_secondary(), "copy done");
+        assert_eq!(h.node(2).status().role, proto::ROLE_SYNCING);
+        h.run(50_000, &never);
+        assert!(h.node(1).is_redundant());
+        assert_eq!(h.node(2).status().role, proto::ROLE_SECONDARY);
     }
 }

@@ -8,10 +8,15 @@
 //!      0     4  magic    "SRO1" (0x314f5253 LE); zero once freed
 //!      4     4  length   data length in bytes
 //!      8     8  version  write sequence number that produced this object
-//!     16     4  checksum CRC32c over bytes 0..16 and the data
-//!     20     4  reserved zero (non-zero reads as torn)
+//!     16     4  checksum CRC32c over bytes 0..16, 20..24 and the data
+//!     20     4  units    the allocation's length in 64-byte units
 //!     24     n  data
 //! ```
+//!
+//! The allocation length lets a reader check that its pointer names exactly
+//! this allocation ([`decode_exact`]): a pointer whose length is not the
+//! allocation's is refused as it is by the node, never answered with the
+//! object.
 //!
 //! A client reads the whole allocation with one RDMA Read, without the
 //! server's CPU. An update may be overwriting the object in place at the same
@@ -54,6 +59,15 @@ pub enum ObjectError {
         /// Space for data.
         capacity: usize,
     },
+    /// The bytes read are not the object's whole allocation (the pointer's
+    /// length is not the allocation's).
+    #[error("read {read} bytes of an allocation of {allocation} bytes")]
+    WrongLength {
+        /// Bytes read.
+        read: usize,
+        /// The allocation's length, as its header says.
+        allocation: u64,
+    },
     /// The arena refused the access.
     #[error(transparent)]
     Arena(#[from] ArenaError),
@@ -66,6 +80,8 @@ pub struct Object<'a> {
     pub version: u64,
     /// The data.
     pub data: &'a [u8],
+    /// The allocation's length in bytes.
+    pub allocation: u64,
 }
 
 /// Bytes needed to store `data_len` bytes of data.
@@ -74,22 +90,31 @@ pub fn encoded_len(data_len: usize) -> usize {
 }
 
 fn checksum(head: &[u8], data: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(head), data)
+    let c = crc32c::crc32c(&head[0..16]);
+    let c = crc32c::crc32c_append(c, &head[20..24]);
+    crc32c::crc32c_append(c, data)
 }
 
-/// The header for `data` at `version`.
-pub fn header(version: u64, data: &[u8]) -> [u8; HEADER_LEN] {
+/// Allocations are multiples of this many bytes.
+pub const UNIT: u64 = 64;
+
+/// The header for `data` at `version` in an allocation of `allocation`
+/// bytes (a multiple of [`UNIT`]).
+pub fn header(version: u64, data: &[u8], allocation: u64) -> [u8; HEADER_LEN] {
     let len = u32::try_from(data.len()).expect("object data must be below 4 GiB");
+    let units = u32::try_from(allocation / UNIT).expect("allocations below 256 GiB");
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     h[4..8].copy_from_slice(&len.to_le_bytes());
     h[8..16].copy_from_slice(&version.to_le_bytes());
-    let crc = checksum(&h[0..16], data);
+    h[20..24].copy_from_slice(&units.to_le_bytes());
+    let crc = checksum(&h, data);
     h[16..20].copy_from_slice(&crc.to_le_bytes());
     h
 }
 
-/// Encodes an object into `dst` (which must hold [`encoded_len`] bytes).
+/// Encodes an object into `dst`, the whole allocation (its length a
+/// multiple of [`UNIT`] holding at least [`encoded_len`] bytes).
 pub fn encode_into(dst: &mut [u8], version: u64, data: &[u8]) -> Result<(), ObjectError> {
     if dst.len() < encoded_len(data.len()) {
         return Err(ObjectError::TooBig {
@@ -97,14 +122,16 @@ pub fn encode_into(dst: &mut [u8], version: u64, data: &[u8]) -> Result<(), Obje
             capacity: dst.len().saturating_sub(HEADER_LEN),
         });
     }
-    dst[..HEADER_LEN].copy_from_slice(&header(version, data));
+    let h = header(version, data, dst.len() as u64);
+    dst[..HEADER_LEN].copy_from_slice(&h);
     dst[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
     Ok(())
 }
 
-/// Encodes an object into a new buffer.
+/// Encodes an object into a new buffer, the smallest allocation for it.
 pub fn encode(version: u64, data: &[u8]) -> Vec<u8> {
-    let mut v = vec![0; encoded_len(data.len())];
+    let n = (encoded_len(data.len()) as u64).div_ceil(UNIT) * UNIT;
+    let mut v = vec![0; n as usize];
     encode_into(&mut v, version, data).expect("buffer sized for the object");
     v
 }
@@ -127,19 +154,38 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
     let len = u32_at(4) as usize;
     let version = u64::from_le_bytes(buf[8..16].try_into().unwrap());
     let crc = u32_at(16);
-    if u32_at(20) != 0 {
-        // Reserved bytes are always written as zero.
-        return Err(ObjectError::Torn);
-    }
+    let allocation = u32_at(20) as u64 * UNIT;
     if len > buf.len() - HEADER_LEN {
         // A length that cannot be right for this allocation: torn header.
         return Err(ObjectError::Torn);
     }
     let data = &buf[HEADER_LEN..HEADER_LEN + len];
-    if checksum(&buf[0..16], data) != crc {
+    if checksum(&buf[..HEADER_LEN], data) != crc {
         return Err(ObjectError::Torn);
     }
-    Ok(Object { version, data })
+    Ok(Object {
+        version,
+        data,
+        allocation,
+    })
+}
+
+/// [`decode`] of exactly one whole allocation: `buf` must be as long as the
+/// allocation the header names, else [`ObjectError::WrongLength`] (the
+/// pointer used names no allocation of that length). What a one-sided
+/// reader uses, so it returns no more and no less than the node would.
+pub fn decode_exact(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
+    if buf.len() >= HEADER_LEN && u32::from_le_bytes(buf[0..4].try_into().unwrap()) == MAGIC {
+        let units = u32::from_le_bytes(buf[20..24].try_into().unwrap()) as u64;
+        if units * UNIT != buf.len() as u64 {
+            // (A torn header may say so too; the node's answer decides.)
+            return Err(ObjectError::WrongLength {
+                read: buf.len(),
+                allocation: units * UNIT,
+            });
+        }
+    }
+    decode(buf)
 }
 
 /// Writes an object in place at `offset`, in an allocation of `capacity`
@@ -160,7 +206,7 @@ pub fn write_object<M: Memory + ?Sized>(
         });
     }
     mem.write(offset + HEADER_LEN as u64, data)?;
-    mem.write(offset, &header(version, data))?;
+    mem.write(offset, &header(version, data, capacity))?;
     Ok(())
 }
 
@@ -213,9 +259,33 @@ mod tests {
     }
 
     #[test]
+    fn a_read_of_another_length_than_the_allocation_is_refused() {
+        let mut m = HeapMemory::new(512);
+        write_object(&mut m, 0, 128, 4, b"hello").unwrap();
+        write_object(&mut m, 128, 64, 5, b"next").unwrap();
+        let mut buf = vec![0; 512];
+        m.read(0, &mut buf).unwrap();
+        assert_eq!(decode_exact(&buf[..128]).unwrap().data, b"hello");
+        assert_eq!(decode_exact(&buf[..128]).unwrap().allocation, 128);
+        // Issue 16, finding 5: a pointer longer (or shorter) than the
+        // allocation used to get the object back.
+        for len in [64, 192, 256] {
+            assert_eq!(
+                decode_exact(&buf[..len]),
+                Err(ObjectError::WrongLength {
+                    read: len,
+                    allocation: 128
+                })
+            );
+        }
+    }
+
+    #[test]
     fn single_bit_flips_are_detected() {
         let enc = encode(3, b"some payload");
-        for byte in 0..enc.len() {
+        // The header and the data (the rest of the allocation is no part of
+        // the object).
+        for byte in 0..encoded_len(b"some payload".len()) {
             for bit in 0..8 {
                 let mut b = enc.clone();
                 b[byte] ^= 1 << bit;
@@ -235,8 +305,11 @@ mod tests {
         // the reader has copied `k` bytes before the writer runs to its
         // `w`-th step, then copies the rest afterwards.
         let cap = 96usize;
-        let old = encode(1, &[0xAA; 60]);
-        let new = encode(2, &[0x55; 70]);
+        let mut old = vec![0; cap];
+        encode_into(&mut old, 1, &[0xAA; 60]).unwrap();
+        let mut new = vec![0; cap];
+        encode_into(&mut new, 2, &[0x55; 70]).unwrap();
+        let new = &new[..encoded_len(70)];
         let mut mem = HeapMemory::new(cap as u64);
         mem.write(0, &old).unwrap();
         let steps = [(HEADER_LEN, &new[HEADER_LEN..]), (0, &new[..HEADER_LEN])];
@@ -269,12 +342,14 @@ mod tests {
         fn any_mix_of_two_versions_is_whole_or_torn(
             a in prop::collection::vec(any::<u8>(), 0..200),
             b in prop::collection::vec(any::<u8>(), 0..200),
-            cut in 0usize..240,
-            cut2 in 0usize..240,
+            cut in 0usize..256,
+            cut2 in 0usize..256,
         ) {
-            let cap = 240;
-            let mut ea = encode(10, &a); ea.resize(cap, 0);
-            let mut eb = encode(11, &b); eb.resize(cap, 0);
+            let cap = 256;
+            let mut ea = vec![0; cap];
+            encode_into(&mut ea, 10, &a).unwrap();
+            let mut eb = vec![0; cap];
+            encode_into(&mut eb, 11, &b).unwrap();
             let (lo, hi) = (cut.min(cut2), cut.max(cut2));
             // bytes [lo, hi) from b, the rest from a
             let mut mix = ea.clone();

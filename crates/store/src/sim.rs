@@ -743,7 +743,7 @@ impl Sim {
         } else {
             let mem = self.nodes[&n].memory().bytes();
             let off = (ptr.addr - self.arena.base) as usize;
-            match object::decode(&mem[off..off + ptr.len as usize]) {
+            match object::decode_exact(&mem[off..off + ptr.len as usize]) {
                 Ok(o) => OneSided::Data(o.data.to_vec()),
                 Err(object::ObjectError::Torn) => OneSided::Torn,
                 Err(_) => OneSided::Refused,

@@ -102,6 +102,7 @@ pub(crate) struct CqInner {
     armed: AtomicU8,
     event: EventFd,
     overflowed: std::sync::atomic::AtomicBool,
+    dropped: std::sync::atomic::AtomicU64,
 }
 
 impl CqInner {
@@ -115,11 +116,17 @@ impl CqInner {
     pub fn push(&self, wc: WorkCompletion) {
         let mut q = self.q.lock();
         if q.len() >= self.cap {
-            self.overflowed.store(true, Ordering::Release);
-            tracing::error!(
-                cq = self.id,
-                "completion queue overflow; completion dropped"
-            );
+            // Logged once per queue (a peer that floods us must not flood
+            // the log too); `dropped` counts them all.
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            if !self.overflowed.swap(true, Ordering::AcqRel) {
+                tracing::error!(
+                    cq = self.id,
+                    cap = self.cap,
+                    "completion queue overflow; completions dropped from now on \
+                     (counted by CompletionQueue::dropped, logged once)"
+                );
+            }
             return;
         }
         q.push_back(wc);
@@ -168,6 +175,7 @@ impl CompletionQueue {
                 armed: AtomicU8::new(ARM_NONE),
                 event: EventFd::new()?,
                 overflowed: Default::default(),
+                dropped: Default::default(),
             }),
         })
     }
@@ -267,6 +275,11 @@ impl CompletionQueue {
     /// True once a completion was dropped because the queue was full.
     pub fn overflowed(&self) -> bool {
         self.inner.overflowed.load(Ordering::Acquire)
+    }
+    /// Completions dropped because the queue was full (see
+    /// [`CompletionQueue::overflowed`]).
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
     }
 
     pub fn id(&self) -> u32 {

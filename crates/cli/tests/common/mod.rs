@@ -3,6 +3,8 @@
 //! Wireshark's iWARP dissectors.
 #![allow(dead_code)]
 
+pub mod history;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;

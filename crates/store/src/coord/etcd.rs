@@ -636,6 +636,8 @@ mod tests {
             "stale epoch"
         );
         assert_eq!(b.get("g").unwrap().unwrap().in_sync, Some(mb));
+        // Named in the record: b may not retire that incarnation.
+        assert!(!b.retire("g", mb, 9).unwrap());
         // The primary resigns: the in-sync secondary wins a newer epoch and
         // the old primary is fenced.
         a.resign("g", ma, e2).unwrap();
@@ -660,5 +662,32 @@ mod tests {
             a.campaign("g", ma, ttl).unwrap(),
             Campaign::Lost { .. }
         ));
+        // a (named nowhere now) retires; its old incarnation can neither be
+        // registered nor campaign any more, the new one can be registered.
+        assert!(a.retire("g", ma, 70).unwrap());
+        let ma2 = Member {
+            node: 1,
+            incarnation: 70,
+        };
+        let c = EtcdCoordinator::connect(&eps).unwrap();
+        let Campaign::Won { epoch: e4, in_sync } = c.campaign("g", mb, ttl).unwrap() else {
+            panic!("b's record, lease lapsed: b wins again")
+        };
+        assert_eq!(in_sync, None);
+        assert_eq!(
+            c.set_in_sync("g", mb, e4, Some(ma)).unwrap(),
+            None,
+            "retired"
+        );
+        let e5 = c
+            .set_in_sync("g", mb, e4, Some(ma2))
+            .unwrap()
+            .expect("the current incarnation");
+        // A re-election of b keeps a's new incarnation in sync.
+        c.resign("g", mb, e5).unwrap();
+        let Campaign::Won { in_sync, .. } = c.campaign("g", mb, ttl).unwrap() else {
+            panic!("re-election")
+        };
+        assert_eq!(in_sync, Some(ma2));
     }
 }

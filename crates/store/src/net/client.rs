@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_verbs::{Access, MemoryRegion};
 
-use super::link::{Endpoint, Link, LinkEvent, MAX_VALUE};
+use super::link::{Endpoint, Link, LinkError, LinkEvent, MAX_VALUE};
 use super::{parse_accept, random_u64, Hello, CONNECT_TIMEOUT};
 use crate::object::{self, ObjectError};
 use crate::proto::{self, Body, Envelope, NodeId, Op, Reply, StatusInfo, StoreError};
@@ -188,7 +188,12 @@ impl StoreClient {
         let (link, reply) = self
             .ep
             .connect(self.slots[i].addr, &hello, CONNECT_TIMEOUT)
-            .map_err(|e| ClientError::Unavailable(format!("{}: {e}", self.slots[i].addr)))?;
+            .map_err(|e| match e {
+                LinkError::Protocol(_) => {
+                    ClientError::Protocol(format!("{}: {e}", self.slots[i].addr))
+                }
+                e => ClientError::Unavailable(format!("{}: {e}", self.slots[i].addr)),
+            })?;
         let (node, arena) = parse_accept(&reply).ok_or_else(|| {
             ClientError::Protocol(format!("{}: not a store node", self.slots[i].addr))
         })?;
@@ -218,6 +223,9 @@ impl StoreClient {
         let req_id = self.next_req;
         let deadline = Instant::now() + self.cfg.deadline;
         let mut last_err = String::from("no attempt made");
+        // Nodes that answered with something other than a store node's
+        // handshake: when every one did, waiting will not help.
+        let mut not_store = vec![false; self.slots.len()];
         loop {
             if Instant::now() > deadline {
                 return Err(ClientError::Unavailable(last_err));
@@ -226,6 +234,12 @@ impl StoreClient {
             let link = match self.link(t) {
                 Ok(l) => l,
                 Err(e) => {
+                    if let ClientError::Protocol(_) = e {
+                        not_store[t] = true;
+                        if not_store.iter().all(|&x| x) {
+                            return Err(e);
+                        }
+                    }
                     last_err = e.to_string();
                     self.switch();
                     std::thread::sleep(Duration::from_millis(10));
@@ -376,7 +390,10 @@ impl StoreClient {
             }
             let mut buf = vec![0u8; len];
             mr.read_at(0, &mut buf);
-            match object::decode(&buf) {
+            // Exactly the allocation the pointer names, or the node decides
+            // (a pointer whose length is not the allocation's is refused,
+            // as it is for update and delete).
+            match object::decode_exact(&buf) {
                 Ok(o) => {
                     self.stats.one_sided_reads += 1;
                     return Ok(o.data.to_vec());

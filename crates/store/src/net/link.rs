@@ -74,6 +74,10 @@ pub enum LinkError {
     /// Message too large.
     #[error("message of {0} bytes exceeds the largest message")]
     TooLarge(usize),
+    /// The peer broke the connection protocol (not an iWARP peer, or not
+    /// a store node): retrying will not help.
+    #[error("not a store node (connection protocol error: {0})")]
+    Protocol(String),
 }
 
 fn verr(e: impl std::fmt::Display) -> LinkError {
@@ -215,10 +219,17 @@ impl Endpoint {
 
     /// Forgets a link (after it went down).
     pub fn remove(&self, id: u32) {
-        if let Some(l) = self.links.lock().unwrap().remove(&id) {
+        let removed = self.links.lock().unwrap().remove(&id);
+        if let Some(l) = removed {
             self.poller.remove(&l.qp);
             self.active.write().unwrap().retain(|a| a.id != id);
             l.close();
+            // Closing flushed its posted receives into the shared receive
+            // queue: take them out now (what other links received meanwhile
+            // waits in the backlog). A client retrying a peer that fails
+            // every handshake otherwise filled the queue within seconds
+            // (issue 16, finding 6).
+            self.service();
         }
     }
 
@@ -249,7 +260,12 @@ impl Endpoint {
             }
             Err(e) => {
                 self.remove(link.id);
-                Err(verr(e))
+                Err(match e {
+                    // The peer does not speak MPA (or not as a store node):
+                    // retrying will not change that.
+                    softrdma_verbs::Error::Protocol(p) => LinkError::Protocol(p),
+                    e => verr(e),
+                })
             }
         }
     }
