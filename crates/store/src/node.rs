@@ -2187,11 +2187,7 @@ mod tests {
         let is_ka = |c: &Call| c.node == 1 && matches!(c.req, CoordRequest::KeepAlive { .. });
         // Until node 1 asks to register node 2 (held)...
         h.run(200_000, &|c, _| is_reg(c));
-        let reg = h
-            .calls
-            .iter()
-            .position(is_reg)
-            .expect("registration asked");
+        let reg = h.calls.iter().position(is_reg).expect("registration asked");
         assert!(h.node(1).role() == Role::Primary && !h.node(1).is_redundant());
         // ... and a renewal goes out while it is pending (held too).
         h.run(2 * HB, &|c, _| is_reg(c) || is_ka(c));
