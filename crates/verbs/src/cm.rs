@@ -10,7 +10,10 @@ use crate::error::{Error, Result};
 use crate::iwarp::Conn;
 use crate::qp::{QpState, QueuePair};
 use crate::samehost::{Link, Offer};
+use softrdma_wire::ddp::DdpHeader;
 use softrdma_wire::mpa::{self, MpaFrame, MpaHeader, MpaKind, MpaV2};
+use softrdma_wire::terminate::codes;
+use softrdma_wire::TermCode;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -80,6 +83,9 @@ pub struct Negotiated {
     /// Both ends agreed to `ext::ONE_SHOT` (`docs/one-shot.md`): advertise
     /// and close travel in RDMAP headers, not in payloads.
     pub one_shot: bool,
+    /// The peer is softrdma (it offered or accepted the extension block):
+    /// no responder hold is needed with it.
+    pub softrdma_peer: bool,
 }
 
 /// Private data with softrdma's extension block (and our same-host record
@@ -149,6 +155,8 @@ fn establish(
                 sq.tx.rtr_wait = true;
                 rx.rtr_expected = true;
             }
+        } else if !n.initiator && !n.softrdma_peer {
+            sq.tx.hold_until = Some(std::time::Instant::now() + rt.core.config.responder_hold);
         }
     }
     if q.conn.set(conn).is_err() {
@@ -158,6 +166,10 @@ fn establish(
     q.set_state(QpState::Rts);
     let c = q.conn.get().expect("just set");
     c.register(q.qpn)?;
+    if let Some(until) = q.sq.lock().tx.hold_until {
+        // Transmission starts at the hold's end if no FPDU came first.
+        rt.progress[(q.qpn as usize) % rt.progress.len()].add_timer(until, q.qpn);
+    }
     // Send the RTR (initiator) and anything posted meanwhile.
     q.kick_with(q.sq.lock());
     tracing::debug!(qpn = q.qpn, local = %c.local, peer = %c.peer, ?n, "connection established");
@@ -199,6 +211,7 @@ impl QueuePair {
                 v2.is_some(),
             )
         } else {
+            check_siw_private_data(params.private_data.len(), v2.is_some())?;
             params.private_data.clone()
         };
         let req = MpaFrame {
@@ -239,7 +252,20 @@ impl QueuePair {
                 rep.revision, params.mpa_revision
             )));
         }
-        let (ord, p2p, rtr) = match (v2, rep.v2) {
+        // An enhanced (revision 2) request gets an enhanced reply (siw
+        // refuses anything else too; issue 20, item 7).
+        if v2.is_some() && (rep.revision != 2 || rep.v2.is_none()) {
+            return Err(Error::Protocol(format!(
+                "a revision-{} {} reply to an enhanced request",
+                rep.revision,
+                if rep.v2.is_some() {
+                    "enhanced"
+                } else {
+                    "non-enhanced"
+                }
+            )));
+        }
+        let (ord, p2p, rtr, ird) = match (v2, rep.v2) {
             (Some(_), Some(r)) => {
                 let p2p = params.p2p && r.peer_to_peer;
                 let rtr = if p2p {
@@ -258,26 +284,86 @@ impl QueuePair {
                 } else {
                     r.ird
                 };
-                (params.ord.min(peer_ird), p2p, rtr)
+                // The responder's ORD must fit our IRD: raise ours up to the
+                // device's maximum, as siw does; past it, refuse with the
+                // "insufficient IRD" Terminate (issue 20, item 7).
+                let peer_ord = if r.ord == mpa::IRD_ORD_MASK { 0 } else { r.ord };
+                if peer_ord > self.pd.dev.attr().max_ird {
+                    let _ = send_mpa_terminate(
+                        &mut s,
+                        codes::MPA_INSUFFICIENT_IRD,
+                        rep.crc || params.crc,
+                    );
+                    return Err(Error::Protocol(format!(
+                        "the responder's ORD {peer_ord} exceeds our largest IRD {}",
+                        self.pd.dev.attr().max_ird
+                    )));
+                }
+                (params.ord.min(peer_ird), p2p, rtr, params.ird.max(peer_ord))
             }
-            _ => (params.ord, false, None),
+            _ => (params.ord, false, None, params.ird),
         };
         let link = offer.and_then(|o| Link::establish(core, o, peer_same_host.as_ref()));
         let n = Negotiated {
             revision: rep.revision,
-            crc: rep.crc,
-            ird: params.ird,
-            ord: ord.max(1),
+            // CRC when either side asked (RFC 5044 section 7.1.2).
+            crc: rep.crc || params.crc,
+            ird,
+            // The peer's IRD of 0 means no Reads: they fail locally.
+            ord,
             p2p,
             initiator: true,
             large_segments: ext.is_some_and(|f| f & mpa::ext::LARGE_SEGMENTS != 0),
             rfc7306: ext.is_some_and(|f| f & mpa::ext::RFC7306 != 0),
             same_host: link.as_ref().is_some_and(Link::direct),
             one_shot: ext.is_some_and(|f| f & mpa::ext::ONE_SHOT != 0),
+            softrdma_peer: ext.is_some(),
         };
         establish(self, s, n, rtr, link)?;
         Ok(rep.private_data)
     }
+}
+
+/// Linux siw drops, without a word, a connection whose MPA private data
+/// (the 4-byte IRD/ORD block of an enhanced frame included) exceeds 256
+/// bytes: refuse to send such a frame to a peer that may be siw (one
+/// without softrdma's extensions; issue 20, item 7).
+pub(crate) const SIW_MAX_PRIVATE_DATA: usize = 256;
+
+/// Sends a Terminate (queue 2, MSN 1) straight on the stream just after the
+/// MPA exchange, when the connection cannot be established (an MPA-layer
+/// error; `crc`: as negotiated).
+fn send_mpa_terminate(s: &mut TcpStream, code: TermCode, crc: bool) -> Result<()> {
+    let t = softrdma_wire::terminate::Terminate::new(code);
+    let mut body = Vec::with_capacity(t.encoded_len());
+    t.encode(&mut body);
+    let hdr = DdpHeader::Untagged(softrdma_wire::ddp::UntaggedHeader {
+        last: true,
+        opcode: softrdma_wire::ddp::Opcode::Terminate,
+        inval_stag: 0,
+        qn: softrdma_wire::ddp::QN_TERMINATE,
+        msn: 1,
+        mo: 0,
+    });
+    let mut ulpdu = vec![0u8; hdr.len()];
+    hdr.encode(&mut ulpdu);
+    ulpdu.extend_from_slice(&body);
+    let mut fpdu = Vec::new();
+    mpa::encode_fpdu(&ulpdu, crc, &mut fpdu);
+    s.write_all(&fpdu)?;
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}
+
+fn check_siw_private_data(app: usize, v2: bool) -> Result<()> {
+    let total = app + if v2 { MpaV2::LEN } else { 0 };
+    if total > SIW_MAX_PRIVATE_DATA {
+        return Err(Error::inval(format!(
+            "{app} bytes of private data ({total} with the IRD/ORD block) exceed {SIW_MAX_PRIVATE_DATA}, \
+             Linux siw's limit (more needs ConnParams::extensions, between softrdma ends)"
+        )));
+    }
+    Ok(())
 }
 
 /// A listening endpoint (`rdma_listen`).
@@ -426,7 +512,9 @@ impl ConnectRequest {
                 } else {
                     r.ird
                 };
-                let ord = params.ord.min(peer_ird).max(1);
+                // The peer's IRD of 0 means no Reads from us: they fail at
+                // posting (not forced to 1; issue 20, item 7).
+                let ord = params.ord.min(peer_ird);
                 let ird = params
                     .ird
                     .max(if r.ord == mpa::IRD_ORD_MASK { 0 } else { r.ord });
@@ -465,6 +553,7 @@ impl ConnectRequest {
                         rfc7306: false,
                         same_host: false,
                         one_shot: false,
+                        softrdma_peer: false,
                     },
                 )
             }
@@ -481,6 +570,7 @@ impl ConnectRequest {
                     rfc7306: false,
                     same_host: false,
                     one_shot: false,
+                    softrdma_peer: false,
                 },
             ),
         };
@@ -490,6 +580,7 @@ impl ConnectRequest {
         let private_data = match self.ext {
             Some(offered) => {
                 let agreed = offered & mpa::ext::KNOWN;
+                n.softrdma_peer = true;
                 n.large_segments = agreed & mpa::ext::LARGE_SEGMENTS != 0;
                 n.rfc7306 = agreed & mpa::ext::RFC7306 != 0;
                 n.one_shot = agreed & mpa::ext::ONE_SHOT != 0;
@@ -509,7 +600,10 @@ impl ConnectRequest {
                     with_ext(agreed, &mut None, &params.private_data, v2.is_some())
                 }
             }
-            None => params.private_data.clone(),
+            None => {
+                check_siw_private_data(params.private_data.len(), v2.is_some())?;
+                params.private_data.clone()
+            }
         };
         let rep = MpaFrame {
             kind: MpaKind::Reply,
@@ -527,6 +621,9 @@ impl ConnectRequest {
 
     /// Rejects with optional private data (sent in the MPA reply).
     pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        if self.ext.is_none() {
+            check_siw_private_data(private_data.len(), false)?;
+        }
         let rev = self.frame.revision;
         reply_reject(&mut self.stream, rev, private_data)
     }

@@ -68,6 +68,15 @@ pub struct DeviceConfig {
     /// benchmark measuring the network path, turn it off for every
     /// softrdma process without a flag in each application).
     pub same_host: bool,
+    /// How long a responder (a passive side not in peer-to-peer mode,
+    /// with a peer that is not softrdma) waits for the initiator's first
+    /// FPDU before it transmits anyway. RFC 5044 section 7.1.2 rule 4 says
+    /// a responder must not send before it has received an FPDU; Linux siw
+    /// as initiator fails the connection (EPROTO) when an FPDU arrives
+    /// with the MPA reply. Waiting forever would deadlock applications in
+    /// which the passive side speaks first (perftest's `ib_write_lat`
+    /// server writes first), hence the grace period. Default 200 ms.
+    pub responder_hold: std::time::Duration,
 }
 
 /// `SOFTRDMA_SAME_HOST=0` in the environment turns the same-host transport
@@ -86,6 +95,7 @@ impl Default for DeviceConfig {
             attr: DeviceAttr::default(),
             publish: true,
             same_host: same_host_default(),
+            responder_hold: std::time::Duration::from_millis(200),
         }
     }
 }
@@ -211,8 +221,10 @@ impl Device {
         if config.progress_threads == 0 {
             return Err(Error::inval("progress_threads must be > 0"));
         }
-        if config.max_ulpdu < 64 || config.max_ulpdu > 65533 {
-            return Err(Error::inval("max_ulpdu must be 64..=65533"));
+        // At least room for the largest header (an Atomic Request or a
+        // Terminate carrying one: 70 bytes) and some payload.
+        if config.max_ulpdu < 128 || config.max_ulpdu > 65533 {
+            return Err(Error::inval("max_ulpdu must be 128..=65533"));
         }
         let n = config.progress_threads;
         let shm = if config.same_host {

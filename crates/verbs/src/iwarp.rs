@@ -518,6 +518,14 @@ pub(crate) struct Tx {
     rtr: Option<TxMsg>,
     /// Responder in peer-to-peer mode: wait for the initiator's RTR.
     pub rtr_wait: bool,
+    /// Responder (RFC 5044 section 7.1.2 rule 4): nothing is sent before
+    /// the first FPDU from the initiator arrives, or until this instant
+    /// (a grace period, so that applications whose responder speaks first
+    /// without peer-to-peer mode do not deadlock).
+    pub hold_until: Option<std::time::Instant>,
+    /// Initiator: our Read RTR awaits its zero-length Read Response (it
+    /// counts against the peer's IRD like any Read).
+    pub rtr_read_pending: bool,
     terminated: bool,
     send_msn: u32,
     /// Queue 1: Read Requests and Atomic Requests.
@@ -542,6 +550,8 @@ impl Tx {
             term: None,
             rtr: None,
             rtr_wait: false,
+            hold_until: None,
+            rtr_read_pending: false,
             terminated: false,
             send_msn: 1,
             rr_msn: 1,
@@ -609,12 +619,15 @@ impl Tx {
                 mo: 0,
             });
             self.rr_msn += 1;
+            self.rtr_read_pending = true;
             let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
+            // STag 1, not 0, as siw (some hardware treats STag 0 as the
+            // privileged local STag).
             ReadRequest {
-                sink_stag: 0,
+                sink_stag: RTR_STAG,
                 sink_to: 0,
                 size: 0,
-                src_stag: 0,
+                src_stag: RTR_STAG,
                 src_to: 0,
             }
             .encode(&mut m.extra);
@@ -624,7 +637,7 @@ impl Tx {
             let hdr = DdpHeader::Tagged(TaggedHeader {
                 last: true,
                 opcode: Opcode::Write,
-                stag: 0,
+                stag: RTR_STAG,
                 to: 0,
             });
             TxMsg::new(hdr, Vec::new(), 0, Fin::None)
@@ -704,17 +717,23 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
     if sq.tx.rtr_wait {
         return None;
     }
+    if let Some(until) = sq.tx.hold_until {
+        if std::time::Instant::now() < until {
+            return None;
+        }
+        sq.tx.hold_until = None;
+    }
     if let Some(r) = sq.tx.irq.pop_front() {
         return Some(r);
     }
     if q.state() != QpState::Rts {
         return None;
     }
-    let ord = q.conn.get().map_or(1, |c| c.params.ord.max(1)) as usize;
+    let ord = q.conn.get().map_or(1, |c| c.params.ord) as usize;
     loop {
         let seq = sq.next_tx;
-        let orq_busy = !sq.orq.is_empty();
-        let orq_len = sq.orq.len();
+        let orq_busy = !sq.orq.is_empty() || sq.tx.rtr_read_pending;
+        let orq_len = sq.orq.len() + sq.tx.rtr_read_pending as usize;
         let pd = q.pd;
         let sent = sq.tx.msgs_sent;
         let w = sq.get_mut(seq)?;
@@ -957,13 +976,18 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
     }
 }
 
+/// The STag a ready-to-receive (RTR) message names: 1, as siw.
+pub(crate) const RTR_STAG: u32 = 1;
+
 /// Appends FPDUs of `m` to the batch until it is full or the message is
 /// done. Returns true when the whole message is composed.
 fn compose(m: &mut TxMsg, b: &mut Batch, max_ulpdu: usize, seg: usize, crc_on: bool) -> bool {
     while !b.full() {
         let fpdu_start = b.total;
         let hl = m.hdr.len() + m.extra_len;
-        let room = (max_ulpdu - hl) as u64;
+        // max_ulpdu >= 128 > the largest header (70).
+        debug_assert!(max_ulpdu > hl);
+        let room = max_ulpdu.saturating_sub(hl).max(1) as u64;
         let rem = m.total - m.off;
         let n = room.min(rem) as usize;
         let last = n as u64 == rem;
@@ -1080,7 +1104,13 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
     if c.is_closed() {
         return Ok(());
     }
-    let max_ulpdu = q.core.config.max_ulpdu.min(mpa::max_ulpdu_for(c.seg));
+    // Never below 128 (a tiny MSS just means FPDUs span segments).
+    let max_ulpdu = q
+        .core
+        .config
+        .max_ulpdu
+        .min(mpa::max_ulpdu_for(c.seg))
+        .max(128);
     loop {
         if !sq.tx.batch.is_empty() {
             if !sq.tx.batch.write(c)? {
@@ -1243,6 +1273,8 @@ pub(crate) struct Rx {
     read_resp_off: u64,
     /// Responder in peer-to-peer mode expects the RTR frame first.
     pub rtr_expected: bool,
+    /// A whole FPDU has arrived.
+    pub seen_fpdu: bool,
     bytes_in_frame: bool,
 }
 
@@ -1292,6 +1324,7 @@ impl Rx {
             cur_recv: None,
             read_resp_off: 0,
             rtr_expected: false,
+            seen_fpdu: false,
             bytes_in_frame: false,
         }
     }
@@ -1492,10 +1525,34 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
         }
         DdpHeader::Tagged(t) => {
             // Read Response: must answer the oldest outstanding Read.
-            let sq = q.sq.lock();
+            let mut sq = q.sq.lock();
+            if sq.tx.rtr_read_pending {
+                // The answer to our Read RTR (issue 20, item 1): one empty,
+                // last segment naming the RTR STag at offset 0.
+                if t.stag != RTR_STAG {
+                    return Err(fatal(
+                        codes::DDP_TAGGED_INVALID_STAG,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                if t.to != 0 || payload_len != 0 || !hdr.last() {
+                    return Err(fatal(
+                        codes::DDP_TAGGED_BASE_BOUNDS,
+                        &raw,
+                        WcStatus::WrFlushErr,
+                    ));
+                }
+                sq.tx.rtr_read_pending = false;
+                drop(sq);
+                finish_header(rx, hdr, ulpdu_len, payload_len, head_len, Action::None);
+                return Ok(());
+            }
+            // Nobody asked: DDP catastrophic, 1/0/0, as siw
+            // (`siw_proc_rresp`, "ORQ empty").
             let Some(&seq) = sq.orq.front() else {
                 return Err(fatal(
-                    codes::RDMAP_UNEXPECTED_OPCODE,
+                    codes::DDP_LOCAL_CATASTROPHIC,
                     &raw,
                     WcStatus::WrFlushErr,
                 ));
@@ -1536,7 +1593,11 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                     WcStatus::WrFlushErr,
                 ));
             }
-            if t.to != want_to || rx.read_resp_off + payload_len as u64 > w.len {
+            // In order, within the sink, and (the last segment) exactly
+            // the length asked for: a short response would complete the
+            // Read with bytes that never came (siw: `siw_rresp_check_ntoh`).
+            let end = rx.read_resp_off + payload_len as u64;
+            if t.to != want_to || end > w.len || (hdr.last() && end != w.len) {
                 return Err(fatal(
                     codes::DDP_TAGGED_BASE_BOUNDS,
                     &raw,
@@ -1620,8 +1681,10 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                         qp_num: q.qpn,
                         ..Default::default()
                     });
+                    // siw's code for "receive space short"
+                    // (`siw_send_check_ntoh`): no buffer, 1/2/0x02.
                     return Err(fatal(
-                        codes::DDP_UNTAGGED_TOO_LONG,
+                        codes::DDP_UNTAGGED_NO_BUFFER,
                         &raw,
                         WcStatus::WrFlushErr,
                     ));
@@ -1653,7 +1716,11 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                     .map_err(|e| fatal(e.term_code(), &raw, WcStatus::WrFlushErr))?;
                 let full = rx.hdr_bytes[..hl + ReadRequest::LEN].to_vec();
                 if rx.rtr_expected && rr.size == 0 {
-                    Action::Rtr
+                    // The Read RTR: answered like any zero-length Read (a
+                    // zero-length Read Response, the MSN counted), or the
+                    // peer's first real Read is refused (issue 20, item 1).
+                    rx.rtr_expected = false;
+                    Action::ReadReq(rr, None)
                 } else {
                     let used = q.sq.lock().tx.irq_used;
                     if used >= c.params.ird.max(1) as usize {
@@ -1802,7 +1869,14 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
             }
             Opcode::Terminate => {
                 let body = &rx.stage[s + 2 + hl..s + 2 + hl + extra];
-                Action::Terminate(Terminate::decode(body).ok())
+                // softrdma peers write the RFC's layout; Linux siw its own
+                // (issue 20, item 8): guessed from the word for the others.
+                let t = if c.params.softrdma_peer {
+                    Terminate::decode(body)
+                } else {
+                    Terminate::decode_guess_layout(body)
+                };
+                Action::Terminate(t.ok())
             }
             _ => {
                 return Err(fatal(
@@ -1944,7 +2018,25 @@ fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
     let counted = rx
         .hdr
         .is_some_and(|h| h.last() && h.opcode() != Opcode::Terminate);
+    // The first FPDU from the peer ends a responder's hold (RFC 5044
+    // section 7.1.2 rule 4) and, in peer-to-peer mode, the wait for the
+    // RTR whatever the first message is (a peer that sends something else
+    // first no longer stalls our transmitter forever: issue 20, item 9).
+    let first = !rx.seen_fpdu;
+    if first {
+        rx.seen_fpdu = true;
+        rx.rtr_expected = false;
+        let mut sq = q.sq.lock();
+        sq.tx.rtr_wait = false;
+        sq.tx.hold_until = None;
+    }
     let end = segment_done(q, rx, c);
+    if first && end.is_none() {
+        let mut sq = q.sq.lock();
+        if let Some(e) = tx_or_fail(q, &mut sq, c) {
+            return Some(e);
+        }
+    }
     if counted {
         if let Some(link) = &c.link {
             link.message_done();
@@ -1993,13 +2085,16 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
             tx_or_fail(q, &mut sq, c)
         }
         Action::Send => {
-            let cur = rx.cur_recv.as_mut().expect("receive in progress");
+            // (A flush that took the receive closed the connection first,
+            // and the receiver stops before placing anything then; never
+            // panic on it regardless.)
+            let cur = rx.cur_recv.as_mut()?;
             cur.received += n;
             if !last {
                 return None;
             }
             rx.send_msn = rx.send_msn.wrapping_add(1);
-            let cur = rx.cur_recv.take().expect("receive in progress");
+            let cur = rx.cur_recv.take()?;
             let (opcode, inval) = match hdr {
                 DdpHeader::Untagged(u) => (u.opcode, u.inval_stag),
                 _ => unreachable!("Sends are untagged"),
@@ -2209,6 +2304,19 @@ fn status_for_peer_term(code: TermCode) -> WcStatus {
     }
 }
 
+/// A timer of the progress thread fired for this QP: a responder's hold
+/// (see `Tx::hold_until`) that ran out starts transmission.
+pub(crate) fn on_timer(q: &Arc<QpInner>) {
+    let sq = q.sq.lock();
+    if sq
+        .tx
+        .hold_until
+        .is_some_and(|u| std::time::Instant::now() >= u)
+    {
+        q.kick_with(sq);
+    }
+}
+
 /// EPOLLIN: runs the receiver, then acts on how it ended.
 /// Runs the receiver for at most `budget` segments; returns true if it
 /// stopped at its budget (more input may be waiting).
@@ -2221,6 +2329,15 @@ pub(crate) fn on_readable(q: &Arc<QpInner>, budget: usize) -> bool {
     }
     let end = {
         let mut rx = q.rx.lock();
+        // Again under the lock: `QpInner::fail` closes the connection and
+        // then takes the receive in progress under this lock (flushing it
+        // back to the application). Once closed, nothing more may be placed
+        // into that receive's buffer (issue 20, item 6: a receiver past the
+        // first check placed staged bytes into the flushed buffer and then
+        // panicked on the missing receive).
+        if c.is_closed() {
+            return false;
+        }
         rx_loop(q, &mut rx, c, budget)
     };
     // Ring mode: a doorbell may mean the peer made room in its ring.

@@ -177,7 +177,10 @@ impl AccessError {
         match self {
             AccessError::InvalidStag => codes::DDP_TAGGED_INVALID_STAG,
             AccessError::WrongPd => codes::DDP_TAGGED_STAG_NOT_ASSOC,
-            AccessError::Rights => codes::RDMAP_ACCESS_RIGHTS,
+            // RFC 5041 has no tagged-buffer code for missing rights; siw
+            // answers with "invalid STag" (`siw_tagged_error`), and so do
+            // we (issue 20, item 8).
+            AccessError::Rights => codes::DDP_TAGGED_INVALID_STAG,
             AccessError::Bounds => codes::DDP_TAGGED_BASE_BOUNDS,
             AccessError::ToWrap => codes::DDP_TAGGED_TO_WRAP,
         }
@@ -209,7 +212,9 @@ impl MrInner {
             return Err(AccessError::Rights);
         }
         let end = to.checked_add(len).ok_or(AccessError::ToWrap)?;
-        if to < self.iova || end > self.iova + self.len {
+        // (Registration refuses regions whose end passes 2^64; checked
+        // anyway, never wrapping.)
+        if to < self.iova || self.iova.checked_add(self.len).is_none_or(|e| end > e) {
             return Err(AccessError::Bounds);
         }
         Ok(())
@@ -297,7 +302,9 @@ pub(crate) unsafe fn atomic_apply(target: RawSpan, req: &softrdma_wire::AtomicRe
     // application's to order.
     let a = unsafe { AtomicU64::from_ptr(target.ptr as *mut u64) };
     match req.op {
-        AtomicOp::FetchAdd => a.fetch_add(req.add_swap, Ordering::AcqRel),
+        // Plain fetch-and-add only without a mask; a masked one adds its
+        // fields independently (RFC 7306 section 4.1; issue 20, item 9).
+        AtomicOp::FetchAdd if req.add_swap_mask == 0 => a.fetch_add(req.add_swap, Ordering::AcqRel),
         op => match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
             Some(op.apply(v, req))
         }) {

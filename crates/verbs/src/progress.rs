@@ -8,12 +8,17 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 const WAKE: u64 = u64::MAX;
+
+/// Deadlines of this thread's QPs (a responder's hold): `(when, qpn)`.
+type Timers = Arc<parking_lot::Mutex<Vec<(Instant, u32)>>>;
 
 pub(crate) struct Progress {
     pub epoll: Arc<Epoll>,
     wake: Arc<EventFd>,
+    timers: Timers,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
 }
@@ -24,16 +29,24 @@ impl Progress {
         let wake = Arc::new(EventFd::new()?);
         epoll.add(wake.as_raw_fd(), sys::EV_IN, WAKE)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (e, w, s) = (epoll.clone(), wake.clone(), stop.clone());
+        let timers: Timers = Default::default();
+        let (e, w, s, t) = (epoll.clone(), wake.clone(), stop.clone(), timers.clone());
         let handle = std::thread::Builder::new()
             .name(format!("softrdma-progress-{idx}"))
-            .spawn(move || run(core, e, w, s))?;
+            .spawn(move || run(core, e, w, s, t))?;
         Ok(Progress {
             epoll,
             wake,
+            timers,
             stop,
             handle: Some(handle),
         })
+    }
+
+    /// Calls `iwarp::on_timer` for `qpn` once `at` has passed.
+    pub fn add_timer(&self, at: Instant, qpn: u32) {
+        self.timers.lock().push((at, qpn));
+        self.wake.signal();
     }
 
     pub fn stop(&self) {
@@ -48,7 +61,13 @@ impl Progress {
     }
 }
 
-fn run(core: Arc<Core>, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop: Arc<AtomicBool>) {
+fn run(
+    core: Arc<Core>,
+    epoll: Arc<Epoll>,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+    timers: Timers,
+) {
     let mut evs = Vec::with_capacity(128);
     // QPs whose receiver stopped at its budget. It may have read bytes
     // ahead from the socket into its stage, which epoll cannot see, so
@@ -56,10 +75,37 @@ fn run(core: Arc<Core>, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop: Arc<AtomicB
     // the socket empty, a whole FPDU waiting in the stage).
     let mut more: Vec<u32> = Vec::new();
     loop {
-        let timeout = if more.is_empty() { -1 } else { 0 };
+        let next_timer = timers.lock().iter().map(|t| t.0).min();
+        let timeout = if !more.is_empty() {
+            0
+        } else {
+            match next_timer {
+                // Rounded up: never wake before the deadline.
+                Some(at) => at
+                    .saturating_duration_since(Instant::now())
+                    .as_micros()
+                    .div_ceil(1000)
+                    .min(60_000) as i32,
+                None => -1,
+            }
+        };
         if let Err(e) = epoll.wait(&mut evs, 128, timeout) {
             tracing::error!(error = %e, "epoll_wait failed; progress thread stops");
             return;
+        }
+        if next_timer.is_some() {
+            let now = Instant::now();
+            let due: Vec<u32> = {
+                let mut t = timers.lock();
+                let due = t.iter().filter(|x| x.0 <= now).map(|x| x.1).collect();
+                t.retain(|x| x.0 > now);
+                due
+            };
+            for qpn in due {
+                if let Some(qp) = core.qp(qpn) {
+                    crate::iwarp::on_timer(&qp);
+                }
+            }
         }
         for qpn in std::mem::take(&mut more) {
             if let Some(qp) = core.qp(qpn) {

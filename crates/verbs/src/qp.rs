@@ -834,11 +834,24 @@ impl QueuePair {
         }
         // Refuse the whole batch before queueing any of it.
         let rfc7306 = q.conn.get().is_some_and(|c| c.params.rfc7306);
+        let no_reads = q.conn.get().is_some_and(|c| c.params.ord == 0);
         for wr in wrs {
             if wr.sgl.len() > q.caps.max_send_sge {
                 return Err(Error::inval("too many SGEs"));
             }
             q.core.check_post(&wr.sgl)?;
+            let reads = matches!(
+                wr.op,
+                WrOp::RdmaRead { .. }
+                    | WrOp::Flush { .. }
+                    | WrOp::AtomicFetchAdd { .. }
+                    | WrOp::AtomicCmpSwap { .. }
+            );
+            if reads && no_reads {
+                return Err(Error::inval(
+                    "the peer accepts no RDMA Reads or atomics on this connection (its IRD is 0, so our ORD is 0)",
+                ));
+            }
             if wr.needs_rfc7306() && !rfc7306 {
                 return Err(Error::inval(
                     "atomics and immediate data need a connection that negotiated RFC 7306 \

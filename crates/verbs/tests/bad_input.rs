@@ -706,10 +706,11 @@ fn garbage_instead_of_mpa_request_closes() {
 /// own limit (RFC 5044), the 16-bit ULPDU_Length allows 65535 and Linux siw
 /// accepts any length, as this engine does. What is oversized is the DDP
 /// message for the buffer it lands in: a Send larger than the posted
-/// receive is "DDP message too long for available buffer" (RFC 5041
-/// section 7.2, 1/2/0x05; siw reports it as 1/2/0x02 but also completes
-/// the receive with a length error), and so is a Read Request longer than
-/// the 28-byte Read Request that queue 1 holds (RFC 5040 section 4.4).
+/// receive is answered as siw answers it (`siw_send_check_ntoh`, "receive
+/// space short": 1/2/0x02, no buffer; RFC 5041 section 7.2 would also
+/// allow 0x05, "DDP message too long"), the receive completing with a
+/// length error; a Read Request longer than the 28-byte Read Request that
+/// queue 1 holds is "too long" (RFC 5040 section 4.4, 1/2/0x05).
 #[test]
 fn oversized_ulpdu_length() {
     let srv = Server::new();
@@ -722,13 +723,13 @@ fn oversized_ulpdu_length() {
     let f = raw.fpdu(&u);
     raw.send_bytes_lossy(&f);
     let t = raw.expect_terminate();
-    assert_eq!(t.code, codes::DDP_UNTAGGED_TOO_LONG, "got {}", t.code);
+    assert_eq!(t.code, codes::DDP_UNTAGGED_NO_BUFFER, "got {}", t.code);
     assert_eq!(t.ddp_header.as_deref(), Some(&u[..ddp::UNTAGGED_LEN]));
     // The receive it was for fails with a length error, the other is
     // flushed; nothing was placed.
     expect_engine_terminated(
         &s,
-        codes::DDP_UNTAGGED_TOO_LONG,
+        codes::DDP_UNTAGGED_NO_BUFFER,
         &[(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)],
     );
     g.assert_untouched("Send longer than the receive");
@@ -1238,11 +1239,11 @@ fn bad_mpa_crc() {
     send_one(&c2, &s2);
 }
 
-/// (11) A Write to a region registered without REMOTE_WRITE, and a Read
-/// Request from one without REMOTE_READ: RDMAP remote protection error,
-/// access rights violation (RFC 5040 Figure 9, 0/1/0x02). (Linux siw
-/// reports the Write case as DDP "invalid STag", 1/1/0x00, because RFC 5041
-/// has no access-rights code; RFC 5040's code is the precise one.)
+/// (11) A Write to a region registered without REMOTE_WRITE: DDP "invalid
+/// STag", 1/1/0x00, as Linux siw answers it (RFC 5041 has no access-rights
+/// code for tagged buffers; issue 20, item 8). A Read Request from a region
+/// without REMOTE_READ: RDMAP remote protection error, access rights
+/// violation (RFC 5040 Figure 9, 0/1/0x02).
 #[test]
 fn write_without_remote_write_access() {
     let srv = Server::new();
@@ -1271,15 +1272,22 @@ fn write_without_remote_write_access() {
                 "Read without REMOTE_READ",
             );
         } else {
+            // DDP has no code for missing rights: "invalid STag", as siw
+            // (`siw_tagged_error`).
             refused_write(
                 &mut raw,
                 mr.rkey(),
                 mr.addr(),
-                codes::RDMAP_ACCESS_RIGHTS,
+                codes::DDP_TAGGED_INVALID_STAG,
                 "Write without REMOTE_WRITE",
             );
         }
-        expect_engine_terminated(&s, codes::RDMAP_ACCESS_RIGHTS, &FLUSHED);
+        let want = if read {
+            codes::RDMAP_ACCESS_RIGHTS
+        } else {
+            codes::DDP_TAGGED_INVALID_STAG
+        };
+        expect_engine_terminated(&s, want, &FLUSHED);
         target.assert_untouched("access rights");
         g.assert_untouched("access rights");
     }
@@ -1518,4 +1526,79 @@ fn atomic_request_beyond_ird() {
     expect_engine_terminated(&s, codes::RDMAP_CATASTROPHIC_STREAM, &FLUSHED);
     g.assert_untouched("atomic beyond IRD");
     srv.prove_usable();
+}
+
+/// Issue 20, item 3: Read Responses from the peer are checked as siw checks
+/// them (`siw_rresp_check_ntoh`): a last segment that ends before the length
+/// asked for (which completed the Read as Success over bytes that never
+/// came), a wrong sink STag, a wrong offset, and a response nobody asked
+/// for each get a Terminate, and the Read does not complete as Success.
+#[test]
+fn read_responses_are_checked() {
+    let dev = device();
+    const LEN: usize = 1000;
+    for case in ["short", "wrong stag", "wrong offset", "unsolicited"] {
+        let (c, mut raw) = connect_raw(&dev, &ConnParams::default(), RawOpts::default());
+        let local = c.pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
+        local.write_at(0, &[0x11; LEN]);
+        let rr = if case == "unsolicited" {
+            ReadRequest {
+                sink_stag: local.rkey(),
+                sink_to: local.addr(),
+                size: LEN as u32,
+                src_stag: 0x1234,
+                src_to: 0,
+            }
+        } else {
+            c.qp.post_send(&SendWr::read(1, local.sge_all(), 0x8000, 0x1234))
+                .unwrap();
+            let Next::Fpdu(u) = raw.next() else {
+                panic!("{case}: no Read Request")
+            };
+            assert!(matches!(
+                DdpHeader::decode(&u).unwrap(),
+                DdpHeader::Untagged(h) if h.opcode == Opcode::ReadRequest
+            ));
+            ReadRequest::decode(&u[ddp::UNTAGGED_LEN..]).unwrap()
+        };
+        assert_eq!(rr.size as usize, LEN);
+        let (stag, to, len, want) = match case {
+            "short" => (
+                rr.sink_stag,
+                rr.sink_to,
+                LEN - 400,
+                codes::DDP_TAGGED_BASE_BOUNDS,
+            ),
+            "wrong stag" => (
+                rr.sink_stag ^ 0x100,
+                rr.sink_to,
+                LEN,
+                codes::DDP_TAGGED_INVALID_STAG,
+            ),
+            "wrong offset" => (
+                rr.sink_stag,
+                rr.sink_to + 8,
+                LEN - 8,
+                codes::DDP_TAGGED_BASE_BOUNDS,
+            ),
+            // As siw: DDP catastrophic ("ORQ empty").
+            _ => (rr.sink_stag, rr.sink_to, LEN, codes::DDP_LOCAL_CATASTROPHIC),
+        };
+        let h = DdpHeader::Tagged(TaggedHeader {
+            last: true,
+            opcode: Opcode::ReadResponse,
+            stag,
+            to,
+        });
+        raw.send_fpdu(&ulpdu(h, &vec![EVIL; len]));
+        let t = raw.expect_terminate();
+        assert_eq!(t.code, want, "{case}: got {}", t.code);
+        assert!(c.qp.wait_state(QpState::Error, T), "{case}: QP in ERROR");
+        if case != "unsolicited" {
+            let wc = common::wait(&c.cq);
+            assert_eq!(wc.wr_id, 1);
+            assert_ne!(wc.status, WcStatus::Success, "{case}: the Read completed");
+        }
+        assert!(c.cq.poll_one().is_none(), "{case}: nothing more completes");
+    }
 }

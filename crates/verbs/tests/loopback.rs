@@ -631,3 +631,57 @@ fn burst_just_past_the_receive_budget_is_processed() {
         }
     }
 }
+
+/// Issue 20, item 6: the application moves a QP to ERROR (flushing the
+/// receive in progress back to it) while a large Send is being placed into
+/// that receive. Nothing is placed into the flushed buffer afterwards (a
+/// receiver past its first closed-check used to, and then panicked the
+/// progress thread on the missing receive), and the device keeps working.
+#[test]
+fn flush_during_a_receive_places_nothing_after_it() {
+    let dev = Device::open_default().unwrap();
+    const LEN: usize = 4 << 20;
+    for round in 0..40 {
+        let (c, s) = pair_on(
+            &dev,
+            &dev,
+            ConnParams::default(),
+            ConnParams::default(),
+            |_| {},
+        );
+        let rbuf = s.pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
+        s.qp.post_recv(&RecvWr::new(1, &[rbuf.sge_all()])).unwrap();
+        let sbuf = c.pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
+        sbuf.write_at(0, &vec![0x5a; LEN]);
+        c.qp.post_send(&SendWr::send(2, &[sbuf.sge_all()])).unwrap();
+        // Let part of it arrive (varying by round), then flush.
+        let spin = std::time::Instant::now() + std::time::Duration::from_micros(50 * round);
+        while std::time::Instant::now() < spin {
+            std::hint::spin_loop();
+        }
+        s.qp.modify(QpState::Error).unwrap();
+        let wc = wait(&s.cq);
+        assert_eq!(wc.wr_id, 1);
+        // Once flushed, the buffer is the application's: it must not
+        // change any more.
+        let snap = rbuf.to_vec();
+        let _ = c.cq.wait_one(T);
+        assert!(
+            rbuf.to_vec() == snap,
+            "round {round}: bytes placed after the flush"
+        );
+    }
+    // The progress threads are alive: a fresh pair on the same device.
+    let (c, s) = pair_on(
+        &dev,
+        &dev,
+        ConnParams::default(),
+        ConnParams::default(),
+        |_| {},
+    );
+    let r = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(&RecvWr::new(9, &[r.sge_all()])).unwrap();
+    let m = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_send(&SendWr::send(10, &[m.sge_all()])).unwrap();
+    assert!(wait(&s.cq).is_ok());
+}

@@ -42,9 +42,9 @@
 //! Terminates with the same layout. This crate encodes and decodes the RFC
 //! layout (what Wireshark decodes and what other iWARP stacks send);
 //! [`Terminate::decode_siw_le`], [`siw_le_to_rfc`] and [`rfc_to_siw_le`]
-//! convert for logging what such a peer meant. A siw peer closes the
-//! connection on any Terminate whatever its control word says, so the
-//! layout only affects diagnostics.
+//! convert, and [`Terminate::decode_guess_layout`] reads a peer that may
+//! be siw (the engine uses it for peers that are not softrdma: the code a
+//! Terminate carries decides the status of the work request it fails).
 
 use crate::{be16, ddp, WireError};
 
@@ -420,6 +420,17 @@ impl Terminate {
         Terminate::decode(&v)
     }
 
+    /// Decodes a Terminate body from a peer that may write either layout
+    /// (the RFC's, or Linux siw's little-endian bit-fields): the layout is
+    /// guessed from the control word by [`looks_like_siw_le`].
+    pub fn decode_guess_layout(b: &[u8]) -> Result<Terminate, WireError> {
+        if b.len() >= 4 && looks_like_siw_le([b[0], b[1], b[2], b[3]]) {
+            Terminate::decode_siw_le(b)
+        } else {
+            Terminate::decode(b)
+        }
+    }
+
     /// The terminated DDP header, decoded, if one is attached.
     pub fn parsed_ddp_header(&self) -> Option<Result<ddp::DdpHeader, WireError>> {
         self.ddp_header.as_deref().map(ddp::DdpHeader::decode)
@@ -429,6 +440,29 @@ impl Terminate {
     /// is attached.
     pub fn parsed_rdmap_header(&self) -> Option<Result<ddp::ReadRequest, WireError>> {
         self.rdmap_header.as_deref().map(ddp::ReadRequest::decode)
+    }
+}
+
+/// Whether a Terminate control word is more likely in Linux siw's
+/// little-endian layout than in the RFC's. The flags M/D/R sit in bits
+/// `0xE0` of the third byte in the RFC layout and in bits `0x07` in siw's
+/// (and a Terminate that carries headers sets them); with no flags, the
+/// Layer (0 to 2) is the low nibble of the first byte in siw's layout and
+/// the high one in the RFC's; when both read as a layer, siw wins (the
+/// peers this is used for are not softrdma).
+pub fn looks_like_siw_le(word: [u8; 4]) -> bool {
+    let flags = word[2];
+    if flags & 0x07 != 0 && flags & 0xE0 == 0 {
+        return true;
+    }
+    if flags & 0xE0 != 0 && flags & 0x07 == 0 {
+        return false;
+    }
+    let (hi, lo) = (word[0] >> 4, word[0] & 0x0F);
+    match (hi <= 2, lo <= 2) {
+        (true, false) => false,
+        (false, true) => true,
+        _ => true,
     }
 }
 
@@ -464,4 +498,56 @@ pub fn rfc_to_siw_le(word: [u8; 4]) -> [u8; 4] {
     let rsvd = w & 0x1FFF;
     let v = layer | (etype << 4) | (ecode << 8) | (m << 16) | (d << 17) | (r << 18) | (rsvd << 19);
     v.to_le_bytes()
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    /// Every code the engine or siw sends, with and without an attached
+    /// DDP header, reads back right from either layout where the word is
+    /// unambiguous, and in siw's layout where it is not.
+    #[test]
+    fn guessed_layout_reads_both_kinds() {
+        let hdr = vec![0xC1u8, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+        let all = [
+            codes::RDMAP_INVALID_STAG,
+            codes::RDMAP_ACCESS_RIGHTS,
+            codes::RDMAP_UNEXPECTED_OPCODE,
+            codes::RDMAP_CATASTROPHIC_STREAM,
+            codes::DDP_LOCAL_CATASTROPHIC,
+            codes::DDP_TAGGED_INVALID_STAG,
+            codes::DDP_TAGGED_BASE_BOUNDS,
+            codes::DDP_UNTAGGED_NO_BUFFER,
+            codes::DDP_UNTAGGED_MSN_RANGE,
+            codes::MPA_CRC,
+        ];
+        for code in all {
+            for with_hdr in [true, false] {
+                let mut t = Terminate::new(code);
+                if with_hdr {
+                    t.ddp_header = Some(hdr.clone());
+                    t.ddp_seg_len = Some(14);
+                }
+                let mut rfc = Vec::new();
+                t.encode(&mut rfc);
+                let mut siw = rfc.clone();
+                let w = rfc_to_siw_le([rfc[0], rfc[1], rfc[2], rfc[3]]);
+                siw[..4].copy_from_slice(&w);
+                assert_eq!(
+                    Terminate::decode_guess_layout(&siw).unwrap().code,
+                    code,
+                    "siw layout of {code} (header {with_hdr})"
+                );
+                if with_hdr {
+                    // Flags make the RFC layout unambiguous.
+                    assert_eq!(
+                        Terminate::decode_guess_layout(&rfc).unwrap().code,
+                        code,
+                        "RFC layout of {code}"
+                    );
+                }
+            }
+        }
+    }
 }
