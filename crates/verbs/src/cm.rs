@@ -16,8 +16,9 @@ use softrdma_wire::terminate::codes;
 use softrdma_wire::TermCode;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How to connect or accept.
 #[derive(Debug, Clone)]
@@ -101,18 +102,47 @@ fn with_ext(flags: u8, offer: &mut Option<Offer>, app: &[u8], v2: bool) -> Vec<u
     pd
 }
 
-fn read_frame(s: &mut TcpStream, timeout: Duration) -> Result<MpaFrame> {
-    s.set_read_timeout(Some(timeout))?;
-    let mut h = [0u8; mpa::HEADER_LEN];
-    s.read_exact(&mut h).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            Error::Timeout("MPA frame")
+/// Fills `buf` from `s` by `deadline` (a whole-frame deadline, not one per
+/// read: a peer that trickles a byte at a time cannot stretch it).
+fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<()> {
+    let mut off = 0;
+    while off < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout("MPA frame"));
         }
-        _ => Error::Io(e),
-    })?;
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[off..]) {
+            Ok(0) => {
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed inside the MPA frame",
+                )))
+            }
+            Ok(n) => off += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Error::Timeout("MPA frame"))
+            }
+            Err(e) => return Err(Error::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads one MPA request or reply, whole, within `timeout`.
+fn read_frame(s: &mut TcpStream, timeout: Duration) -> Result<MpaFrame> {
+    let deadline = Instant::now() + timeout;
+    let mut h = [0u8; mpa::HEADER_LEN];
+    read_exact_by(s, &mut h, deadline)?;
     let hdr = MpaHeader::decode(&h).map_err(|e| Error::Protocol(e.to_string()))?;
     let mut pd = vec![0u8; hdr.pd_len as usize];
-    s.read_exact(&mut pd)?;
+    read_exact_by(s, &mut pd, deadline)?;
     s.set_read_timeout(None)?;
     MpaFrame::decode(&hdr, &pd).map_err(|e| Error::Protocol(e.to_string()))
 }
@@ -367,9 +397,35 @@ fn check_siw_private_data(app: usize, v2: bool) -> Result<()> {
 }
 
 /// A listening endpoint (`rdma_listen`).
+///
+/// An acceptor thread takes TCP connections and reads each one's MPA
+/// request on a thread of its own, under a whole-frame deadline
+/// ([`DeviceConfig::handshake_timeout`](crate::DeviceConfig)), as siw keeps
+/// one timer per endpoint: a peer that is slow or silent delays nobody
+/// else's connection (issue 20, item 4: one that trickled a byte every 3 s
+/// held off a valid client for 47 s). Valid requests queue for
+/// [`Listener::get_request`].
 pub struct Listener {
     dev: Device,
-    listener: TcpListener,
+    addr: SocketAddr,
+    requests: std::sync::Mutex<std::sync::mpsc::Receiver<ConnectRequest>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Handshakes read at once per listener; connections beyond are closed.
+const MAX_HANDSHAKES: usize = 256;
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the acceptor out of accept().
+        let wake = if self.addr.ip().is_unspecified() {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), self.addr.port())
+        } else {
+            self.addr
+        };
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+    }
 }
 
 impl Device {
@@ -377,16 +433,96 @@ impl Device {
     /// picks one).
     pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
         let listener = TcpListener::bind(addr)?;
+        let local = listener.local_addr()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let deadline = self.rt.core.config.handshake_timeout;
+        let st = stop.clone();
+        std::thread::Builder::new()
+            .name("softrdma-accept".into())
+            .spawn(move || accept_loop(listener, tx, st, deadline))?;
         Ok(Listener {
             dev: self.clone(),
-            listener,
+            addr: local,
+            requests: std::sync::Mutex::new(rx),
+            stop,
         })
+    }
+}
+
+/// The acceptor: one handshake thread per connection.
+fn accept_loop(
+    listener: TcpListener,
+    tx: std::sync::mpsc::Sender<ConnectRequest>,
+    stop: Arc<AtomicBool>,
+    deadline: Duration,
+) {
+    let active = Arc::new(AtomicUsize::new(0));
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (s, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if active.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+            tracing::warn!(%peer, "{MAX_HANDSHAKES} handshakes in progress; connection dropped");
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let (tx, active) = (tx.clone(), active.clone());
+        let spawned = std::thread::Builder::new()
+            .name("softrdma-mpa".into())
+            .spawn(move || {
+                if let Some(req) = handshake(s, peer, deadline) {
+                    let _ = tx.send(req);
+                }
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            tracing::warn!(%peer, "no thread for the handshake; connection dropped");
+        }
+    }
+}
+
+/// Reads a connection's MPA request by `deadline`; `None` if it is not a
+/// valid one (refused or dropped, and logged).
+fn handshake(mut s: TcpStream, peer: SocketAddr, deadline: Duration) -> Option<ConnectRequest> {
+    s.set_nodelay(true).ok()?;
+    match read_frame(&mut s, deadline) {
+        Ok(mut f) if f.kind == MpaKind::Request && !f.markers => {
+            let (ext, same_host, rest) = mpa::ext::parse(&f.private_data);
+            let rest = rest.to_vec();
+            f.private_data = rest;
+            Some(ConnectRequest {
+                stream: s,
+                frame: f,
+                ext,
+                same_host,
+                peer,
+            })
+        }
+        Ok(f) => {
+            tracing::warn!(%peer, "refusing MPA request (markers or wrong frame)");
+            let _ = reply_reject(&mut s, f.revision.clamp(1, 2), &[]);
+            None
+        }
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "bad MPA request; connection dropped");
+            None
+        }
     }
 }
 
 impl Listener {
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        Ok(self.listener.local_addr()?)
+        Ok(self.addr)
     }
 
     pub fn device(&self) -> &Device {
@@ -396,48 +532,26 @@ impl Listener {
     /// Waits for the next valid connection request. Connections whose MPA
     /// request is malformed (or asks for markers) are refused and skipped.
     pub fn get_request(&self) -> Result<ConnectRequest> {
-        loop {
-            let (mut s, peer) = self.listener.accept()?;
-            s.set_nodelay(true)?;
-            match read_frame(&mut s, Duration::from_secs(5)) {
-                Ok(mut f) if f.kind == MpaKind::Request && !f.markers => {
-                    let (ext, same_host, rest) = mpa::ext::parse(&f.private_data);
-                    let rest = rest.to_vec();
-                    f.private_data = rest;
-                    return Ok(ConnectRequest {
-                        stream: s,
-                        frame: f,
-                        ext,
-                        same_host,
-                        peer,
-                    });
-                }
-                Ok(f) => {
-                    tracing::warn!(%peer, "refusing MPA request (markers or wrong frame)");
-                    let _ = reply_reject(&mut s, f.revision.clamp(1, 2), &[]);
-                }
-                Err(e) => {
-                    tracing::warn!(%peer, error = %e, "bad MPA request; connection dropped");
-                }
-            }
-        }
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recv()
+            .map_err(|_| Error::Closed)
     }
 
-    /// Like [`Listener::get_request`], giving up after `timeout` when no TCP
-    /// connection arrives.
+    /// Like [`Listener::get_request`], giving up after `timeout` when no
+    /// valid request arrives.
     pub fn get_request_timeout(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
-        let mut p = libc::pollfd {
-            fd: self.listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: p is one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r <= 0 {
-            return Ok(None);
+        match self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recv_timeout(timeout)
+        {
+            Ok(r) => Ok(Some(r)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Closed),
         }
-        self.get_request().map(Some)
     }
 }
 

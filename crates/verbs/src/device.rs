@@ -77,6 +77,9 @@ pub struct DeviceConfig {
     /// which the passive side speaks first (perftest's `ib_write_lat`
     /// server writes first), hence the grace period. Default 200 ms.
     pub responder_hold: std::time::Duration,
+    /// A listener's whole-frame deadline for a connection's MPA request
+    /// (each connection on its own: see [`crate::Listener`]). Default 5 s.
+    pub handshake_timeout: std::time::Duration,
 }
 
 /// `SOFTRDMA_SAME_HOST=0` in the environment turns the same-host transport
@@ -96,6 +99,7 @@ impl Default for DeviceConfig {
             publish: true,
             same_host: same_host_default(),
             responder_hold: std::time::Duration::from_millis(200),
+            handshake_timeout: std::time::Duration::from_secs(5),
         }
     }
 }

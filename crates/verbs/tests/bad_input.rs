@@ -56,7 +56,8 @@
 mod common;
 use common::{side, Side, T};
 use softrdma_verbs::wire::ddp::{
-    self, AtomicOp, AtomicRequest, DdpHeader, Opcode, ReadRequest, TaggedHeader, UntaggedHeader,
+    self, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, Opcode, ReadRequest, TaggedHeader,
+    UntaggedHeader,
 };
 use softrdma_verbs::wire::mpa::{self, MpaFrame, MpaHeader, MpaKind, MpaV2};
 use softrdma_verbs::wire::terminate::{codes, Terminate};
@@ -78,6 +79,14 @@ struct RawOpts {
     ord: u16,
     /// Offer softrdma's extension block (RFC 7306 among them).
     ext: bool,
+    /// Peer-to-peer mode: the RTR types offered (as initiator) or chosen
+    /// (as responder): (zero-length Write, zero-length Read).
+    p2p: Option<(bool, bool)>,
+    /// As responder: the reply's revision and whether it carries the
+    /// enhanced IRD/ORD block (else: the request's revision, enhanced).
+    reply: Option<(u8, bool)>,
+    /// As responder: the reply's CRC bit, whatever the request asked.
+    reply_crc: Option<bool>,
 }
 
 impl Default for RawOpts {
@@ -87,6 +96,9 @@ impl Default for RawOpts {
             ird: 8,
             ord: 8,
             ext: false,
+            p2p: None,
+            reply: None,
+            reply_crc: None,
         }
     }
 }
@@ -158,6 +170,9 @@ impl Raw {
             v2: Some(MpaV2 {
                 ird: o.ird,
                 ord: o.ord,
+                peer_to_peer: o.p2p.is_some(),
+                rtr_write: o.p2p.is_some_and(|p| p.0),
+                rtr_read: o.p2p.is_some_and(|p| p.1),
                 ..Default::default()
             }),
             private_data: if o.ext {
@@ -191,22 +206,27 @@ impl Raw {
         s.set_read_timeout(Some(T)).unwrap();
         let req = read_mpa_frame(&mut s);
         assert_eq!(req.kind, MpaKind::Request);
-        let crc = req.crc || o.crc;
+        let crc = o.reply_crc.unwrap_or(req.crc || o.crc);
+        let (revision, enhanced) = o.reply.unwrap_or((req.revision, true));
         let rep = MpaFrame {
             kind: MpaKind::Reply,
             markers: false,
             crc,
             reject: false,
-            revision: req.revision,
-            v2: req.v2.map(|_| MpaV2 {
+            revision,
+            v2: req.v2.filter(|_| enhanced).map(|_| MpaV2 {
                 ird: o.ird,
                 ord: o.ord,
+                peer_to_peer: o.p2p.is_some(),
+                rtr_write: o.p2p.is_some_and(|p| p.0),
+                rtr_read: o.p2p.is_some_and(|p| p.1),
                 ..Default::default()
             }),
             private_data: Vec::new(),
         };
         s.write_all(&rep.encode().unwrap()).unwrap();
-        Raw::from_stream(s, crc)
+        // CRC when either side asked (RFC 5044 section 7.1.2).
+        Raw::from_stream(s, crc || req.crc)
     }
 
     /// Limits the receive buffer (so that the engine's socket fills up).
@@ -1601,4 +1621,417 @@ fn read_responses_are_checked() {
         }
         assert!(c.cq.poll_one().is_none(), "{case}: nothing more completes");
     }
+}
+
+/// Like [`connect_raw`], but returns what the engine's connect said.
+fn try_connect_raw(dev: &Device, params: &ConnParams, o: RawOpts) -> (Side, Result<Vec<u8>>, Raw) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = side(dev, QpCaps::default());
+    let (r, raw) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| c.qp.connect(addr, params));
+        let raw = Raw::accept(&l, o);
+        (h.join().unwrap(), raw)
+    });
+    (c, r, raw)
+}
+
+fn p2p_params() -> ConnParams {
+    ConnParams {
+        p2p: true,
+        ..Default::default()
+    }
+}
+
+/// A zero-length Read Request (an RTR, or a flush) from the raw peer.
+fn zero_read() -> ReadRequest {
+    ReadRequest {
+        sink_stag: 1,
+        sink_to: 0,
+        size: 0,
+        src_stag: 1,
+        src_to: 0,
+    }
+}
+
+/// Issue 20, item 1, responder side: a peer-to-peer initiator that offers
+/// only the Read RTR. The engine answers the zero-length Read with a
+/// zero-length Read Response (its sink STag, offset 0), counts its MSN (the
+/// initiator's first real Read, MSN 2, is answered, not refused), and
+/// holds its own Send until the RTR came.
+#[test]
+fn read_rtr_as_responder() {
+    let srv = Server::new();
+    let o = RawOpts {
+        p2p: Some((false, true)),
+        ..Default::default()
+    };
+    let (s, mut raw) = srv.accept_raw(&p2p_params(), o);
+    assert!(s.qp.conn_params().unwrap().p2p);
+    // Posted at once; must wait for the RTR.
+    let m =
+        s.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+    m.write_at(0, &[0x5a; 64]);
+    s.qp.post_send(&SendWr::send(1, &[m.sge(0, 16)])).unwrap();
+    let rr = zero_read();
+    let u = raw.read_request_ulpdu(&rr);
+    raw.send_fpdu(&u);
+    // First the RTR's answer, then the Send.
+    let Next::Fpdu(first) = raw.next() else {
+        panic!("no answer to the Read RTR")
+    };
+    match DdpHeader::decode(&first).unwrap() {
+        DdpHeader::Tagged(h) => {
+            assert_eq!(h.opcode, Opcode::ReadResponse);
+            assert_eq!((h.stag, h.to, h.last), (1, 0, true));
+            assert_eq!(first.len(), ddp::TAGGED_LEN, "zero-length");
+        }
+        h => panic!("{h:?} before the RTR's Read Response"),
+    }
+    let Next::Fpdu(send) = raw.next() else {
+        panic!("the held Send never came")
+    };
+    assert!(
+        matches!(DdpHeader::decode(&send).unwrap(), DdpHeader::Untagged(h) if h.opcode == Opcode::Send)
+    );
+    // A real Read Request, MSN 2: answered.
+    let rr = ReadRequest {
+        sink_stag: 0x4200,
+        sink_to: 0,
+        size: 64,
+        src_stag: m.rkey(),
+        src_to: m.addr(),
+    };
+    let u = raw.read_request_ulpdu(&rr);
+    raw.send_fpdu(&u);
+    let Next::Fpdu(resp) = raw.next() else {
+        panic!("no Read Response")
+    };
+    match DdpHeader::decode(&resp).unwrap() {
+        DdpHeader::Tagged(h) => {
+            assert_eq!(h.opcode, Opcode::ReadResponse, "{h:?}");
+            assert_eq!(&resp[ddp::TAGGED_LEN..], &[0x5a; 64]);
+        }
+        h => panic!("{h:?} instead of the Read Response"),
+    }
+    assert_eq!(s.qp.state(), QpState::Rts);
+}
+
+/// Issue 20, item 1, initiator side: a peer-to-peer responder that picks
+/// the Read RTR. The engine sends a zero-length Read Request first (STag
+/// 1, as siw), takes the conformant zero-length Read Response, and its own
+/// first Read then goes out with MSN 2 and completes.
+#[test]
+fn read_rtr_as_initiator() {
+    let dev = device();
+    let o = RawOpts {
+        p2p: Some((false, true)),
+        ..Default::default()
+    };
+    let (c, mut raw) = connect_raw(&dev, &p2p_params(), o);
+    let Next::Fpdu(u) = raw.next() else {
+        panic!("no RTR")
+    };
+    let DdpHeader::Untagged(h) = DdpHeader::decode(&u).unwrap() else {
+        panic!("the RTR is untagged")
+    };
+    assert_eq!(
+        (h.opcode, h.qn, h.msn),
+        (Opcode::ReadRequest, ddp::QN_READ_REQUEST, 1)
+    );
+    let rtr = ReadRequest::decode(&u[ddp::UNTAGGED_LEN..]).unwrap();
+    assert_eq!(
+        (rtr.size, rtr.sink_stag, rtr.src_stag),
+        (0, 1, 1),
+        "STag 1, not 0"
+    );
+    let answer = DdpHeader::Tagged(TaggedHeader {
+        last: true,
+        opcode: Opcode::ReadResponse,
+        stag: rtr.sink_stag,
+        to: rtr.sink_to,
+    });
+    raw.send_fpdu(&ulpdu(answer, &[]));
+    // Our own Read.
+    let local = c.pd.alloc_mr(32, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_send(&SendWr::read(5, local.sge_all(), 0x9000, 0x77))
+        .unwrap();
+    let Next::Fpdu(u) = raw.next() else {
+        panic!("no Read Request")
+    };
+    let DdpHeader::Untagged(h) = DdpHeader::decode(&u).unwrap() else {
+        panic!("untagged")
+    };
+    assert_eq!((h.opcode, h.msn), (Opcode::ReadRequest, 2));
+    let rr = ReadRequest::decode(&u[ddp::UNTAGGED_LEN..]).unwrap();
+    let resp = DdpHeader::Tagged(TaggedHeader {
+        last: true,
+        opcode: Opcode::ReadResponse,
+        stag: rr.sink_stag,
+        to: rr.sink_to,
+    });
+    raw.send_fpdu(&ulpdu(resp, &[0x3c; 32]));
+    let wc = common::wait(&c.cq);
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
+    assert_eq!(local.to_vec(), vec![0x3c; 32]);
+}
+
+/// Issue 20, items 2 and 9: a responder sends nothing before the
+/// initiator's first FPDU (RFC 5044 section 7.1.2 rule 4: siw fails a
+/// connection whose MPA reply arrives with an FPDU), then at once; with a
+/// silent initiator it starts after the grace period (200 ms). A
+/// peer-to-peer initiator whose first message is not the RTR releases the
+/// responder too (it stalled forever).
+#[test]
+fn responder_waits_for_the_initiators_first_fpdu() {
+    let srv = Server::new();
+    for case in ["initiator speaks", "silent initiator", "p2p without RTR"] {
+        let (s, mut raw) = if case == "p2p without RTR" {
+            let o = RawOpts {
+                p2p: Some((true, true)),
+                ..Default::default()
+            };
+            srv.accept_raw(&p2p_params(), o)
+        } else {
+            srv.accept_default()
+        };
+        let t0 = Instant::now();
+        let r = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        s.qp.post_recv(&RecvWr::new(9, &[r.sge_all()])).unwrap();
+        let m = s.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+        s.qp.post_send(&SendWr::send(1, &[m.sge_all()])).unwrap();
+        // Nothing for 120 ms.
+        raw.s
+            .set_read_timeout(Some(std::time::Duration::from_millis(120)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        match raw.s.peek(&mut b) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            r => panic!("{case}: the responder sent before the initiator: {r:?}"),
+        }
+        raw.s.set_read_timeout(Some(T)).unwrap();
+        if case != "silent initiator" {
+            let u = raw.send_ulpdu(Opcode::Send, 0, b"hello");
+            raw.send_fpdu(&u);
+        }
+        let Next::Fpdu(u) = raw.next() else {
+            panic!("{case}: the responder's Send never came")
+        };
+        let waited = t0.elapsed();
+        assert!(
+            matches!(DdpHeader::decode(&u).unwrap(), DdpHeader::Untagged(h) if h.opcode == Opcode::Send)
+        );
+        if case == "silent initiator" {
+            assert!(
+                waited >= std::time::Duration::from_millis(190),
+                "{case}: after {waited:?}"
+            );
+        }
+        assert!(
+            waited < std::time::Duration::from_secs(2),
+            "{case}: after {waited:?}"
+        );
+        assert_eq!(s.qp.state(), QpState::Rts);
+    }
+}
+
+/// Issue 20, item 7: the initiator's handshake checks.
+#[test]
+fn initiator_handshake_checks() {
+    let dev = device();
+    // CRC when either side asked: the reply says no, we asked: CRC.
+    let crc = ConnParams {
+        crc: true,
+        ..Default::default()
+    };
+    let o = RawOpts {
+        reply_crc: Some(false),
+        ..Default::default()
+    };
+    let (c, r, mut raw) = try_connect_raw(&dev, &crc, o);
+    r.expect("connects");
+    assert!(
+        c.qp.conn_params().unwrap().crc,
+        "CRC when either side asked"
+    );
+    let m = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_send(&SendWr::send(1, &[m.sge_all()])).unwrap();
+    // The raw peer checks the CRC of every FPDU it reads.
+    assert!(
+        matches!(raw.next(), Next::Fpdu(_)),
+        "a Send with a good CRC"
+    );
+    // A revision-1 reply, and a non-enhanced one, to an enhanced request.
+    for reply in [(1, false), (2, false)] {
+        let o = RawOpts {
+            reply: Some(reply),
+            ..Default::default()
+        };
+        let (_c, r, _raw) = try_connect_raw(&dev, &ConnParams::default(), o);
+        assert!(
+            matches!(r, Err(Error::Protocol(_))),
+            "reply {reply:?}: {r:?}"
+        );
+    }
+    // The responder's ORD beyond our largest IRD: an MPA Terminate,
+    // "insufficient IRD", and no connection.
+    let o = RawOpts {
+        ord: dev.attr().max_ird + 1,
+        ..Default::default()
+    };
+    let (_c, r, mut raw) = try_connect_raw(&dev, &ConnParams::default(), o);
+    assert!(matches!(r, Err(Error::Protocol(_))), "{r:?}");
+    let t = raw.expect_terminate();
+    assert_eq!(t.code, codes::MPA_INSUFFICIENT_IRD);
+    // Within it, our IRD grows to the responder's ORD.
+    let o = RawOpts {
+        ord: 40,
+        ..Default::default()
+    };
+    let (c, r, _raw) = try_connect_raw(&dev, &ConnParams::default(), o);
+    r.expect("connects");
+    assert_eq!(c.qp.conn_params().unwrap().ird, 40);
+    // The responder's IRD of 0: our ORD stays 0, Reads are refused when
+    // posted (they were forced to ORD 1).
+    let o = RawOpts {
+        ird: 0,
+        ..Default::default()
+    };
+    let (c, r, _raw) = try_connect_raw(&dev, &ConnParams::default(), o);
+    r.expect("connects");
+    assert_eq!(c.qp.conn_params().unwrap().ord, 0);
+    let l = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    assert!(matches!(
+        c.qp.post_send(&SendWr::read(1, l.sge_all(), 0, 0x77)),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Private data over siw's 256 bytes (IRD/ORD block included): refused
+    // before anything is sent.
+    let big = ConnParams {
+        private_data: vec![7; 253],
+        ..Default::default()
+    };
+    let c = side(&dev, QpCaps::default());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = c.qp.connect(l.local_addr().unwrap(), &big);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    let ok = ConnParams {
+        private_data: vec![7; 252],
+        ..Default::default()
+    };
+    let (_c, r, _raw) = try_connect_raw(&dev, &ok, RawOpts::default());
+    r.expect("252 bytes fit");
+}
+
+/// Issue 20, item 4: peers that trickle their MPA request one byte every
+/// 300 ms delay no valid client's accept (it took up to 47 s when the
+/// listener read handshakes one at a time with a per-read timeout), and
+/// each is cut at its own whole-frame deadline although it keeps sending.
+#[test]
+fn a_slow_peer_delays_no_other_accept() {
+    let dev = Device::open(DeviceConfig {
+        publish: false,
+        handshake_timeout: std::time::Duration::from_secs(1),
+        ..Default::default()
+    })
+    .unwrap();
+    let l = dev.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let req = MpaFrame {
+        kind: MpaKind::Request,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 2,
+        v2: Some(MpaV2::default()),
+        private_data: vec![1; 64],
+    }
+    .encode()
+    .unwrap();
+    let slow: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let t0 = Instant::now();
+    let trickles: Vec<_> = slow
+        .iter()
+        .map(|s| {
+            let (mut s, req) = (s.try_clone().unwrap(), req.clone());
+            std::thread::spawn(move || {
+                // A fault's pace, not a wait for anything.
+                for b in req {
+                    if s.write_all(&[b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                }
+            })
+        })
+        .collect();
+    // A valid client meanwhile.
+    let s = side(&dev, QpCaps::default());
+    let c = side(&dev, QpCaps::default());
+    std::thread::scope(|sc| {
+        sc.spawn(|| c.qp.connect(addr, &ConnParams::default()).unwrap());
+        let r = l
+            .get_request_timeout(std::time::Duration::from_secs(5))
+            .unwrap()
+            .expect("the valid client's request");
+        let waited = t0.elapsed();
+        assert!(
+            waited < std::time::Duration::from_secs(1),
+            "accepted after {waited:?}"
+        );
+        r.accept(&s.qp, &ConnParams::default()).unwrap();
+    });
+    // Each slow peer is cut at its deadline (1 s), not after its last byte.
+    for mut x in slow {
+        x.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        let mut b = [0u8; 16];
+        let r = x.read(&mut b);
+        let at = t0.elapsed();
+        assert!(
+            matches!(r, Ok(0))
+                || matches!(&r, Err(e) if e.kind() != ErrorKind::WouldBlock && e.kind() != ErrorKind::TimedOut),
+            "slow peer: {r:?}"
+        );
+        assert!(
+            at < std::time::Duration::from_millis(2500),
+            "cut after {at:?}"
+        );
+    }
+    drop(trickles);
+    send_one(&c, &s);
+}
+
+/// Issue 20, item 9: a masked fetch-and-add (RFC 7306 section 4.1: the
+/// mask marks each field's top bit, where carries stop) adds the fields
+/// independently; it was applied as a plain 64-bit add.
+#[test]
+fn masked_fetch_add_adds_fields_independently() {
+    let srv = Server::new();
+    let (s, mut raw) = srv.accept_raw(&ConnParams::default(), ext_opts());
+    let target = s.pd.alloc_mr(8, Access::ALL).unwrap();
+    // Four 16-bit fields at 0xFFFF, 1, 2, 3 (low to high).
+    let orig: u64 = 0x0003_0002_0001_FFFF;
+    target.write_at(0, &orig.to_le_bytes());
+    let ar = AtomicRequest {
+        add_swap: 0x0001_0001_0001_0001,
+        add_swap_mask: 0x8000_8000_8000_8000,
+        ..fetch_add(target.rkey(), target.addr())
+    };
+    let u = raw.atomic_request_ulpdu(&ar);
+    raw.send_fpdu(&u);
+    let Next::Fpdu(resp) = raw.next() else {
+        panic!("no Atomic Response")
+    };
+    let DdpHeader::Untagged(h) = DdpHeader::decode_with(&resp, true).unwrap() else {
+        panic!("untagged")
+    };
+    assert_eq!(h.opcode, Opcode::AtomicResponse);
+    let r = AtomicResponse::decode(&resp[ddp::UNTAGGED_LEN..]).unwrap();
+    assert_eq!(r.orig, orig, "the original value");
+    let mut b = [0u8; 8];
+    target.read_at(0, &mut b);
+    // 0xFFFF + 1 wraps within its field; no carry into the next.
+    assert_eq!(u64::from_le_bytes(b), 0x0004_0003_0002_0000);
 }
