@@ -198,7 +198,7 @@ fn establish(
     c.register(q.qpn)?;
     if let Some(until) = q.sq.lock().tx.hold_until {
         // Transmission starts at the hold's end if no FPDU came first.
-        rt.progress[(q.qpn as usize) % rt.progress.len()].add_timer(until, q.qpn);
+        crate::progress::add_timer(&rt.core, q.qpn, until);
     }
     // Send the RTR (initiator) and anything posted meanwhile.
     q.kick_with(q.sq.lock());

@@ -80,6 +80,11 @@ pub struct DeviceConfig {
     /// A listener's whole-frame deadline for a connection's MPA request
     /// (each connection on its own: see [`crate::Listener`]). Default 5 s.
     pub handshake_timeout: std::time::Duration,
+    /// How long a connection may keep a storage-backed Read Response
+    /// waiting for the peer to read it (its receiver paused meanwhile: a
+    /// Read larger than the connection's buffer budget is streamed) before
+    /// the peer counts as not reading and the QP fails. Default 30 s.
+    pub tx_stall_timeout: std::time::Duration,
 }
 
 /// `SOFTRDMA_SAME_HOST=0` in the environment turns the same-host transport
@@ -100,6 +105,7 @@ impl Default for DeviceConfig {
             same_host: same_host_default(),
             responder_hold: std::time::Duration::from_millis(200),
             handshake_timeout: std::time::Duration::from_secs(5),
+            tx_stall_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -141,6 +147,8 @@ pub(crate) struct Core {
     /// Consumer checks run on every posted SGE ([`Device::add_post_check`]).
     post_checks: RwLock<Vec<(u64, Arc<dyn PostCheck>)>>,
     has_post_checks: std::sync::atomic::AtomicBool,
+    /// One per progress thread (`progress::add_timer`).
+    pub timers: Vec<crate::progress::TimerQueue>,
 }
 
 /// A consumer's check of every local SGE posted on a device (a send or a
@@ -256,6 +264,9 @@ impl Device {
             events_cv: Condvar::new(),
             post_checks: RwLock::new(Vec::new()),
             has_post_checks: std::sync::atomic::AtomicBool::new(false),
+            timers: (0..n)
+                .map(|_| crate::progress::TimerQueue::new())
+                .collect::<std::io::Result<Vec<_>>>()?,
         });
         let mut progress = Vec::with_capacity(n);
         for i in 0..n {

@@ -57,6 +57,11 @@ pub(crate) struct Conn {
     /// ([`crate::QueuePair::progress`]); the progress thread no longer
     /// watches for input (it still handles blocked output and hang-ups).
     polled: AtomicBool,
+    /// The receiver is paused (a storage-backed Read larger than the
+    /// connection's buffer budget is being streamed: nothing after it is
+    /// taken from the socket until its bytes are read, so later Writes
+    /// cannot overtake it and memory stays bounded). Not armed for input.
+    pub rx_paused: AtomicBool,
     /// The same-host transport, where both ends agreed to it.
     pub link: Option<crate::samehost::Link>,
     /// The transmitter found the peer's ring full (ring mode): the next
@@ -90,6 +95,7 @@ impl Conn {
             out_armed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             polled: AtomicBool::new(false),
+            rx_paused: AtomicBool::new(false),
             link,
             tx_blocked: AtomicBool::new(false),
         })
@@ -101,7 +107,7 @@ impl Conn {
 
     /// The epoll interest for the current modes.
     fn interest(&self, out: bool) -> u32 {
-        let inp = if self.polled.load(Ordering::Acquire) {
+        let inp = if self.polled.load(Ordering::Acquire) || self.rx_paused.load(Ordering::Acquire) {
             0
         } else {
             sys::EV_IN
@@ -249,6 +255,15 @@ impl Conn {
             .is_some_and(|r| r.active() && r.available() > 0)
     }
 
+    /// Pauses or resumes the receiver (see `rx_paused`).
+    pub fn set_rx_paused(&self, on: bool, qpn: u32) {
+        self.rx_paused.store(on, Ordering::Release);
+        if !self.closed.load(Ordering::Acquire) {
+            let out = self.out_armed.load(Ordering::Acquire);
+            let _ = self.epoll.modify(self.fd, self.interest(out), qpn as u64);
+        }
+    }
+
     /// Switches busy-poll mode (see `polled`).
     pub fn set_polled(&self, on: bool, qpn: u32) -> io::Result<()> {
         self.polled.store(on, Ordering::Release);
@@ -304,7 +319,30 @@ struct TxMsg {
     fin: Fin,
     /// Keeps the source memory of a Read Response alive.
     _keep: Option<Arc<MrInner>>,
+    /// A Read Response streamed from a storage-backed region, a chunk at a
+    /// time (`_keep` holds the chunk being sent).
+    backed: Option<BackedSrc>,
 }
+
+/// Where a streamed Read Response's bytes come from.
+struct BackedSrc {
+    /// The storage-backed region.
+    mr: Arc<MrInner>,
+    /// The region address of the message's byte 0.
+    src_to: u64,
+    /// The message offset where the chunk in `_keep` ends.
+    chunk_end: u64,
+    /// Bytes counted against the connection's budget (`Tx::backed_bytes`).
+    counted: u64,
+    /// The receiver was paused for this response: resume it when done.
+    paused_rx: bool,
+}
+
+/// Bytes of a storage-backed Read read from the device at a time.
+pub(crate) const BACKED_CHUNK: u64 = 1 << 20;
+/// Bytes of storage-backed Read Responses a connection holds in memory at
+/// most (eagerly read small ones, plus one chunk of a streamed one).
+pub(crate) const BACKED_BUDGET: u64 = 16 << 20;
 
 impl TxMsg {
     fn new(hdr: DdpHeader, spans: Vec<RawSpan>, total: u64, fin: Fin) -> TxMsg {
@@ -325,6 +363,7 @@ impl TxMsg {
             started: false,
             fin,
             _keep: None,
+            backed: None,
         }
     }
 }
@@ -526,6 +565,12 @@ pub(crate) struct Tx {
     /// Initiator: our Read RTR awaits its zero-length Read Response (it
     /// counts against the peer's IRD like any Read).
     pub rtr_read_pending: bool,
+    /// Bytes of storage-backed Read Responses held in memory (see
+    /// [`BACKED_BUDGET`]).
+    pub backed_bytes: u64,
+    /// When the transmitter last moved bytes (the stall check of a paused
+    /// receiver: a peer that does not read is refused).
+    pub last_progress: std::time::Instant,
     terminated: bool,
     send_msn: u32,
     /// Queue 1: Read Requests and Atomic Requests.
@@ -552,6 +597,8 @@ impl Tx {
             rtr_wait: false,
             hold_until: None,
             rtr_read_pending: false,
+            backed_bytes: 0,
+            last_progress: std::time::Instant::now(),
             terminated: false,
             send_msn: 1,
             rr_msn: 1,
@@ -700,6 +747,56 @@ impl Tx {
         m._keep = Some(src);
         self.irq.push_back(m);
         self.irq_used += 1;
+    }
+
+    /// Queues a Read Response streamed from the storage-backed region `mr`
+    /// a chunk at a time (the receiver is paused until it is composed).
+    pub fn queue_streamed_read_response(&mut self, rr: &ReadRequest, mr: Arc<MrInner>) {
+        let hdr = DdpHeader::Tagged(TaggedHeader {
+            last: true,
+            opcode: Opcode::ReadResponse,
+            stag: rr.sink_stag,
+            to: rr.sink_to,
+        });
+        let mut m = TxMsg::new(hdr, Vec::new(), rr.size as u64, Fin::None);
+        m.backed = Some(BackedSrc {
+            mr,
+            src_to: rr.src_to,
+            chunk_end: 0,
+            counted: 0,
+            paused_rx: true,
+        });
+        self.irq.push_back(m);
+        self.irq_used += 1;
+    }
+}
+
+impl TxMsg {
+    /// A streamed message whose chunk is used up (and more is to come).
+    fn needs_chunk(&self) -> bool {
+        self.backed
+            .as_ref()
+            .is_some_and(|b| self.off >= b.chunk_end && self.off < self.total)
+    }
+
+    /// Reads the next chunk of a streamed Read Response from its device
+    /// (the batch holds nothing of the previous one).
+    fn next_chunk(&mut self, budget: &mut u64) -> io::Result<()> {
+        let b = self.backed.as_mut().expect("a streamed message");
+        let n = BACKED_CHUNK.min(self.total - self.off);
+        let mut buf = vec![0u8; n as usize].into_boxed_slice();
+        let dev = b.mr.backend.as_ref().expect("backed region");
+        dev.read_at(b.src_to + self.off - b.mr.iova, &mut buf)?;
+        let holder = Arc::new(MrInner::holding(buf, b.src_to + self.off));
+        *budget = budget.saturating_sub(b.counted) + n;
+        b.counted = n;
+        b.chunk_end = self.off + n;
+        self.spans.clear();
+        holder.resolve(b.src_to + self.off, n, &mut self.spans);
+        self.span_idx = 0;
+        self.span_off = 0;
+        self._keep = Some(holder);
+        Ok(())
     }
 }
 
@@ -989,7 +1086,15 @@ fn compose(m: &mut TxMsg, b: &mut Batch, max_ulpdu: usize, seg: usize, crc_on: b
         debug_assert!(max_ulpdu > hl);
         let room = max_ulpdu.saturating_sub(hl).max(1) as u64;
         let rem = m.total - m.off;
-        let n = room.min(rem) as usize;
+        // A streamed message: no further than its chunk.
+        let chunk_left = m
+            .backed
+            .as_ref()
+            .map_or(rem, |b| b.chunk_end.saturating_sub(m.off));
+        if chunk_left == 0 && rem > 0 {
+            return false;
+        }
+        let n = room.min(rem).min(chunk_left) as usize;
         let last = n as u64 == rem;
         match &mut m.hdr {
             DdpHeader::Tagged(t) => {
@@ -1122,6 +1227,7 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
                 return Ok(());
             }
             sq.tx.batch.clear();
+            sq.tx.last_progress = std::time::Instant::now();
             let fins = std::mem::take(&mut sq.tx.batch.fins);
             let mut done_any = false;
             for f in &fins {
@@ -1160,10 +1266,32 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
             }
             let tx = &mut sq.tx;
             let m = tx.cur.as_mut().expect("current message");
+            if m.needs_chunk() {
+                // The batch refers to the previous chunk: send it first.
+                if !tx.batch.is_empty() {
+                    break;
+                }
+                if let Err(e) = m.next_chunk(&mut tx.backed_bytes) {
+                    tracing::error!(qpn = q.qpn, "backed read failed: {e}");
+                    tx.pending_fail = Some(format!("storage read for a Read Response failed: {e}"));
+                    return Ok(());
+                }
+            }
             if compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc) {
                 let mut m = tx.cur.take().expect("current message");
                 if let Some(k) = m._keep.take() {
                     tx.batch.keeps.push(k);
+                }
+                if let Some(b) = m.backed.take() {
+                    tx.backed_bytes = tx.backed_bytes.saturating_sub(b.counted);
+                    if b.paused_rx {
+                        // Composed to its end: what came after it may be
+                        // received now.
+                        c.set_rx_paused(false, q.qpn);
+                        // (The receiver runs on its thread: bytes it staged
+                        // wait for no new input.)
+                        crate::progress::add_timer(&q.core, q.qpn, std::time::Instant::now());
+                    }
                 }
                 if matches!(
                     m.hdr.opcode(),
@@ -2007,6 +2135,10 @@ fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, mut budget: usize) -> RxEnd {
                 if let Some(end) = on_segment_done(q, rx, c) {
                     return end;
                 }
+                // Paused for a streamed Read Response: the rest waits.
+                if c.rx_paused.load(Ordering::Acquire) {
+                    return RxEnd::Block;
+                }
             }
         }
     }
@@ -2193,6 +2325,26 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
         }
         Action::ReadReq(rr, src) => {
             rx.rr_msn = rx.rr_msn.wrapping_add(1);
+            // A backed source larger than what the connection may still
+            // hold in memory: streamed a chunk at a time, the receiver
+            // paused meanwhile (issue 20, item 5: the whole length, up to
+            // 4 GiB, was allocated at once, IRD times over).
+            if let Some(mr) = src.as_ref().filter(|m| m.backend.is_some() && rr.size > 0) {
+                let size = rr.size as u64;
+                let mut sq = q.sq.lock();
+                if size > BACKED_CHUNK || sq.tx.backed_bytes + size > BACKED_BUDGET {
+                    sq.tx.queue_streamed_read_response(&rr, mr.clone());
+                    drop(sq);
+                    c.set_rx_paused(true, q.qpn);
+                    arm_stall_timer(q);
+                    let mut sq = q.sq.lock();
+                    return tx_or_fail(q, &mut sq, c);
+                }
+                sq.tx.backed_bytes += size;
+            }
+            let eager_backed = src
+                .as_ref()
+                .is_some_and(|m| m.backend.is_some() && rr.size > 0);
             // A backed source: flush (zero length) or read it now, before
             // the send queue is locked (this may wait for the device).
             let src = match src {
@@ -2212,6 +2364,20 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
             };
             let mut sq = q.sq.lock();
             match src {
+                Some(mr) if eager_backed => {
+                    // Read eagerly from a backed region (`mr` holds the
+                    // bytes): counted against the budget until sent.
+                    sq.tx.queue_read_response(&rr, mr);
+                    if let Some(m) = sq.tx.irq.back_mut() {
+                        m.backed = Some(BackedSrc {
+                            mr: Arc::clone(m._keep.as_ref().expect("holder")),
+                            src_to: rr.src_to,
+                            chunk_end: rr.size as u64,
+                            counted: rr.size as u64,
+                            paused_rx: false,
+                        });
+                    }
+                }
                 Some(mr) => sq.tx.queue_read_response(&rr, mr),
                 None => {
                     let hdr = DdpHeader::Tagged(TaggedHeader {
@@ -2305,16 +2471,51 @@ fn status_for_peer_term(code: TermCode) -> WcStatus {
 }
 
 /// A timer of the progress thread fired for this QP: a responder's hold
-/// (see `Tx::hold_until`) that ran out starts transmission.
+/// (see `Tx::hold_until`) that ran out starts transmission; a paused
+/// receiver is checked for a peer that stopped reading (see
+/// [`arm_stall_timer`]); a resumed one runs.
 pub(crate) fn on_timer(q: &Arc<QpInner>) {
+    let now = std::time::Instant::now();
     let sq = q.sq.lock();
-    if sq
-        .tx
-        .hold_until
-        .is_some_and(|u| std::time::Instant::now() >= u)
-    {
+    if sq.tx.hold_until.is_some_and(|u| now >= u) {
         q.kick_with(sq);
+        return;
     }
+    let Some(c) = q.conn.get() else { return };
+    if c.is_closed() {
+        return;
+    }
+    if c.rx_paused.load(Ordering::Acquire) {
+        let stalled = now.saturating_duration_since(sq.tx.last_progress);
+        drop(sq);
+        if stalled >= q.core.config.tx_stall_timeout {
+            tracing::warn!(
+                qpn = q.qpn,
+                ?stalled,
+                "the peer does not read our Read Response"
+            );
+            q.fail(
+                WcStatus::RetryExcErr,
+                Some(AsyncEvent::QpFatal {
+                    qpn: q.qpn,
+                    reason: format!("the peer read nothing for {stalled:?}"),
+                }),
+            );
+        } else {
+            arm_stall_timer(q);
+        }
+        return;
+    }
+    drop(sq);
+    if on_readable(q, RX_BUDGET) {
+        crate::progress::add_timer(&q.core, q.qpn, now);
+    }
+}
+
+/// Checks a paused receiver again in a while (see `on_timer`).
+fn arm_stall_timer(q: &QpInner) {
+    let every = (q.core.config.tx_stall_timeout / 4).max(std::time::Duration::from_millis(10));
+    crate::progress::add_timer(&q.core, q.qpn, std::time::Instant::now() + every);
 }
 
 /// EPOLLIN: runs the receiver, then acts on how it ended.
@@ -2335,7 +2536,7 @@ pub(crate) fn on_readable(q: &Arc<QpInner>, budget: usize) -> bool {
         // into that receive's buffer (issue 20, item 6: a receiver past the
         // first check placed staged bytes into the flushed buffer and then
         // panicked on the missing receive).
-        if c.is_closed() {
+        if c.is_closed() || c.rx_paused.load(Ordering::Acquire) {
             return false;
         }
         rx_loop(q, &mut rx, c, budget)

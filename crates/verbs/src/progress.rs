@@ -12,13 +12,35 @@ use std::time::Instant;
 
 const WAKE: u64 = u64::MAX;
 
-/// Deadlines of this thread's QPs (a responder's hold): `(when, qpn)`.
-type Timers = Arc<parking_lot::Mutex<Vec<(Instant, u32)>>>;
+/// A progress thread's timers: deadlines of its QPs `(when, qpn)` (a
+/// responder's hold, a paused receiver's stall check, a receiver to run
+/// again) and the event that wakes the thread to look at them. Kept in the
+/// device's `Core` (one per thread), so any code holding a QP can set one.
+pub(crate) struct TimerQueue {
+    list: parking_lot::Mutex<Vec<(Instant, u32)>>,
+    wake: Arc<EventFd>,
+}
+
+impl TimerQueue {
+    pub fn new() -> std::io::Result<TimerQueue> {
+        Ok(TimerQueue {
+            list: parking_lot::Mutex::new(Vec::new()),
+            wake: Arc::new(EventFd::new()?),
+        })
+    }
+}
+
+/// Calls `iwarp::on_timer` for `qpn` (on its progress thread) once `at`
+/// has passed.
+pub(crate) fn add_timer(core: &Core, qpn: u32, at: Instant) {
+    let t = &core.timers[qpn as usize % core.timers.len()];
+    t.list.lock().push((at, qpn));
+    t.wake.signal();
+}
 
 pub(crate) struct Progress {
     pub epoll: Arc<Epoll>,
     wake: Arc<EventFd>,
-    timers: Timers,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
 }
@@ -26,27 +48,19 @@ pub(crate) struct Progress {
 impl Progress {
     pub fn start(core: Arc<Core>, idx: usize) -> std::io::Result<Progress> {
         let epoll = Arc::new(Epoll::new()?);
-        let wake = Arc::new(EventFd::new()?);
+        let wake = core.timers[idx].wake.clone();
         epoll.add(wake.as_raw_fd(), sys::EV_IN, WAKE)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let timers: Timers = Default::default();
-        let (e, w, s, t) = (epoll.clone(), wake.clone(), stop.clone(), timers.clone());
+        let (e, w, s) = (epoll.clone(), wake.clone(), stop.clone());
         let handle = std::thread::Builder::new()
             .name(format!("softrdma-progress-{idx}"))
-            .spawn(move || run(core, e, w, s, t))?;
+            .spawn(move || run(core, idx, e, w, s))?;
         Ok(Progress {
             epoll,
             wake,
-            timers,
             stop,
             handle: Some(handle),
         })
-    }
-
-    /// Calls `iwarp::on_timer` for `qpn` once `at` has passed.
-    pub fn add_timer(&self, at: Instant, qpn: u32) {
-        self.timers.lock().push((at, qpn));
-        self.wake.signal();
     }
 
     pub fn stop(&self) {
@@ -61,13 +75,8 @@ impl Progress {
     }
 }
 
-fn run(
-    core: Arc<Core>,
-    epoll: Arc<Epoll>,
-    wake: Arc<EventFd>,
-    stop: Arc<AtomicBool>,
-    timers: Timers,
-) {
+fn run(core: Arc<Core>, idx: usize, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop: Arc<AtomicBool>) {
+    let timers = &core.timers[idx].list;
     let mut evs = Vec::with_capacity(128);
     // QPs whose receiver stopped at its budget. It may have read bytes
     // ahead from the socket into its stage, which epoll cannot see, so

@@ -285,3 +285,152 @@ fn long_writes_reach_the_backend_in_aligned_runs() {
     assert_eq!(at, 8192 + len as u64);
     assert_eq!(&mem.data.lock()[8192..8192 + len], &data[..]);
 }
+
+/// Issue 20, item 5: Reads of a storage-backed region larger than the
+/// connection's budget (16 MiB) are streamed: the backend is asked for at
+/// most 1 MiB at a time (it was asked for the whole length at once, IRD
+/// times over), the bytes arrive intact, and a Write posted after the Read
+/// (no fence) does not show in it: the receiver waits until the Read's
+/// bytes were read. Then a small Read goes the eager way.
+#[test]
+fn large_backed_reads_are_streamed_in_order() {
+    let (c, s) = pair();
+    const N: usize = 40 << 20;
+    let mem = Mem::new(N);
+    let data = pattern(N, 9);
+    mem.data.lock().copy_from_slice(&data);
+    let r = backed(&s, &mem, Access::REMOTE_READ | Access::REMOTE_WRITE);
+    let dst = c.pd.alloc_mr(N, Access::LOCAL_WRITE).unwrap();
+    let src = c.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    src.write_at(0, &[0xEE; 4096]);
+    c.qp.post_send(&SendWr::read(1, dst.sge_all(), BASE, r.rkey()))
+        .unwrap();
+    c.qp.post_send(&SendWr::write(2, &[src.sge_all()], BASE + 1000, r.rkey()))
+        .unwrap();
+    for want in [1, 2] {
+        let wc = wait(&c.cq);
+        assert_eq!((wc.wr_id, wc.status), (want, WcStatus::Success));
+    }
+    assert!(
+        dst.to_vec() == data,
+        "the streamed Read returned other bytes"
+    );
+    let reads: Vec<usize> = mem
+        .log
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Read(_, n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        reads.iter().all(|&n| n <= 1 << 20),
+        "a read of {:?} bytes",
+        reads.iter().max()
+    );
+    assert_eq!(reads.iter().sum::<usize>(), N);
+    // The Write landed after the Read was done.
+    let mut b = [0u8; 4096];
+    b.copy_from_slice(&mem.data.lock()[1000..1000 + 4096]);
+    assert_eq!(b, [0xEE; 4096]);
+    // A small Read: one backend read.
+    let before = mem.log.lock().len();
+    c.qp.post_send(&SendWr::read(3, dst.sge(0, 8192), BASE, r.rkey()))
+        .unwrap();
+    assert!(wait(&c.cq).is_ok());
+    let small: Vec<Event> = mem.log.lock()[before..].to_vec();
+    assert_eq!(small, vec![Event::Read(0, 8192)]);
+}
+
+/// Issue 20, item 5: a peer that asks for a large Read of a backed region
+/// and then reads nothing is refused once the transmitter made no progress
+/// for `tx_stall_timeout`; its receiver, paused meanwhile, never buffered
+/// the peer's later messages.
+#[test]
+fn a_peer_that_does_not_read_is_refused() {
+    let dev = Device::open(DeviceConfig {
+        publish: false,
+        tx_stall_timeout: std::time::Duration::from_millis(600),
+        ..Default::default()
+    })
+    .unwrap();
+    let l = dev.listen("127.0.0.1:0").unwrap();
+    let s = side(&dev, QpCaps::default());
+    const N: usize = 64 << 20;
+    let mem = Mem::new(N);
+    let r = backed(&s, &mem, Access::REMOTE_READ);
+    // A plain TCP "peer" that speaks MPA by hand and then stops reading.
+    let addr = l.local_addr().unwrap();
+    let mut peer = std::net::TcpStream::connect(addr).unwrap();
+    use softrdma_verbs::wire::ddp::{self, DdpHeader, Opcode, ReadRequest, UntaggedHeader};
+    use softrdma_verbs::wire::mpa::{self, MpaFrame, MpaKind, MpaV2};
+    use std::io::{Read, Write};
+    let req = MpaFrame {
+        kind: MpaKind::Request,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 2,
+        v2: Some(MpaV2 {
+            ird: 8,
+            ord: 8,
+            ..Default::default()
+        }),
+        private_data: Vec::new(),
+    };
+    peer.write_all(&req.encode().unwrap()).unwrap();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            l.get_request()
+                .unwrap()
+                .accept(&s.qp, &ConnParams::default())
+                .unwrap()
+        });
+        let mut rep = [0u8; 20 + 4];
+        peer.read_exact(&mut rep).unwrap();
+    });
+    // Small receive buffer, never read from again.
+    let rr = ReadRequest {
+        sink_stag: 0x100,
+        sink_to: 0,
+        size: N as u32,
+        src_stag: r.rkey(),
+        src_to: BASE,
+    };
+    let h = DdpHeader::Untagged(UntaggedHeader {
+        last: true,
+        opcode: Opcode::ReadRequest,
+        inval_stag: 0,
+        qn: ddp::QN_READ_REQUEST,
+        msn: 1,
+        mo: 0,
+    });
+    let mut u = vec![0u8; ddp::UNTAGGED_LEN + ReadRequest::LEN];
+    let n = h.encode(&mut u);
+    rr.encode(&mut u[n..]);
+    let mut f = Vec::new();
+    mpa::encode_fpdu(&u, false, &mut f);
+    peer.write_all(&f).unwrap();
+    let t0 = std::time::Instant::now();
+    assert!(
+        s.qp.wait_state(QpState::Error, std::time::Duration::from_secs(20)),
+        "the QP kept waiting for a peer that does not read"
+    );
+    let took = t0.elapsed();
+    assert!(took >= std::time::Duration::from_millis(500), "{took:?}");
+    let reads: usize = mem
+        .log
+        .lock()
+        .iter()
+        .map(|e| match e {
+            Event::Read(_, n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert!(
+        reads < N,
+        "read all {reads} bytes although the peer read nothing"
+    );
+    drop(peer);
+}
