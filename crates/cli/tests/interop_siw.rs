@@ -1775,13 +1775,50 @@ struct PerftestCase {
     /// Iterations per QP, and QPs.
     iters: usize,
     qps: usize,
+    /// Which of the run's servers it talks to.
+    server: usize,
 }
 
-/// Write, Read and Send bandwidth at perftest's default size (64 KiB), the
-/// smallest (2 bytes) and 1 MiB; send_bw also with a 16-deep receive window
-/// (1000 messages carried by the iWARP credits) and with two QPs.
-fn perftest_cases() -> Vec<PerftestCase> {
-    let c = |name, tool, title, kind, args, size, iters, qps| PerftestCase {
+impl PerftestCase {
+    /// Sends our server receives on the test QPs.
+    fn sends(&self) -> usize {
+        match self.kind {
+            "send_bw" | "send_lat" => self.iters * self.qps,
+            _ => 0,
+        }
+    }
+    /// Answers it gives: a Send per send_lat Send, a Write per write_lat
+    /// round.
+    fn answers(&self) -> usize {
+        match self.kind {
+            "send_lat" | "write_lat" => self.iters,
+            _ => 0,
+        }
+    }
+}
+
+/// One `softrdma bench --server` of a perftest run.
+struct PerftestServer {
+    /// Options besides `bench --server --port PORT`.
+    args: &'static [&'static str],
+    /// MPA CRC on (the server's `--crc`; siw asks for none).
+    crc: bool,
+    /// RDMAP opcodes its connections must show (Send: the control
+    /// messages).
+    ops: &'static [u32],
+}
+
+#[allow(clippy::too_many_arguments)]
+fn perftest_case(
+    name: &'static str,
+    (tool, title, kind): (&'static str, &'static str, &'static str),
+    args: &'static str,
+    size: usize,
+    iters: usize,
+    qps: usize,
+    server: usize,
+) -> PerftestCase {
+    PerftestCase {
         name,
         tool,
         title,
@@ -1790,52 +1827,96 @@ fn perftest_cases() -> Vec<PerftestCase> {
         size,
         iters,
         qps,
-    };
+        server,
+    }
+}
+
+/// Write, Read and Send bandwidth at perftest's default size (64 KiB), the
+/// smallest (2 bytes) and 1 MiB; send_bw also with a 16-deep receive window
+/// (1000 messages carried by the iWARP credits) and with two QPs.
+fn perftest_cases() -> Vec<PerftestCase> {
+    let c = perftest_case;
     let (w, r, s) = (
         ("ib_write_bw", "RDMA_Write BW Test", "write_bw"),
         ("ib_read_bw", "RDMA_Read BW Test", "read_bw"),
         ("ib_send_bw", "Send BW Test", "send_bw"),
     );
     vec![
-        c("write-64k", w.0, w.1, w.2, "-n 100", 65536, 100, 1),
-        c("write-2", w.0, w.1, w.2, "-s 2 -n 200", 2, 200, 1),
-        c("write-1m", w.0, w.1, w.2, "-s 1048576 -n 5", 1 << 20, 5, 1),
-        c("read-64k", r.0, r.1, r.2, "-n 100", 65536, 100, 1),
-        c("read-2", r.0, r.1, r.2, "-s 2 -n 200", 2, 200, 1),
-        c("read-1m", r.0, r.1, r.2, "-s 1048576 -n 5", 1 << 20, 5, 1),
-        c("send-64k", s.0, s.1, s.2, "-n 100", 65536, 100, 1),
-        c(
-            "send-2-r16",
-            s.0,
-            s.1,
-            s.2,
-            "-s 2 -n 1000 -r 16",
-            2,
-            1000,
-            1,
-        ),
+        c("write-64k", w, "-n 100", 65536, 100, 1, 0),
+        c("write-2", w, "-s 2 -n 200", 2, 200, 1, 0),
+        c("write-1m", w, "-s 1048576 -n 5", 1 << 20, 5, 1, 0),
+        c("read-64k", r, "-n 100", 65536, 100, 1, 0),
+        c("read-2", r, "-s 2 -n 200", 2, 200, 1, 0),
+        c("read-1m", r, "-s 1048576 -n 5", 1 << 20, 5, 1, 0),
+        c("send-64k", s, "-n 100", 65536, 100, 1, 0),
+        c("send-2-r16", s, "-s 2 -n 1000 -r 16", 2, 1000, 1, 0),
         c(
             "send-4k-q2",
-            s.0,
-            s.1,
-            s.2,
+            s,
             "-s 4096 -n 300 -q 2 -r 32",
             4096,
             300,
             2,
+            0,
         ),
-        c("send-1m", s.0, s.1, s.2, "-s 1048576 -n 5", 1 << 20, 5, 1),
+        c("send-1m", s, "-s 1048576 -n 5", 1 << 20, 5, 1, 0),
+    ]
+}
+
+/// The latency tests, each against a server told the test (perftest's
+/// latency servers take part in the ping-pong): write_lat at 64 bytes and
+/// at perftest's default 2 bytes with MPA CRC turned on by our server,
+/// send_lat at 64 bytes and 4 KiB, read_lat at 64 bytes.
+fn perftest_lat_servers() -> Vec<PerftestServer> {
+    vec![
+        PerftestServer {
+            args: &["--perftest", "write_lat", "--size", "64", "--iters", "300"],
+            crc: false,
+            ops: &[0, 3],
+        },
+        PerftestServer {
+            args: &["--perftest", "write_lat", "--iters", "300", "--crc"],
+            crc: true,
+            ops: &[0, 3],
+        },
+        PerftestServer {
+            args: &["--perftest", "send_lat"],
+            crc: false,
+            ops: &[3],
+        },
+        PerftestServer {
+            args: &["--perftest", "read_lat"],
+            crc: false,
+            ops: &[1, 2, 3],
+        },
+    ]
+}
+
+fn perftest_lat_cases() -> Vec<PerftestCase> {
+    let c = perftest_case;
+    let (w, s, r) = (
+        ("ib_write_lat", "RDMA_Write Latency Test", "write_lat"),
+        ("ib_send_lat", "Send Latency Test", "send_lat"),
+        ("ib_read_lat", "RDMA_Read Latency Test", "read_lat"),
+    );
+    vec![
+        c("write-lat-64", w, "-s 64 -n 300", 64, 300, 1, 0),
+        c("write-lat-2-crc", w, "-n 300", 2, 300, 1, 1),
+        c("send-lat-64", s, "-s 64 -n 300", 64, 300, 1, 2),
+        c("send-lat-4k", s, "-s 4096 -n 100", 4096, 100, 1, 2),
+        c("read-lat-64", r, "-s 64 -n 300", 64, 300, 1, 3),
     ]
 }
 
 /// What is wrong with one perftest client's run, from the guest's output:
 /// its exit status, its title, and the result row under the table header
 /// (size, iterations over all QPs, a non-zero average bandwidth or message
-/// rate). Exit status 0 means every Write, Read or Send completed without
-/// error. Under TCG perftest's clock calibration (`sample_get_cpu_mhz`)
-/// sometimes fails, printing `Correlation coefficient r^2: ... < 0.9` on
-/// stderr; it then knows no CPU frequency and, with `-F`, prints a row of
-/// zeros: only then is a zero row accepted.
+/// rate, or for the latency tests a non-zero typical and average latency).
+/// Exit status 0 means every Write, Read or Send completed without error.
+/// Under TCG perftest's clock calibration (`sample_get_cpu_mhz`) sometimes
+/// fails, printing `Correlation coefficient r^2: ... < 0.9` on stderr; it
+/// then knows no CPU frequency and, with `-F`, prints a row of zeros: only
+/// then is a zero row accepted.
 fn check_perftest_output(
     c: &PerftestCase,
     rc: Option<&str>,
@@ -1873,9 +1954,7 @@ fn check_perftest_output(
                 && num(f[4]) <= 0.0
                 && !err.iter().any(|l| l.contains("Correlation coefficient"))
             {
-                p.push(format!(
-                    "result row {f:?}: no bandwidth and no message rate"
-                ));
+                p.push(format!("result row {f:?}: all zero"));
             }
         }
     }
@@ -1896,7 +1975,8 @@ fn check_perftest_output(
 
 /// The numbers of one summary line of our server:
 /// `perftest: PEER: KIND client (perftest V): N test QP(s) (...), M control
-/// messages (...), S Sends received (B bytes), C credit Writes, done`.
+/// messages (...), S Sends received (B bytes), C credit Writes, A latency
+/// answers, done`.
 #[derive(Debug, PartialEq)]
 struct PerftestSummary {
     kind: String,
@@ -1904,6 +1984,7 @@ struct PerftestSummary {
     control: usize,
     sends: usize,
     send_bytes: usize,
+    answers: usize,
 }
 
 fn parse_perftest_summary(line: &str) -> Option<PerftestSummary> {
@@ -1921,43 +2002,51 @@ fn parse_perftest_summary(line: &str) -> Option<PerftestSummary> {
         control: before("control")?,
         sends: before("Sends")?,
         send_bytes: before("bytes),")?,
+        answers: before("latency")?,
     })
 }
 
-/// Guest perftest `-R` clients (`ib_write_bw`, `ib_read_bw`, `ib_send_bw`
-/// on siw) against one `softrdma bench --server` on the host: every client
-/// exits 0 and prints its result row; our server names each session's test
-/// and counts the Sends it received; the capture decodes, shows Write, Read
-/// Request/Response and Send, and holds exactly the Send messages our
-/// server counted.
-#[test]
-fn guest_perftest_clients_vs_softrdma_bench_server() {
-    let Some(env) = guest_env("guest_perftest_clients_vs_softrdma_bench_server") else {
+/// Runs guest perftest `-R` clients (`cases`, one after another, in one
+/// guest boot) against `softrdma bench --server`s on the host (`servers`,
+/// each on a port of its own) and checks: every client exits 0 and prints
+/// its result row; every server prints one summary line per client naming
+/// its test and counting the Sends it received and the answers it gave;
+/// no server reports an error or exits; and the capture decodes, shows the
+/// MPA revision, CRC and RDMAP operations each server's clients use, and
+/// holds exactly the Send messages the servers counted (control messages
+/// and test Sends towards a server; answers from it).
+fn run_perftest(test: &str, servers: &[PerftestServer], cases: &[PerftestCase]) {
+    let Some(env) = guest_env(test) else {
         return;
     };
     let _serial = lock_guest();
     let work = Work::new("perftest");
-    let cases = perftest_cases();
-    let port = free_ports(1)[0];
-    let args: Vec<String> = ["bench", "--server", "--port", &port.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let mut server = HostProc::spawn(&work, "bench-server", &args);
+    let ports = free_ports(servers.len());
+    let mut procs = Vec::new();
+    for (i, (srv, port)) in servers.iter().zip(&ports).enumerate() {
+        let mut args: Vec<String> = ["bench", "--server", "--port", &port.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(srv.args.iter().map(|s| s.to_string()));
+        procs.push(HostProc::spawn(&work, &format!("bench-server-{i}"), &args));
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !host_listening(port) {
-        if server.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
-            panic!(
-                "softrdma bench server never listened on {port}: {}",
-                server.premature()
-            );
+    for (i, port) in ports.iter().enumerate() {
+        while !host_listening(*port) {
+            if procs[i].child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                panic!(
+                    "softrdma bench server never listened on {port}: {}",
+                    procs.remove(i).premature()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
         }
-        thread::sleep(Duration::from_millis(20));
     }
     // Seconds one client may take under TCG (the slowest case takes ~5 s).
     let ct = 60;
     let mut script = guest_prelude();
-    for c in &cases {
+    for c in cases {
         script += &format!(
             "marker 'CLIENT-START {name}'\n\
              t0=$(date +%s)\n\
@@ -1969,11 +2058,12 @@ fn guest_perftest_clients_vs_softrdma_bench_server() {
              [ $rc = 0 ] || fail=1\n",
             name = c.name,
             tool = c.tool,
+            port = ports[c.server],
             args = c.args,
         );
     }
     script += "exit $fail\n";
-    let cap = Capture::start(&work, &[port]);
+    let cap = Capture::start(&work, &ports);
     let mut guest = Guest::boot(
         &env,
         &work,
@@ -1983,25 +2073,35 @@ fn guest_perftest_clients_vs_softrdma_bench_server() {
         120 + cases.len() as u64 * ct,
     );
     while let Some(line) = guest.next_line() {
-        if line.trim().starts_with("CLIENT-START ") && server.child.try_wait().unwrap().is_some() {
-            let e = server.premature();
-            guest.abort(&format!("softrdma bench server exited: {e}"));
+        if line.trim().starts_with("CLIENT-START ") {
+            if let Some(i) = procs
+                .iter_mut()
+                .position(|p| p.child.try_wait().unwrap().is_some())
+            {
+                let e = procs.remove(i).premature();
+                guest.abort(&format!("softrdma bench server exited: {e}"));
+            }
         }
     }
     let exit = guest.finish();
     let pcap = cap.stop();
-    // The server serves until killed; it must still be running.
-    let alive = server.child.try_wait().unwrap().is_none();
-    let _ = server.child.kill();
-    let _ = server.child.wait();
-    let srv_out = fs::read_to_string(&server.out).unwrap_or_default();
-    let srv_err = fs::read_to_string(&server.err).unwrap_or_default();
-
     let mut problems = Vec::new();
-    if !alive {
-        problems.push("the bench server exited during the run".to_string());
+    let mut outs = Vec::new();
+    for (i, p) in procs.iter_mut().enumerate() {
+        // A server serves until killed; it must still be running.
+        if p.child.try_wait().unwrap().is_some() {
+            problems.push(format!("bench server {i} exited during the run"));
+        }
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+        let out = fs::read_to_string(&p.out).unwrap_or_default();
+        let err = fs::read_to_string(&p.err).unwrap_or_default();
+        if err.contains("bench server:") {
+            problems.push(format!("bench server {i} reported errors"));
+        }
+        outs.push((out, err));
     }
-    for c in &cases {
+    for c in cases {
         let tag = format!("PERFTEST {} RC ", c.name);
         let rc = guest
             .log
@@ -2020,70 +2120,127 @@ fn guest_perftest_clients_vs_softrdma_bench_server() {
             problems.push(e);
         }
     }
-    // One summary line per client, naming its test and counting its Sends.
-    let mut summaries: Vec<PerftestSummary> =
-        srv_out.lines().filter_map(parse_perftest_summary).collect();
-    let found = summaries.len();
-    let (mut control, mut sends) = (0, 0);
-    for s in &summaries {
-        control += s.control;
-        sends += s.sends;
-    }
-    for c in &cases {
-        let want_sends = if c.kind == "send_bw" {
-            c.iters * c.qps
-        } else {
-            0
-        };
-        match summaries.iter().position(|s| {
-            s.kind == c.kind
-                && s.qps == c.qps
-                && s.sends == want_sends
-                && s.send_bytes == want_sends * c.size
-        }) {
-            Some(i) => {
-                summaries.remove(i);
+    // Per server: one summary line per client, naming its test and counting
+    // its Sends and our answers.
+    let mut totals = Vec::new();
+    for (i, (out, _)) in outs.iter().enumerate() {
+        let mut summaries: Vec<PerftestSummary> =
+            out.lines().filter_map(parse_perftest_summary).collect();
+        let found = summaries.len();
+        let (mut control, mut sends, mut answers) = (0, 0, 0);
+        for s in &summaries {
+            control += s.control;
+            sends += s.sends;
+            if s.kind == "send_lat" {
+                answers += s.answers;
             }
-            None => problems.push(format!(
-                "{}: no server summary for {} with {} QP(s) and {want_sends} Sends of {} bytes",
-                c.name, c.kind, c.qps, c.size
-            )),
         }
-    }
-    if found != cases.len() {
-        problems.push(format!(
-            "{found} server summary lines for {} clients",
-            cases.len()
-        ));
-    }
-    if srv_err.contains("bench server:") {
-        problems.push("the bench server reported errors".to_string());
+        totals.push((control, sends, answers));
+        let mine: Vec<&PerftestCase> = cases.iter().filter(|c| c.server == i).collect();
+        for c in &mine {
+            match summaries.iter().position(|s| {
+                s.kind == c.kind
+                    && s.qps == c.qps
+                    && s.sends == c.sends()
+                    && s.send_bytes == c.sends() * c.size
+                    && s.answers == c.answers()
+            }) {
+                Some(k) => {
+                    summaries.remove(k);
+                }
+                None => problems.push(format!(
+                    "{}: no summary from server {i} for {} with {} QP(s), {} Sends of {} \
+                     bytes and {} answers",
+                    c.name,
+                    c.kind,
+                    c.qps,
+                    c.sends(),
+                    c.size,
+                    c.answers()
+                )),
+            }
+        }
+        if found != mine.len() {
+            problems.push(format!(
+                "server {i}: {found} summary lines for {} clients",
+                mine.len()
+            ));
+        }
     }
     if exit != 0 {
         problems.push(format!("GUEST-EXIT {exit}"));
     }
     if !problems.is_empty() {
+        let logs: Vec<String> = outs
+            .iter()
+            .enumerate()
+            .map(|(i, (o, e))| {
+                format!(
+                    "  --- server {i} stdout:\n{}  --- server {i} stderr:\n{}",
+                    indent(o),
+                    indent(e)
+                )
+            })
+            .collect();
         guest.fail(&format!(
-            "guest perftest -R clients -> softrdma bench server:\n  {}\n  --- server stdout:\n{}\n  --- server stderr:\n{}",
+            "guest perftest -R clients -> softrdma bench servers:\n  {}\n{}",
             problems.join("\n  "),
-            indent(&srv_out),
-            indent(&srv_err)
+            logs.join("\n")
         ));
     }
-    // The wire: decodes, MPA rev 2 without CRC (siw asks for none), RDMA
-    // Write, Read Request, Read Response and Send seen; every control
-    // message and every test Send our server counted is one complete Send
-    // message towards it, every answer one from it.
-    let conns = analyse_capture(&pcap, &[port]);
-    if let Err(e) = check_conn_ops(&conns, port, 2, false, &[0, 1, 2, 3]) {
-        panic!("capture checks failed: {e}");
+    // The wire: decodes, MPA rev 2, CRC as the server decided, the
+    // operations the clients use; every control message and test Send a
+    // server counted is one complete Send message towards it, every answer
+    // (control reply, send_lat answer) one from it.
+    let conns = analyse_capture(&pcap, &ports);
+    let mut errs = Vec::new();
+    for (i, (srv, port)) in servers.iter().zip(&ports).enumerate() {
+        if let Err(e) = check_conn_ops(&conns, *port, 2, srv.crc, srv.ops) {
+            errs.push(e);
+        }
+        let (control, sends, answers) = totals[i];
+        let got = send_messages(&pcap, *port);
+        if got != (control + sends, control + answers) {
+            errs.push(format!(
+                "server {i}: Send messages (to, from) it in the capture {got:?} vs. its \
+                 counts ({control} control messages, {sends} test Sends, {answers} answers)"
+            ));
+        }
     }
-    let (up, down) = send_messages(&pcap, port);
-    assert_eq!(
-        (up, down),
-        (control + sends, control),
-        "Send messages (to, from) the server in the capture vs. the server's counts \
-         ({control} control messages, {sends} test Sends)"
+    assert!(
+        errs.is_empty(),
+        "capture checks failed:\n  {}",
+        errs.join("\n  ")
+    );
+}
+
+/// Guest perftest `-R` bandwidth clients (`ib_write_bw`, `ib_read_bw`,
+/// `ib_send_bw` on siw) against one `softrdma bench --server` on the host
+/// (see [`run_perftest`] for what is checked).
+#[test]
+fn guest_perftest_clients_vs_softrdma_bench_server() {
+    run_perftest(
+        "guest_perftest_clients_vs_softrdma_bench_server",
+        &[PerftestServer {
+            args: &[],
+            crc: false,
+            ops: &[0, 1, 2, 3],
+        }],
+        &perftest_cases(),
+    );
+}
+
+/// Guest perftest `-R` latency clients (`ib_write_lat`, `ib_send_lat`,
+/// `ib_read_lat` on siw) against `softrdma bench --server --perftest TEST`
+/// servers, one with MPA CRC on: the server answers every round (a Write
+/// per write_lat round, a Send per send_lat Send), as the summaries and
+/// the capture show.
+#[test]
+fn guest_perftest_latency_clients_vs_softrdma_bench_server() {
+    run_perftest(
+        "guest_perftest_latency_clients_vs_softrdma_bench_server",
+        &perftest_lat_servers(),
+        &perftest_lat_cases(),
     );
 }
 
@@ -2091,7 +2248,7 @@ fn guest_perftest_clients_vs_softrdma_bench_server() {
 fn perftest_summary_parses() {
     let l = "perftest: 127.0.0.1:34942: send_bw client (perftest 6.06): 1 test QP(s) \
              (client IRD 0 ORD 0), 11 control messages (7 pingpong_dest), 2000 Sends \
-             received (4000 bytes), 864 credit Writes, done";
+             received (4000 bytes), 864 credit Writes, 7 latency answers, done";
     assert_eq!(
         parse_perftest_summary(l),
         Some(PerftestSummary {
@@ -2100,6 +2257,7 @@ fn perftest_summary_parses() {
             control: 11,
             sends: 2000,
             send_bytes: 4000,
+            answers: 7,
         })
     );
     assert_eq!(parse_perftest_summary("perftest: x: write_bw client"), None);

@@ -51,13 +51,23 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "write_bw")]
     test: Test,
     /// Message size in bytes (suffixes K, M), a comma-separated list, or
-    /// `all` for powers of two from 2 bytes to 8 MiB.
-    #[arg(long, default_value = "65536")]
-    size: String,
+    /// `all` for powers of two from 2 bytes to 8 MiB (default 65536). With
+    /// `--server --perftest write_lat`: the size the perftest clients use
+    /// (their `-s`; default 2, perftest's).
+    #[arg(long)]
+    size: Option<String>,
     /// Messages per QP (bandwidth) or round trips (latency); default scales
-    /// with the size.
+    /// with the size. With `--server --perftest write_lat`: the clients'
+    /// `-n` (default 1000, perftest's).
     #[arg(long)]
     iters: Option<u64>,
+    /// Server: the test perftest `-R` clients run (perftest tells the
+    /// server neither the test nor the size nor the count, and the latency
+    /// tests need the server to answer). Without it the server serves
+    /// write_bw, read_bw and send_bw clients, telling them apart by what
+    /// they do.
+    #[arg(long, value_enum)]
+    perftest: Option<Test>,
     /// Run each size for this many seconds instead of a count.
     #[arg(long)]
     duration: Option<f64>,
@@ -91,7 +101,8 @@ pub struct Args {
     /// MPA revision to offer (1 or 2).
     #[arg(long, default_value_t = 2)]
     mpa_rev: u8,
-    /// Ask for MPA CRC32c.
+    /// Ask for MPA CRC32c (with `--server`: turn it on for perftest
+    /// clients, which ask only when siw's `mpa_crc_required` is set).
     #[arg(long)]
     crc: bool,
     /// Do not offer softrdma's connection extensions (large batched
@@ -124,7 +135,22 @@ enum Baseline {
 
 pub fn run(a: Args) -> Result<()> {
     if a.server {
-        return server::run(a.bind, a.port, a.exit_on_stdin_eof);
+        let mut expect = perftest::Expect {
+            test: a.perftest,
+            crc: a.crc,
+            ..perftest::Expect::default()
+        };
+        if let Some(s) = &a.size {
+            let v = sizes(s)?;
+            if v.len() != 1 {
+                bail!("--server: --size takes one size (perftest's `-s`), not {s}");
+            }
+            expect.size = usize::try_from(v[0]).context("--size")?;
+        }
+        if let Some(n) = a.iters {
+            expect.iters = n;
+        }
+        return server::run(a.bind, a.port, a.exit_on_stdin_eof, expect);
     }
     let mut child = None;
     let server: SocketAddr = if a.loopback {
@@ -363,7 +389,7 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
         // Atomics work on one 64-bit word.
         vec![8]
     } else {
-        sizes(&a.size)?
+        sizes(a.size.as_deref().unwrap_or("65536"))?
     };
     let mut records = Vec::new();
     let mut header = false;

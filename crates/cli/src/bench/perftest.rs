@@ -44,7 +44,24 @@
 //! session's summary line from what the client did (Sends received:
 //! send_bw; RDMA Reads asked for at connection time: read_bw; else
 //! write_bw).
+//!
+//! The latency tests need the server to take part, so it must be told the
+//! test, as a perftest server is (`--perftest TEST`, see [`Expect`]):
+//!
+//! * `read_lat`: passive, like read_bw (only the summary's name differs).
+//! * `send_lat`: the client Sends first; every Send received is answered
+//!   with a Send of the same length on the same QP (perftest's ping-pong).
+//!   No credit Writes: a latency client advertises its data buffer, not a
+//!   credit word, and never runs ahead of the answers.
+//! * `write_lat`: the **server** Writes first. Round `r` Writes `size`
+//!   bytes whose last byte is `r` (mod 256) to the buffer the client
+//!   advertised on its test QP, then waits until the client's Write has
+//!   set the last byte of our buffer to `r`. So the server must know the
+//!   size (`--size`, perftest's `-s`) and the number of rounds (`--iters`,
+//!   perftest's `-n`), exactly as a perftest server does; `-a` (all sizes)
+//!   is not supported.
 
+use super::proto::Test as BenchTest;
 use anyhow::{bail, Context, Result};
 use parking_lot::{Condvar, Mutex};
 use softrdma_verbs::{
@@ -54,7 +71,9 @@ use softrdma_verbs::{
 };
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The perftest version we announce: the one this module implements (and
@@ -102,6 +121,66 @@ const CQ_DEPTH: usize = 1 << 20;
 /// finish collecting its test connections.
 const COLLECT_WAIT: Duration = Duration::from_secs(30);
 
+/// `wr_id` of a send_lat answer and of a write_lat Write (never a credit
+/// slot).
+const ANSWER_WR: u64 = u64::MAX - 1;
+const LAT_WRITE_WR: u64 = u64::MAX - 2;
+
+/// What the server is told about its perftest clients (`--perftest`,
+/// `--size`, `--iters`, `--crc`), since perftest tells it none of this.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect {
+    /// The test the clients run; `None`: a bandwidth test, recognised from
+    /// what the client does.
+    pub test: Option<BenchTest>,
+    /// write_lat: the message size (perftest's `-s`).
+    pub size: usize,
+    /// write_lat: the number of rounds (perftest's `-n`).
+    pub iters: u64,
+    /// Turn MPA CRC on even when the client does not ask for it (siw asks
+    /// only with its `mpa_crc_required` parameter set).
+    pub crc: bool,
+}
+
+impl Default for Expect {
+    fn default() -> Expect {
+        Expect {
+            test: None,
+            size: 2,
+            iters: 1000,
+            crc: false,
+        }
+    }
+}
+
+impl Expect {
+    /// Checks that the server can serve `test` as perftest's server would.
+    pub fn check(&self) -> Result<()> {
+        match self.test {
+            None
+            | Some(BenchTest::WriteBw | BenchTest::ReadBw | BenchTest::SendBw)
+            | Some(BenchTest::ReadLat | BenchTest::SendLat) => Ok(()),
+            Some(BenchTest::WriteLat) => {
+                if self.size == 0 || self.size > BUF_LEN {
+                    bail!(
+                        "--perftest write_lat: the size must be 1 to {BUF_LEN} bytes, not {}",
+                        self.size
+                    );
+                }
+                if self.iters == 0 {
+                    bail!("--perftest write_lat: --iters must be at least 1");
+                }
+                Ok(())
+            }
+            Some(t) => bail!("--perftest: perftest has no `{}` test we serve", t.name()),
+        }
+    }
+
+    fn credits(&self) -> bool {
+        matches!(self.test, None | Some(BenchTest::SendBw))
+    }
+}
+
 /// Sessions collecting test connections, at most one per client address.
 struct Registry {
     collecting: Mutex<Vec<Arc<Shared>>>,
@@ -120,6 +199,7 @@ struct Shared {
     cq: CompletionQueue,
     buf: MemoryRegion,
     collect: Mutex<Collect>,
+    expect: Expect,
 }
 
 #[derive(Default)]
@@ -145,6 +225,7 @@ impl Shared {
     /// Accepts a test connection while the session collects them; hands the
     /// request back when it no longer does.
     fn add_test_conn(&self, req: ConnectRequest) -> Result<Option<ConnectRequest>> {
+        let crc = self.expect.crc;
         if !self.collect.lock().open {
             return Ok(Some(req));
         }
@@ -169,7 +250,7 @@ impl Shared {
             ird: req_ord.max(1),
             ord: 1,
             mpa_revision: req.mpa_revision(),
-            crc: req.crc_requested(),
+            crc: req.crc_requested() || crc,
             ..ConnParams::default()
         };
         let peer = req.peer_addr();
@@ -202,7 +283,11 @@ impl Shared {
 /// whole session, returning when the client has gone) or one of the test
 /// connections of a session already running (then returns once it is
 /// accepted).
-pub fn serve(dev: &softrdma_verbs::Device, req: softrdma_verbs::ConnectRequest) -> Result<()> {
+pub fn serve(
+    dev: &softrdma_verbs::Device,
+    req: softrdma_verbs::ConnectRequest,
+    expect: Expect,
+) -> Result<()> {
     let ip = req.peer_addr().ip();
     let collecting = REGISTRY
         .collecting
@@ -217,7 +302,7 @@ pub fn serve(dev: &softrdma_verbs::Device, req: softrdma_verbs::ConnectRequest) 
         },
         None => req,
     };
-    run_session(dev, req)
+    run_session(dev, req, expect)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,11 +354,16 @@ struct Session {
     send_bytes: u64,
     credit_writes: u64,
     test_errors: Vec<String>,
+    /// send_lat answers posted, or write_lat rounds completed.
+    answers: u64,
+    /// write_lat: the thread running the rounds, and its stop flag.
+    lat_writer: Option<JoinHandle<Result<u64>>>,
+    stop: Arc<AtomicBool>,
     /// The client left (its control connection closed).
     ended: bool,
 }
 
-fn run_session(dev: &Device, req: ConnectRequest) -> Result<()> {
+fn run_session(dev: &Device, req: ConnectRequest, expect: Expect) -> Result<()> {
     let peer = req.peer_addr();
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(CQ_DEPTH)?;
@@ -307,7 +397,7 @@ fn run_session(dev: &Device, req: ConnectRequest) -> Result<()> {
         ird: req_ord.max(1),
         ord: 1,
         mpa_revision: req.mpa_revision(),
-        crc: req.crc_requested(),
+        crc: req.crc_requested() || expect.crc,
         ..ConnParams::default()
     };
     req.accept(&qp, &params)
@@ -321,6 +411,7 @@ fn run_session(dev: &Device, req: ConnectRequest) -> Result<()> {
         cq,
         buf,
         collect: Mutex::new(Collect::default()),
+        expect,
     });
     let recv_wr = shared.recv_wr();
     let mut s = Session {
@@ -348,6 +439,9 @@ fn run_session(dev: &Device, req: ConnectRequest) -> Result<()> {
         send_bytes: 0,
         credit_writes: 0,
         test_errors: Vec::new(),
+        answers: 0,
+        lat_writer: None,
+        stop: Arc::new(AtomicBool::new(false)),
         ended: false,
     };
     let r = s.run();
@@ -499,6 +593,12 @@ impl Session {
                     self.targets
                         .push((be_u64(msg, DEST_VADDR), be_u32(msg, DEST_RKEY)));
                 }
+                if self.shared.expect.test == Some(BenchTest::WriteLat)
+                    && self.lat_writer.is_none()
+                    && !self.targets.is_empty()
+                {
+                    self.start_lat_writer()?;
+                }
                 // Every sync starts a new count (ib_send_bw -a zeroes its
                 // credit words after the sync before each size).
                 for t in &mut self.tests {
@@ -509,6 +609,61 @@ impl Session {
                 Ok(self.dest(msg.len(), Some(i)))
             }
         }
+    }
+
+    /// write_lat: the server's side of perftest's ping-pong, on a thread of
+    /// its own (the session thread keeps answering control messages and
+    /// reaping completions). The client polls the last byte of the buffer
+    /// it advertised; we poll the last byte of ours.
+    fn start_lat_writer(&mut self) -> Result<()> {
+        if self.tests.len() != 1 {
+            bail!(
+                "write_lat runs one QP, the client connected {}",
+                self.tests.len()
+            );
+        }
+        let e = self.shared.expect;
+        let qp = self.tests[0].qp.clone();
+        let (addr, rkey) = self.targets[0];
+        let src = self
+            .shared
+            .pd
+            .alloc_mr(e.size, Access::LOCAL_WRITE)
+            .context("allocate the write_lat source")?;
+        let shared = self.shared.clone();
+        let stop = self.stop.clone();
+        let h = std::thread::Builder::new()
+            .name("perftest-lat".into())
+            .spawn(move || -> Result<u64> {
+                let last = e.size - 1;
+                let mut done = 0;
+                for r in 1..=e.iters {
+                    let b = r as u8;
+                    src.write_at(last, &[b]);
+                    // The previous round's Write has been placed (the
+                    // client answered it), so the source may change.
+                    qp.post_send(&SendWr::write(
+                        LAT_WRITE_WR,
+                        &[src.sge(0, e.size)],
+                        addr,
+                        rkey,
+                    ))
+                    .with_context(|| format!("write_lat round {r}: post the Write"))?;
+                    super::spin_until(
+                        || stop.load(Ordering::Relaxed) || shared.buf.peek_u8(last) == b,
+                        &qp,
+                        false,
+                    )
+                    .with_context(|| format!("write_lat round {r}: waiting for the client"))?;
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    done = r;
+                }
+                Ok(done)
+            })?;
+        self.lat_writer = Some(h);
+        Ok(())
     }
 
     /// Our `pingpong_dest` (for test QP `i`, if any), `len` bytes.
@@ -618,6 +773,28 @@ impl Session {
                 // Only a QP going down refuses a receive here.
                 tracing::debug!(qpn = wc.qp_num, error = %e, "repost refused");
             }
+            if self.shared.expect.test == Some(BenchTest::SendLat) {
+                // perftest's ping-pong: one Send of the same length back.
+                // Its content does not matter; it is what just arrived.
+                let len = wc.byte_len as usize;
+                let sge = self.shared.buf.sge(0, len.min(BUF_LEN));
+                let wr = if len == 0 {
+                    SendWr::send(ANSWER_WR, &[])
+                } else {
+                    SendWr::send(ANSWER_WR, &[sge])
+                };
+                match t.qp.post_send(&wr) {
+                    Ok(()) => self.answers += 1,
+                    Err(e) => {
+                        if t.alive {
+                            self.test_errors.push(format!(
+                                "test QP {} ({}): send_lat answer refused: {e}",
+                                wc.qp_num, t.peer
+                            ));
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -626,7 +803,7 @@ impl Session {
     /// every client credit word. Nothing is written before the first Send
     /// arrives, so write_bw and read_bw clients never see a Write.
     fn write_credits(&mut self) -> Result<()> {
-        if self.sends == 0 || self.targets.is_empty() {
+        if !self.shared.expect.credits() || self.sends == 0 || self.targets.is_empty() {
             return Ok(());
         }
         let Some(min) = self.tests.iter().filter(|t| t.alive).map(|t| t.count).min() else {
@@ -665,7 +842,9 @@ impl Session {
     }
 
     fn kind(&self) -> &'static str {
-        if self.sends > 0 {
+        if let Some(t) = self.shared.expect.test {
+            t.name()
+        } else if self.sends > 0 {
             "send_bw"
         } else if self.tests.iter().any(|t| t.req_ord > 0) {
             "read_bw"
@@ -675,8 +854,18 @@ impl Session {
     }
 
     /// Tears the session down and prints its summary line.
-    fn finish(self, r: Result<()>) -> Result<()> {
+    fn finish(mut self, r: Result<()>) -> Result<()> {
         self.unregister();
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.lat_writer.take() {
+            match h.join() {
+                Ok(Ok(rounds)) => self.answers = rounds,
+                Ok(Err(e)) => self.test_errors.push(format!("{e:#}")),
+                Err(_) => self
+                    .test_errors
+                    .push("the write_lat thread panicked".into()),
+            }
+        }
         let leftover = std::mem::take(&mut self.shared.collect.lock().conns);
         for c in &leftover {
             c.qp.disconnect();
@@ -691,7 +880,8 @@ impl Session {
             .map_or((0, 0), |t| (t.req_ird, t.req_ord));
         let summary = format!(
             "perftest: {}: {} client (perftest {}): {} test QP(s) (client IRD {ird} ORD {ord}), \
-             {} control messages ({} pingpong_dest), {} Sends received ({} bytes), {} credit Writes",
+             {} control messages ({} pingpong_dest), {} Sends received ({} bytes), {} credit Writes, \
+             {} latency answers",
             self.peer,
             self.kind(),
             if self.client_version.is_empty() {
@@ -705,6 +895,7 @@ impl Session {
             self.sends,
             self.send_bytes,
             self.credit_writes,
+            self.answers,
         );
         if let Err(e) = r {
             return Err(e.context(summary));

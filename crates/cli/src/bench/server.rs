@@ -38,7 +38,13 @@ struct Passive {
 
 /// Runs the server until killed (or, with `stdin_eof`, until stdin closes:
 /// `--loopback` uses that so the child never outlives its parent).
-pub fn run(bind: IpAddr, port: u16, stdin_eof: bool) -> Result<()> {
+pub fn run(
+    bind: IpAddr,
+    port: u16,
+    stdin_eof: bool,
+    expect: super::perftest::Expect,
+) -> Result<()> {
+    expect.check()?;
     let dev_addr = if bind.is_unspecified() {
         IpAddr::from([127, 0, 0, 1])
     } else {
@@ -104,7 +110,7 @@ pub fn run(bind: IpAddr, port: u16, stdin_eof: bool) -> Result<()> {
                 let r = if pd_ours {
                     serve_ours(&dev, &passive, req, tcp_port)
                 } else {
-                    super::perftest::serve(&dev, req)
+                    super::perftest::serve(&dev, req, expect)
                 };
                 if let Err(e) = r {
                     eprintln!("bench server: connection from {peer}: {e:#}");
