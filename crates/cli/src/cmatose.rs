@@ -53,10 +53,11 @@ pub struct Args {
     /// without limit).
     #[arg(long, default_value_t = 30)]
     timeout: u64,
-    /// Server: wait this long after the last accept before sending (see
-    /// docs/cmatose-protocol.md, "Who sends first": Linux siw as the
-    /// initiator fails a connection whose MPA reply is followed at once by
-    /// an FPDU).
+    /// Server: wait this long after the last accept before sending. Not
+    /// needed against Linux siw (which fails a connection whose MPA reply
+    /// is followed at once by an FPDU): the engine holds a responder's
+    /// first FPDU itself (docs/cmatose-protocol.md, "Who sends first");
+    /// kept for trials.
     #[arg(long, default_value_t = 0)]
     send_delay_ms: u64,
     /// Client: also check that the messages carry the pattern our server

@@ -53,6 +53,8 @@ pub(crate) struct Conn {
     pub seg: usize,
     out_armed: AtomicBool,
     closed: AtomicBool,
+    /// We sent our FIN (graceful disconnect started here).
+    fin_sent: AtomicBool,
     /// Busy-poll mode: the application's thread runs the receiver
     /// ([`crate::QueuePair::progress`]); the progress thread no longer
     /// watches for input (it still handles blocked output and hang-ups).
@@ -94,6 +96,7 @@ impl Conn {
             epoll,
             out_armed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            fin_sent: AtomicBool::new(false),
             polled: AtomicBool::new(false),
             rx_paused: AtomicBool::new(false),
             link,
@@ -284,7 +287,26 @@ impl Conn {
 
     /// Half-closes (graceful disconnect: the peer reads end of stream).
     pub fn shutdown_write(&self) {
+        self.fin_sent.store(true, Ordering::Release);
         let _ = self.stream.shutdown(std::net::Shutdown::Write);
+    }
+
+    /// The peer closed first (end of stream): answer with a reset instead
+    /// of our FIN when the peer is not softrdma and we had not started to
+    /// close. Linux rdma_cm picks an initiator's local port without regard
+    /// to TCP's TIME_WAIT sockets and siw binds it, so every TIME_WAIT a
+    /// passive close leaves on a siw client is a port whose next connection
+    /// to us fails with EADDRNOTAVAIL (issue 20: perftest clients failed
+    /// about once in 70 runs, nearly always with a narrow port range). A
+    /// reset leaves no TIME_WAIT on either side. Nothing is lost: the
+    /// peer has stopped sending, and its QP is flushed on disconnect (siw
+    /// releases the socket, so anything we sent later would be reset by
+    /// its kernel anyway). softrdma peers, which may half-close and read
+    /// on, get the graceful FIN.
+    pub fn on_peer_fin(&self) {
+        if !self.params.softrdma_peer && !self.fin_sent.load(Ordering::Acquire) {
+            sys::reset(self.fd);
+        }
     }
 
     pub fn is_closed(&self) -> bool {
@@ -2251,7 +2273,7 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
                         q.core.stags.set_valid(&mr, false);
                         invalidated = Some(inval);
                     }
-                    _ => {
+                    found => {
                         // Give the buffer back as flushed; the QP fails.
                         q.recv_cq.push(WorkCompletion {
                             wr_id: cur.wqe.wr_id,
@@ -2260,12 +2282,18 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
                             qp_num: q.qpn,
                             ..Default::default()
                         });
+                        // As siw: an STag we hold but may not invalidate
+                        // for this peer (another PD, or not invalidatable)
+                        // is a remote protection error; one we do not know
+                        // a remote operation error (RFC 5040 section 7,
+                        // code 0x09 under both types).
+                        let code = if found.is_some() {
+                            codes::RDMAP_CANNOT_INVALIDATE
+                        } else {
+                            codes::RDMAP_OP_CANNOT_INVALIDATE
+                        };
                         let raw = rx.hdr_bytes[..ddp::UNTAGGED_LEN].to_vec();
-                        return Some(fatal(
-                            codes::RDMAP_CANNOT_INVALIDATE,
-                            &raw,
-                            WcStatus::WrFlushErr,
-                        ));
+                        return Some(fatal(code, &raw, WcStatus::WrFlushErr));
                     }
                 }
             }
@@ -2550,6 +2578,7 @@ pub(crate) fn on_readable(q: &Arc<QpInner>, budget: usize) -> bool {
         RxEnd::Block | RxEnd::Budget => {}
         RxEnd::Eof => {
             tracing::debug!(qpn = q.qpn, "peer disconnected");
+            c.on_peer_fin();
             q.fail(
                 WcStatus::WrFlushErr,
                 Some(AsyncEvent::Disconnected { qpn: q.qpn }),

@@ -2035,3 +2035,494 @@ fn masked_fetch_add_adds_fields_independently() {
     // 0xFFFF + 1 wraps within its field; no carry into the next.
     assert_eq!(u64::from_le_bytes(b), 0x0004_0003_0002_0000);
 }
+
+/// The TCP states of local port `port` in /proc/net/tcp (IPv4 loopback
+/// sockets), as hex state codes ("06" is TIME_WAIT).
+fn tcp_states_of_port(port: u16) -> Vec<String> {
+    let t = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    t.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let p = f.get(1)?.rsplit(':').next()?;
+            (u16::from_str_radix(p, 16).ok()? == port).then(|| f.get(3).map(|s| s.to_string()))?
+        })
+        .collect()
+}
+
+/// A peer that is not softrdma and closes first (its FIN, as Linux siw
+/// sends on disconnect) is answered with a reset, not our FIN, so no
+/// TIME_WAIT stays on the peer (issue 20: Linux rdma_cm gives a siw
+/// client local ports without regard to TIME_WAIT, so each one a passive
+/// close left there was a port whose next connect to us failed with
+/// EADDRNOTAVAIL). Both as responder and as initiator; the QP still ends
+/// with a flush and a Disconnected event, and the device serves on.
+#[test]
+fn a_peer_that_closes_first_is_reset_and_keeps_no_time_wait() {
+    let srv = Server::new();
+    for responder in [true, false] {
+        let (s, mut raw) = if responder {
+            srv.accept_default()
+        } else {
+            connect_raw(&srv.dev, &ConnParams::default(), RawOpts::default())
+        };
+        let what = if responder { "responder" } else { "initiator" };
+        let port = raw.s.local_addr().unwrap().port();
+        let rmr = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        s.qp.post_recv(&RecvWr::new(7, &[rmr.sge(0, 64)])).unwrap();
+        raw.s.shutdown(Shutdown::Write).unwrap();
+        assert!(s.qp.wait_state(QpState::Error, T), "{what}: QP in ERROR");
+        expect_wcs(&s.cq, &[(7, WcStatus::WrFlushErr)]);
+        let deadline = Instant::now() + T;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match srv.dev.next_event(left).expect("a Disconnected event") {
+                AsyncEvent::Disconnected { qpn } if qpn == s.qp.qp_num() => break,
+                _ => {}
+            }
+        }
+        raw.s.set_read_timeout(Some(T)).unwrap();
+        let mut b = [0u8; 64];
+        let r = raw.s.read(&mut b);
+        assert!(
+            matches!(&r, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+            "{what}: the peer's read after its FIN: {r:?} (a reset was due; Ok(0) is our FIN)"
+        );
+        drop(raw);
+        let states = tcp_states_of_port(port);
+        assert!(
+            !states.iter().any(|s| s == "06"),
+            "{what}: port {port} left in TIME_WAIT ({states:?})"
+        );
+    }
+    srv.prove_usable();
+}
+
+/// Raw MPA request bytes: key, flags, revision, private data (its length
+/// field `declared`, or its real length).
+fn raw_mpa_request(
+    key: &[u8; 16],
+    flags: u8,
+    rev: u8,
+    pd: &[u8],
+    declared: Option<u16>,
+) -> Vec<u8> {
+    let mut b = key.to_vec();
+    b.push(flags);
+    b.push(rev);
+    b.extend_from_slice(&declared.unwrap_or(pd.len() as u16).to_be_bytes());
+    b.extend_from_slice(pd);
+    b
+}
+
+/// What the listener must do with one MPA request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MpaWant {
+    /// Close without a byte (RFC 5044 section 7.1.4: a receiver that cannot
+    /// interpret the revision or key closes the TCP connection; siw drops
+    /// such a connection with EPROTO).
+    Closed,
+    /// An MPA reply with the reject bit, then close (markers: neither siw
+    /// nor this engine does them, siw also rejects).
+    Rejected,
+    /// Accepted, the reply of this revision (enhanced when the request was).
+    Accepted(u8),
+}
+
+/// The MPA handshake against every revision (0 to 3, 255), the enhanced
+/// bit with and without its IRD/ORD block, markers, a wrong key, a reply
+/// frame where a request is due, and private-data lengths at and beyond
+/// MPA's 512-byte limit. Each refused peer gets exactly the answer above,
+/// never reaches the application (the next request the listener returns is
+/// the next good one), and the listener serves on.
+#[test]
+fn mpa_requests_of_every_revision_key_and_length() {
+    use mpa::{FLAG_ENHANCED, FLAG_MARKERS, REP_KEY, REQ_KEY};
+    let srv = Server::new();
+    let v2 = MpaV2 {
+        ird: 8,
+        ord: 8,
+        peer_to_peer: false,
+        rtr_send: false,
+        rtr_write: false,
+        rtr_read: false,
+    }
+    .encode();
+    let big: Vec<u8> = (0..512u32).map(|i| (i % 251) as u8 | 0x01).collect();
+    let mut big_v2 = v2.to_vec();
+    big_v2.extend_from_slice(&big[..508]);
+    let cases: Vec<(&str, Vec<u8>, MpaWant)> = vec![
+        (
+            "revision 0",
+            raw_mpa_request(REQ_KEY, 0, 0, &[], None),
+            MpaWant::Closed,
+        ),
+        (
+            "revision 3",
+            raw_mpa_request(REQ_KEY, FLAG_ENHANCED, 3, &v2, None),
+            MpaWant::Closed,
+        ),
+        (
+            "revision 255",
+            raw_mpa_request(REQ_KEY, 0, 255, &[], None),
+            MpaWant::Closed,
+        ),
+        (
+            "revision 1",
+            raw_mpa_request(REQ_KEY, 0, 1, &[], None),
+            MpaWant::Accepted(1),
+        ),
+        (
+            "revision 2, not enhanced",
+            raw_mpa_request(REQ_KEY, 0, 2, &[], None),
+            MpaWant::Accepted(2),
+        ),
+        (
+            "revision 2, enhanced",
+            raw_mpa_request(REQ_KEY, FLAG_ENHANCED, 2, &v2, None),
+            MpaWant::Accepted(2),
+        ),
+        (
+            "enhanced bit, IRD/ORD block cut short",
+            raw_mpa_request(REQ_KEY, FLAG_ENHANCED, 2, &v2[..2], None),
+            MpaWant::Closed,
+        ),
+        (
+            "markers",
+            raw_mpa_request(REQ_KEY, FLAG_MARKERS | FLAG_ENHANCED, 2, &v2, None),
+            MpaWant::Rejected,
+        ),
+        (
+            "one byte of the key wrong",
+            raw_mpa_request(b"MPA ID Req Framf", FLAG_ENHANCED, 2, &v2, None),
+            MpaWant::Closed,
+        ),
+        (
+            "a reply where the request is due",
+            raw_mpa_request(REP_KEY, FLAG_ENHANCED, 2, &v2, None),
+            MpaWant::Rejected,
+        ),
+        (
+            "private data of 512 bytes (MPA's limit)",
+            raw_mpa_request(REQ_KEY, 0, 1, &big, None),
+            MpaWant::Accepted(1),
+        ),
+        (
+            "enhanced, 4 + 508 bytes of private data",
+            raw_mpa_request(REQ_KEY, FLAG_ENHANCED, 2, &big_v2, None),
+            MpaWant::Accepted(2),
+        ),
+        (
+            "private data length 513",
+            raw_mpa_request(REQ_KEY, 0, 1, &[7; 513], None),
+            MpaWant::Closed,
+        ),
+        (
+            "private data length 65535",
+            raw_mpa_request(REQ_KEY, 0, 1, &[7; 64], Some(0xffff)),
+            MpaWant::Closed,
+        ),
+    ];
+    for (what, bytes, want) in cases {
+        let mut raw = TcpStream::connect(srv.addr()).unwrap();
+        raw.set_read_timeout(Some(T)).unwrap();
+        let raw_addr = raw.local_addr().unwrap();
+        raw.write_all(&bytes).unwrap();
+        match want {
+            MpaWant::Closed | MpaWant::Rejected => {
+                let mut got = Vec::new();
+                let r = raw.read_to_end(&mut got);
+                if let Err(e) = &r {
+                    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{what}: {e}");
+                }
+                if want == MpaWant::Closed {
+                    assert!(
+                        got.is_empty(),
+                        "{what}: closed with {} bytes sent",
+                        got.len()
+                    );
+                } else {
+                    let (f, n) = MpaFrame::decode_all(&got)
+                        .unwrap_or_else(|e| panic!("{what}: no MPA reply ({e:?}): {got:02x?}"));
+                    assert!(
+                        f.kind == MpaKind::Reply && f.reject,
+                        "{what}: a reject reply was due: {f:?}"
+                    );
+                    assert_eq!(n, got.len(), "{what}: bytes after the reject");
+                }
+                // The refused peer never reached the application: the next
+                // request is a good client's.
+                let s = side(&srv.dev, QpCaps::default());
+                let c = side(&srv.dev, QpCaps::default());
+                std::thread::scope(|sc| {
+                    let h = sc.spawn(|| {
+                        let req = srv.l.get_request().unwrap();
+                        let from = req.peer_addr();
+                        req.accept(&s.qp, &ConnParams::default()).unwrap();
+                        from
+                    });
+                    c.qp.connect(srv.addr(), &ConnParams::default()).unwrap();
+                    let from = h.join().unwrap();
+                    assert_ne!(
+                        from, raw_addr,
+                        "{what}: the refused request reached the application"
+                    );
+                });
+                send_one(&c, &s);
+            }
+            MpaWant::Accepted(rev) => {
+                let s = side(&srv.dev, QpCaps::default());
+                let req = srv.l.get_request().unwrap();
+                assert_eq!(req.peer_addr(), raw_addr, "{what}");
+                assert_eq!(req.mpa_revision(), rev, "{what}");
+                let sent_pd = &bytes[mpa::HEADER_LEN..];
+                let enhanced = bytes[16] & FLAG_ENHANCED != 0;
+                let want_pd = if enhanced { &sent_pd[4..] } else { sent_pd };
+                assert_eq!(req.private_data(), want_pd, "{what}: private data");
+                req.accept(&s.qp, &ConnParams::default()).unwrap();
+                let f = read_mpa_frame(&mut raw);
+                assert!(f.kind == MpaKind::Reply && !f.reject, "{what}: {f:?}");
+                assert_eq!(f.revision, rev, "{what}: reply revision");
+                assert_eq!(f.v2.is_some(), enhanced, "{what}: enhanced reply");
+                assert_eq!(s.qp.state(), QpState::Rts, "{what}");
+            }
+        }
+    }
+    srv.prove_usable();
+}
+
+/// An untagged ULPDU: DDP flags (last, version `ddp_ver`), RDMAP version
+/// `rdmap_ver` and `op`, `inv` (Invalidate STag), QN, MSN, MO, then `body`.
+#[allow(clippy::too_many_arguments)]
+fn untagged(
+    last: bool,
+    ddp_ver: u8,
+    rdmap_ver: u8,
+    op: u8,
+    inv: u32,
+    qn: u32,
+    msn: u32,
+    mo: u32,
+    body: &[u8],
+) -> Vec<u8> {
+    let mut u = vec![0u8; ddp::UNTAGGED_LEN];
+    u[0] = if last { ddp::DDP_LAST } else { 0 } | (ddp_ver & 3);
+    u[1] = (rdmap_ver << 6) | (op & 0x0f);
+    u[2..6].copy_from_slice(&inv.to_be_bytes());
+    u[6..10].copy_from_slice(&qn.to_be_bytes());
+    u[10..14].copy_from_slice(&msn.to_be_bytes());
+    u[14..18].copy_from_slice(&mo.to_be_bytes());
+    u.extend_from_slice(body);
+    u
+}
+
+/// Untagged segments with a bad queue number, MSN, MO, RDMAP version, or
+/// an opcode on the wrong queue (RFC 5041 section 7.2 and RFC 5040 section
+/// 7). An untagged opcode names its queue (Send and its variants 0, Read
+/// Request 1, Terminate 2), so one on another queue is answered as a bad
+/// queue number at the DDP layer; opcodes that are never untagged (Write,
+/// Read Response) as an unexpected opcode. Each gets exactly its
+/// Terminate, echoing the segment's DDP header, the QP ends with its
+/// receives flushed and nothing placed, and the listener serves on.
+#[test]
+fn untagged_segments_with_bad_queue_msn_mo_or_version() {
+    let srv = Server::new();
+    let send = Opcode::Send as u8;
+    let body = [EVIL; 32];
+    let v = ddp::DDP_VERSION;
+    let rv = ddp::RDMAP_VERSION;
+    let cases: Vec<(&str, Vec<u8>, TermCode)> = vec![
+        (
+            "queue number 3",
+            untagged(true, v, rv, send, 0, 3, 1, 0, &body),
+            codes::DDP_UNTAGGED_INVALID_QN,
+        ),
+        (
+            "queue number 0xffffffff",
+            untagged(true, v, rv, send, 0, u32::MAX, 1, 0, &body),
+            codes::DDP_UNTAGGED_INVALID_QN,
+        ),
+        (
+            "MSN 0 (1 is due)",
+            untagged(true, v, rv, send, 0, 0, 0, 0, &body),
+            codes::DDP_UNTAGGED_MSN_RANGE,
+        ),
+        (
+            "MSN 2 (1 is due)",
+            untagged(true, v, rv, send, 0, 0, 2, 0, &body),
+            codes::DDP_UNTAGGED_MSN_RANGE,
+        ),
+        (
+            "MSN 0x80000001",
+            untagged(true, v, rv, send, 0, 0, 0x8000_0001, 0, &body),
+            codes::DDP_UNTAGGED_MSN_RANGE,
+        ),
+        (
+            "MO 64 in a message's first segment",
+            untagged(true, v, rv, send, 0, 0, 1, 64, &body),
+            codes::DDP_UNTAGGED_INVALID_MO,
+        ),
+        (
+            "MO 0xfffffff0",
+            untagged(true, v, rv, send, 0, 0, 1, 0xffff_fff0, &body),
+            codes::DDP_UNTAGGED_INVALID_MO,
+        ),
+        (
+            "RDMAP version 0",
+            untagged(true, v, 0, send, 0, 0, 1, 0, &body),
+            codes::RDMAP_INVALID_VERSION,
+        ),
+        (
+            "RDMAP version 2",
+            untagged(true, v, 2, send, 0, 0, 1, 0, &body),
+            codes::RDMAP_INVALID_VERSION,
+        ),
+        (
+            "a Send on the Read Request queue",
+            untagged(true, v, rv, send, 0, 1, 1, 0, &body),
+            codes::DDP_UNTAGGED_INVALID_QN,
+        ),
+        (
+            "a Read Request on the Send queue",
+            untagged(true, v, rv, Opcode::ReadRequest as u8, 0, 0, 1, 0, &[0; 28]),
+            codes::DDP_UNTAGGED_INVALID_QN,
+        ),
+        (
+            "a Terminate on the Send queue",
+            untagged(true, v, rv, Opcode::Terminate as u8, 0, 0, 1, 0, &[0; 4]),
+            codes::DDP_UNTAGGED_INVALID_QN,
+        ),
+        (
+            "an RDMA Write in an untagged segment",
+            untagged(true, v, rv, Opcode::Write as u8, 0, 0, 1, 0, &body),
+            codes::RDMAP_UNEXPECTED_OPCODE,
+        ),
+        (
+            "a Read Response in an untagged segment",
+            untagged(true, v, rv, Opcode::ReadResponse as u8, 0, 0, 1, 0, &body),
+            codes::RDMAP_UNEXPECTED_OPCODE,
+        ),
+    ];
+    for (what, u, want) in cases {
+        let (s, mut raw) = srv.accept_default();
+        let (g, _mr) = guarded_recvs(&s, 128);
+        raw.send_fpdu(&u);
+        let t = raw.expect_terminate();
+        assert_eq!(t.code, want, "{what}: got {}", t.code);
+        assert_eq!(
+            t.ddp_header.as_deref(),
+            Some(&u[..ddp::UNTAGGED_LEN]),
+            "{what}: the Terminate echoes the segment's DDP header"
+        );
+        expect_engine_terminated(&s, want, &FLUSHED);
+        g.assert_untouched(what);
+    }
+    srv.prove_usable();
+}
+
+/// Send with Invalidate (and with Solicited Event and Invalidate) naming an
+/// STag the engine may not invalidate: siw's codes (its
+/// `siw_invalidate_stag` -EACCES vs. not found): an STag we hold for
+/// another PD, or one registered without `invalidatable`, is a remote
+/// protection error (1/0x09); one we do not know (never registered, or the
+/// right index under another key) a remote operation error (2/0x09). The
+/// receive completes with a remote invalid request error, the rest are
+/// flushed, the Terminate echoes the Send's DDP header, the region stays
+/// valid and unchanged, and the listener serves on.
+#[test]
+fn send_with_invalidate_failures() {
+    let srv = Server::new();
+    let other_pd = srv.dev.alloc_pd().unwrap();
+    #[derive(Clone, Copy, Debug)]
+    enum Target {
+        Unknown,
+        WrongKey,
+        OtherPd,
+        NotInvalidatable,
+    }
+    let cases = [
+        (
+            Target::Unknown,
+            Opcode::SendInvalidate,
+            codes::RDMAP_OP_CANNOT_INVALIDATE,
+        ),
+        (
+            Target::WrongKey,
+            Opcode::SendInvalidate,
+            codes::RDMAP_OP_CANNOT_INVALIDATE,
+        ),
+        (
+            Target::OtherPd,
+            Opcode::SendInvalidate,
+            codes::RDMAP_CANNOT_INVALIDATE,
+        ),
+        (
+            Target::NotInvalidatable,
+            Opcode::SendInvalidate,
+            codes::RDMAP_CANNOT_INVALIDATE,
+        ),
+        (
+            Target::Unknown,
+            Opcode::SendSeInvalidate,
+            codes::RDMAP_OP_CANNOT_INVALIDATE,
+        ),
+        (
+            Target::OtherPd,
+            Opcode::SendSeInvalidate,
+            codes::RDMAP_CANNOT_INVALIDATE,
+        ),
+    ];
+    for (target, op, want) in cases {
+        let what = format!("{op:?} of {target:?}");
+        let (s, mut raw) = srv.accept_default();
+        let region = Guarded::new(256, 0x31);
+        let mr = match target {
+            Target::OtherPd => Some(region.register(
+                &other_pd,
+                RW,
+                RegOptions {
+                    invalidatable: true,
+                    ..Default::default()
+                },
+            )),
+            Target::NotInvalidatable | Target::WrongKey => Some(region.register(
+                &s.pd,
+                RW,
+                RegOptions {
+                    key: Some(0x42),
+                    invalidatable: matches!(target, Target::WrongKey),
+                    ..Default::default()
+                },
+            )),
+            Target::Unknown => None,
+        };
+        let stag = match (&mr, target) {
+            (Some(m), Target::WrongKey) => (m.rkey() & !0xff) | 0x43,
+            (Some(m), _) => m.rkey(),
+            (None, _) => 0x00ab_cd42,
+        };
+        let rbuf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        s.qp.post_recv(&RecvWr::new(1, &[rbuf.sge(0, 32)])).unwrap();
+        s.qp.post_recv(&RecvWr::new(2, &[rbuf.sge(32, 32)]))
+            .unwrap();
+        let u = raw.send_ulpdu(op, stag, b"invalidate this");
+        raw.send_fpdu(&u);
+        let t = raw.expect_terminate();
+        assert_eq!(t.code, want, "{what}: got {}", t.code);
+        assert_eq!(
+            t.ddp_header.as_deref(),
+            Some(&u[..ddp::UNTAGGED_LEN]),
+            "{what}: the Terminate echoes the Send's DDP header"
+        );
+        expect_engine_terminated(
+            &s,
+            want,
+            &[(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)],
+        );
+        if let Some(m) = &mr {
+            assert!(m.is_valid(), "{what}: the region was invalidated");
+        }
+        region.assert_untouched(&what);
+    }
+    srv.prove_usable();
+}
