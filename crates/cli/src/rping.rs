@@ -53,6 +53,25 @@ pub struct Args {
     /// rping client never sends that fast; we do without this pause.
     #[arg(long, default_value_t = 50)]
     first_send_delay_ms: u64,
+    /// (conformance tests) Server: in the first iteration, RDMA-Read from
+    /// (`bad-read-stag`) or RDMA-Write to (`bad-write-stag`) the client's
+    /// buffer under a wrong key, so that the peer answers with a
+    /// Terminate; the server then prints the Terminate it received
+    /// (`rping server: peer Terminate: ...`) and fails.
+    #[arg(long, value_enum, hide = true)]
+    fault: Option<Fault>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Fault {
+    BadReadStag,
+    BadWriteStag,
+}
+
+/// The key byte of an STag changed: the same region index, a key the peer
+/// never issued.
+fn wrong_key(stag: u32) -> u32 {
+    stag ^ 0x5a
 }
 
 /// rping's minimum buffer (`RPING_MIN_BUFSIZE`, 23: see
@@ -199,6 +218,31 @@ pub fn run(a: Args) -> Result<()> {
     }
 }
 
+/// After a failed step: the Terminate the peer sent, if one came (printed
+/// with its decoded layer, type and code), as the error's context.
+fn peer_terminate(dev: &Device, ctx: &Ctx, e: anyhow::Error) -> anyhow::Error {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let qpn = ctx.qp.qp_num();
+    while let Some(ev) = dev.next_event(deadline.saturating_duration_since(Instant::now())) {
+        if let AsyncEvent::Terminated {
+            qpn: q,
+            code,
+            by_peer: true,
+        } = ev
+        {
+            if q == qpn {
+                println!(
+                    "rping server: peer Terminate: layer {} etype {:#x} ecode {:#04x} ({code})",
+                    code.layer as u8, code.etype, code.ecode
+                );
+                return e.context(format!("the peer sent a Terminate: {code}"));
+            }
+        }
+    }
+    println!("rping server: no Terminate from the peer");
+    e
+}
+
 fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
     let listener = dev
         .listen((a.addr.as_str(), a.port))
@@ -240,9 +284,16 @@ fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
             bail!("client buffer of {len} bytes exceeds ours ({})", a.size);
         }
         ctx.post_recv()?;
+        let rkey = if a.fault == Some(Fault::BadReadStag) {
+            wrong_key(rkey)
+        } else {
+            rkey
+        };
         ctx.qp
             .post_send(&SendWr::read(3, rdma.sge(0, len as usize), addr, rkey))?;
-        ctx.wait_for("RDMA Read", WcOpcode::RdmaRead)?;
+        if let Err(e) = ctx.wait_for("RDMA Read", WcOpcode::RdmaRead) {
+            return Err(peer_terminate(dev, &ctx, e));
+        }
         if a.verbose {
             println!("server ping data: {}", cstr(&rdma.to_vec()));
         }
@@ -253,9 +304,25 @@ fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
         let (addr, rkey, len2) = parse_info(&ctx.recv.to_vec());
         ctx.post_recv()?;
         let n = (len2 as usize).min(len as usize);
+        let rkey = if a.fault == Some(Fault::BadWriteStag) {
+            wrong_key(rkey)
+        } else {
+            rkey
+        };
         ctx.qp
             .post_send(&SendWr::write(4, &[rdma.sge(0, n)], addr, rkey))?;
-        ctx.wait_for("RDMA Write", WcOpcode::RdmaWrite)?;
+        if let Err(e) = ctx.wait_for("RDMA Write", WcOpcode::RdmaWrite) {
+            return Err(peer_terminate(dev, &ctx, e));
+        }
+        if a.fault == Some(Fault::BadWriteStag) {
+            // A Write completes when its bytes are sent; the peer's
+            // Terminate follows. Wait for it on the next step.
+            let e = match ctx.wait("the peer's answer to the Write") {
+                Ok(wc) => anyhow::anyhow!("the peer accepted a Write under a wrong key: {wc:?}"),
+                Err(e) => e,
+            };
+            return Err(peer_terminate(dev, &ctx, e));
+        }
         ctx.send_msg(&[0u8; 16])?;
         i += 1;
     }

@@ -2224,19 +2224,189 @@ fn run_perftest_with(
     );
 }
 
+/// siw's own Terminates, received and decoded by the engine: our rping
+/// server Reads from (CRC off) or Writes to (CRC on) the guest rping
+/// client's buffer under a wrong key (`--fault`); siw answers with a
+/// Terminate in its own bit layout, and the engine must decode it to what
+/// siw's source sends: for the Read Request, RDMAP remote protection,
+/// invalid STag (0/1/0x00); for the Write, DDP tagged buffer, invalid STag
+/// (1/1/0x00). The server prints it and fails; the capture holds the
+/// Terminate (opcode 7), with good CRCs where CRC is on.
+#[test]
+fn guest_siw_terminates_are_decoded() {
+    let Some(env) = guest_env("guest_siw_terminates_are_decoded") else {
+        return;
+    };
+    let _serial = lock_guest();
+    let work = Work::new("term");
+    // (name, fault, CRC, the line our server must print, RDMAP opcodes seen)
+    let cases: [(&str, &str, bool, &str, &[u32]); 2] = [
+        (
+            "read",
+            "bad-read-stag",
+            false,
+            "rping server: peer Terminate: layer 0 etype 0x1 ecode 0x00",
+            &[1, 3, 7],
+        ),
+        (
+            "write-crc",
+            "bad-write-stag",
+            true,
+            "rping server: peer Terminate: layer 1 etype 0x1 ecode 0x00",
+            &[0, 1, 2, 3, 7],
+        ),
+    ];
+    let ports = free_ports(cases.len());
+    let mut procs = Vec::new();
+    let mut script = guest_prelude();
+    for ((name, fault, crc, _, _), port) in cases.iter().zip(&ports) {
+        let mut args: Vec<String> = [
+            "rping",
+            "--server",
+            "--port",
+            &port.to_string(),
+            "--count",
+            "1",
+            "--size",
+            "64",
+            "--timeout",
+            "20",
+            "--fault",
+            fault,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if *crc {
+            args.push("--crc".into());
+        }
+        procs.push(HostProc::spawn(&work, name, &args));
+        script += &format!(
+            "marker 'CLIENT-START {name}'\n\
+             timeout 30 rping -c -a 10.0.2.2 -p {port} -C 1 -S 64 -v > /tmp/c.out 2> /tmp/c.err\n\
+             echo \"TERM-CASE {name} RC $?\"\n\
+             sed 's/^/OUT {name}| /' /tmp/c.out /tmp/c.err\n"
+        );
+    }
+    script += "exit 0\n";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, port) in ports.iter().enumerate() {
+        while !host_listening(*port) {
+            if procs[i].child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                panic!(
+                    "rping server never listened on {port}: {}",
+                    procs.remove(i).premature()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let cap = Capture::start(&work, &ports);
+    let mut guest = Guest::boot(
+        &env,
+        &work,
+        &script,
+        &[],
+        &[],
+        120 + 40 * cases.len() as u64,
+    );
+    while guest.next_line().is_some() {}
+    let exit = guest.finish();
+    let pcap = cap.stop();
+    let mut problems = Vec::new();
+    for ((name, _, _, want, _), p) in cases.iter().zip(procs.iter_mut()) {
+        let st = wait_deadline(&mut p.child, Instant::now() + Duration::from_secs(30));
+        let out = fs::read_to_string(&p.out).unwrap_or_default();
+        let err = fs::read_to_string(&p.err).unwrap_or_default();
+        if st.is_none_or(|s| s.success()) {
+            problems.push(format!("{name}: our server did not fail: {st:?}"));
+        }
+        if !out.lines().any(|l| l.starts_with(want)) {
+            problems.push(format!(
+                "{name}: no `{want}` line\n    --- stdout:\n{}    --- stderr:\n{}",
+                indent(&out),
+                indent(&err)
+            ));
+        }
+        if !guest
+            .log
+            .iter()
+            .any(|l| l.trim().starts_with(&format!("TERM-CASE {name} RC ")))
+        {
+            problems.push(format!("{name}: the guest client never finished"));
+        }
+    }
+    if exit != 0 {
+        problems.push(format!("GUEST-EXIT {exit}"));
+    }
+    if !problems.is_empty() {
+        guest.fail(&format!("siw Terminates:\n  {}", problems.join("\n  ")));
+    }
+    let conns = analyse_capture(&pcap, &ports);
+    let errs: Vec<String> = cases
+        .iter()
+        .zip(&ports)
+        .filter_map(|((_, _, crc, _, ops), port)| check_conn_ops(&conns, *port, 2, *crc, ops).err())
+        .collect();
+    assert!(
+        errs.is_empty(),
+        "capture checks failed:\n  {}",
+        errs.join("\n  ")
+    );
+}
+
 /// Guest perftest `-R` bandwidth clients (`ib_write_bw`, `ib_read_bw`,
-/// `ib_send_bw` on siw) against one `softrdma bench --server` on the host
-/// (see [`run_perftest`] for what is checked).
+/// `ib_send_bw` on siw) against a `softrdma bench --server` on the host,
+/// and at 64 KiB also against one that turns MPA CRC on (see
+/// [`run_perftest`] for what is checked).
 #[test]
 fn guest_perftest_clients_vs_softrdma_bench_server() {
+    let mut cases = perftest_cases();
+    let c = perftest_case;
+    cases.extend([
+        c(
+            "write-64k-crc",
+            ("ib_write_bw", "RDMA_Write BW Test", "write_bw"),
+            "-n 100",
+            65536,
+            100,
+            1,
+            1,
+        ),
+        c(
+            "read-64k-crc",
+            ("ib_read_bw", "RDMA_Read BW Test", "read_bw"),
+            "-n 100",
+            65536,
+            100,
+            1,
+            1,
+        ),
+        c(
+            "send-64k-crc",
+            ("ib_send_bw", "Send BW Test", "send_bw"),
+            "-n 100",
+            65536,
+            100,
+            1,
+            1,
+        ),
+    ]);
     run_perftest(
         "guest_perftest_clients_vs_softrdma_bench_server",
-        &[PerftestServer {
-            args: &[],
-            crc: false,
-            ops: &[0, 1, 2, 3],
-        }],
-        &perftest_cases(),
+        &[
+            PerftestServer {
+                args: &[],
+                crc: false,
+                ops: &[0, 1, 2, 3],
+            },
+            PerftestServer {
+                args: &["--crc"],
+                crc: true,
+                ops: &[0, 1, 2, 3],
+            },
+        ],
+        &cases,
     );
 }
 
