@@ -1865,7 +1865,8 @@ fn perftest_cases() -> Vec<PerftestCase> {
 /// The latency tests, each against a server told the test (perftest's
 /// latency servers take part in the ping-pong): write_lat at 64 bytes and
 /// at perftest's default 2 bytes with MPA CRC turned on by our server,
-/// send_lat at 64 bytes and 4 KiB, read_lat at 64 bytes.
+/// send_lat at 64 bytes and 4 KiB, read_lat at 64 bytes, and send_lat and
+/// read_lat at 64 bytes with CRC on.
 fn perftest_lat_servers() -> Vec<PerftestServer> {
     vec![
         PerftestServer {
@@ -1888,6 +1889,16 @@ fn perftest_lat_servers() -> Vec<PerftestServer> {
             crc: false,
             ops: &[1, 2, 3],
         },
+        PerftestServer {
+            args: &["--perftest", "send_lat", "--crc"],
+            crc: true,
+            ops: &[3],
+        },
+        PerftestServer {
+            args: &["--perftest", "read_lat", "--crc"],
+            crc: true,
+            ops: &[1, 2, 3],
+        },
     ]
 }
 
@@ -1904,6 +1915,8 @@ fn perftest_lat_cases() -> Vec<PerftestCase> {
         c("send-lat-64", s, "-s 64 -n 300", 64, 300, 1, 2),
         c("send-lat-4k", s, "-s 4096 -n 100", 4096, 100, 1, 2),
         c("read-lat-64", r, "-s 64 -n 300", 64, 300, 1, 3),
+        c("send-lat-64-crc", s, "-s 64 -n 300", 64, 300, 1, 4),
+        c("read-lat-64-crc", r, "-s 64 -n 300", 64, 300, 1, 5),
     ]
 }
 
