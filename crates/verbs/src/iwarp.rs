@@ -2556,6 +2556,7 @@ pub(crate) fn on_readable(q: &Arc<QpInner>, budget: usize) -> bool {
     if c.is_closed() {
         return false;
     }
+    crate::test_hooks::receiver_point(q.qpn);
     let end = {
         let mut rx = q.rx.lock();
         // Again under the lock: `QpInner::fail` closes the connection and

@@ -96,6 +96,8 @@ mod samehost;
 mod shm;
 mod srq;
 mod sys;
+#[doc(hidden)]
+pub mod test_hooks;
 mod wr;
 
 pub use backend::{write_each, IoDone, RegionBackend};

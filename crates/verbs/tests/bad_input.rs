@@ -2526,3 +2526,45 @@ fn send_with_invalidate_failures() {
     }
     srv.prove_usable();
 }
+
+/// Issue 20, item 6, made deterministic: the application moves a QP to
+/// ERROR while a Send's FPDU is half placed (its payload arrives in two
+/// pieces), and the receiver, woken by the second piece, is held (a test
+/// pause point) just past its first closed-check, before the receive lock.
+/// The flush hands the receive back; released, the receiver must place
+/// nothing more into that buffer (it used to place the rest of the payload
+/// and then panic the progress thread on the missing receive), and the
+/// device must keep working.
+#[test]
+fn a_flush_in_the_middle_of_an_fpdu_places_nothing_after_it() {
+    let srv = Server::new();
+    let (s, mut raw) = srv.accept_default();
+    let region = Guarded::new(256, 0x11);
+    let mr = region.register(&s.pd, Access::LOCAL_WRITE, RegOptions::default());
+    s.qp.post_recv(&RecvWr::new(1, &[mr.sge(0, 256)])).unwrap();
+    let (v, rv, send) = (ddp::DDP_VERSION, ddp::RDMAP_VERSION, Opcode::Send as u8);
+    let f = raw.fpdu(&untagged(true, v, rv, send, 0, 0, 1, 0, &[0x21; 128]));
+    // MPA length, DDP/RDMAP header, 64 of the 128 payload bytes.
+    let cut = 2 + ddp::UNTAGGED_LEN + 64;
+    raw.send_bytes(&f[..cut]);
+    let deadline = Instant::now() + T;
+    while mr.peek_u8(63) != 0x21 {
+        assert!(Instant::now() < deadline, "the first half was never placed");
+        std::thread::yield_now();
+    }
+    let pause = softrdma_verbs::test_hooks::pause_receiver(s.qp.qp_num());
+    raw.send_bytes(&f[cut..]);
+    assert!(
+        pause.wait_reached(T),
+        "the receiver never woke for the second half"
+    );
+    s.qp.modify(QpState::Error).unwrap();
+    let wc = common::wait(&s.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::WrFlushErr));
+    let snap = mr.to_vec();
+    pause.release();
+    // The device's progress thread is alive and has run past the pause.
+    srv.prove_usable();
+    assert_eq!(mr.to_vec(), snap, "bytes placed after the flush");
+    assert_eq!(mr.peek_u8(64), 0x11, "the second half was placed");
+}

@@ -1,0 +1,82 @@
+//! Pause points for tests of races between the engine's threads (not part
+//! of the API: hidden, and inert unless a test arms one).
+//!
+//! [`pause_receiver`] makes the next receiver run on a QP stop right after
+//! its first closed-check and before it takes the receive lock, until the
+//! test calls [`Paused::release`]. That is the window of issue 20, item 6:
+//! `QpInner::fail` could close the connection and flush the receive in
+//! progress there, and the receiver then placed bytes into the flushed
+//! buffer. A disarmed hook costs one relaxed atomic load per receiver run.
+
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// The QP number whose receiver pauses (0: none).
+static ARMED: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Default)]
+struct Gate {
+    reached: bool,
+    released: bool,
+}
+
+static GATE: Mutex<Gate> = Mutex::new(Gate {
+    reached: false,
+    released: false,
+});
+static CHANGED: Condvar = Condvar::new();
+
+/// An armed pause point (one at a time in a process).
+pub struct Paused(());
+
+/// Arms the pause point for QP `qpn`'s receiver.
+pub fn pause_receiver(qpn: u32) -> Paused {
+    *GATE.lock() = Gate::default();
+    ARMED.store(qpn, Ordering::SeqCst);
+    Paused(())
+}
+
+impl Paused {
+    /// Waits until the receiver has reached the pause point.
+    pub fn wait_reached(&self, timeout: Duration) -> bool {
+        let mut g = GATE.lock();
+        let deadline = std::time::Instant::now() + timeout;
+        while !g.reached {
+            if CHANGED.wait_until(&mut g, deadline).timed_out() {
+                return g.reached;
+            }
+        }
+        true
+    }
+
+    /// Lets the receiver go on.
+    pub fn release(self) {}
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        ARMED.store(0, Ordering::SeqCst);
+        GATE.lock().released = true;
+        CHANGED.notify_all();
+    }
+}
+
+/// Called by the receiver at the pause point.
+pub(crate) fn receiver_point(qpn: u32) {
+    if ARMED.load(Ordering::Relaxed) != qpn || qpn == 0 {
+        return;
+    }
+    if ARMED
+        .compare_exchange(qpn, 0, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        return;
+    }
+    let mut g = GATE.lock();
+    g.reached = true;
+    CHANGED.notify_all();
+    while !g.released {
+        CHANGED.wait(&mut g);
+    }
+}
