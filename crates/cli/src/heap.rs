@@ -398,7 +398,11 @@ impl Worker {
             "lookup" => {
                 let addr = self.heap.addr_of(num(f, 1)?)?;
                 match self.heap.lookup(addr, num(f, 2)? as usize) {
-                    Ok(k) => keys_json(&k),
+                    Ok(k) => {
+                        let mut v = keys_json(&k);
+                        v["addr"] = json!(addr);
+                        v
+                    }
                     Err(e @ HeapError::NotInHeap(_)) => json!({"not_in_heap": e.to_string()}),
                     Err(e) => return Err(e.into()),
                 }

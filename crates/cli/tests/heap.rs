@@ -7,6 +7,10 @@
 //!   registration of a block another released is refused by the post check
 //!   and retired by its next look-up; the table checks out and clean exits
 //!   leave it empty.
+//! * `a_stale_rkey_grants_no_remote_access`: a remote peer holding process
+//!   A's rkey for a heap block that process C freed and process B then
+//!   reused is refused by A's engine (the descriptor's block id no longer matches),
+//!   over TCP and over the same-host path, and B's bytes stay untouched.
 //! * `killed_processes_leave_the_table_consistent`: processes are killed
 //!   while they allocate and free, and inside the table lock at each of its
 //!   crash points; the survivors repair (robust lock) and reap, and the
@@ -245,6 +249,65 @@ fn four_processes_write_into_each_other() {
     assert_eq!(u(&c, "active_blocks"), 0, "{c}");
     assert_eq!(u(&c, "reaped"), 0, "clean exits leave nothing to reap: {c}");
     last.exit();
+}
+
+#[test]
+fn a_stale_rkey_grants_no_remote_access() {
+    for same_host in [false, true] {
+        let name = format!("stale-rkey-{}-{same_host}", std::process::id());
+        // Four 1 MiB units: the remote peer's two blocks, C's block, one
+        // spare, so that B's two one-unit allocations must cover C's.
+        let _u = create(&name, 1 << 20, 4);
+        let mut r = Worker::start(&name, same_host, &[]);
+        let mut a = Worker::start(&name, same_host, &[]);
+        let mut b = Worker::start(&name, same_host, &[]);
+        let mut c = Worker::start(&name, same_host, &[]);
+        let src = r.ask("alloc 1000");
+        r.ask(&format!("fill {} 51", u(&src, "id")));
+        let port = u(&a.ask("listen"), "port");
+        let conn = r.ask(&format!("connect {port}"));
+        assert_eq!(conn["same_host"], same_host, "{conn}");
+        // C allocates; A looks the buffer up (registering C's block in A)
+        // and hands out its own (addr, rkey); the peer writes: fine.
+        let x = c.ask("alloc 1000");
+        c.ask(&format!("fill {} 17", u(&x, "id")));
+        let k = a.ask(&format!("lookup {} 1000", u(&x, "offset")));
+        let (addr, rkey) = (u(&k, "addr"), u(&k, "rkey"));
+        let w = r.ask(&format!("write {} {addr} {rkey}", u(&src, "id")));
+        assert_eq!(w["ok"], true, "same_host {same_host}: {w}");
+        let v = c.ask(&format!("verify {} 51", u(&x, "id")));
+        assert_eq!(v["ok"], true, "{v}");
+        // C frees the buffer and releases its block; B's allocations take
+        // every free unit, C's old one included.
+        c.ask(&format!("free {}", u(&x, "id")));
+        assert_eq!(u(&c.ask("trim"), "released"), 1);
+        let mut bbufs = Vec::new();
+        for _ in 0..2 {
+            let y = b.ask("alloc 600000");
+            b.ask(&format!("fill {} 34", u(&y, "id")));
+            bbufs.push(y);
+        }
+        let old_unit = u(&x, "offset") >> 20;
+        assert!(
+            bbufs.iter().any(|y| u(y, "offset") >> 20 == old_unit),
+            "B reused the released unit: {bbufs:?} vs {x}"
+        );
+        // A still holds its registration (nobody told it), but the peer's
+        // Write through the old rkey is refused: the flush Read after it
+        // fails with the connection, and B's bytes are intact.
+        let w = r.ask(&format!("write {} {addr} {rkey}", u(&src, "id")));
+        assert_eq!(w["ok"], false, "same_host {same_host}: {w}");
+        for y in &bbufs {
+            let v = b.ask(&format!("verify {} 34", u(y, "id")));
+            assert_eq!(v["ok"], true, "same_host {same_host}: B's bytes: {v}");
+        }
+        let held = a.ask("stats");
+        assert_eq!(u(&held, "held"), 1, "A kept the stale registration: {held}");
+        r.kill();
+        a.kill();
+        b.kill();
+        c.kill();
+    }
 }
 
 #[test]

@@ -67,13 +67,19 @@ mod shared;
 
 use parking_lot::{Mutex, RwLock};
 use shared::{gen_of, pack, state_of, used_of, Segment, ACTIVE, BLOCK_HDR, FREE, HUGE, NONE};
-use softrdma_verbs::{Access, MemoryRegion, PostCheck, ProtectionDomain, RegOptions, Sge};
+use softrdma_verbs::{
+    Access, AccessGuard, MemoryRegion, PostCheck, ProtectionDomain, RegOptions, Sge,
+};
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 pub use shared::path_of;
+
+/// The bits of a descriptor word that name a block: its id (generation)
+/// and its state (`shared::pack`).
+const GEN_STATE_MASK: u64 = 0xFFFF_FFFF_0000_0000 | 3 << 30;
 
 /// Errors of the heap.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -821,8 +827,21 @@ impl Inner {
         let ptr = seg.area_ptr(loc + data_off);
         let len = (size - data_off) as usize;
         let file_off = seg.area_off as u64 + loc + data_off;
+        // Remote (and local) accesses through this registration are
+        // allowed only while the descriptor still says "block i, id g,
+        // active": once the block is released (and maybe reused by another
+        // process) a peer holding our old rkey is refused by the engine
+        // with the protection Terminate, although nobody told us.
+        let word = &d.word as *const AtomicU64 as u64;
+        let mask = GEN_STATE_MASK;
         let opts = RegOptions {
             shared: Some((seg.fd(), file_off)),
+            guard: Some(AccessGuard {
+                word: word as usize,
+                mask,
+                expect: pack(g, ACTIVE, 0) & mask,
+                file_off: Some(word - seg.base()),
+            }),
             ..RegOptions::default()
         };
         let owner: Arc<dyn std::any::Any + Send + Sync> = self.seg.clone();
@@ -1229,6 +1248,14 @@ mod tests {
         let w = pack(7, ACTIVE, 12345);
         assert_eq!((gen_of(w), state_of(w), used_of(w)), (7, ACTIVE, 12345));
         assert_eq!(used_of(w + 1), 12346);
+    }
+
+    #[test]
+    fn the_access_guard_mask_sees_id_and_state_but_not_use() {
+        let expect = pack(7, ACTIVE, 0) & GEN_STATE_MASK;
+        assert_eq!(pack(7, ACTIVE, 999) & GEN_STATE_MASK, expect);
+        assert_ne!(pack(8, ACTIVE, 0) & GEN_STATE_MASK, expect);
+        assert_ne!(pack(7, FREE, 0) & GEN_STATE_MASK, expect);
     }
 
     #[test]

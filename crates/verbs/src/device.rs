@@ -462,6 +462,34 @@ pub struct RegOptions {
     /// plain memory moves; the engine keeps its own duplicate of the
     /// descriptor while registered.
     pub shared: Option<(std::os::fd::RawFd, u64)>,
+    /// `register_raw` / `register_owned` only: a word that must hold a
+    /// given value for any access through the region to be allowed (see
+    /// [`AccessGuard`]).
+    pub guard: Option<AccessGuard>,
+}
+
+/// A word of shared memory that vouches for a registration: every access
+/// through the region, local or remote, on the TCP path and on the
+/// same-host path, first checks `word & mask == expect` and is refused as
+/// an invalid STag (the protection Terminate, RFC 5040 section 7: layer
+/// RDMAP or DDP, "invalid STag") when it does not hold.
+///
+/// The registered-memory heap uses it for its blocks' generation ids: a
+/// registration of a block that was released (and maybe reused by another
+/// process) grants no access any more, although nobody told the process
+/// that made it. The check runs once per DDP segment before it is placed
+/// (and before a Read Response is built), as a NIC checks an STag.
+#[derive(Debug, Clone, Copy)]
+pub struct AccessGuard {
+    /// Address, in this process, of an 8-byte aligned `AtomicU64`.
+    pub word: usize,
+    pub mask: u64,
+    pub expect: u64,
+    /// The word's offset in the region's shared file ([`RegOptions::shared`]),
+    /// so that same-host peers check it too. Without it the region is not
+    /// offered to same-host peers' direct copies (they go through the
+    /// stream, where this end checks).
+    pub file_off: Option<u64>,
 }
 
 /// A protection domain.
@@ -523,6 +551,11 @@ impl ProtectionDomain {
         access: Access,
         opts: RegOptions,
     ) -> Result<MemoryRegion> {
+        if opts.guard.is_some() {
+            return Err(Error::inval(
+                "an access guard needs register_raw or register_owned",
+            ));
+        }
         let mut b = buf.into_boxed_slice();
         let span = RawSpan {
             ptr: b.as_mut_ptr(),
@@ -581,6 +614,18 @@ impl ProtectionDomain {
     ) -> Result<MemoryRegion> {
         if ptr.is_null() {
             return Err(Error::inval("null pointer"));
+        }
+        if let Some(g) = &opts.guard {
+            if g.word == 0 || !g.word.is_multiple_of(8) {
+                return Err(Error::inval(
+                    "an access guard's word must be 8-byte aligned",
+                ));
+            }
+            if g.file_off.is_some() && opts.shared.is_none() {
+                return Err(Error::inval(
+                    "an access guard's file offset needs a shared file",
+                ));
+            }
         }
         let (backing, chunk) = match opts.shared {
             Some((fd, off)) => {
@@ -648,6 +693,7 @@ impl ProtectionDomain {
                 chunk,
                 backend: None,
                 pins,
+                guards: opts.guard.into_iter().collect(),
             }
             .build(index << 8 | key as u32),
         );
@@ -678,6 +724,11 @@ impl ProtectionDomain {
                 "a backed region allows only remote read and remote write",
             ));
         }
+        if opts.guard.is_some() {
+            return Err(Error::inval(
+                "an access guard needs register_raw or register_owned",
+            ));
+        }
         let iova = opts.iova.unwrap_or(0);
         if iova.checked_add(len).is_none() {
             return Err(Error::inval("region end passes 2^64"));
@@ -699,6 +750,7 @@ impl ProtectionDomain {
                 chunk: None,
                 backend: Some((backend, len)),
                 pins: Vec::new(),
+                guards: Vec::new(),
             }
             .build(index << 8 | key as u32),
         );
@@ -933,6 +985,7 @@ pub(crate) fn fast_reg_build(
     keep: Vec<Arc<MrInner>>,
     spans: Vec<RawSpan>,
 ) {
+    let guards = keep.iter().flat_map(|p| p.guards.iter().copied()).collect();
     let mr = NewMr {
         pd,
         access,
@@ -944,6 +997,7 @@ pub(crate) fn fast_reg_build(
         chunk: None,
         backend: None,
         pins: Vec::new(), // the parents are pinned
+        guards,
     }
     .build(index << 8 | key as u32);
     core.stags.install(Arc::new(mr));

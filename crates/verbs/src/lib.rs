@@ -104,8 +104,8 @@ pub use backend::{write_each, IoDone, RegionBackend};
 pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
-    same_host_default, AsyncEvent, Device, DeviceAttr, DeviceConfig, DeviceInfo, FastRegMr,
-    MemoryRegion, MrInfo, PostCheck, ProtectionDomain, QpInfo, RegOptions,
+    same_host_default, AccessGuard, AsyncEvent, Device, DeviceAttr, DeviceConfig, DeviceInfo,
+    FastRegMr, MemoryRegion, MrInfo, PostCheck, ProtectionDomain, QpInfo, RegOptions,
 };
 pub use error::{Error, Result};
 pub use mr::Access;

@@ -133,6 +133,9 @@ pub(crate) struct MrInner {
     /// unpinned, before `backing` frees the memory.
     #[allow(dead_code)]
     pins: Vec<crate::pin::PinGuard>,
+    /// Words that must vouch for every access (`AccessGuard`; a
+    /// fast-register region has its parents').
+    pub guards: Vec<crate::device::AccessGuard>,
     #[allow(dead_code)]
     backing: Backing,
 }
@@ -145,6 +148,18 @@ impl std::fmt::Debug for MrInner {
             .field("iova", &format_args!("{:#x}", self.iova))
             .field("len", &self.len)
             .finish()
+    }
+}
+
+impl crate::device::AccessGuard {
+    /// Whether the word holds the expected value.
+    pub(crate) fn holds(&self) -> bool {
+        // SAFETY: `register_raw`/`register_owned`'s contract (checked
+        // there: non-null, 8-byte aligned): the word is a live AtomicU64
+        // for as long as the registration, which holds the owner of the
+        // memory, exists; shared access to an atomic is sound.
+        let w = unsafe { &*(self.word as *const AtomicU64) };
+        w.load(Ordering::Acquire) & self.mask == self.expect
     }
 }
 
@@ -203,6 +218,9 @@ impl MrInner {
     /// 5041 section 7.2).
     pub fn check(&self, pd: u32, need: Access, to: u64, len: u64) -> Result<(), AccessError> {
         if !self.valid.load(Ordering::Acquire) || self.expired() {
+            return Err(AccessError::InvalidStag);
+        }
+        if self.guards.iter().any(|g| !g.holds()) {
             return Err(AccessError::InvalidStag);
         }
         if self.pd != pd {
@@ -407,8 +425,20 @@ impl StagTable {
     fn publish(&self, mr: &MrInner) {
         let Some(shm) = &self.shm else { return };
         let remote = Access(Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0);
+        // A guarded region is reachable only if peers can check its guard:
+        // one guard whose word is in the region's own chunk.
+        let guard = match (mr.guards.as_slice(), mr.chunk) {
+            ([], _) => None,
+            ([g], Some(_)) => g.file_off.map(|o| (o, g.mask, g.expect)),
+            _ => None,
+        };
         let addr = match mr.spans.as_slice() {
-            [s] if mr.valid.load(Ordering::Acquire) && mr.access.0 & remote.0 != 0 => s.ptr as u64,
+            [s] if mr.valid.load(Ordering::Acquire)
+                && mr.access.0 & remote.0 != 0
+                && (mr.guards.is_empty() || guard.is_some()) =>
+            {
+                s.ptr as u64
+            }
             _ => 0,
         };
         shm.publish(
@@ -422,6 +452,7 @@ impl StagTable {
                 addr,
                 chunk: if addr != 0 { mr.chunk } else { None },
                 deadline: mr.deadline.load(Ordering::Acquire),
+                guard,
             },
         );
     }
@@ -574,6 +605,7 @@ pub(crate) struct NewMr {
     pub backend: Option<(Arc<dyn crate::backend::RegionBackend>, u64)>,
     /// Pins taken for the spans (see `pin.rs`).
     pub pins: Vec<crate::pin::PinGuard>,
+    pub guards: Vec<crate::device::AccessGuard>,
 }
 
 impl NewMr {
@@ -596,6 +628,7 @@ impl NewMr {
             chunk: self.chunk,
             backend,
             pins: self.pins,
+            guards: self.guards,
             backing: self.backing,
         }
     }
@@ -621,6 +654,7 @@ impl MrInner {
             chunk: None,
             backend: None,
             pins: Vec::new(),
+            guards: Vec::new(),
         }
         .build(0)
     }

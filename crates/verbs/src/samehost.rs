@@ -276,6 +276,20 @@ impl Remote {
                 off.checked_add(len)
                     .is_some_and(|end| end <= m.len() as u64)
             });
+        // An access guard (a heap block's generation, say) is checked in
+        // the chunk after begin(); a guard that does not hold (or cannot be
+        // read) sends the access to the stream, where the owner refuses it
+        // with the protection Terminate.
+        if let Some((goff, mask, expect)) = f.guard {
+            let holds = f
+                .chunk
+                .and_then(|(fd, ino, _)| self.peer.chunk(fd, ino).ok())
+                .is_some_and(|m| crate::shm::guard_holds(&m, goff, mask, expect));
+            if !holds {
+                self.peer.end(self.slot);
+                return false;
+            }
+        }
         let ok = if len == 0 {
             true
         } else if let Some((map, off)) = mapped {

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_be_bytes(*b"SRDMAshm");
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Connection slots per segment.
 pub(crate) const SLOTS: usize = 4096;
 /// Published STag indices: all of them (24 bits). The entries take 2 GiB
@@ -138,6 +138,12 @@ struct Entry {
     /// `sys::mono_ns` instant; `u64::MAX`: no deadline. Only ever moved
     /// later in place; moved earlier under the seqlock.
     deadline: AtomicU64,
+    /// An access guard (`AccessGuard`): the offset of its word in the
+    /// chunk, plus one (0: none), the mask and the expected value. A peer
+    /// checks it before each direct copy.
+    guard_off: AtomicU64,
+    guard_mask: AtomicU64,
+    guard_expect: AtomicU64,
 }
 
 /// What the owner publishes about a registration.
@@ -154,6 +160,8 @@ pub(crate) struct Publication {
     pub chunk: Option<(u32, u64, u64)>,
     /// See [`Entry::deadline`].
     pub deadline: u64,
+    /// The access guard: word offset in the chunk, mask, expected value.
+    pub guard: Option<(u64, u64, u64)>,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT_SIZE);
@@ -239,6 +247,8 @@ pub(crate) struct Found {
     pub chunk: Option<(u32, u64, u64)>,
     /// The entry's deadline as read (`u64::MAX`: none).
     pub deadline: u64,
+    /// The access guard (word offset in the chunk, mask, expected value).
+    pub guard: Option<(u64, u64, u64)>,
 }
 
 impl Found {
@@ -333,6 +343,10 @@ impl LocalShm {
         e.chunk_ino.store(ino, Relaxed);
         e.chunk_off.store(off, Relaxed);
         e.deadline.store(p.deadline, Relaxed);
+        let (goff, gmask, gexp) = p.guard.map_or((0, 0, 0), |(o, m, x)| (o + 1, m, x));
+        e.guard_off.store(goff, Relaxed);
+        e.guard_mask.store(gmask, Relaxed);
+        e.guard_expect.store(gexp, Relaxed);
         e.seq.store(old + 2, SeqCst);
         drop(w);
         // Accesses need a reachable entry: if the old one was not, none
@@ -542,6 +556,11 @@ impl PeerShm {
             e.chunk_off.load(Relaxed),
         );
         let deadline = e.deadline.load(Acquire);
+        let guard = (
+            e.guard_off.load(Relaxed),
+            e.guard_mask.load(Relaxed),
+            e.guard_expect.load(Relaxed),
+        );
         std::sync::atomic::fence(Acquire);
         if e.seq.load(Relaxed) != seq {
             return None;
@@ -562,6 +581,7 @@ impl PeerShm {
             deadline,
             addr: addr + (to - iova),
             chunk: (chunk != 0).then(|| (chunk - 1, ino, coff + (to - iova))),
+            guard: (guard.0 != 0).then(|| (guard.0 - 1, guard.1, guard.2)),
         })
     }
 
@@ -766,4 +786,17 @@ impl RingWriter {
         }
         true
     }
+}
+
+/// Whether the 8-byte word at offset `off` of a peer's mapped chunk holds
+/// `expect` under `mask` (an access guard published with the entry).
+pub(crate) fn guard_holds(map: &sys::SharedMap, off: u64, mask: u64, expect: u64) -> bool {
+    if !off.is_multiple_of(8) || off.checked_add(8).is_none_or(|end| end > map.len() as u64) {
+        return false;
+    }
+    // SAFETY: the word lies inside the mapping (checked above), which `map`
+    // keeps alive; it is 8-byte aligned (mappings are page-aligned and the
+    // offset is a multiple of 8), and it is only accessed atomically.
+    let w = unsafe { &*(map.ptr().add(off as usize) as *const AtomicU64) };
+    w.load(Acquire) & mask == expect
 }
