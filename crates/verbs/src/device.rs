@@ -566,10 +566,18 @@ impl ProtectionDomain {
 
     /// Registers memory the caller owns.
     ///
+    /// Dropping the region is a NIC's deregistration: the STag stops
+    /// working at once, and the drop returns only when the engine no
+    /// longer reads or writes the memory (a placement or a send from it in
+    /// progress is waited for; it is a bounded copy or a non-blocking
+    /// socket call). Work requests still naming it afterwards fail (a
+    /// local protection error, or the Terminate their connection ends
+    /// with) instead of touching it.
+    ///
     /// # Safety
     /// `[ptr, ptr+len)` must be valid for reads and writes and stay so until
-    /// the returned region and every work request naming it are gone
-    /// (remote peers may read or write it at any time while registered).
+    /// the returned region is dropped (remote peers may read or write it at
+    /// any time while registered).
     pub unsafe fn register_raw(
         &self,
         ptr: *mut u8,

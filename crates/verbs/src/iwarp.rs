@@ -341,6 +341,9 @@ struct TxMsg {
     fin: Fin,
     /// Keeps the source memory of a Read Response alive.
     _keep: Option<Arc<MrInner>>,
+    /// The caller-owned regions the message's bytes come from
+    /// (`MrInner::fenced`): entered while they are read.
+    fence: Vec<Arc<MrInner>>,
     /// A Read Response streamed from a storage-backed region, a chunk at a
     /// time (`_keep` holds the chunk being sent).
     backed: Option<BackedSrc>,
@@ -385,6 +388,7 @@ impl TxMsg {
             started: false,
             fin,
             _keep: None,
+            fence: Vec::new(),
             backed: None,
         }
     }
@@ -415,6 +419,9 @@ struct Batch {
     /// is written (the responder's consumer may deregister it meanwhile,
     /// and a backed region's bytes live only here).
     keeps: Vec<Arc<MrInner>>,
+    /// Caller-owned regions whose memory the batch refers to: entered
+    /// around each write (`MrInner::enter`).
+    fence: Vec<Arc<MrInner>>,
 }
 
 /// The "segment" used with `ext::LARGE_SEGMENTS`: one `sendmsg` per batch.
@@ -437,6 +444,7 @@ impl Batch {
             cut_idx: 0,
             chunk_start: 0,
             keeps: Vec::new(),
+            fence: Vec::new(),
         }
     }
 
@@ -470,6 +478,7 @@ impl Batch {
         self.cut_idx = 0;
         self.chunk_start = 0;
         self.keeps.clear();
+        self.fence.clear();
     }
 
     fn push_hdr(&mut self, start: usize) {
@@ -533,12 +542,20 @@ impl Batch {
                 off = 0;
                 n += 1;
             }
-            // SAFETY: header spans point into self.hdrs, which is not touched
-            // during the call; memory spans belong to registrations held by
-            // the WRs (or read responses) that own these bytes.
+            if !mr::enter_all(&self.fence) {
+                return Err(io::Error::other(
+                    "memory of a work request was deregistered while it was being sent",
+                ));
+            }
             // A run that ends at a cut (or the batch's end) closes its
             // segment; a run cut short by the iovec limit does not.
-            match unsafe { c.send_spans(&spans[..n], want == 0) } {
+            // SAFETY: header spans point into self.hdrs, which is not touched
+            // during the call; memory spans belong to registrations held by
+            // the WRs (or read responses) that own these bytes, and the
+            // caller-owned ones among them are entered (self.fence).
+            let res = unsafe { c.send_spans(&spans[..n], want == 0) };
+            mr::exit_all(&self.fence);
+            match res {
                 Ok(mut w) => {
                     self.sent += w;
                     // Advance the cursor.
@@ -766,6 +783,9 @@ impl Tx {
             to: rr.sink_to,
         });
         let mut m = TxMsg::new(hdr, spans, rr.size as u64, Fin::None);
+        if src.fenced {
+            m.fence.push(src.clone());
+        }
         m._keep = Some(src);
         self.irq.push_back(m);
         self.irq_used += 1;
@@ -915,7 +935,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 // Same host: read the peer's memory directly. (A flush
                 // always goes on the stream, to the peer's engine.)
                 if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
-                    if !flush && link.try_read(sent, &w.spans, w.len, rkey, remote_addr) {
+                    if !flush && link.try_read(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
                         w.stage = Stage::Done(WcStatus::Success);
                         sq.next_tx += 1;
                         continue;
@@ -1019,7 +1039,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 // on the next call (the WR completes when both are out).
                 w.imm_next = true;
                 if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
-                    if link.try_write(sent, &w.spans, w.len, rkey, remote_addr) {
+                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
                         continue;
                     }
                 }
@@ -1030,7 +1050,9 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                     to: remote_addr,
                 });
                 let spans = std::mem::take(&mut w.spans);
-                return Some(TxMsg::new(hdr, spans, w.len, Fin::None));
+                let mut m = TxMsg::new(hdr, spans, w.len, Fin::None);
+                m.fence = fenced(&w.keep);
+                return Some(m);
             }
             WrOp::SendImm { imm } => {
                 let solicited = w.solicited;
@@ -1040,7 +1062,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
             WrOp::RdmaWrite { remote_addr, rkey } => {
                 // Same host: place into the peer's memory directly.
                 if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
-                    if link.try_write(sent, &w.spans, w.len, rkey, remote_addr) {
+                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
                         w.stage = Stage::Done(WcStatus::Success);
                         sq.next_tx += 1;
                         continue;
@@ -1054,8 +1076,11 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 });
                 let spans = std::mem::take(&mut w.spans);
                 let total = w.len;
+                let fence = fenced(&w.keep);
                 sq.next_tx += 1;
-                return Some(TxMsg::new(hdr, spans, total, Fin::SqDone(seq)));
+                let mut m = TxMsg::new(hdr, spans, total, Fin::SqDone(seq));
+                m.fence = fence;
+                return Some(m);
             }
             op @ (WrOp::Send
             | WrOp::SendWithInv { .. }
@@ -1079,6 +1104,7 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 };
                 let spans = std::mem::take(&mut w.spans);
                 let total = w.len;
+                let fence = fenced(&w.keep);
                 let hdr = DdpHeader::Untagged(UntaggedHeader {
                     last: true,
                     opcode,
@@ -1089,10 +1115,17 @@ fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 });
                 sq.tx.send_msn += 1;
                 sq.next_tx += 1;
-                return Some(TxMsg::new(hdr, spans, total, Fin::SqDone(seq)));
+                let mut m = TxMsg::new(hdr, spans, total, Fin::SqDone(seq));
+                m.fence = fence;
+                return Some(m);
             }
         }
     }
+}
+
+/// The caller-owned regions among a WR's (`MrInner::fenced`).
+fn fenced(keep: &[Arc<MrInner>]) -> Vec<Arc<MrInner>> {
+    keep.iter().filter(|m| m.fenced).cloned().collect()
 }
 
 /// The STag a ready-to-receive (RTR) message names: 1, as siw.
@@ -1299,7 +1332,21 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
                     return Ok(());
                 }
             }
-            if compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc) {
+            if !m.fence.is_empty() {
+                if !mr::enter_all(&m.fence) {
+                    tx.pending_fail =
+                        Some("memory of a work request was deregistered before it was sent".into());
+                    return Ok(());
+                }
+                for f in &m.fence {
+                    if !tx.batch.fence.iter().any(|b| Arc::ptr_eq(b, f)) {
+                        tx.batch.fence.push(f.clone());
+                    }
+                }
+            }
+            let done = compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc);
+            mr::exit_all(&m.fence);
+            if done {
                 let mut m = tx.cur.take().expect("current message");
                 if let Some(k) = m._keep.take() {
                     tx.batch.keeps.push(k);
@@ -1409,6 +1456,9 @@ pub(crate) struct Rx {
     crc: u32,
     target: Vec<RawSpan>,
     _target_keep: Option<Arc<MrInner>>,
+    /// The caller-owned regions behind `target` (`MrInner::fenced`): each
+    /// placement enters them, so their deregistration waits for it.
+    fence: Vec<Arc<MrInner>>,
     /// Staging for Writes into backed regions (`backend.rs`): the
     /// segments of one Write message accumulate here (`backed_run`) and
     /// reach the backend together (fewer, larger, aligned device writes).
@@ -1465,6 +1515,7 @@ impl Rx {
             crc: 0,
             target: Vec::new(),
             _target_keep: None,
+            fence: Vec::new(),
             backed: Vec::new(),
             backed_run: None,
             action: Action::None,
@@ -1618,6 +1669,7 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     let payload_len = ulpdu_len - hl - extra;
     rx.target.clear();
     rx._target_keep = None;
+    rx.fence.clear();
     let pd = q.pd;
     // A Write message into a backed region is passed on whole (or in long
     // runs); anything else arriving in the middle of one sees it placed.
@@ -1668,6 +1720,9 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                     Action::BackedWrite
                 } else {
                     mr.resolve(t.to, payload_len as u64, &mut rx.target);
+                    if mr.fenced {
+                        rx.fence.push(mr.clone());
+                    }
                     rx._target_keep = Some(mr);
                     Action::Write
                 }
@@ -1758,6 +1813,9 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
             if payload_len > 0 {
                 sink.resolve(t.to, payload_len as u64, &mut rx.target);
             }
+            if sink.fenced {
+                rx.fence.push(sink.clone());
+            }
             rx._target_keep = Some(sink);
             Action::ReadResp
         }
@@ -1842,6 +1900,8 @@ fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
                 let mut t = std::mem::take(&mut rx.target);
                 sub_spans(&cur.wqe.spans, u.mo as usize, payload_len, &mut t);
                 rx.target = t;
+                rx.fence
+                    .extend(cur.wqe.keep.iter().filter(|m| m.fenced).cloned());
                 Action::Send
             }
             Opcode::ReadRequest => {
@@ -2061,7 +2121,7 @@ fn finish_header(
 
 /// Places payload bytes: from the staging buffer, or straight from the
 /// socket into the target memory.
-fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
+fn on_payload(qpn: u32, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     let mut scratch: Vec<RawSpan> = Vec::new();
     while rx.placed < rx.payload_len {
         let rem = rx.payload_len - rx.placed;
@@ -2071,25 +2131,39 @@ fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
             if c.params.crc {
                 rx.crc = mpa::crc_update(rx.crc, src);
             }
+            if !mr::enter_all(&rx.fence) {
+                return Err(deregistered(rx));
+            }
+            crate::test_hooks::placement_point(qpn);
             // SAFETY: target spans come from a registration held in
             // rx._target_keep or the current receive WQE, and were
-            // bounds-checked in on_header.
+            // bounds-checked in on_header; caller-owned memory among them
+            // is entered (rx.fence), so it is not deregistered meanwhile.
             unsafe { mr::copy_into_spans(&rx.target, rx.placed, src) };
+            mr::exit_all(&rx.fence);
             rx.placed += n;
             rx.start += n;
             continue;
         }
         if rem >= DIRECT_MIN {
             sub_spans(&rx.target, rx.placed, rem, &mut scratch);
+            if !mr::enter_all(&rx.fence) {
+                return Err(deregistered(rx));
+            }
+            crate::test_hooks::placement_point(qpn);
             // SAFETY: as above; the socket writes only inside the spans.
-            match unsafe { c.recv_spans(&scratch) } {
+            let got = unsafe { c.recv_spans(&scratch) };
+            if let Ok(k) = got {
+                if k > 0 && c.params.crc {
+                    sub_spans(&rx.target, rx.placed, k, &mut scratch);
+                    // SAFETY: as above.
+                    rx.crc = unsafe { mr::crc_spans(rx.crc, &scratch) };
+                }
+            }
+            mr::exit_all(&rx.fence);
+            match got {
                 Ok(0) => return Err(RxEnd::EofMidFrame),
                 Ok(k) => {
-                    if c.params.crc {
-                        sub_spans(&rx.target, rx.placed, k, &mut scratch);
-                        // SAFETY: as above.
-                        rx.crc = unsafe { mr::crc_spans(rx.crc, &scratch) };
-                    }
                     rx.placed += k;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(RxEnd::Block),
@@ -2102,6 +2176,20 @@ fn on_payload(rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
     }
     rx.phase = Phase::Trailer;
     Ok(())
+}
+
+/// The memory a segment was being placed into was deregistered by its
+/// owner in the middle (caller-owned memory, `MrInner::enter`): the rest
+/// of the segment cannot be placed. For a tagged Write the peer sees what
+/// it would have seen a moment later, an invalid STag; for a receive
+/// buffer or a Read's sink the fault is local.
+fn deregistered(rx: &Rx) -> RxEnd {
+    let raw = rx.hdr_bytes[..rx.hdr.map_or(0, |h| h.len())].to_vec();
+    let code = match (&rx.hdr, &rx.action) {
+        (Some(DdpHeader::Tagged(_)), Action::Write) => codes::DDP_TAGGED_INVALID_STAG,
+        _ => codes::DDP_LOCAL_CATASTROPHIC,
+    };
+    RxEnd::Fatal(code, Some(raw), WcStatus::LocProtErr)
 }
 
 /// Runs the receiver until the socket is drained, the budget is spent, or
@@ -2133,7 +2221,7 @@ fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, mut budget: usize) -> RxEnd {
                 }
             }
             Phase::Payload => {
-                if let Err(e) = on_payload(rx, c) {
+                if let Err(e) = on_payload(q.qpn, rx, c) {
                     return e;
                 }
             }
@@ -2328,9 +2416,15 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
         }
         Action::AtomicReq(ar, mr, target) => {
             rx.rr_msn = rx.rr_msn.wrapping_add(1);
+            if !mr.enter() {
+                let raw = rx.hdr_bytes[..hdr.len()].to_vec();
+                return Some(fatal(codes::RDMAP_INVALID_STAG, &raw, WcStatus::LocProtErr));
+            }
             // SAFETY: `target` came from `mr.atomic_target` and `mr` (the
-            // registration) is held here until the operation is done.
+            // registration) is held here and entered until the operation
+            // is done.
             let orig = unsafe { mr::atomic_apply(target, &ar) };
+            mr.exit();
             drop(mr);
             let mut sq = q.sq.lock();
             sq.tx.queue_atomic_response(ar.req_id, orig);
@@ -2341,11 +2435,18 @@ fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
             let mut sq = q.sq.lock();
             if let Some(seq) = sq.orq.pop_front() {
                 if let Some(w) = sq.get_mut(seq) {
-                    // SAFETY: the spans are the WR's 8-byte result buffer,
-                    // checked for local write when it was posted and kept
-                    // alive by the WR's registration references.
-                    unsafe { mr::copy_into_spans(&w.spans, 0, &resp.orig.to_ne_bytes()) };
-                    w.stage = Stage::Done(WcStatus::Success);
+                    let fence = fenced(&w.keep);
+                    if mr::enter_all(&fence) {
+                        // SAFETY: the spans are the WR's 8-byte result
+                        // buffer, checked for local write when it was posted,
+                        // kept alive by the WR's registration references
+                        // and entered if caller-owned.
+                        unsafe { mr::copy_into_spans(&w.spans, 0, &resp.orig.to_ne_bytes()) };
+                        mr::exit_all(&fence);
+                        w.stage = Stage::Done(WcStatus::Success);
+                    } else {
+                        w.stage = Stage::Done(WcStatus::LocProtErr);
+                    }
                 }
             }
             q.complete_in_order(&mut sq);

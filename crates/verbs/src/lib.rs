@@ -70,7 +70,8 @@
 //! Posting is safe: a work request names memory by lkey, and the engine
 //! holds the registration (and so the memory) until the request completes.
 //! Deregistering invalidates the STag at once, but never frees memory the
-//! engine may still touch. The only `unsafe` entry points are
+//! engine may still touch; for caller-owned memory (`register_raw`) the
+//! drop of the region waits until no engine access to it is in progress. The only `unsafe` entry points are
 //! [`ProtectionDomain::register_raw`] and
 //! [`ProtectionDomain::register_owned`], for memory the caller owns.
 //! Registration pins the pages (`mlock`, counted per process against

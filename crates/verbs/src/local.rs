@@ -565,6 +565,23 @@ pub(crate) fn need(kind: Kind) -> Access {
 }
 
 fn execute(j: &Job) -> std::io::Result<()> {
+    // Caller-owned memory on either side is entered for the job, so that
+    // its deregistration waits for it (`MrInner::enter`).
+    let mut fence: Vec<Arc<MrInner>> = j.keep.iter().filter(|m| m.fenced).cloned().collect();
+    if j.target.fenced {
+        fence.push(j.target.clone());
+    }
+    if !crate::mr::enter_all(&fence) {
+        return Err(std::io::Error::other(
+            "a region of the job was deregistered before it ran",
+        ));
+    }
+    let r = execute_entered(j);
+    crate::mr::exit_all(&fence);
+    r
+}
+
+fn execute_entered(j: &Job) -> std::io::Result<()> {
     let t = &j.target;
     match (&t.backend, j.kind) {
         (Some(b), Kind::Flush) => b.flush(),

@@ -10,9 +10,13 @@
 //! progress holds another, and the memory is freed only when the last one is
 //! dropped. Deregistration removes the STag from the table (so no new access
 //! can start), but memory the engine may still touch is never freed under it.
-//! Memory registered with [`ProtectionDomain::register_raw`] is the caller's;
-//! its `unsafe` contract is that it outlives every such reference, i.e. the
-//! [`MemoryRegion`] and all work requests that name it.
+//! Memory registered with [`ProtectionDomain::register_raw`] is the caller's
+//! and may be freed as soon as the [`MemoryRegion`] is dropped: such regions
+//! are *fenced*. Every engine access to their memory (a placement, a copy
+//! out, a send from it, an atomic) runs between [`MrInner::enter`] and
+//! [`MrInner::exit`], and deregistration ([`MrInner::release_wait`]) refuses
+//! new accesses and waits for those in progress, as a NIC's deregistration
+//! does. Work requests that still name the memory then fail instead.
 //!
 //! All of the engine's reads and writes of registered memory go through the
 //! `unsafe` helpers in this file.
@@ -24,7 +28,7 @@ use crate::sys::RawSpan;
 use parking_lot::{Mutex, RwLock};
 use softrdma_wire::terminate::codes;
 use softrdma_wire::TermCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Access rights of a memory region.
@@ -133,6 +137,14 @@ pub(crate) struct MrInner {
     /// unpinned, before `backing` frees the memory.
     #[allow(dead_code)]
     pins: Vec<crate::pin::PinGuard>,
+    /// The memory is the caller's (`register_raw`, or a fast-register
+    /// binding over such a region): deregistration must wait until no
+    /// engine access to it is in progress (see [`MrInner::enter`]).
+    pub fenced: bool,
+    /// Engine accesses to the memory in progress (fenced regions only).
+    accessing: AtomicU32,
+    /// Set by deregistration: no new access may start.
+    released: AtomicBool,
     /// Words that must vouch for every access (`AccessGuard`; a
     /// fast-register region has its parents').
     pub guards: Vec<crate::device::AccessGuard>,
@@ -161,6 +173,93 @@ impl crate::device::AccessGuard {
         let w = unsafe { &*(self.word as *const AtomicU64) };
         w.load(Ordering::Acquire) & self.mask == self.expect
     }
+}
+
+impl MrInner {
+    /// Starts an engine access (a placement, a copy out, a send) to the
+    /// region's memory; false if the region was deregistered, and then the
+    /// access must not happen. Every `true` is paired with [`MrInner::exit`].
+    /// Only fenced regions (caller-owned memory) count; for the others the
+    /// registration reference keeps the memory alive anyway.
+    ///
+    /// With [`MrInner::release_wait`] this is the protocol that makes
+    /// deregistering caller-owned memory safe, as a NIC's deregistration
+    /// is: the access counts itself before it checks `released`, the
+    /// deregistration sets `released` before it waits for the count to
+    /// reach zero (both sequentially consistent), so either the access sees
+    /// the region released, or the deregistration sees the access and
+    /// waits for it. Accesses are single bounded copies or non-blocking
+    /// socket calls, so the wait is short.
+    #[inline]
+    pub fn enter(&self) -> bool {
+        if !self.fenced {
+            return true;
+        }
+        if let Backing::Parents(ps) = &self.backing {
+            for (i, p) in ps.iter().enumerate() {
+                if !p.enter() {
+                    ps[..i].iter().for_each(|p| p.exit());
+                    return false;
+                }
+            }
+            return true;
+        }
+        self.accessing.fetch_add(1, Ordering::SeqCst);
+        if self.released.load(Ordering::SeqCst) {
+            self.accessing.fetch_sub(1, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// Ends an access started by a successful [`MrInner::enter`].
+    #[inline]
+    pub fn exit(&self) {
+        if !self.fenced {
+            return;
+        }
+        if let Backing::Parents(ps) = &self.backing {
+            ps.iter().for_each(|p| p.exit());
+            return;
+        }
+        let before = self.accessing.fetch_sub(1, Ordering::Release);
+        debug_assert!(before > 0, "exit without enter");
+    }
+
+    /// Deregistration of caller-owned memory: refuses new accesses and
+    /// waits until none is in progress; afterwards the caller may free it.
+    pub fn release_wait(&self) {
+        if !self.fenced || matches!(self.backing, Backing::Parents(_)) {
+            return;
+        }
+        self.released.store(true, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while self.accessing.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Enters every region of `mrs` (see [`MrInner::enter`]); on failure none
+/// stays entered.
+pub(crate) fn enter_all(mrs: &[Arc<MrInner>]) -> bool {
+    for (i, m) in mrs.iter().enumerate() {
+        if !m.enter() {
+            mrs[..i].iter().for_each(|m| m.exit());
+            return false;
+        }
+    }
+    true
+}
+
+/// Ends accesses started by a successful [`enter_all`].
+pub(crate) fn exit_all(mrs: &[Arc<MrInner>]) {
+    mrs.iter().for_each(|m| m.exit());
 }
 
 /// Why an access to a region was refused, as a Terminate code pair:
@@ -561,6 +660,11 @@ impl StagTable {
         if let Some(shm) = &self.shm {
             shm.unpublish(index);
         }
+        // ...nor this engine (caller-owned memory: the caller frees it as
+        // soon as this returns; WRs still naming it fail instead)...
+        if let Some(m) = &old {
+            m.release_wait();
+        }
         drop(old);
         // ...and the index is reused only after that.
         self.free.lock().push(index);
@@ -621,6 +725,13 @@ impl NewMr {
             iova: self.iova,
             len,
             spans: self.spans,
+            fenced: match &self.backing {
+                Backing::Raw | Backing::Shared(_) => true,
+                Backing::Parents(ps) => ps.iter().any(|p| p.fenced),
+                _ => false,
+            },
+            accessing: AtomicU32::new(0),
+            released: AtomicBool::new(false),
             valid: AtomicBool::new(true),
             deadline: AtomicU64::new(NO_DEADLINE),
             invalidatable: self.invalidatable,

@@ -13,7 +13,7 @@
 //! stream behind them.
 
 use crate::device::Core;
-use crate::mr::Access;
+use crate::mr::{Access, MrInner};
 use crate::shm::{LocalShm, PeerShm, RingReader, RingWriter};
 use crate::sys::{self, RawSpan};
 use softrdma_wire::mpa::ext::SameHost;
@@ -205,26 +205,52 @@ impl Link {
     /// RDMA Write of `len` bytes from `src` to the peer's `rkey`/`to`, if
     /// the fast path may take it now (`sent`: messages this end has put on
     /// the TCP stream). False: send it on the stream.
-    pub fn try_write(&self, sent: u64, src: &[RawSpan], len: u64, rkey: u32, to: u64) -> bool {
-        self.copy(sent, src, len, rkey, to, true)
+    pub fn try_write(
+        &self,
+        sent: u64,
+        src: &[RawSpan],
+        keep: &[Arc<MrInner>],
+        len: u64,
+        rkey: u32,
+        to: u64,
+    ) -> bool {
+        self.copy(sent, src, keep, len, rkey, to, true)
     }
 
     /// RDMA Read of `len` bytes at the peer's `rkey`/`to` into `dst`.
-    pub fn try_read(&self, sent: u64, dst: &[RawSpan], len: u64, rkey: u32, to: u64) -> bool {
-        self.copy(sent, dst, len, rkey, to, false)
+    pub fn try_read(
+        &self,
+        sent: u64,
+        dst: &[RawSpan],
+        keep: &[Arc<MrInner>],
+        len: u64,
+        rkey: u32,
+        to: u64,
+    ) -> bool {
+        self.copy(sent, dst, keep, len, rkey, to, false)
     }
 
+    /// `keep`: the registrations of the local spans; caller-owned ones are
+    /// entered for the copy (`MrInner::enter`), and if one was deregistered
+    /// the access takes the stream (where it fails).
+    #[allow(clippy::too_many_arguments)]
     fn copy(
         &self,
         sent: u64,
         local: &[RawSpan],
+        keep: &[Arc<MrInner>],
         len: u64,
         rkey: u32,
         to: u64,
         write: bool,
     ) -> bool {
         let Some(r) = &self.remote else { return false };
+        let fence: Vec<Arc<MrInner>> = keep.iter().filter(|m| m.fenced).cloned().collect();
+        if !crate::mr::enter_all(&fence) {
+            return false;
+        }
         let done = r.try_copy(sent, local, len, rkey, to, write);
+        crate::mr::exit_all(&fence);
         if done { &r.ops } else { &r.fallbacks }.fetch_add(1, Ordering::Relaxed);
         done
     }

@@ -7,6 +7,10 @@
 //! `QpInner::fail` could close the connection and flush the receive in
 //! progress there, and the receiver then placed bytes into the flushed
 //! buffer. A disarmed hook costs one relaxed atomic load per receiver run.
+//!
+//! [`pause_placement`] stops the next placement of payload bytes on a QP
+//! after it entered its caller-owned target regions and before it copies:
+//! the window in which deregistering such memory must wait (issue 19).
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,6 +18,8 @@ use std::time::Duration;
 
 /// The QP number whose receiver pauses (0: none).
 static ARMED: AtomicU32 = AtomicU32::new(0);
+/// Which point is armed: 1 the receiver's entry, 2 a placement.
+static POINT: AtomicU32 = AtomicU32::new(0);
 
 #[derive(Default)]
 struct Gate {
@@ -32,7 +38,17 @@ pub struct Paused(());
 
 /// Arms the pause point for QP `qpn`'s receiver.
 pub fn pause_receiver(qpn: u32) -> Paused {
+    arm(qpn, 1)
+}
+
+/// Arms the pause point inside the next payload placement on QP `qpn`.
+pub fn pause_placement(qpn: u32) -> Paused {
+    arm(qpn, 2)
+}
+
+fn arm(qpn: u32, point: u32) -> Paused {
     *GATE.lock() = Gate::default();
+    POINT.store(point, Ordering::SeqCst);
     ARMED.store(qpn, Ordering::SeqCst);
     Paused(())
 }
@@ -62,9 +78,18 @@ impl Drop for Paused {
     }
 }
 
-/// Called by the receiver at the pause point.
+/// Called by the receiver at its entry.
 pub(crate) fn receiver_point(qpn: u32) {
-    if ARMED.load(Ordering::Relaxed) != qpn || qpn == 0 {
+    point(qpn, 1)
+}
+
+/// Called by a placement, its regions entered, before it copies.
+pub(crate) fn placement_point(qpn: u32) {
+    point(qpn, 2)
+}
+
+fn point(qpn: u32, which: u32) {
+    if ARMED.load(Ordering::Relaxed) != qpn || qpn == 0 || POINT.load(Ordering::SeqCst) != which {
         return;
     }
     if ARMED

@@ -18,8 +18,9 @@
 //! * that no byte outside a registered region is written, nor one inside
 //!   a region the bad request was refused for: regions are registered over
 //!   the middle of a larger buffer whose guard bytes on both sides are
-//!   checked afterwards (the buffers are leaked, so they outlive every
-//!   registration, as `register_raw` requires);
+//!   checked afterwards (each region borrows its buffer, so it cannot
+//!   outlive it, and the buffer is freed after the region's drop, which
+//!   waits for placements in flight);
 //! * that the process did not panic and the device still works: a fresh,
 //!   good connection on the same device (through the same listener where
 //!   the engine is the passive side) moves one Send.
@@ -565,26 +566,63 @@ const GUARD_BYTE: u8 = 0xA5;
 const EVIL: u8 = 0xEE;
 
 /// A buffer of `len` bytes (filled with `fill`) between two guard zones.
-/// The allocation is leaked, so it outlives every registration over it.
+/// It is freed when dropped; the regions registered over it borrow it
+/// ([`GuardedMr`]), so none can outlive it, and deregistration waits for
+/// any placement in flight (`register_raw`'s contract).
 struct Guarded {
     base: *mut u8,
+    total: usize,
     len: usize,
     fill: u8,
+}
+
+/// A region over the middle of a [`Guarded`] buffer, which it borrows.
+struct GuardedMr<'a> {
+    mr: MemoryRegion,
+    _buf: std::marker::PhantomData<&'a Guarded>,
+}
+
+impl std::ops::Deref for GuardedMr<'_> {
+    type Target = MemoryRegion;
+    fn deref(&self) -> &MemoryRegion {
+        &self.mr
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // SAFETY: `base` came from Box::into_raw of a boxed slice of
+        // `total` bytes and is freed once; every region over it borrowed
+        // `self` and is gone, and its drop waited until the engine stopped
+        // placing into it.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.base, self.total)) });
+    }
 }
 
 impl Guarded {
     fn new(len: usize, fill: u8) -> Guarded {
         let mut v = vec![GUARD_BYTE; GUARD + len + GUARD];
         v[GUARD..GUARD + len].fill(fill);
+        let total = v.len();
         let base = Box::into_raw(v.into_boxed_slice()) as *mut u8;
-        Guarded { base, len, fill }
+        Guarded {
+            base,
+            total,
+            len,
+            fill,
+        }
     }
 
     /// Registers the middle part (not the guards).
-    fn register(&self, pd: &ProtectionDomain, access: Access, opts: RegOptions) -> MemoryRegion {
-        // SAFETY: the range lies inside an allocation that is never freed
+    fn register(&self, pd: &ProtectionDomain, access: Access, opts: RegOptions) -> GuardedMr<'_> {
+        // SAFETY: the range lies inside the allocation, which the returned
+        // region borrows (so it is freed only after the region is dropped)
         // and that nothing else in the test writes while it is registered.
-        unsafe { pd.register_raw(self.base.add(GUARD), self.len, access, opts) }.unwrap()
+        let mr = unsafe { pd.register_raw(self.base.add(GUARD), self.len, access, opts) }.unwrap();
+        GuardedMr {
+            mr,
+            _buf: std::marker::PhantomData,
+        }
     }
 
     /// Guards, region, guards.
@@ -627,15 +665,16 @@ impl Guarded {
 
 const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
 
-/// A guarded region with receives 1 and 2 posted into its two halves.
-fn guarded_recvs(s: &Side, len: usize) -> (Guarded, MemoryRegion) {
-    let g = Guarded::new(len, 0x5A);
+/// Receives 1 and 2 posted into the two halves of a guarded region (a
+/// `Guarded::new(len, 0x5A)`).
+fn guarded_recvs<'a>(s: &Side, g: &'a Guarded) -> GuardedMr<'a> {
+    let len = g.len;
     let mr = g.register(&s.pd, Access::LOCAL_WRITE, RegOptions::default());
     s.qp.post_recv(&RecvWr::new(1, &[mr.sge(0, len / 2)]))
         .unwrap();
     s.qp.post_recv(&RecvWr::new(2, &[mr.sge(len / 2, len / 2)]))
         .unwrap();
-    (g, mr)
+    mr
 }
 
 const FLUSHED: [(u64, WcStatus); 2] = [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)];
@@ -677,7 +716,8 @@ fn garbage_instead_of_fpdu_after_handshake() {
     ];
     for (what, bytes, want) in cases {
         let (s, mut raw) = srv.accept_default();
-        let (g, _mr) = guarded_recvs(&s, 256);
+        let g = Guarded::new(256, 0x5A);
+        let _mr = guarded_recvs(&s, &g);
         raw.send_bytes_lossy(&bytes);
         let t = raw.expect_terminate();
         assert_eq!(t.code, want, "{what}: got {}", t.code);
@@ -737,7 +777,8 @@ fn oversized_ulpdu_length() {
 
     // A Send in the largest FPDU MPA can frame, into a 64-byte receive.
     let (s, mut raw) = srv.accept_default();
-    let (g, _mr) = guarded_recvs(&s, 128);
+    let g = Guarded::new(128, 0x5A);
+    let _mr = guarded_recvs(&s, &g);
     let u = raw.send_ulpdu(Opcode::Send, 0, &vec![EVIL; 0xFFFF - ddp::UNTAGGED_LEN]);
     assert_eq!(u.len(), 0xFFFF);
     let f = raw.fpdu(&u);
@@ -757,7 +798,8 @@ fn oversized_ulpdu_length() {
     // A Read Request with 4 bytes after its 28-byte body: refused before
     // any Read Response goes out.
     let (s, mut raw) = srv.accept_default();
-    let (g, _rmr) = guarded_recvs(&s, 128);
+    let g = Guarded::new(128, 0x5A);
+    let _rmr = guarded_recvs(&s, &g);
     let src = Guarded::new(4096, 0x77);
     let mr = src.register(&s.pd, RW, RegOptions::default());
     let mut u = raw.read_request_ulpdu(&ReadRequest {
@@ -803,7 +845,8 @@ fn unknown_rdmap_opcode() {
     cases.push(("a Send in a tagged segment".into(), tagged_send));
     for (what, u) in cases {
         let (s, mut raw) = srv.accept_default();
-        let (g, _mr) = guarded_recvs(&s, 128);
+        let g = Guarded::new(128, 0x5A);
+        let _mr = guarded_recvs(&s, &g);
         raw.send_fpdu(&u);
         let t = raw.expect_terminate();
         assert_eq!(
@@ -860,7 +903,8 @@ fn write_to_invalid_stag() {
         ("STag 0", Some(0)),
     ] {
         let (s, mut raw) = srv.accept_default();
-        let (g, _rmr) = guarded_recvs(&s, 128);
+        let g = Guarded::new(128, 0x5A);
+        let _rmr = guarded_recvs(&s, &g);
         let target = Guarded::new(4096, 0x77);
         let mr = target.register(
             &s.pd,
@@ -999,7 +1043,8 @@ fn tagged_offset_outside_region() {
     ];
     for (what, range, read, want) in cases {
         let (s, mut raw) = srv.accept_default();
-        let (g, _rmr) = guarded_recvs(&s, 128);
+        let g = Guarded::new(128, 0x5A);
+        let _rmr = guarded_recvs(&s, &g);
         let target = Guarded::new(LEN, 0x77);
         let mr = target.register(&s.pd, RW, RegOptions::default());
         let (to, len) = range(mr.addr());
@@ -1038,7 +1083,8 @@ fn wrong_protection_domain() {
     for read in [false, true] {
         let (s, mut raw) = srv.accept_default();
         assert_ne!(s.pd.id(), other_pd.id());
-        let (g, _rmr) = guarded_recvs(&s, 128);
+        let g = Guarded::new(128, 0x5A);
+        let _rmr = guarded_recvs(&s, &g);
         let target = Guarded::new(4096, 0x77);
         let mr = target.register(&other_pd, RW, RegOptions::default());
         let want = if read {
@@ -1095,7 +1141,8 @@ fn read_requests_beyond_ird() {
     );
     assert_eq!(s.qp.conn_params().unwrap().ird, 1, "IRD negotiated to 1");
     raw.set_rcvbuf(64 << 10);
-    let (_g, _rmr) = guarded_recvs(&s, 128);
+    let _g = Guarded::new(128, 0x5A);
+    let _rmr = guarded_recvs(&s, &_g);
     let src = s.pd.alloc_mr(SRC, RW).unwrap();
     let data = common::pattern(SRC, 7);
     src.write_at(0, &data);
@@ -1156,7 +1203,8 @@ fn peer_closes_mid_frame() {
     ];
     for (what, cut, half_close) in cases {
         let (c, mut raw) = connect_raw(&dev, &ConnParams::default(), RawOpts::default());
-        let (g, _mr) = guarded_recvs(&c, 128);
+        let g = Guarded::new(128, 0x5A);
+        let _mr = guarded_recvs(&c, &g);
         let sink = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
         c.qp.post_send(&SendWr::read(3, sink.sge_all(), 0x1000, 0x0000_4200))
             .unwrap();
@@ -1229,7 +1277,8 @@ fn bad_mpa_crc() {
     };
     let (c, mut raw) = connect_raw(&dev, &params, RawOpts::default());
     assert!(c.qp.conn_params().unwrap().crc && raw.crc, "CRC negotiated");
-    let (g, mr) = guarded_recvs(&c, 128);
+    let g = Guarded::new(128, 0x5A);
+    let mr = guarded_recvs(&c, &g);
     let good = common::pattern(16, 3);
     let u = raw.send_ulpdu(Opcode::Send, 0, &good);
     raw.send_fpdu(&u);
@@ -1269,7 +1318,8 @@ fn write_without_remote_write_access() {
     let srv = Server::new();
     for read in [false, true] {
         let (s, mut raw) = srv.accept_default();
-        let (g, _rmr) = guarded_recvs(&s, 128);
+        let g = Guarded::new(128, 0x5A);
+        let _rmr = guarded_recvs(&s, &g);
         let target = Guarded::new(4096, 0x77);
         let access = if read {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE
@@ -1403,7 +1453,8 @@ fn atomic_requests_refused() {
     for (what, access, make, want) in cases {
         let (s, mut raw) = srv.accept_raw(&ConnParams::default(), ext_opts());
         assert!(s.qp.conn_params().unwrap().rfc7306);
-        let (g_rx, _rmr) = guarded_recvs(&s, 128);
+        let g_rx = Guarded::new(128, 0x5A);
+        let _rmr = guarded_recvs(&s, &g_rx);
         let g = Guarded::new(64, 0x3C);
         let target = g.register(&s.pd, access, RegOptions::default());
         let other_pd = s.dev.alloc_pd().unwrap();
@@ -1450,12 +1501,11 @@ fn malformed_rfc7306_messages() {
         let g = Guarded::new(64, 0x3C);
         let target = g.register(&s.pd, Access::ALL, RegOptions::default());
         let no_recv = what.ends_with("no receive");
-        let (g_rx, _rmr) = if no_recv {
-            let g = Guarded::new(128, 0x5A);
-            let mr = g.register(&s.pd, Access::LOCAL_WRITE, RegOptions::default());
-            (g, mr)
+        let g_rx = Guarded::new(128, 0x5A);
+        let _rmr = if no_recv {
+            g_rx.register(&s.pd, Access::LOCAL_WRITE, RegOptions::default())
         } else {
-            guarded_recvs(&s, 128)
+            guarded_recvs(&s, &g_rx)
         };
         let (u, want) = match what {
             "atomic request with trailing bytes" => {
@@ -1527,7 +1577,8 @@ fn atomic_request_beyond_ird() {
     );
     assert_eq!(s.qp.conn_params().unwrap().ird, 1);
     raw.set_rcvbuf(64 << 10);
-    let (_g, _rmr) = guarded_recvs(&s, 128);
+    let _g = Guarded::new(128, 0x5A);
+    let _rmr = guarded_recvs(&s, &_g);
     let src = s.pd.alloc_mr(SRC, RW).unwrap();
     let g = Guarded::new(64, 0x3C);
     let target = g.register(&s.pd, Access::ALL, RegOptions::default());
@@ -2405,7 +2456,8 @@ fn untagged_segments_with_bad_queue_msn_mo_or_version() {
     ];
     for (what, u, want) in cases {
         let (s, mut raw) = srv.accept_default();
-        let (g, _mr) = guarded_recvs(&s, 128);
+        let g = Guarded::new(128, 0x5A);
+        let _mr = guarded_recvs(&s, &g);
         raw.send_fpdu(&u);
         let t = raw.expect_terminate();
         assert_eq!(t.code, want, "{what}: got {}", t.code);
@@ -2567,4 +2619,67 @@ fn a_flush_in_the_middle_of_an_fpdu_places_nothing_after_it() {
     srv.prove_usable();
     assert_eq!(mr.to_vec(), snap, "bytes placed after the flush");
     assert_eq!(mr.peek_u8(64), 0x11, "the second half was placed");
+}
+
+/// Deregistering caller-owned memory waits until no placement into it is
+/// in flight (issue 19), as a NIC's deregistration does, so the caller may
+/// free the memory as soon as the drop returns. A Write's second half is
+/// held inside its placement (regions entered, bytes not yet copied); the
+/// drop of the region must not return until it is let go. The buffer is an
+/// ordinary vector, freed at the end of the test, not leaked.
+#[test]
+fn deregistering_raw_memory_waits_for_the_placement_in_flight() {
+    const LEN: usize = 8192;
+    let srv = Server::new();
+    let (s, mut raw) = srv.accept_default();
+    let mut buf = vec![0x11u8; LEN];
+    // SAFETY: `buf` outlives the region: it is freed at the end of the
+    // test, after the region was dropped (and that drop waited for the
+    // engine's placement, which is what this test checks).
+    let mr = unsafe {
+        s.pd.register_raw(
+            buf.as_mut_ptr(),
+            LEN,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            RegOptions::default(),
+        )
+    }
+    .unwrap();
+    let (addr, rkey) = (mr.addr(), mr.rkey());
+    let f = raw.fpdu(&raw.write_ulpdu(rkey, addr, &[0x22; 4096]));
+    let cut = 2 + ddp::TAGGED_LEN + 1024;
+    raw.send_bytes(&f[..cut]);
+    let deadline = Instant::now() + T;
+    while mr.peek_u8(1023) != 0x22 {
+        assert!(Instant::now() < deadline, "the first part was never placed");
+        std::thread::yield_now();
+    }
+    let pause = softrdma_verbs::test_hooks::pause_placement(s.qp.qp_num());
+    raw.send_bytes(&f[cut..]);
+    assert!(pause.wait_reached(T), "the rest never reached placement");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(mr);
+        tx.send(()).unwrap();
+    });
+    // The drop must still be waiting while the placement is held.
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_millis(300)),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout),
+        "the region was deregistered under a placement in flight"
+    );
+    pause.release();
+    rx.recv_timeout(T)
+        .expect("the drop returned once placement ended");
+    dropper.join().unwrap();
+    // The held copy finished (it had entered before the drop); whatever
+    // of the Write was still to come, and the next Write, met a dead STag:
+    // the peer gets the invalid-STag Terminate, nothing lands after it.
+    assert!(buf[..1024].iter().all(|&b| b == 0x22));
+    assert!(buf[4096..].iter().all(|&b| b == 0x11));
+    raw.send_bytes_lossy(&raw.fpdu(&raw.write_ulpdu(rkey, addr + 4096, &[0x33; 64])));
+    let t = raw.expect_terminate();
+    assert_eq!(t.code, codes::DDP_TAGGED_INVALID_STAG, "{t:?}");
+    drop(buf);
+    srv.prove_usable();
 }
