@@ -1164,6 +1164,7 @@ pub struct HeapBuf {
 // SAFETY: a HeapBuf owns its slot exclusively (its bitmap bit), and the
 // mapping lives as long as the heap handle it holds.
 unsafe impl Send for HeapBuf {}
+// SAFETY: as for Send.
 unsafe impl Sync for HeapBuf {}
 
 impl HeapBuf {

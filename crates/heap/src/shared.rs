@@ -160,6 +160,7 @@ pub struct Segment {
 // metadata) or through raw pointers handed to owners of slots; the raw
 // pointer itself may move between threads.
 unsafe impl Send for Segment {}
+// SAFETY: as for Send.
 unsafe impl Sync for Segment {}
 
 pub fn page() -> u64 {

@@ -24,6 +24,8 @@
 //! signaled (RC completes a send queue in order, so one completion retires
 //! every WR before it).
 
+#![forbid(unsafe_code)]
+
 pub mod exec;
 mod plan;
 

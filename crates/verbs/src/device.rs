@@ -889,14 +889,7 @@ impl MemoryRegion {
                 .read_at(offset as u64, out)
                 .expect("backed region read failed");
         }
-        let mut spans = Vec::new();
-        self.inner.resolve(
-            self.inner.iova + offset as u64,
-            out.len() as u64,
-            &mut spans,
-        );
-        // SAFETY: the range was bounds-checked and we hold the registration.
-        unsafe { crate::mr::copy_from_spans(&spans, 0, out) }
+        self.inner.copy_out(offset, out)
     }
     /// Reads the byte at `offset` with a volatile load (for polling memory
     /// that a peer's RDMA Write fills, as perftest's latency tests do).
@@ -914,14 +907,7 @@ impl MemoryRegion {
                 .write_at(offset as u64, data)
                 .expect("backed region write failed");
         }
-        let mut spans = Vec::new();
-        self.inner.resolve(
-            self.inner.iova + offset as u64,
-            data.len() as u64,
-            &mut spans,
-        );
-        // SAFETY: the range was bounds-checked and we hold the registration.
-        unsafe { crate::mr::copy_into_spans(&spans, 0, data) }
+        self.inner.copy_in(offset, data)
     }
     /// Copies the whole region into a vector.
     pub fn to_vec(&self) -> Vec<u8> {

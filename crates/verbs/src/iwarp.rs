@@ -533,8 +533,8 @@ impl Batch {
                     IoRef::Mem(s) => (s.ptr, s.len),
                 };
                 let k = (len - off).min(want);
-                // SAFETY: off < len for the first ref (cursor invariant), 0 after.
                 spans[n] = RawSpan {
+                    // SAFETY: off < len for the first ref (cursor invariant), 0 after.
                     ptr: unsafe { ptr.add(off) },
                     len: k,
                 };
@@ -1179,8 +1179,8 @@ fn compose(m: &mut TxMsg, b: &mut Batch, max_ulpdu: usize, seg: usize, crc_on: b
             let s = m.spans[m.span_idx];
             let avail = s.len - m.span_off;
             let k = avail.min(left);
-            // SAFETY: span_off < s.len, inside the registered span.
             pieces[np] = RawSpan {
+                // SAFETY: span_off < s.len, inside the registered span.
                 ptr: unsafe { s.ptr.add(m.span_off) },
                 len: k,
             };
@@ -1585,8 +1585,8 @@ fn sub_spans(spans: &[RawSpan], mut off: usize, mut len: usize, out: &mut Vec<Ra
             continue;
         }
         let k = (s.len - off).min(len);
-        // SAFETY: off < s.len keeps the pointer inside the span.
         out.push(RawSpan {
+            // SAFETY: off < s.len keeps the pointer inside the span.
             ptr: unsafe { s.ptr.add(off) },
             len: k,
         });

@@ -88,6 +88,7 @@ pub(crate) struct AlignedBuf {
 // SAFETY: AlignedBuf is a uniquely owned allocation; moving it between
 // threads is fine, and shared access goes through raw-pointer copies.
 unsafe impl Send for AlignedBuf {}
+// SAFETY: as for Send: shared access only through raw-pointer copies.
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
@@ -245,6 +246,36 @@ impl MrInner {
     }
 }
 
+impl MrInner {
+    /// Copies `out.len()` bytes at region offset `offset` out of the
+    /// memory (the consumer's own `MemoryRegion::read_at`). Panics outside
+    /// the region.
+    pub fn copy_out(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset as u64 + out.len() as u64 <= self.len,
+            "read outside the region"
+        );
+        let mut spans = Vec::new();
+        self.resolve(self.iova + offset as u64, out.len() as u64, &mut spans);
+        // SAFETY: the range is inside the region (asserted) and the caller
+        // holds the registration, which keeps the memory alive.
+        unsafe { copy_from_spans(&spans, 0, out) }
+    }
+
+    /// Copies `data` into the memory at region offset `offset` (the
+    /// consumer's own `MemoryRegion::write_at`). Panics outside the region.
+    pub fn copy_in(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset as u64 + data.len() as u64 <= self.len,
+            "write outside the region"
+        );
+        let mut spans = Vec::new();
+        self.resolve(self.iova + offset as u64, data.len() as u64, &mut spans);
+        // SAFETY: as in copy_out.
+        unsafe { copy_into_spans(&spans, 0, data) }
+    }
+}
+
 /// Enters every region of `mrs` (see [`MrInner::enter`]); on failure none
 /// stays entered.
 pub(crate) fn enter_all(mrs: &[Arc<MrInner>]) -> bool {
@@ -372,8 +403,8 @@ impl MrInner {
                 continue;
             }
             let n = (s.len - off).min(left);
-            // SAFETY: off < s.len, so the pointer stays inside the span.
             out.push(RawSpan {
+                // SAFETY: off < s.len, so the pointer stays inside the span.
                 ptr: unsafe { s.ptr.add(off) },
                 len: n,
             });

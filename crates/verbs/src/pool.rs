@@ -53,6 +53,7 @@ pub(crate) struct PoolAlloc {
 // SAFETY: the allocation is uniquely owned memory inside a mapping the pool
 // keeps alive; it is only reached through raw-pointer copies (as AlignedBuf).
 unsafe impl Send for PoolAlloc {}
+// SAFETY: as for Send: shared access only through raw-pointer copies.
 unsafe impl Sync for PoolAlloc {}
 
 impl Pool {

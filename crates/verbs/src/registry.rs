@@ -21,8 +21,7 @@ pub fn dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
         return PathBuf::from(d).join("softrdma");
     }
-    // SAFETY: getuid has no arguments and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::sys::uid();
     PathBuf::from(format!("/tmp/softrdma-{uid}"))
 }
 
@@ -91,10 +90,10 @@ impl Publisher {
 impl Drop for Publisher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // SAFETY: the accept thread owns the listener and is still running
-        // (joined below), so `fd` is open; shutdown does not close it, it
-        // only makes the blocked accept return an error.
-        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+        // The accept thread owns the listener and is still running (joined
+        // below), so `fd` is open; shutdown does not close it, it only makes
+        // the blocked accept return an error.
+        crate::sys::shutdown_both(self.fd);
         let _ = std::fs::remove_file(&self.path);
         if let Some(h) = self.handle.take() {
             let _ = h.join();

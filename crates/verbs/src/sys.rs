@@ -153,6 +153,8 @@ pub struct RawSpan {
 // SAFETY: a RawSpan is only an address range; whoever dereferences it must
 // hold the registration that keeps the memory alive (see mr.rs).
 unsafe impl Send for RawSpan {}
+// SAFETY: as for Send: an address range, dereferenced only under a
+// registration.
 unsafe impl Sync for RawSpan {}
 
 /// `sendmsg` of a list of spans, non-blocking, without SIGPIPE. With `eor`
@@ -345,6 +347,7 @@ pub struct SharedMap {
 // through raw pointers and atomics by code that documents its
 // synchronisation (shm.rs).
 unsafe impl Send for SharedMap {}
+// SAFETY: as for Send.
 unsafe impl Sync for SharedMap {}
 
 /// Where the engine's shared mappings go: a range of their own (from 16
@@ -529,4 +532,18 @@ pub fn punch_hole(fd: RawFd, off: u64, len: u64) -> io::Result<()> {
         )
     })?;
     Ok(())
+}
+
+/// The real user id of the process.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no arguments and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// shutdown(SHUT_RDWR) on a socket the caller knows to be open (errors,
+/// such as a socket already shut down, are ignored).
+pub(crate) fn shutdown_both(fd: RawFd) {
+    // SAFETY: shutdown takes a descriptor and a flag and touches no memory
+    // of ours; on a bad descriptor it fails with EBADF.
+    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
 }

@@ -20,6 +20,8 @@
 //! All multi-byte fields are big-endian, except the MPA CRC, which goes on the
 //! wire in the byte order that Linux siw and Wireshark use (little-endian).
 
+#![forbid(unsafe_code)]
+
 pub mod ddp;
 pub mod mpa;
 pub mod terminate;
