@@ -231,7 +231,7 @@ impl QueuePair {
         let core = &self.pd.dev.rt.core;
         let mut offer = params
             .extensions
-            .then(|| Offer::new(core, self.pd.id))
+            .then(|| Offer::new(&core.shm, self.pd.id))
             .flatten();
         let private_data = if params.extensions {
             with_ext(
@@ -333,7 +333,7 @@ impl QueuePair {
             }
             _ => (params.ord, false, None, params.ird),
         };
-        let link = offer.and_then(|o| Link::establish(core, o, peer_same_host.as_ref()));
+        let link = offer.and_then(|o| Link::establish(&core.peers, o, peer_same_host.as_ref()));
         let n = Negotiated {
             revision: rep.revision,
             // CRC when either side asked (RFC 5044 section 7.1.2).
@@ -701,11 +701,11 @@ impl ConnectRequest {
                 // Same host: offer our segment if the initiator offered its
                 // own and the two are on one kernel and pid namespace.
                 let mut offer = match self.same_host {
-                    Some(_) if agreed & mpa::ext::SAME_HOST != 0 => Offer::new(core, qp.pd.id),
+                    Some(_) if agreed & mpa::ext::SAME_HOST != 0 => Offer::new(&core.shm, qp.pd.id),
                     _ => None,
                 };
                 let pd = with_ext(agreed, &mut offer, &params.private_data, v2.is_some());
-                link = offer.and_then(|o| Link::establish(core, o, self.same_host.as_ref()));
+                link = offer.and_then(|o| Link::establish(&core.peers, o, self.same_host.as_ref()));
                 if link.is_some() {
                     n.same_host = link.as_ref().is_some_and(Link::direct);
                     pd

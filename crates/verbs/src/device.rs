@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::mr::{Access, AlignedBuf, Backing, MrInner, NewMr, StagTable};
 use crate::progress::Progress;
 use crate::qp::{QpInitAttr, QpInner, QueuePair};
+use crate::registry::{DeviceInfo, MrInfo, QpInfo};
 use crate::srq::SharedReceiveQueue;
 use crate::sys::RawSpan;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -135,7 +136,7 @@ pub(crate) struct Core {
     /// This device's same-host segment (`shm.rs`), if offered.
     pub shm: Option<Arc<crate::shm::LocalShm>>,
     /// Peer segments mapped here, by (pid, nonce).
-    pub peers: Mutex<HashMap<(u32, u64), std::sync::Weak<crate::shm::PeerShm>>>,
+    pub peers: crate::samehost::PeerMap,
     /// Shared chunks `alloc_mr` takes memory from (with a segment only).
     pub pool: Option<Arc<crate::pool::Pool>>,
     pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
@@ -273,7 +274,10 @@ impl Device {
             progress.push(Progress::start(core.clone(), i)?);
         }
         let publisher = if core.config.publish {
-            crate::registry::Publisher::start(core.clone(), n)
+            {
+                let c = core.clone();
+                crate::registry::Publisher::start(&core.config.name, move || c.info(n))
+            }
         } else {
             None
         };
@@ -404,46 +408,6 @@ impl Core {
     }
 }
 
-/// What `Device::info` reports.
-#[derive(Debug, Clone)]
-pub struct DeviceInfo {
-    pub name: String,
-    pub addr: IpAddr,
-    pub progress_threads: usize,
-    pub qps: Vec<QpInfo>,
-    pub mrs: Vec<MrInfo>,
-    /// Bytes `alloc_mr` holds in shared chunks (same-host peers map them).
-    pub shared_bytes: usize,
-}
-
-#[derive(Debug, Clone)]
-pub struct QpInfo {
-    pub qpn: u32,
-    pub pd: u32,
-    pub state: crate::QpState,
-    pub local: Option<std::net::SocketAddr>,
-    pub peer: Option<std::net::SocketAddr>,
-    pub sq_outstanding: usize,
-    pub rq_posted: usize,
-    pub mpa_revision: u8,
-    pub crc: bool,
-    pub ird: u16,
-    pub ord: u16,
-    /// Writes and Reads reach the peer directly (same-host transport).
-    pub same_host: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct MrInfo {
-    pub stag: u32,
-    pub pd: u32,
-    pub iova: u64,
-    pub len: u64,
-    pub access: Access,
-    pub valid: bool,
-    pub fast_reg: bool,
-}
-
 /// Options for registering memory.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RegOptions {
@@ -464,32 +428,8 @@ pub struct RegOptions {
     pub shared: Option<(std::os::fd::RawFd, u64)>,
     /// `register_raw` / `register_owned` only: a word that must hold a
     /// given value for any access through the region to be allowed (see
-    /// [`AccessGuard`]).
-    pub guard: Option<AccessGuard>,
-}
-
-/// A word of shared memory that vouches for a registration: every access
-/// through the region, local or remote, on the TCP path and on the
-/// same-host path, first checks `word & mask == expect` and is refused as
-/// an invalid STag (the protection Terminate, RFC 5040 section 7: layer
-/// RDMAP or DDP, "invalid STag") when it does not hold.
-///
-/// The registered-memory heap uses it for its blocks' generation ids: a
-/// registration of a block that was released (and maybe reused by another
-/// process) grants no access any more, although nobody told the process
-/// that made it. The check runs once per DDP segment before it is placed
-/// (and before a Read Response is built), as a NIC checks an STag.
-#[derive(Debug, Clone, Copy)]
-pub struct AccessGuard {
-    /// Address, in this process, of an 8-byte aligned `AtomicU64`.
-    pub word: usize,
-    pub mask: u64,
-    pub expect: u64,
-    /// The word's offset in the region's shared file ([`RegOptions::shared`]),
-    /// so that same-host peers check it too. Without it the region is not
-    /// offered to same-host peers' direct copies (they go through the
-    /// stream, where this end checks).
-    pub file_off: Option<u64>,
+    /// [`crate::AccessGuard`]).
+    pub guard: Option<crate::mr::AccessGuard>,
 }
 
 /// A protection domain.

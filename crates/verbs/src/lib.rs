@@ -15,7 +15,7 @@
 //! | [`device`](Device) | devices, protection domains, memory registration API | `siw_verbs.c` |
 //! | `mr` | STag table, access checks, placement helpers | `siw_mem.c` |
 //! | [`qp`](QueuePair) | QP state machine, posting, ordering, flush | `siw_qp.c` |
-//! | `iwarp` | FPDU send path and receive path with direct placement | `siw_qp_tx.c`, `siw_qp_rx.c` |
+//! | `iwarp` | FPDU send path (`iwarp/tx.rs`, `wqe.rs`, `batch.rs`) and receive path with direct placement (`iwarp/rx.rs`, one handler per RDMAP opcode in `rdmap.rs`) | `siw_qp_tx.c`, `siw_qp_rx.c` |
 //! | [`cm`](ConnectRequest) | listen / connect / accept / reject, MPA exchange | `siw_cm.c` |
 //! | `progress` | a fixed set of progress threads per device | (siw's tx threads) |
 //! | [`cq`](CompletionQueue) | completion queues and notification | `siw_cq.c` |
@@ -115,6 +115,7 @@ mod pool;
 mod progress;
 #[allow(unsafe_code)]
 mod qp;
+mod qp_state;
 pub mod registry;
 #[allow(unsafe_code)]
 mod samehost;
@@ -131,14 +132,15 @@ pub use backend::{write_each, IoDone, RegionBackend};
 pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
-    same_host_default, AccessGuard, AsyncEvent, Device, DeviceAttr, DeviceConfig, DeviceInfo,
-    FastRegMr, MemoryRegion, MrInfo, PostCheck, ProtectionDomain, QpInfo, RegOptions,
+    same_host_default, AsyncEvent, Device, DeviceAttr, DeviceConfig, FastRegMr, MemoryRegion,
+    PostCheck, ProtectionDomain, RegOptions,
 };
 pub use error::{Error, Result};
-pub use mr::Access;
+pub use mr::{Access, AccessGuard};
 pub use pin::{pinned_bytes, pinning_enabled, set_pin_limit, PinMap};
 pub use poller::{Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
+pub use registry::{DeviceInfo, MrInfo, QpInfo};
 pub use samehost::SameHostStats;
 pub use srq::SharedReceiveQueue;
 pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};

@@ -148,7 +148,7 @@ pub(crate) struct MrInner {
     released: AtomicBool,
     /// Words that must vouch for every access (`AccessGuard`; a
     /// fast-register region has its parents').
-    pub guards: Vec<crate::device::AccessGuard>,
+    pub guards: Vec<AccessGuard>,
     #[allow(dead_code)]
     backing: Backing,
 }
@@ -164,7 +164,31 @@ impl std::fmt::Debug for MrInner {
     }
 }
 
-impl crate::device::AccessGuard {
+/// A word of shared memory that vouches for a registration: every access
+/// through the region, local or remote, on the TCP path and on the
+/// same-host path, first checks `word & mask == expect` and is refused as
+/// an invalid STag (the protection Terminate, RFC 5040 section 7: layer
+/// RDMAP or DDP, "invalid STag") when it does not hold.
+///
+/// The registered-memory heap uses it for its blocks' generation ids: a
+/// registration of a block that was released (and maybe reused by another
+/// process) grants no access any more, although nobody told the process
+/// that made it. The check runs once per DDP segment before it is placed
+/// (and before a Read Response is built), as a NIC checks an STag.
+#[derive(Debug, Clone, Copy)]
+pub struct AccessGuard {
+    /// Address, in this process, of an 8-byte aligned `AtomicU64`.
+    pub word: usize,
+    pub mask: u64,
+    pub expect: u64,
+    /// The word's offset in the region's shared file ([`crate::RegOptions::shared`]),
+    /// so that same-host peers check it too. Without it the region is not
+    /// offered to same-host peers' direct copies (they go through the
+    /// stream, where this end checks).
+    pub file_off: Option<u64>,
+}
+
+impl AccessGuard {
     /// Whether the word holds the expected value.
     pub(crate) fn holds(&self) -> bool {
         // SAFETY: `register_raw`/`register_owned`'s contract (checked
@@ -740,7 +764,7 @@ pub(crate) struct NewMr {
     pub backend: Option<(Arc<dyn crate::backend::RegionBackend>, u64)>,
     /// Pins taken for the spans (see `pin.rs`).
     pub pins: Vec<crate::pin::PinGuard>,
-    pub guards: Vec<crate::device::AccessGuard>,
+    pub guards: Vec<AccessGuard>,
 }
 
 impl NewMr {

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Page ranges with pin counts. Pure bookkeeping: it says which ranges must
-/// be locked or unlocked; [`Pinner`] makes the system calls.
+/// be locked or unlocked; `Pinner` makes the system calls.
 #[derive(Debug, Default, Clone)]
 pub struct PinMap {
     /// start -> (end, count), disjoint, count > 0.

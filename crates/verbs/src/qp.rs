@@ -6,6 +6,7 @@ use crate::device::{Core, ProtectionDomain};
 use crate::error::{Error, Result};
 use crate::iwarp::{Conn, Rx, Tx};
 use crate::mr::{Access, MrInner};
+pub use crate::qp_state::QpState;
 use crate::srq::{SharedReceiveQueue, SrqInner};
 use crate::sys::RawSpan;
 use crate::wr::{RecvWr, SendFlags, SendWr, WrOp};
@@ -15,32 +16,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-/// Queue pair states (`IBV_QPS_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum QpState {
-    Reset = 0,
-    Init = 1,
-    Rtr = 2,
-    Rts = 3,
-    /// Send queue drain: WRs already started finish, new ones wait.
-    Sqd = 4,
-    Error = 5,
-}
-
-impl QpState {
-    fn from_u8(v: u8) -> QpState {
-        match v {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            _ => QpState::Error,
-        }
-    }
-}
 
 /// Queue sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,9 +202,9 @@ impl QpInner {
         self.state.store(s as u8, Ordering::Release);
     }
 
-    pub fn info(&self) -> crate::device::QpInfo {
+    pub fn info(&self) -> crate::registry::QpInfo {
         let c = self.conn.get();
-        crate::device::QpInfo {
+        crate::registry::QpInfo {
             qpn: self.qpn,
             pd: self.pd,
             state: self.state(),

@@ -6,8 +6,9 @@
 //! device's resources back. Stale sockets (their process gone) are removed
 //! by the reader.
 
-use crate::device::{Core, DeviceInfo};
+use crate::mr::Access;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -25,6 +26,46 @@ pub fn dir() -> PathBuf {
     PathBuf::from(format!("/tmp/softrdma-{uid}"))
 }
 
+/// What `Device::info` reports.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub addr: IpAddr,
+    pub progress_threads: usize,
+    pub qps: Vec<QpInfo>,
+    pub mrs: Vec<MrInfo>,
+    /// Bytes `alloc_mr` holds in shared chunks (same-host peers map them).
+    pub shared_bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct QpInfo {
+    pub qpn: u32,
+    pub pd: u32,
+    pub state: crate::qp_state::QpState,
+    pub local: Option<std::net::SocketAddr>,
+    pub peer: Option<std::net::SocketAddr>,
+    pub sq_outstanding: usize,
+    pub rq_posted: usize,
+    pub mpa_revision: u8,
+    pub crc: bool,
+    pub ird: u16,
+    pub ord: u16,
+    /// Writes and Reads reach the peer directly (same-host transport).
+    pub same_host: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct MrInfo {
+    pub stag: u32,
+    pub pd: u32,
+    pub iova: u64,
+    pub len: u64,
+    pub access: Access,
+    pub valid: bool,
+    pub fast_reg: bool,
+}
+
 pub(crate) struct Publisher {
     path: PathBuf,
     /// The listening socket, owned by the accept thread; used only to
@@ -35,18 +76,15 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    pub fn start(core: Arc<Core>, threads: usize) -> Option<Publisher> {
+    /// Publishes device `name`'s socket; `info` answers each request.
+    pub fn start(name: &str, info: impl Fn() -> DeviceInfo + Send + 'static) -> Option<Publisher> {
         let d = dir();
         std::fs::create_dir_all(&d).ok()?;
         // A process may open several devices with the same name: a sequence
         // number keeps their sockets apart.
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = d.join(format!(
-            "{}-{}-{seq}.sock",
-            std::process::id(),
-            core.config.name
-        ));
+        let path = d.join(format!("{}-{}-{seq}.sock", std::process::id(), name));
         let _ = std::fs::remove_file(&path);
         let l = UnixListener::bind(&path).ok()?;
         let fd = l.as_raw_fd();
@@ -68,7 +106,7 @@ impl Publisher {
                     let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
                     let mut line = String::new();
                     let _ = BufReader::new(&mut c).read_line(&mut line);
-                    let info = core.info(threads);
+                    let info = info();
                     let out = if line.trim() == "json" {
                         to_json(&info)
                     } else {

@@ -12,13 +12,17 @@
 //! equals the messages sent); otherwise the Write or Read goes on the TCP
 //! stream behind them.
 
-use crate::device::Core;
 use crate::mr::{Access, MrInner};
 use crate::shm::{LocalShm, PeerShm, RingReader, RingWriter};
 use crate::sys::{self, RawSpan};
 use softrdma_wire::mpa::ext::SameHost;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// A device's peer segments mapped here, by (pid, nonce), each mapped
+/// once while some connection uses it.
+pub(crate) type PeerMap =
+    parking_lot::Mutex<std::collections::HashMap<(u32, u64), std::sync::Weak<PeerShm>>>;
 
 /// Our side of a same-host connection.
 pub(crate) struct Link {
@@ -90,8 +94,9 @@ impl Drop for Offer {
 }
 
 impl Offer {
-    pub fn new(core: &Core, pd: u32) -> Option<Offer> {
-        let shm = core.shm.clone()?;
+    /// An offer from our device's segment `shm` (none: no same-host path).
+    pub fn new(shm: &Option<Arc<LocalShm>>, pd: u32) -> Option<Offer> {
+        let shm = shm.clone()?;
         let (slot, _gen) = shm.alloc_slot(0)?;
         let record = SameHost {
             boot_id: shm.boot_id,
@@ -116,7 +121,8 @@ impl Link {
     /// Our offer `offer` and the peer's record `peer` (if it sent one).
     /// Without a record there is no link; if the peer's segment cannot be
     /// reached, the peer may still reach ours.
-    pub fn establish(core: &Core, mut offer: Offer, peer: Option<&SameHost>) -> Option<Link> {
+    /// `peers`: the device's mapped peer segments.
+    pub fn establish(peers: &PeerMap, mut offer: Offer, peer: Option<&SameHost>) -> Option<Link> {
         let r = peer?;
         // One kernel, one pid namespace (pids are meaningful), and one
         // network namespace (a host, as far as networking goes).
@@ -127,7 +133,7 @@ impl Link {
             return None;
         }
         offer.shm.slot(offer.slot).set_peer(r.pid);
-        let remote = match peer_segment(core, r) {
+        let remote = match peer_segment(peers, r) {
             Ok(p) => {
                 let gen = p.slot(r.slot).generation();
                 Some(Remote {
@@ -394,9 +400,9 @@ unsafe fn copy_local(local: &[RawSpan], remote: u64, write: bool) {
 }
 
 /// The peer's segment, mapped once per peer device.
-fn peer_segment(core: &Core, r: &SameHost) -> std::io::Result<Arc<PeerShm>> {
+fn peer_segment(peers: &PeerMap, r: &SameHost) -> std::io::Result<Arc<PeerShm>> {
     let key = (r.pid, r.nonce);
-    let mut peers = core.peers.lock();
+    let mut peers = peers.lock();
     if let Some(p) = peers.get(&key).and_then(|w| w.upgrade()) {
         return Ok(p);
     }

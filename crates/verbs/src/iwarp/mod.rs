@@ -1,0 +1,455 @@
+//! The iWARP transport over TCP, split as Linux siw splits it:
+//!
+//! | file | role | siw |
+//! |------|------|-----|
+//! | `mod.rs` | [`Conn`] (the socket, its interest set, same-host ring), and the driver entry points the progress threads call (`on_readable`, `on_writable`, `on_timer`) | `siw_qp.c` |
+//! | `wqe.rs` | work requests become messages, in RDMA's order | `siw_qp_prepare_tx` |
+//! | `tx.rs` | the transmitter: messages cut into FPDUs, CRC, holds and RTR | `siw_qp_tx.c` |
+//! | `batch.rs` | composed FPDUs as iovecs, one `sendmsg` per segment run | `siw_tx_hdt` |
+//! | `rx.rs` | the receiver: framing, staging, direct placement, CRC, completions | `siw_qp_rx.c` |
+//! | `rdmap.rs` | one handler per RDMAP opcode: MSN/MO, STag and ORQ/IRQ checks | `siw_proc_*` |
+//!
+//! Send path: the caller that posts transmits inline; if the socket is
+//! full, the QP's progress thread continues on EPOLLOUT. Receive path: the
+//! progress thread reads FPDU headers through a small staging buffer,
+//! checks every access against the STag table before a byte is placed, and
+//! reads large payloads from the socket directly into the target memory
+//! (direct data placement). Any protocol error sends a Terminate with the
+//! code of RFC 5040/5041/5044 and ends the connection.
+
+mod batch;
+mod rdmap;
+mod rx;
+mod tx;
+mod wqe;
+
+use batch::*;
+use rx::*;
+pub(crate) use rx::{Rx, RxEnd, RX_BUDGET};
+pub(crate) use tx::*;
+use wqe::*;
+
+use crate::cm::Negotiated;
+use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
+use crate::device::AsyncEvent;
+use crate::mr::{self, Access, MrInner};
+use crate::qp::{QpInner, QpState, RecvWqe, Sq, Stage};
+use crate::sys::{self, Epoll, RawSpan};
+use crate::wr::WrOp;
+use softrdma_wire::ddp::{
+    self, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, Opcode, ReadRequest, TaggedHeader,
+    UntaggedHeader,
+};
+use softrdma_wire::mpa;
+use softrdma_wire::terminate::{codes, Terminate};
+use softrdma_wire::TermCode;
+use std::collections::VecDeque;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Smallest segment size FPDUs are sized for, whatever TCP reports.
+const MIN_SEG: usize = 536;
+
+/// An established connection under a QP.
+pub(crate) struct Conn {
+    pub stream: TcpStream,
+    pub fd: RawFd,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub params: Negotiated,
+    pub epoll: Arc<Epoll>,
+    /// Largest TCP segment payload (TCP_MAXSEG): FPDUs are sized to fit
+    /// one segment and written so that none straddles two (RFC 5044 FPDU
+    /// alignment; also what Wireshark's MPA dissector expects). With a
+    /// softrdma peer that agreed to `ext::LARGE_SEGMENTS`, [`LARGE_SEG`]:
+    /// FPDUs of the largest size go out back to back, a batch per call.
+    pub seg: usize,
+    out_armed: AtomicBool,
+    closed: AtomicBool,
+    /// We sent our FIN (graceful disconnect started here).
+    fin_sent: AtomicBool,
+    /// Busy-poll mode: the application's thread runs the receiver
+    /// ([`crate::QueuePair::progress`]); the progress thread no longer
+    /// watches for input (it still handles blocked output and hang-ups).
+    polled: AtomicBool,
+    /// The receiver is paused (a storage-backed Read larger than the
+    /// connection's buffer budget is being streamed: nothing after it is
+    /// taken from the socket until its bytes are read, so later Writes
+    /// cannot overtake it and memory stays bounded). Not armed for input.
+    pub rx_paused: AtomicBool,
+    /// The same-host transport, where both ends agreed to it.
+    pub link: Option<crate::samehost::Link>,
+    /// The transmitter found the peer's ring full (ring mode): the next
+    /// doorbell from the peer kicks it.
+    tx_blocked: AtomicBool,
+}
+
+impl Conn {
+    pub fn new(
+        stream: TcpStream,
+        params: Negotiated,
+        epoll: Arc<Epoll>,
+        link: Option<crate::samehost::Link>,
+    ) -> io::Result<Conn> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        let fd = stream.as_raw_fd();
+        let seg = if params.large_segments {
+            LARGE_SEG
+        } else {
+            sys::tcp_mss(fd).unwrap_or(1460).clamp(MIN_SEG, 65535)
+        };
+        Ok(Conn {
+            fd,
+            seg,
+            local: stream.local_addr()?,
+            peer: stream.peer_addr()?,
+            stream,
+            params,
+            epoll,
+            out_armed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            fin_sent: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
+            rx_paused: AtomicBool::new(false),
+            link,
+            tx_blocked: AtomicBool::new(false),
+        })
+    }
+
+    pub fn register(&self, qpn: u32) -> io::Result<()> {
+        self.epoll.add(self.fd, sys::EV_IN, qpn as u64)
+    }
+
+    /// The epoll interest for the current modes.
+    fn interest(&self, out: bool) -> u32 {
+        let inp = if self.polled.load(Ordering::Acquire) || self.rx_paused.load(Ordering::Acquire) {
+            0
+        } else {
+            sys::EV_IN
+        };
+        inp | if out { sys::EV_OUT } else { 0 }
+    }
+
+    fn arm_out(&self, qpn: u32) {
+        if !self.out_armed.swap(true, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
+            let _ = self.epoll.modify(self.fd, self.interest(true), qpn as u64);
+        }
+    }
+
+    fn disarm_out(&self, qpn: u32) {
+        if self.out_armed.swap(false, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
+            let _ = self.epoll.modify(self.fd, self.interest(false), qpn as u64);
+        }
+    }
+
+    /// Receives into `spans` (non-blocking): from the peer's ring when it
+    /// writes there, else from the socket. `Ok(0)`: the end of the stream.
+    /// In ring mode the socket carries only doorbell bytes and the end of
+    /// the stream; an empty ring asks for a doorbell before reporting
+    /// `WouldBlock` (unless busy-polled: the application polls again).
+    ///
+    /// # Safety
+    /// Every span must be writable memory valid for the call.
+    pub unsafe fn recv_spans(&self, spans: &[RawSpan]) -> io::Result<usize> {
+        let Some(r) = self
+            .link
+            .as_ref()
+            .and_then(|l| l.ring_rx.as_ref())
+            .filter(|r| r.active())
+        else {
+            // SAFETY: the caller's contract.
+            return unsafe { sys::recv_spans(self.fd, spans) };
+        };
+        loop {
+            // SAFETY: the caller's contract.
+            let (n, wake) = unsafe { r.read_spans(spans) };
+            if wake {
+                self.ring_doorbell();
+            }
+            if n > 0 {
+                return Ok(n);
+            }
+            // Doorbells, and the end of the stream, arrive on the socket.
+            let mut bells = [0u8; 64];
+            match sys::recv_into(self.fd, &mut bells) {
+                Ok(0) if r.available() == 0 => return Ok(0),
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            if self.polled.load(Ordering::Acquire) || r.park() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        }
+    }
+
+    /// Receives into `buf` (see [`Conn::recv_spans`]).
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let s = [RawSpan {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }];
+        // SAFETY: one span over the caller's mutable slice.
+        unsafe { self.recv_spans(&s) }
+    }
+
+    /// Sends `spans` (non-blocking): into the peer's ring in ring mode,
+    /// else on the socket (`eor`: end of a TCP segment, see sys).
+    ///
+    /// # Safety
+    /// Every span must be readable memory valid for the call.
+    pub unsafe fn send_spans(&self, spans: &[RawSpan], eor: bool) -> io::Result<usize> {
+        let Some(w) = self.ring_tx() else {
+            // SAFETY: the caller's contract.
+            return unsafe { sys::send_spans(self.fd, spans, eor) };
+        };
+        loop {
+            // SAFETY: the caller's contract.
+            let (n, wake) = unsafe { w.write_spans(spans) };
+            if wake {
+                self.ring_doorbell();
+            }
+            if n > 0 {
+                if let Some(l) = &self.link {
+                    l.note_ring(n);
+                }
+                return Ok(n);
+            }
+            // Full: the consumer rings back once it made room, and the
+            // doorbell's on_readable kicks the transmitter (flagged before
+            // asking, so a doorbell racing this finds the flag set).
+            self.tx_blocked.store(true, Ordering::Release);
+            if w.block() {
+                if let Some(l) = &self.link {
+                    l.note_ring_wait();
+                }
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        }
+    }
+
+    fn ring_tx(&self) -> Option<&crate::shm::RingWriter> {
+        self.link.as_ref().and_then(|l| l.ring_tx.as_ref())
+    }
+
+    /// Wakes the peer: one byte on the TCP stream. A full socket already
+    /// holds unread doorbells, so a refused byte is no loss.
+    fn ring_doorbell(&self) {
+        let b = [0u8; 1];
+        let s = [RawSpan {
+            ptr: b.as_ptr() as *mut u8,
+            len: 1,
+        }];
+        // SAFETY: one span over a live local byte.
+        let _ = unsafe { sys::send_spans(self.fd, &s, false) };
+    }
+
+    /// Busy-poll mode, before the application sleeps on the socket: asks
+    /// to be woken by the next input (in ring mode the peer then rings the
+    /// doorbell). False: input is already waiting.
+    pub fn arm_input(&self) -> bool {
+        match self
+            .link
+            .as_ref()
+            .and_then(|l| l.ring_rx.as_ref())
+            .filter(|r| r.active())
+        {
+            Some(r) => r.park(),
+            // The socket itself becomes readable.
+            None => true,
+        }
+    }
+
+    /// Whether the peer's ring holds bytes not yet read (ring mode only;
+    /// over TCP the socket's readiness tells).
+    pub fn input_waiting(&self) -> bool {
+        self.link
+            .as_ref()
+            .and_then(|l| l.ring_rx.as_ref())
+            .is_some_and(|r| r.active() && r.available() > 0)
+    }
+
+    /// Pauses or resumes the receiver (see `rx_paused`).
+    pub fn set_rx_paused(&self, on: bool, qpn: u32) {
+        self.rx_paused.store(on, Ordering::Release);
+        if !self.closed.load(Ordering::Acquire) {
+            let out = self.out_armed.load(Ordering::Acquire);
+            let _ = self.epoll.modify(self.fd, self.interest(out), qpn as u64);
+        }
+    }
+
+    /// Switches busy-poll mode (see `polled`).
+    pub fn set_polled(&self, on: bool, qpn: u32) -> io::Result<()> {
+        self.polled.store(on, Ordering::Release);
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let out = self.out_armed.load(Ordering::Acquire);
+        self.epoll.modify(self.fd, self.interest(out), qpn as u64)
+    }
+
+    /// Stops all I/O on the connection (idempotent).
+    pub fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.epoll.delete(self.fd);
+            sys::shutdown(self.fd);
+        }
+    }
+
+    /// Half-closes (graceful disconnect: the peer reads end of stream).
+    pub fn shutdown_write(&self) {
+        self.fin_sent.store(true, Ordering::Release);
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+    }
+
+    /// The peer closed first (end of stream): answer with a reset instead
+    /// of our FIN when the peer is not softrdma and we had not started to
+    /// close. Linux rdma_cm picks an initiator's local port without regard
+    /// to TCP's TIME_WAIT sockets and siw binds it, so every TIME_WAIT a
+    /// passive close leaves on a siw client is a port whose next connection
+    /// to us fails with EADDRNOTAVAIL (issue 20: perftest clients failed
+    /// about once in 70 runs, nearly always with a narrow port range). A
+    /// reset leaves no TIME_WAIT on either side. Nothing is lost: the
+    /// peer has stopped sending, and its QP is flushed on disconnect (siw
+    /// releases the socket, so anything we sent later would be reset by
+    /// its kernel anyway). softrdma peers, which may half-close and read
+    /// on, get the graceful FIN.
+    pub fn on_peer_fin(&self) {
+        if !self.params.softrdma_peer && !self.fin_sent.load(Ordering::Acquire) {
+            sys::reset(self.fd);
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+// ------------------------------------------------------------- driving
+
+/// A timer of the progress thread fired for this QP: a responder's hold
+/// (see `Tx::hold_until`) that ran out starts transmission; a paused
+/// receiver is checked for a peer that stopped reading (see
+/// [`arm_stall_timer`]); a resumed one runs.
+pub(crate) fn on_timer(q: &Arc<QpInner>) {
+    let now = std::time::Instant::now();
+    let sq = q.sq.lock();
+    if sq.tx.hold_until.is_some_and(|u| now >= u) {
+        q.kick_with(sq);
+        return;
+    }
+    let Some(c) = q.conn.get() else { return };
+    if c.is_closed() {
+        return;
+    }
+    if c.rx_paused.load(Ordering::Acquire) {
+        let stalled = now.saturating_duration_since(sq.tx.last_progress);
+        drop(sq);
+        if stalled >= q.core.config.tx_stall_timeout {
+            tracing::warn!(
+                qpn = q.qpn,
+                ?stalled,
+                "the peer does not read our Read Response"
+            );
+            q.fail(
+                WcStatus::RetryExcErr,
+                Some(AsyncEvent::QpFatal {
+                    qpn: q.qpn,
+                    reason: format!("the peer read nothing for {stalled:?}"),
+                }),
+            );
+        } else {
+            arm_stall_timer(q);
+        }
+        return;
+    }
+    drop(sq);
+    if on_readable(q, RX_BUDGET) {
+        crate::progress::add_timer(&q.core, q.qpn, now);
+    }
+}
+
+/// Checks a paused receiver again in a while (see `on_timer`).
+fn arm_stall_timer(q: &QpInner) {
+    let every = (q.core.config.tx_stall_timeout / 4).max(std::time::Duration::from_millis(10));
+    crate::progress::add_timer(&q.core, q.qpn, std::time::Instant::now() + every);
+}
+
+/// EPOLLIN: runs the receiver, then acts on how it ended.
+/// Runs the receiver for at most `budget` segments; returns true if it
+/// stopped at its budget (more input may be waiting).
+pub(crate) fn on_readable(q: &Arc<QpInner>, budget: usize) -> bool {
+    let Some(c) = q.conn.get() else {
+        return false;
+    };
+    if c.is_closed() {
+        return false;
+    }
+    crate::test_hooks::receiver_point(q.qpn);
+    let end = {
+        let mut rx = q.rx.lock();
+        // Again under the lock: `QpInner::fail` closes the connection and
+        // then takes the receive in progress under this lock (flushing it
+        // back to the application). Once closed, nothing more may be placed
+        // into that receive's buffer (issue 20, item 6: a receiver past the
+        // first check placed staged bytes into the flushed buffer and then
+        // panicked on the missing receive).
+        if c.is_closed() || c.rx_paused.load(Ordering::Acquire) {
+            return false;
+        }
+        rx_loop(q, &mut rx, c, budget)
+    };
+    // Ring mode: a doorbell may mean the peer made room in its ring.
+    if c.tx_blocked.swap(false, Ordering::AcqRel) {
+        q.kick_with(q.sq.lock());
+    }
+    let more = matches!(end, RxEnd::Budget);
+    match end {
+        RxEnd::Block | RxEnd::Budget => {}
+        RxEnd::Eof => {
+            tracing::debug!(qpn = q.qpn, "peer disconnected");
+            c.on_peer_fin();
+            q.fail(
+                WcStatus::WrFlushErr,
+                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
+            );
+        }
+        RxEnd::EofMidFrame => {
+            tracing::warn!(qpn = q.qpn, "peer closed the connection inside an FPDU");
+            q.fail(
+                WcStatus::RetryExcErr,
+                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
+            );
+        }
+        RxEnd::Io(e) => {
+            tracing::warn!(qpn = q.qpn, error = %e, "connection error");
+            q.fail(
+                WcStatus::RetryExcErr,
+                Some(AsyncEvent::QpFatal {
+                    qpn: q.qpn,
+                    reason: e.to_string(),
+                }),
+            );
+        }
+        RxEnd::Fatal(code, hdr, status) => {
+            q.terminate(code, hdr.as_deref(), status);
+        }
+        RxEnd::PeerTerminated(code) => {
+            tracing::warn!(qpn = q.qpn, %code, "peer sent Terminate");
+            q.fail(
+                status_for_peer_term(code),
+                Some(AsyncEvent::Terminated {
+                    qpn: q.qpn,
+                    code,
+                    by_peer: true,
+                }),
+            );
+        }
+    }
+    more
+}

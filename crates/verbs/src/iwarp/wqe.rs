@@ -1,0 +1,293 @@
+//! Work requests become messages (siw: `siw_qp_prepare_tx`): the next
+//! send WR, Read Request, Read Response or Terminate the connection may
+//! transmit now, in RDMA's order, as a [`TxMsg`] for `tx::compose` to cut
+//! into FPDUs. A same-host peer's Writes and Reads are copied here
+//! directly when the fast path may take them.
+
+use super::*;
+
+/// Picks the next message to transmit, if any may start now.
+pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
+    if let Some(t) = sq.tx.term.take() {
+        return Some(t);
+    }
+    if sq.tx.terminated {
+        return None;
+    }
+    if let Some(r) = sq.tx.rtr.take() {
+        return Some(r);
+    }
+    if sq.tx.rtr_wait {
+        return None;
+    }
+    if let Some(until) = sq.tx.hold_until {
+        if std::time::Instant::now() < until {
+            return None;
+        }
+        sq.tx.hold_until = None;
+    }
+    if let Some(r) = sq.tx.irq.pop_front() {
+        return Some(r);
+    }
+    if q.state() != QpState::Rts {
+        return None;
+    }
+    let ord = q.conn.get().map_or(1, |c| c.params.ord) as usize;
+    loop {
+        let seq = sq.next_tx;
+        let orq_busy = !sq.orq.is_empty() || sq.tx.rtr_read_pending;
+        let orq_len = sq.orq.len() + sq.tx.rtr_read_pending as usize;
+        let pd = q.pd;
+        let sent = sq.tx.msgs_sent;
+        let w = sq.get_mut(seq)?;
+        if matches!(w.stage, Stage::Done(_)) {
+            sq.next_tx += 1;
+            continue;
+        }
+        if w.fence && orq_busy {
+            return None;
+        }
+        match w.op.clone() {
+            WrOp::LocalInv { stag } => {
+                let st = match q.core.stags.lookup(stag) {
+                    Some(mr) if mr.pd == pd && mr.invalidatable => {
+                        q.core.stags.set_valid(&mr, false);
+                        WcStatus::Success
+                    }
+                    _ => WcStatus::LocProtErr,
+                };
+                w.stage = Stage::Done(st);
+                sq.next_tx += 1;
+                if st != WcStatus::Success {
+                    sq.tx.pending_fail = Some(format!("local invalidate of {stag:#x} refused"));
+                    return None;
+                }
+                continue;
+            }
+            WrOp::FastReg {
+                index_stag,
+                key,
+                iova,
+                access,
+            } => {
+                let index = index_stag >> 8;
+                let owned = q.core.stags.reserved_pd(index) == Some(pd);
+                let st = if owned && !w.keep.is_empty() {
+                    let keep = std::mem::take(&mut w.keep);
+                    let spans = std::mem::take(&mut w.spans);
+                    crate::device::fast_reg_build(
+                        &q.core, pd, index, key, iova, access, keep, spans,
+                    );
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                };
+                w.stage = Stage::Done(st);
+                sq.next_tx += 1;
+                if st != WcStatus::Success {
+                    sq.tx.pending_fail = Some("fast-register refused".into());
+                    return None;
+                }
+                continue;
+            }
+            op @ (WrOp::RdmaRead { .. } | WrOp::Flush { .. }) => {
+                let (remote_addr, rkey, flush) = match op {
+                    WrOp::RdmaRead { remote_addr, rkey } => (remote_addr, rkey, false),
+                    WrOp::Flush { remote_addr, rkey } => (remote_addr, rkey, true),
+                    _ => unreachable!("matched above"),
+                };
+                // Same host: read the peer's memory directly. (A flush
+                // always goes on the stream, to the peer's engine.)
+                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                    if !flush && link.try_read(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
+                        w.stage = Stage::Done(WcStatus::Success);
+                        sq.next_tx += 1;
+                        continue;
+                    }
+                }
+                if orq_len >= ord {
+                    return None;
+                }
+                let (sink_stag, sink_to) = w.sink.as_ref().map_or((0, 0), |(m, to)| (m.stag, *to));
+                let size = w.len as u32;
+                w.stage = Stage::AwaitResponse;
+                let hdr = DdpHeader::Untagged(UntaggedHeader {
+                    last: true,
+                    opcode: Opcode::ReadRequest,
+                    inval_stag: 0,
+                    qn: ddp::QN_READ_REQUEST,
+                    msn: sq.tx.rr_msn,
+                    mo: 0,
+                });
+                sq.tx.rr_msn += 1;
+                let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
+                ReadRequest {
+                    sink_stag,
+                    sink_to,
+                    size,
+                    src_stag: rkey,
+                    src_to: remote_addr,
+                }
+                .encode(&mut m.extra);
+                m.extra_len = ReadRequest::LEN;
+                sq.orq.push_back(seq);
+                sq.next_tx += 1;
+                return Some(m);
+            }
+            op @ (WrOp::AtomicFetchAdd { .. } | WrOp::AtomicCmpSwap { .. }) => {
+                if orq_len >= ord {
+                    return None;
+                }
+                // Plain operations in RFC 7306's masked form: no field
+                // boundaries for the add, every bit compared and swapped.
+                let (aop, to, stag, add_swap, mask, compare) = match op {
+                    WrOp::AtomicFetchAdd {
+                        remote_addr,
+                        rkey,
+                        add,
+                    } => (AtomicOp::FetchAdd, remote_addr, rkey, add, 0, 0),
+                    WrOp::AtomicCmpSwap {
+                        remote_addr,
+                        rkey,
+                        compare,
+                        swap,
+                    } => (
+                        AtomicOp::CompareSwap,
+                        remote_addr,
+                        rkey,
+                        swap,
+                        u64::MAX,
+                        compare,
+                    ),
+                    _ => unreachable!("matched above"),
+                };
+                w.stage = Stage::AwaitResponse;
+                let hdr = DdpHeader::Untagged(UntaggedHeader {
+                    last: true,
+                    opcode: Opcode::AtomicRequest,
+                    inval_stag: 0,
+                    qn: ddp::QN_READ_REQUEST,
+                    msn: sq.tx.rr_msn,
+                    mo: 0,
+                });
+                sq.tx.rr_msn += 1;
+                let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
+                m.extra_len = AtomicRequest {
+                    op: aop,
+                    // The response is matched to the oldest outstanding
+                    // request; the identifier double-checks it.
+                    req_id: seq as u32,
+                    stag,
+                    to,
+                    add_swap,
+                    add_swap_mask: mask,
+                    compare,
+                    compare_mask: mask,
+                }
+                .encode(&mut m.extra);
+                sq.orq.push_back(seq);
+                sq.next_tx += 1;
+                return Some(m);
+            }
+            WrOp::WriteImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                if w.imm_next {
+                    let solicited = w.solicited;
+                    sq.next_tx += 1;
+                    return Some(sq.tx.immediate(imm, solicited, Fin::SqDone(seq)));
+                }
+                // The Write first; the Immediate Data message follows it
+                // on the next call (the WR completes when both are out).
+                w.imm_next = true;
+                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
+                        continue;
+                    }
+                }
+                let hdr = DdpHeader::Tagged(TaggedHeader {
+                    last: true,
+                    opcode: Opcode::Write,
+                    stag: rkey,
+                    to: remote_addr,
+                });
+                let spans = std::mem::take(&mut w.spans);
+                let mut m = TxMsg::new(hdr, spans, w.len, Fin::None);
+                m.fence = fenced(&w.keep);
+                return Some(m);
+            }
+            WrOp::SendImm { imm } => {
+                let solicited = w.solicited;
+                sq.next_tx += 1;
+                return Some(sq.tx.immediate(imm, solicited, Fin::SqDone(seq)));
+            }
+            WrOp::RdmaWrite { remote_addr, rkey } => {
+                // Same host: place into the peer's memory directly.
+                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
+                        w.stage = Stage::Done(WcStatus::Success);
+                        sq.next_tx += 1;
+                        continue;
+                    }
+                }
+                let hdr = DdpHeader::Tagged(TaggedHeader {
+                    last: true,
+                    opcode: Opcode::Write,
+                    stag: rkey,
+                    to: remote_addr,
+                });
+                let spans = std::mem::take(&mut w.spans);
+                let total = w.len;
+                let fence = fenced(&w.keep);
+                sq.next_tx += 1;
+                let mut m = TxMsg::new(hdr, spans, total, Fin::SqDone(seq));
+                m.fence = fence;
+                return Some(m);
+            }
+            op @ (WrOp::Send
+            | WrOp::SendWithInv { .. }
+            | WrOp::SendAdvertise { .. }
+            | WrOp::SendClose { .. }) => {
+                // One-shot opcodes only to a peer that negotiated them;
+                // otherwise a plain Send (advertise put the STag in the
+                // payload) and a Send with Invalidate.
+                let one_shot = q.conn.get().is_some_and(|c| c.params.one_shot);
+                let (opcode, inval) = match (op, w.solicited) {
+                    (WrOp::SendAdvertise { stag }, _) if one_shot => (Opcode::SendAdvertise, stag),
+                    (WrOp::SendClose { stag }, _) if one_shot => (Opcode::SendClose, stag),
+                    (WrOp::SendWithInv { rkey } | WrOp::SendClose { stag: rkey }, false) => {
+                        (Opcode::SendInvalidate, rkey)
+                    }
+                    (WrOp::SendWithInv { rkey } | WrOp::SendClose { stag: rkey }, true) => {
+                        (Opcode::SendSeInvalidate, rkey)
+                    }
+                    (_, false) => (Opcode::Send, 0),
+                    (_, true) => (Opcode::SendSe, 0),
+                };
+                let spans = std::mem::take(&mut w.spans);
+                let total = w.len;
+                let fence = fenced(&w.keep);
+                let hdr = DdpHeader::Untagged(UntaggedHeader {
+                    last: true,
+                    opcode,
+                    inval_stag: inval,
+                    qn: ddp::QN_SEND,
+                    msn: sq.tx.send_msn,
+                    mo: 0,
+                });
+                sq.tx.send_msn += 1;
+                sq.next_tx += 1;
+                let mut m = TxMsg::new(hdr, spans, total, Fin::SqDone(seq));
+                m.fence = fence;
+                return Some(m);
+            }
+        }
+    }
+}
+
+/// The caller-owned regions among a WR's (`MrInner::fenced`).
+pub(super) fn fenced(keep: &[Arc<MrInner>]) -> Vec<Arc<MrInner>> {
+    keep.iter().filter(|m| m.fenced).cloned().collect()
+}
