@@ -1,52 +1,38 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target of softrdma-wire for N seconds each.
+# Bounded fuzz runs of every cargo-fuzz target under fuzz/ (CI runs this
+# after the tests; scripts/test.sh):
 #
-#   scripts/fuzz.sh [SECONDS]          (default 30 per target)
+#   scripts/fuzz.sh [SECONDS]        # each target for SECONDS (default 60)
+#   scripts/fuzz.sh 1800 engine_stream   # one target, longer
 #
-# Not part of the default CI: run it by hand, or from CI behind a flag.
-# Uses the stable toolchain with no sanitizer (cargo fuzz run -s none);
-# set FUZZ_SANITIZER=address to use AddressSanitizer instead, which needs
-# nightly features (the script then sets RUSTC_BOOTSTRAP=1).
-# Set FUZZ_TARGETS="a b" to run only some targets. Crashes are kept under
-# fuzz/artifacts/TARGET/ and the corpus under fuzz/corpus/TARGET/ (both
-# git-ignored). Exits non-zero if any target fails.
+# Stable toolchain, no sanitizer (`-s none`, see ../shared/notes/toolchain.md).
+# Each run starts from the corpus kept in fuzz/corpus/TARGET (read-only
+# here: new inputs go to a scratch directory, so a run leaves the checkout
+# as it was; `cargo fuzz cmin` and a commit add to the kept corpus). A
+# finding fails the script and leaves its input under fuzz/artifacts/TARGET.
 set -euo pipefail
-
-secs="${1:-30}"
-case "$secs" in
-  '' | *[!0-9]*) echo "usage: $0 [SECONDS]" >&2; exit 2 ;;
-esac
-
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root/fuzz"
-
-if ! cargo fuzz --version >/dev/null 2>&1; then
-  echo "cargo-fuzz not found; installing it (cargo install cargo-fuzz)" >&2
-  cargo install --locked cargo-fuzz
-fi
-
-sanitizer="${FUZZ_SANITIZER:-none}"
-if [ "$sanitizer" != none ]; then
-  export RUSTC_BOOTSTRAP=1
-fi
-
-targets="${FUZZ_TARGETS:-$(cargo fuzz list)}"
-failed=()
-for t in $targets; do
-  log="$(mktemp)"
-  echo "== $t: ${secs}s (sanitizer: $sanitizer)"
-  if cargo fuzz run -s "$sanitizer" "$t" -- -max_total_time="$secs" >"$log" 2>&1; then
-    grep -E '^Done [0-9]+ runs' "$log" | tail -n 1 || tail -n 3 "$log"
+cd "$(dirname "$0")/../fuzz"
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+secs=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)
+cargo fuzz build -s none 2>&1 | tail -n 1
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+fail=0
+for t in "${targets[@]}"; do
+  mkdir -p "corpus/$t" "$scratch/$t"
+  start=$(date +%s)
+  if out=$(cargo fuzz run -s none "$t" "$scratch/$t" "corpus/$t" -- \
+        -max_total_time="$secs" -print_final_stats=1 2>&1); then
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' <<<"$out" | grep -o '[0-9]*$' || echo '?')
+    cov=$(grep -o 'cov: [0-9]*' <<<"$out" | tail -n 1 || true)
+    echo "fuzz $t: ok, $runs runs in $(( $(date +%s) - start )) s, $cov"
   else
-    echo "!! $t FAILED; the end of its log:" >&2
-    tail -n 40 "$log" >&2
-    failed+=("$t")
+    fail=1
+    echo "fuzz $t: FINDING" >&2
+    grep -v '^ *[0-9]*: ' <<<"$out" | tail -n 40 >&2
   fi
-  rm -f "$log"
 done
-
-if [ "${#failed[@]}" -ne 0 ]; then
-  echo "fuzz targets failed: ${failed[*]}" >&2
-  exit 1
-fi
-echo "all fuzz targets ran ${secs}s each without a crash"
+exit $fail

@@ -11,6 +11,7 @@
 #   (the linker Rust needs), mount (losetup: the storage tests put a store
 #   on a loop device), rdma-core's headers (guest test programs).
 # - Rust via rustup, only when no cargo is found (Debian's cargo is too old).
+# - cargo-fuzz (cargo install, a few minutes once) for scripts/fuzz.sh.
 # - The guest: ../shared/kvm-rdma/build.sh (root + apt; about a minute).
 #
 # Services that Debian would start (etcd, redis) are kept from starting: tests
@@ -91,6 +92,15 @@ if ! command -v cargo >/dev/null; then
   quiet sh "$LOG.rustup" -y -q --profile minimal -c rustfmt -c clippy
   rm -f "$LOG.rustup"
   say "Rust installed in ~/.cargo; run: . \"\$HOME/.cargo/env\""
+fi
+
+# --- cargo-fuzz (the bounded fuzz runs of scripts/fuzz.sh) ---------------------
+# Stable toolchain, no sanitizer (`-s none`); libFuzzer is built with the C++
+# compiler from build-essential.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  start=$(date +%s)
+  quiet cargo install cargo-fuzz --locked --version 0.13.2
+  say "cargo-fuzz installed ($(( $(date +%s) - start )) s)"
 fi
 
 # --- Interop guest -----------------------------------------------------------

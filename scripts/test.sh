@@ -3,6 +3,8 @@
 #   1. scripts/setup.sh        (Debian packages + the siw guest; skip with SOFTRDMA_SKIP_SETUP=1)
 #   2. cargo build --release --workspace --bins
 #   3. cargo test --workspace --release   (includes the interop tests against Linux siw)
+#   4. scripts/fuzz.sh                   (every fuzz target for SOFTRDMA_FUZZ_SECS, default 60 s;
+#                                         0 skips)
 # Exits non-zero on any failure. Long soak/stress runs only with SOFTRDMA_SOAK=1.
 # Set CARGO_TARGET_DIR to build elsewhere than target/.
 set -euo pipefail
@@ -34,5 +36,11 @@ if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
   echo "scripts/test.sh: cargo test did not finish within $limit s (a test hangs?)" >&2
 fi
 [ $rc -eq 0 ] || exit $rc
+
+fuzz_secs=${SOFTRDMA_FUZZ_SECS:-60}
+if [ "$fuzz_secs" != 0 ]; then
+  step "scripts/fuzz.sh $fuzz_secs (each fuzz target)"
+  scripts/fuzz.sh "$fuzz_secs"
+fi
 
 step "all tests passed in $(( $(date +%s) - t0 )) s"

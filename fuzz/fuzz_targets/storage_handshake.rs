@@ -12,7 +12,10 @@ use softrdma_storage::endpoint::{
 
 fuzz_target!(|data: &[u8]| {
     if let Ok((token, relaxed)) = decode_request(data) {
-        assert_eq!(decode_request(&encode_request(&token, relaxed)), Ok((token, relaxed)));
+        assert_eq!(
+            decode_request(&encode_request(&token, relaxed)),
+            Ok((token, relaxed))
+        );
     }
     if let Ok(regions) = decode_accept(data) {
         let again = encode_accept(&regions).expect("decoded lists fit");

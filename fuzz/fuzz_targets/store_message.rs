@@ -15,6 +15,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(net::decode_hello(&h.encode()), Some(h));
     }
     if let Some((node, arena)) = net::parse_accept(data) {
-        assert_eq!(net::parse_accept(&net::encode_accept(node, arena)), Some((node, arena)));
+        assert_eq!(
+            net::parse_accept(&net::encode_accept(node, arena)),
+            Some((node, arena))
+        );
     }
 });
