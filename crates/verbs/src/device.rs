@@ -3,6 +3,7 @@
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
+use crate::mr::Stag;
 use crate::mr::{Access, AlignedBuf, Backing, MrInner, NewMr, StagTable};
 use crate::progress::Progress;
 use crate::qp::{QpInitAttr, QpInner, QueuePair};
@@ -612,7 +613,10 @@ impl ProtectionDomain {
     ) -> Result<MemoryRegion> {
         let core = &self.dev.rt.core;
         let (index, key) = match opts.stag {
-            Some(stag) => (core.stags.reserve(Some(stag >> 8), self.id)?, stag as u8),
+            Some(stag) => {
+                let st = Stag::from_raw(stag);
+                (core.stags.reserve(Some(st.index()), self.id)?, st.key())
+            }
             None => (core.stags.reserve(None, self.id)?, opts.key.unwrap_or(0)),
         };
         let iova = opts.iova.unwrap_or(spans[0].ptr as u64);
@@ -643,7 +647,7 @@ impl ProtectionDomain {
                 pins,
                 guards: opts.guard.into_iter().collect(),
             }
-            .build(index << 8 | key as u32),
+            .build(Stag::new(index, key).raw()),
         );
         core.stags.install(mr.clone());
         Ok(MemoryRegion {
@@ -683,7 +687,10 @@ impl ProtectionDomain {
         }
         let core = &self.dev.rt.core;
         let (index, key) = match opts.stag {
-            Some(stag) => (core.stags.reserve(Some(stag >> 8), self.id)?, stag as u8),
+            Some(stag) => {
+                let st = Stag::from_raw(stag);
+                (core.stags.reserve(Some(st.index()), self.id)?, st.key())
+            }
             None => (core.stags.reserve(None, self.id)?, opts.key.unwrap_or(0)),
         };
         let mr = Arc::new(
@@ -700,7 +707,7 @@ impl ProtectionDomain {
                 pins: Vec::new(),
                 guards: Vec::new(),
             }
-            .build(index << 8 | key as u32),
+            .build(Stag::new(index, key).raw()),
         );
         core.stags.install(mr.clone());
         Ok(MemoryRegion {
@@ -881,7 +888,7 @@ pub struct FastRegMr {
 impl FastRegMr {
     /// The STag with key `key`, as it becomes valid after a fast-register.
     pub fn stag_with_key(&self, key: u8) -> u32 {
-        self.index << 8 | key as u32
+        Stag::new(self.index, key).raw()
     }
     pub fn index(&self) -> u32 {
         self.index
@@ -895,7 +902,9 @@ impl FastRegMr {
         core.stags
             .all()
             .into_iter()
-            .find(|m| m.stag >> 8 == self.index && m.valid.load(Ordering::Acquire))
+            .find(|m| {
+                Stag::from_raw(m.stag).index() == self.index && m.valid.load(Ordering::Acquire)
+            })
             .map(|m| m.stag)
     }
 }
@@ -933,6 +942,6 @@ pub(crate) fn fast_reg_build(
         pins: Vec::new(), // the parents are pinned
         guards,
     }
-    .build(index << 8 | key as u32);
+    .build(Stag::new(index, key).raw());
     core.stags.install(Arc::new(mr));
 }

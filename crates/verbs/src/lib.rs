@@ -122,6 +122,7 @@ mod samehost;
 #[allow(unsafe_code)]
 mod shm;
 mod srq;
+mod stag;
 #[allow(unsafe_code)]
 mod sys;
 #[doc(hidden)]
@@ -136,7 +137,7 @@ pub use device::{
     PostCheck, ProtectionDomain, RegOptions,
 };
 pub use error::{Error, Result};
-pub use mr::{Access, AccessGuard};
+pub use mr::{Access, AccessGuard, Stag};
 pub use pin::{pinned_bytes, pinning_enabled, set_pin_limit, PinMap};
 pub use poller::{Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};

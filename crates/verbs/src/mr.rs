@@ -24,6 +24,7 @@
 //! [`ProtectionDomain::register_raw`]: crate::ProtectionDomain::register_raw
 
 use crate::error::{Error, Result};
+pub use crate::stag::Stag;
 use crate::sys::RawSpan;
 use parking_lot::{Mutex, RwLock};
 use softrdma_wire::terminate::codes;
@@ -543,7 +544,7 @@ pub(crate) unsafe fn crc_spans(mut crc: u32, spans: &[RawSpan]) -> u32 {
     crc
 }
 
-const MAX_INDEX: u32 = (1 << 24) - 1;
+const MAX_INDEX: u32 = Stag::MAX_INDEX;
 
 struct Slot {
     mr: Option<Arc<MrInner>>,
@@ -596,7 +597,7 @@ impl StagTable {
             _ => 0,
         };
         shm.publish(
-            mr.stag >> 8,
+            Stag::from_raw(mr.stag).index(),
             &crate::shm::Publication {
                 stag: mr.stag,
                 pd: mr.pd,
@@ -622,7 +623,9 @@ impl StagTable {
             return;
         }
         match &self.shm {
-            Some(shm) if deadline >= old => shm.extend_deadline(mr.stag >> 8, deadline),
+            Some(shm) if deadline >= old => {
+                shm.extend_deadline(Stag::from_raw(mr.stag).index(), deadline)
+            }
             Some(_) => self.publish(mr),
             None => {}
         }
@@ -683,7 +686,7 @@ impl StagTable {
     pub fn install(&self, mr: Arc<MrInner>) {
         let old = {
             let mut slots = self.slots.write();
-            let s = &mut slots[(mr.stag >> 8) as usize];
+            let s = &mut slots[Stag::from_raw(mr.stag).index() as usize];
             debug_assert_eq!(s.reserved_by_pd, Some(mr.pd));
             let old = s.mr.replace(mr.clone());
             if let Some(o) = &old {
@@ -729,7 +732,10 @@ impl StagTable {
     #[inline]
     pub fn lookup(&self, stag: u32) -> Option<Arc<MrInner>> {
         let slots = self.slots.read();
-        let mr = slots.get((stag >> 8) as usize)?.mr.as_ref()?;
+        let mr = slots
+            .get(Stag::from_raw(stag).index() as usize)?
+            .mr
+            .as_ref()?;
         if mr.stag != stag {
             return None;
         }

@@ -2089,14 +2089,20 @@ fn masked_fetch_add_adds_fields_independently() {
 
 /// The TCP states of local port `port` in /proc/net/tcp (IPv4 loopback
 /// sockets), as hex state codes ("06" is TIME_WAIT).
-fn tcp_states_of_port(port: u16) -> Vec<String> {
+fn tcp_states_of(local_port: u16, peer_port: u16) -> Vec<String> {
+    // The whole 4-tuple's ports: other connections on this machine (a
+    // fuzzer's, another test's) may leave TIME_WAIT on the same local port
+    // towards another peer.
+    let port = |field: Option<&&str>| -> Option<u16> {
+        u16::from_str_radix(field?.rsplit(':').next()?, 16).ok()
+    };
     let t = std::fs::read_to_string("/proc/net/tcp").unwrap();
     t.lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            let p = f.get(1)?.rsplit(':').next()?;
-            (u16::from_str_radix(p, 16).ok()? == port).then(|| f.get(3).map(|s| s.to_string()))?
+            (port(f.get(1))? == local_port && port(f.get(2))? == peer_port)
+                .then(|| f.get(3).map(|s| s.to_string()))?
         })
         .collect()
 }
@@ -2119,6 +2125,7 @@ fn a_peer_that_closes_first_is_reset_and_keeps_no_time_wait() {
         };
         let what = if responder { "responder" } else { "initiator" };
         let port = raw.s.local_addr().unwrap().port();
+        let peer_port = raw.s.peer_addr().unwrap().port();
         let rmr = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
         s.qp.post_recv(&RecvWr::new(7, &[rmr.sge(0, 64)])).unwrap();
         raw.s.shutdown(Shutdown::Write).unwrap();
@@ -2140,7 +2147,7 @@ fn a_peer_that_closes_first_is_reset_and_keeps_no_time_wait() {
             "{what}: the peer's read after its FIN: {r:?} (a reset was due; Ok(0) is our FIN)"
         );
         drop(raw);
-        let states = tcp_states_of_port(port);
+        let states = tcp_states_of(port, peer_port);
         assert!(
             !states.iter().any(|s| s == "06"),
             "{what}: port {port} left in TIME_WAIT ({states:?})"

@@ -174,7 +174,7 @@ fn find_arena(
                 // A 24-bit index in the upper half (local regions use low
                 // indexes) and a random key byte.
                 let r = random_u64();
-                (0x80_0000 | (r as u32 & 0x7f_ffff)) << 8 | (r >> 32) as u32 & 0xff
+                softrdma_verbs::Stag::new(0x80_0000 | (r as u32 & 0x7f_ffff), (r >> 32) as u8).raw()
             });
             let r = ArenaRef {
                 base: a.base_addr(),

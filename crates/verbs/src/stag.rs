@@ -1,0 +1,64 @@
+//! STags (RFC 5040 section 2.2: the Steering Tag naming a registered
+//! buffer), built and taken apart in one place.
+
+/// An STag: a 24-bit index into the device's STag table and an 8-bit key
+/// chosen by the consumer (`index << 8 | key`). The local key and the
+/// remote key of a region are the same STag; the API hands them out as
+/// plain `u32` (`lkey()`, `rkey()`), and this type is how the engine builds
+/// and takes them apart, in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Stag(u32);
+
+impl Stag {
+    /// The largest index (24 bits).
+    pub const MAX_INDEX: u32 = (1 << 24) - 1;
+
+    /// The STag of table index `index` (at most [`Stag::MAX_INDEX`]) with
+    /// key `key`.
+    pub fn new(index: u32, key: u8) -> Stag {
+        assert!(
+            index <= Stag::MAX_INDEX,
+            "STag index {index:#x} over 24 bits"
+        );
+        Stag(index << 8 | key as u32)
+    }
+    /// An STag as it travels (an lkey, an rkey, a wire field).
+    pub const fn from_raw(raw: u32) -> Stag {
+        Stag(raw)
+    }
+    pub const fn raw(self) -> u32 {
+        self.0
+    }
+    pub const fn index(self) -> u32 {
+        self.0 >> 8
+    }
+    pub const fn key(self) -> u8 {
+        self.0 as u8
+    }
+}
+
+impl std::fmt::Display for Stag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#010x}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stags_split_into_index_and_key() {
+        let s = Stag::new(0x12_3456, 0x78);
+        assert_eq!(s.raw(), 0x1234_5678);
+        assert_eq!((s.index(), s.key()), (0x12_3456, 0x78));
+        assert_eq!(Stag::from_raw(0x1234_5678), s);
+        assert_eq!(s.to_string(), "0x12345678");
+    }
+
+    #[test]
+    #[should_panic(expected = "over 24 bits")]
+    fn an_index_over_24_bits_is_refused() {
+        Stag::new(1 << 24, 0);
+    }
+}
