@@ -3,12 +3,12 @@
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
-use crate::mr::Stag;
 use crate::mr::{Access, AlignedBuf, Backing, MrInner, NewMr, StagTable};
 use crate::progress::Progress;
 use crate::qp::{QpInitAttr, QpInner, QueuePair};
 use crate::registry::{DeviceInfo, MrInfo, QpInfo};
 use crate::srq::SharedReceiveQueue;
+use crate::stag::Stag;
 use crate::sys::RawSpan;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{HashMap, VecDeque};
@@ -89,12 +89,6 @@ pub struct DeviceConfig {
     pub tx_stall_timeout: std::time::Duration,
 }
 
-/// `SOFTRDMA_SAME_HOST=0` in the environment turns the same-host transport
-/// off by default (see [`DeviceConfig::same_host`]).
-pub fn same_host_default() -> bool {
-    std::env::var("SOFTRDMA_SAME_HOST").map_or(true, |v| v.trim() != "0")
-}
-
 impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
@@ -104,7 +98,7 @@ impl Default for DeviceConfig {
             max_ulpdu: softrdma_wire::mpa::max_ulpdu_for(65535),
             attr: DeviceAttr::default(),
             publish: true,
-            same_host: same_host_default(),
+            same_host: crate::samehost::same_host_default(),
             responder_hold: std::time::Duration::from_millis(200),
             handshake_timeout: std::time::Duration::from_secs(5),
             tx_stall_timeout: std::time::Duration::from_secs(30),
@@ -433,6 +427,18 @@ pub struct RegOptions {
     pub guard: Option<crate::mr::AccessGuard>,
 }
 
+impl RegOptions {
+    /// Reserves the STag index these options ask for (or a free one) in
+    /// `core`'s table for PD `pd`; returns it with the key.
+    fn reserve(&self, core: &Core, pd: u32) -> Result<(u32, u8)> {
+        let (want, key) = match self.stag.map(Stag::from_raw) {
+            Some(st) => (Some(st.index()), st.key()),
+            None => (None, self.key.unwrap_or(0)),
+        };
+        Ok((core.stags.reserve(want, pd)?, key))
+    }
+}
+
 /// A protection domain.
 #[derive(Clone)]
 pub struct ProtectionDomain {
@@ -475,7 +481,7 @@ impl ProtectionDomain {
         }
         let buf = AlignedBuf::zeroed(len)?;
         let span = RawSpan {
-            ptr: buf_ptr(&buf),
+            ptr: buf.ptr_raw(),
             len,
         };
         self.install(vec![span], Backing::Owned(buf), access, opts, false, None)
@@ -612,13 +618,7 @@ impl ProtectionDomain {
         chunk: Option<(u32, u64, u64)>,
     ) -> Result<MemoryRegion> {
         let core = &self.dev.rt.core;
-        let (index, key) = match opts.stag {
-            Some(stag) => {
-                let st = Stag::from_raw(stag);
-                (core.stags.reserve(Some(st.index()), self.id)?, st.key())
-            }
-            None => (core.stags.reserve(None, self.id)?, opts.key.unwrap_or(0)),
-        };
+        let (index, key) = opts.reserve(core, self.id)?;
         let iova = opts.iova.unwrap_or(spans[0].ptr as u64);
         // Pin before the STag becomes valid; a failure releases the index.
         let mut pins = Vec::new();
@@ -686,13 +686,7 @@ impl ProtectionDomain {
             return Err(Error::inval("region end passes 2^64"));
         }
         let core = &self.dev.rt.core;
-        let (index, key) = match opts.stag {
-            Some(stag) => {
-                let st = Stag::from_raw(stag);
-                (core.stags.reserve(Some(st.index()), self.id)?, st.key())
-            }
-            None => (core.stags.reserve(None, self.id)?, opts.key.unwrap_or(0)),
-        };
+        let (index, key) = opts.reserve(core, self.id)?;
         let mr = Arc::new(
             NewMr {
                 pd: self.id,
@@ -736,17 +730,6 @@ impl ProtectionDomain {
 
     pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> Result<SharedReceiveQueue> {
         SharedReceiveQueue::new(self, max_wr, max_sge)
-    }
-}
-
-fn buf_ptr(b: &AlignedBuf) -> *mut u8 {
-    b.as_ptr()
-}
-
-impl AlignedBuf {
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        // Field access kept here so mr.rs stays the owner of the type.
-        self.ptr_raw()
     }
 }
 

@@ -133,17 +133,18 @@ pub use backend::{write_each, IoDone, RegionBackend};
 pub use cm::{ConnParams, ConnectRequest, Listener, Negotiated};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
-    same_host_default, AsyncEvent, Device, DeviceAttr, DeviceConfig, FastRegMr, MemoryRegion,
-    PostCheck, ProtectionDomain, RegOptions,
+    AsyncEvent, Device, DeviceAttr, DeviceConfig, FastRegMr, MemoryRegion, PostCheck,
+    ProtectionDomain, RegOptions,
 };
 pub use error::{Error, Result};
-pub use mr::{Access, AccessGuard, Stag};
+pub use mr::{Access, AccessGuard};
 pub use pin::{pinned_bytes, pinning_enabled, set_pin_limit, PinMap};
 pub use poller::{Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
 pub use registry::{DeviceInfo, MrInfo, QpInfo};
-pub use samehost::SameHostStats;
+pub use samehost::{same_host_default, SameHostStats};
 pub use srq::SharedReceiveQueue;
+pub use stag::Stag;
 pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
 
 /// Re-export of the wire codecs.

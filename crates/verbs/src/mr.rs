@@ -24,7 +24,7 @@
 //! [`ProtectionDomain::register_raw`]: crate::ProtectionDomain::register_raw
 
 use crate::error::{Error, Result};
-pub use crate::stag::Stag;
+use crate::stag::Stag;
 use crate::sys::RawSpan;
 use parking_lot::{Mutex, RwLock};
 use softrdma_wire::terminate::codes;

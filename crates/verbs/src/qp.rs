@@ -534,7 +534,7 @@ impl QueuePair {
         let mut payload = Vec::with_capacity(4 + msg.len());
         let index = q.core.stags.reserve(None, q.pd)?;
         let key = q.next_key.fetch_add(1, Ordering::Relaxed);
-        let stag = crate::mr::Stag::new(index, key).raw();
+        let stag = crate::stag::Stag::new(index, key).raw();
         crate::device::fast_reg_build(&q.core, q.pd, index, key, 0, access, keep, spans);
         if !c.params.one_shot {
             payload.extend_from_slice(&stag.to_be_bytes());

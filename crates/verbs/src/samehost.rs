@@ -19,6 +19,12 @@ use softrdma_wire::mpa::ext::SameHost;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// `SOFTRDMA_SAME_HOST=0` in the environment turns the same-host transport
+/// off by default (see [`crate::DeviceConfig::same_host`]).
+pub fn same_host_default() -> bool {
+    std::env::var("SOFTRDMA_SAME_HOST").map_or(true, |v| v.trim() != "0")
+}
+
 /// A device's peer segments mapped here, by (pid, nonce), each mapped
 /// once while some connection uses it.
 pub(crate) type PeerMap =

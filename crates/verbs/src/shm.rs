@@ -531,7 +531,7 @@ impl PeerShm {
     /// when anything is off (the caller then takes the TCP path, where the
     /// owner's engine refuses properly).
     pub fn lookup(&self, stag: u32, pd: u32, need: u32, to: u64, len: u64) -> Option<Found> {
-        let index = crate::mr::Stag::from_raw(stag).index();
+        let index = crate::stag::Stag::from_raw(stag).index();
         if index == 0 || index as usize >= ENTRIES {
             return None;
         }

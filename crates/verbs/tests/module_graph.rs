@@ -22,7 +22,7 @@ const CYCLE: &[&str] = &["cm", "device", "iwarp", "local", "progress", "qp", "sr
 
 /// Files still over the limit, with the most lines they may have.
 const OVERSIZE: &[(&str, usize)] = &[
-    ("device.rs", 940),
+    ("device.rs", 930),
     ("mr.rs", 840),
     ("qp.rs", 1150),
     ("shm.rs", 805),

@@ -70,7 +70,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 iova,
                 access,
             } => {
-                let index = crate::mr::Stag::from_raw(index_stag).index();
+                let index = crate::stag::Stag::from_raw(index_stag).index();
                 let owned = q.core.stags.reserved_pd(index) == Some(pd);
                 let st = if owned && !w.keep.is_empty() {
                     let keep = std::mem::take(&mut w.keep);
