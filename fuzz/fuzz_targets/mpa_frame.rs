@@ -41,8 +41,12 @@ fn check(data: &[u8]) {
             let pd = &frame.private_data;
             match softrdma_wire::mpa::ext::strip(pd) {
                 (Some(f), rest) => {
-                    assert_eq!(rest, &pd[softrdma_wire::mpa::ext::LEN..]);
-                    assert_eq!(f & !softrdma_wire::mpa::ext::KNOWN, 0);
+                    // The block, and after it the same-host record when
+                    // that flag is set (`ext::parse`).
+                    use softrdma_wire::mpa::ext;
+                    let skip = ext::LEN + if f & ext::SAME_HOST != 0 { ext::SAME_HOST_LEN } else { 0 };
+                    assert_eq!(rest, &pd[skip..]);
+                    assert_eq!(f & !ext::KNOWN, 0);
                 }
                 (None, rest) => assert_eq!(rest, &pd[..]),
             }
