@@ -44,7 +44,12 @@ fn check(data: &[u8]) {
                     // The block, and after it the same-host record when
                     // that flag is set (`ext::parse`).
                     use softrdma_wire::mpa::ext;
-                    let skip = ext::LEN + if f & ext::SAME_HOST != 0 { ext::SAME_HOST_LEN } else { 0 };
+                    let skip = ext::LEN
+                        + if f & ext::SAME_HOST != 0 {
+                            ext::SAME_HOST_LEN
+                        } else {
+                            0
+                        };
                     assert_eq!(rest, &pd[skip..]);
                     assert_eq!(f & !ext::KNOWN, 0);
                 }

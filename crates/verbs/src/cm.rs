@@ -169,12 +169,21 @@ fn establish(
     rtr: Option<bool>,
     link: Option<Link>,
 ) -> Result<()> {
-    let q = &qp.inner;
     let rt = &qp.pd.dev.rt;
-    let epoll = rt.progress[(q.qpn as usize) % rt.progress.len()]
+    let epoll = rt.progress[(qp.inner.qpn as usize) % rt.progress.len()]
         .epoll
         .clone();
     let conn = Conn::new(stream, n, epoll, link)?;
+    attach(qp, conn, rtr)
+}
+
+/// Attaches a negotiated connection (`rtr`: the initiator's RTR frame in
+/// peer-to-peer mode, a zero-length Read if true, Write if false) and moves
+/// the QP to RTS.
+pub(crate) fn attach(qp: &QueuePair, conn: Conn, rtr: Option<bool>) -> Result<()> {
+    let q = &qp.inner;
+    let rt = &qp.pd.dev.rt;
+    let n = conn.params;
     {
         let mut sq = q.sq.lock();
         let mut rx = q.rx.lock();
@@ -198,7 +207,7 @@ fn establish(
     c.register(q.qpn)?;
     if let Some(until) = q.sq.lock().tx.hold_until {
         // Transmission starts at the hold's end if no FPDU came first.
-        crate::progress::add_timer(&rt.core, q.qpn, until);
+        c.add_timer(q, until);
     }
     // Send the RTR (initiator) and anything posted meanwhile.
     q.kick_with(q.sq.lock());

@@ -109,6 +109,7 @@ mod local;
 mod mr;
 #[allow(unsafe_code)]
 mod pin;
+pub mod pipe;
 mod poller;
 #[allow(unsafe_code)]
 mod pool;
@@ -121,6 +122,7 @@ pub mod registry;
 mod samehost;
 #[allow(unsafe_code)]
 mod shm;
+pub mod sim;
 mod srq;
 mod stag;
 #[allow(unsafe_code)]

@@ -264,18 +264,25 @@ impl QpInner {
             if let Some(l) = self.conn.get().and_then(|c| c.link.as_ref()) {
                 l.shutdown();
             }
+            // Completions are reported in posting order: the first WR not
+            // done gets `status` (if it had started) and every WR after it
+            // is flushed, also one whose bytes had already gone out (as on
+            // any RC queue pair: nothing succeeds after a failure, issue
+            // 19's simulation found a Send reported done after an earlier
+            // Read was flushed).
             let mut first = true;
             let next_tx = sq.next_tx;
             for w in sq.wqes.iter_mut() {
-                if !matches!(w.stage, Stage::Done(_)) {
-                    let started = w.seq < next_tx;
-                    w.stage = Stage::Done(if first && started {
-                        status
-                    } else {
-                        WcStatus::WrFlushErr
-                    });
-                    first = false;
+                if first && matches!(w.stage, Stage::Done(_)) {
+                    continue;
                 }
+                let started = w.seq < next_tx;
+                w.stage = Stage::Done(if first && started {
+                    status
+                } else {
+                    WcStatus::WrFlushErr
+                });
+                first = false;
             }
             sq.next_tx = sq.next_seq;
             sq.orq.clear();
@@ -333,7 +340,7 @@ impl QpInner {
     /// Fails the QP because of a Terminate we send: queues the Terminate,
     /// pushes it out (best effort), then closes.
     pub fn terminate(&self, code: TermCode, hdr: Option<&[u8]>, status: WcStatus) {
-        tracing::warn!(qpn = self.qpn, %code, "sending Terminate");
+        tracing::warn!(qpn = self.qpn, %code, hdr = ?hdr, "sending Terminate");
         if self.state() != QpState::Error {
             if let Some(c) = self.conn.get() {
                 let mut sq = self.sq.lock();
@@ -937,7 +944,7 @@ impl QueuePair {
     /// waiting, for the application's own epoll (or tokio's `AsyncFd`).
     /// Sleep on it only after [`QueuePair::arm_input`] returned true.
     pub fn input_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.conn.get().map(|c| c.fd)
+        self.inner.conn.get().and_then(|c| c.fd())
     }
 
     /// Busy-poll mode, before sleeping on [`QueuePair::input_fd`]: asks to

@@ -41,6 +41,14 @@ pub(super) const BATCH_BYTES: usize = 1 << 20;
 pub(super) const COPY_MAX: usize = 512;
 
 impl Batch {
+    /// Bytes held by the batch's own buffers.
+    pub(super) fn memory(&self) -> usize {
+        use std::mem::size_of;
+        self.hdrs.capacity()
+            + self.refs.capacity() * size_of::<IoRef>()
+            + self.cuts.capacity() * size_of::<usize>()
+    }
+
     pub(super) fn new() -> Batch {
         Batch {
             hdrs: Vec::new(),

@@ -5,7 +5,8 @@
 //! payload and its completion will do (an [`Action`]), or ends the
 //! connection with the Terminate RFC 5040/5041 prescribe.
 
-use super::rx::{fatal, sub_spans, CurRecv, Rx, RxEnd, BACKED_ALIGN, BACKED_RUN};
+use super::backed::{BACKED_ALIGN, BACKED_RUN};
+use super::rx::{fatal, sub_spans, CurRecv, Rx, RxEnd};
 use super::*;
 
 /// A segment's header as `on_header` decoded it.
@@ -407,6 +408,12 @@ pub(super) fn on_atomic_request(
         // Atomics count against the same inbound limit as Reads.
         let used = q.sq.lock().tx.irq_used;
         if used >= c.params.ird.max(1) as usize {
+            tracing::warn!(
+                qpn = q.qpn,
+                used,
+                ird = c.params.ird,
+                "atomic request over our IRD"
+            );
             return Err(fatal(
                 codes::RDMAP_CATASTROPHIC_STREAM,
                 g.raw,

@@ -139,8 +139,21 @@ impl Rx {
         }
     }
 
+    /// The receive the receiver holds (a Send being placed, or an
+    /// Immediate Data message whose trailer has not arrived): taken when
+    /// the QP fails, to be flushed with the rest (issue 19's simulation
+    /// found the second one lost: never completed).
     pub fn take_current_recv(&mut self) -> Option<RecvWqe> {
-        self.cur_recv.take().map(|c| c.wqe)
+        if let Some(c) = self.cur_recv.take() {
+            return Some(c.wqe);
+        }
+        match std::mem::replace(&mut self.action, Action::None) {
+            Action::Imm(w, _, _) => Some(w),
+            other => {
+                self.action = other;
+                None
+            }
+        }
     }
 
     fn avail(&self) -> usize {
@@ -217,6 +230,13 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
     // RDMAP's "catastrophic error, localized to RDMAP stream", the code the
     // wire crate gives every truncated header.
     if ulpdu_len < hl {
+        tracing::warn!(
+            qpn = q.qpn,
+            ulpdu_len,
+            bytes = ?&rx.stage[s..rx.end.min(s + 16)],
+            seen_fpdu = rx.seen_fpdu,
+            "ULPDU shorter than its DDP header"
+        );
         return Err(RxEnd::Fatal(
             codes::RDMAP_CATASTROPHIC_STREAM,
             None,
@@ -258,6 +278,13 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
         _ => 0,
     };
     if ulpdu_len < hl + extra {
+        tracing::warn!(
+            qpn = q.qpn,
+            ulpdu_len,
+            hl,
+            extra,
+            "ULPDU shorter than its header"
+        );
         return Err(fatal(
             codes::RDMAP_CATASTROPHIC_STREAM,
             raw,
@@ -728,53 +755,6 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
             Some(RxEnd::PeerTerminated(code))
         }
     }
-}
-
-/// Bytes of one Write message accumulated before part of them goes to the
-/// backend.
-pub(super) const BACKED_RUN: usize = 1 << 20;
-/// A long message is passed on in multiples of this (O_DIRECT's alignment).
-pub(super) const BACKED_ALIGN: usize = 4096;
-
-/// Hands the accumulated run of Write segments to its backend: all of it
-/// (`unit` = usize::MAX), or its longest prefix that is a multiple of
-/// `unit`, keeping the rest for the next segments.
-pub(super) fn flush_backed(rx: &mut Rx, unit: usize) -> io::Result<()> {
-    let Some((mr, off, len)) = rx.backed_run.take() else {
-        return Ok(());
-    };
-    let n = if unit == usize::MAX {
-        len
-    } else {
-        len / unit * unit
-    };
-    if n > 0 {
-        let b = mr.backend.as_ref().expect("backed region");
-        b.write_at(off, &rx.backed[..n])?;
-    }
-    if n < len {
-        rx.backed.copy_within(n..len, 0);
-        rx.backed_run = Some((mr, off + n as u64, len - n));
-    }
-    Ok(())
-}
-
-pub(super) fn backed_failed(q: &QpInner, raw: &[u8], e: io::Error) -> RxEnd {
-    tracing::error!(qpn = q.qpn, "backed write failed: {e}");
-    fatal(codes::RDMAP_CATASTROPHIC_STREAM, raw, WcStatus::WrFlushErr)
-}
-
-/// Answers a Read Request from a backed region: a flush when it is empty,
-/// else the bytes, read into a holder the Read Response keeps alive.
-pub(super) fn backed_read(mr: &MrInner, rr: &ReadRequest) -> io::Result<Arc<MrInner>> {
-    let b = mr.backend.as_ref().expect("backed region");
-    if rr.size == 0 {
-        b.flush()?;
-        return Ok(Arc::new(MrInner::holding(Box::new([]), rr.src_to)));
-    }
-    let mut buf = vec![0u8; rr.size as usize].into_boxed_slice();
-    b.read_at(rr.src_to - mr.iova, &mut buf)?;
-    Ok(Arc::new(MrInner::holding(buf, rr.src_to)))
 }
 
 pub(super) fn tx_or_fail(q: &QpInner, sq: &mut Sq, c: &Conn) -> Option<RxEnd> {

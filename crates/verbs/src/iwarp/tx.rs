@@ -608,7 +608,7 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
                         c.set_rx_paused(false, q.qpn);
                         // (The receiver runs on its thread: bytes it staged
                         // wait for no new input.)
-                        crate::progress::add_timer(&q.core, q.qpn, std::time::Instant::now());
+                        c.add_timer(q, std::time::Instant::now());
                     }
                 }
                 if matches!(
