@@ -32,9 +32,11 @@
 //! remote responder would; a failing backend gives `RemOpErr`.
 
 use crate::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};
+use crate::error::{Error, Result};
 use crate::mr::{Access, MrInner};
-use crate::qp::QpInner;
+use crate::qp::{QpInner, QpState, SqWqe, Stage};
 use crate::sys::RawSpan;
+use crate::wr::{SendFlags, SendWr, WrOp};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
@@ -630,4 +632,144 @@ fn execute_entered(j: &Job) -> std::io::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Posts to a QP connected to a local region (`local.rs`): each WR is
+/// resolved and checked here, in order; the first that fails completes with
+/// its status and moves the QP to ERROR (its successors are not queued and
+/// complete as flushed).
+pub(crate) fn post_local(q: &Arc<QpInner>, l: &LocalLink, wrs: &[SendWr]) -> Result<()> {
+    if l.outstanding() + wrs.len() > q.caps.max_send_wr {
+        return Err(Error::SendQueueFull);
+    }
+    let mut jobs = Vec::with_capacity(wrs.len());
+    let mut failed: Option<(usize, WcStatus)> = None;
+    for (i, wr) in wrs.iter().enumerate() {
+        if q.state() == QpState::Error {
+            failed = Some((i, WcStatus::WrFlushErr));
+            break;
+        }
+        let (kind, to, rkey) = match wr.op {
+            WrOp::RdmaWrite { remote_addr, rkey } => (Kind::Write, remote_addr, rkey),
+            WrOp::RdmaRead { remote_addr, rkey } => (Kind::Read, remote_addr, rkey),
+            WrOp::Flush { remote_addr, rkey } => (Kind::Flush, remote_addr, rkey),
+            _ => {
+                failed = Some((i, WcStatus::LocQpOpErr));
+                break;
+            }
+        };
+        let mut w = SqWqe {
+            seq: 0,
+            wr_id: wr.wr_id,
+            op: wr.op.clone(),
+            signaled: false,
+            fence: false,
+            solicited: false,
+            spans: Vec::new(),
+            len: 0,
+            keep: Vec::new(),
+            stage: Stage::Queued,
+            sink: None,
+            imm_next: false,
+        };
+        if let Err(st) = resolve_local(q, wr, &mut w) {
+            failed = Some((i, st));
+            break;
+        }
+        let target = match q.core.stags.lookup(rkey) {
+            Some(t) if t.check(q.pd, need(kind), to, w.len).is_ok() => t,
+            _ => {
+                failed = Some((i, WcStatus::RemAccessErr));
+                break;
+            }
+        };
+        jobs.push(Job {
+            wr_id: wr.wr_id,
+            signaled: q.sig_all || wr.flags.contains(SendFlags::SIGNALED),
+            fence: wr.flags.contains(SendFlags::FENCE),
+            kind,
+            spans: w.spans,
+            keep: w.keep,
+            off: to - target.iova,
+            target,
+            len: w.len,
+        });
+    }
+    l.submit(q, jobs);
+    if let Some((i, status)) = failed {
+        q.send_cq.push(WorkCompletion {
+            wr_id: wrs[i].wr_id,
+            status,
+            opcode: WcOpcode::RdmaWrite,
+            qp_num: q.qpn,
+            ..Default::default()
+        });
+        for wr in &wrs[i + 1..] {
+            q.send_cq.push(WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                qp_num: q.qpn,
+                ..Default::default()
+            });
+        }
+        if status != WcStatus::WrFlushErr {
+            q.fail(
+                WcStatus::WrFlushErr,
+                Some(crate::device::AsyncEvent::QpFatal {
+                    qpn: q.qpn,
+                    reason: "error in a WR posted to a local QP".into(),
+                }),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Resolves a send WR's local memory; Err is the completion status.
+pub(crate) fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus> {
+    let need = match wr.op {
+        WrOp::RdmaRead { .. } => Access::LOCAL_WRITE,
+        _ => Access::LOCAL_READ,
+    };
+    let atomic = matches!(
+        wr.op,
+        WrOp::AtomicFetchAdd { .. } | WrOp::AtomicCmpSwap { .. }
+    );
+    match &wr.op {
+        WrOp::RdmaRead { .. } if wr.sgl.len() != 1 => return Err(WcStatus::LocQpOpErr),
+        // The original value: one 8-byte SGE.
+        _ if atomic && (wr.sgl.len() != 1 || wr.sgl[0].length != 8) => {
+            return Err(WcStatus::LocQpOpErr)
+        }
+        WrOp::SendImm { .. } if !wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
+        WrOp::LocalInv { .. } => return Ok(()),
+        WrOp::Flush { .. } if !wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
+        WrOp::Flush { .. } => return Ok(()),
+        _ => {}
+    }
+    let need = if atomic { Access::LOCAL_WRITE } else { need };
+    for (i, sge) in wr.sgl.iter().enumerate() {
+        // SGEs of one registration in a row (a coalesced SGL): one look-up
+        // and one reference held for all of them.
+        if i == 0 || wr.sgl[i - 1].lkey != sge.lkey {
+            let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
+            w.keep.push(mr);
+        }
+        let mr = w.keep.last().expect("pushed for this SGE's lkey");
+        // A backed region has no memory to send from or receive into.
+        if mr.backend.is_some() {
+            return Err(WcStatus::LocProtErr);
+        }
+        mr.check(q.pd, need, sge.addr, sge.length as u64)
+            .map_err(|_| WcStatus::LocProtErr)?;
+        mr.resolve(sge.addr, sge.length as u64, &mut w.spans);
+        w.len += sge.length as u64;
+        if matches!(wr.op, WrOp::RdmaRead { .. }) || atomic {
+            w.sink = Some((mr.clone(), sge.addr));
+        }
+    }
+    if w.len > q.core.config.attr.max_msg_size {
+        return Err(WcStatus::LocLenErr);
+    }
+    Ok(())
 }

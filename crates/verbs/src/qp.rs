@@ -7,10 +7,14 @@ use crate::error::{Error, Result};
 use crate::iwarp::{Conn, Rx, Tx};
 use crate::mr::{Access, MrInner};
 pub use crate::qp_state::QpState;
+
+mod oneshot;
+mod queues;
 use crate::srq::{SharedReceiveQueue, SrqInner};
 use crate::sys::RawSpan;
 use crate::wr::{RecvWr, SendFlags, SendWr, WrOp};
 use parking_lot::Mutex;
+pub(crate) use queues::{RecvWqe, Sq, SqWqe, Stage};
 use softrdma_wire::TermCode;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -63,106 +67,6 @@ impl QpInitAttr {
             sq_sig_all: false,
             relaxed_ordering: false,
         }
-    }
-}
-
-/// A posted receive, resolved to memory.
-pub(crate) struct RecvWqe {
-    pub wr_id: u64,
-    pub spans: Vec<RawSpan>,
-    pub len: u64,
-    #[allow(dead_code)]
-    pub keep: Vec<Arc<MrInner>>,
-}
-
-impl RecvWqe {
-    pub(crate) fn resolve(core: &Core, pd: u32, wr: &RecvWr) -> Result<RecvWqe> {
-        let mut spans = Vec::with_capacity(wr.sgl.len());
-        let mut keep = Vec::with_capacity(wr.sgl.len());
-        let mut len = 0u64;
-        for sge in &wr.sgl {
-            let mr = core
-                .stags
-                .lookup(sge.lkey)
-                .ok_or_else(|| Error::inval(format!("invalid lkey {:#x}", sge.lkey)))?;
-            mr.check(pd, Access::LOCAL_WRITE, sge.addr, sge.length as u64)
-                .map_err(|e| Error::inval(format!("receive SGE refused: {e:?}")))?;
-            mr.resolve(sge.addr, sge.length as u64, &mut spans);
-            len += sge.length as u64;
-            keep.push(mr);
-        }
-        Ok(RecvWqe {
-            wr_id: wr.wr_id,
-            spans,
-            len,
-            keep,
-        })
-    }
-}
-
-/// Where a send WR stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stage {
-    Queued,
-    /// A Read Request or Atomic Request went out; waiting for the response.
-    AwaitResponse,
-    Done(WcStatus),
-}
-
-/// A posted send-queue WR, resolved to memory.
-pub(crate) struct SqWqe {
-    pub seq: u64,
-    pub wr_id: u64,
-    pub op: WrOp,
-    pub signaled: bool,
-    pub fence: bool,
-    pub solicited: bool,
-    pub spans: Vec<RawSpan>,
-    pub len: u64,
-    pub keep: Vec<Arc<MrInner>>,
-    pub stage: Stage,
-    /// For RDMA Read and atomics: the local sink.
-    pub sink: Option<(Arc<MrInner>, u64)>,
-    /// Write with immediate: the Write went out, the Immediate Data
-    /// message is next.
-    pub imm_next: bool,
-}
-
-impl SqWqe {
-    pub fn opcode(&self) -> WcOpcode {
-        match self.op {
-            WrOp::Send
-            | WrOp::SendWithInv { .. }
-            | WrOp::SendImm { .. }
-            | WrOp::SendAdvertise { .. }
-            | WrOp::SendClose { .. } => WcOpcode::Send,
-            WrOp::RdmaWrite { .. } | WrOp::WriteImm { .. } => WcOpcode::RdmaWrite,
-            WrOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
-            WrOp::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
-            WrOp::RdmaRead { .. } => WcOpcode::RdmaRead,
-            WrOp::Flush { .. } => WcOpcode::Flush,
-            WrOp::LocalInv { .. } => WcOpcode::LocalInv,
-            WrOp::FastReg { .. } => WcOpcode::RegMr,
-        }
-    }
-}
-
-/// Send-queue state, guarded by one lock together with the transmitter.
-pub(crate) struct Sq {
-    pub wqes: VecDeque<SqWqe>,
-    pub next_seq: u64,
-    /// Sequence number of the next WR to start transmitting.
-    pub next_tx: u64,
-    /// Outstanding RDMA Reads (sequence numbers), oldest first.
-    pub orq: VecDeque<u64>,
-    pub tx: Tx,
-    pub sqd_pending: bool,
-}
-
-impl Sq {
-    pub fn get_mut(&mut self, seq: u64) -> Option<&mut SqWqe> {
-        let base = self.wqes.front()?.seq;
-        self.wqes.get_mut(seq.checked_sub(base)? as usize)
     }
 }
 
@@ -470,213 +374,6 @@ impl QueuePair {
         self.inner.conn.get().map(|c| c.peer)
     }
 
-    /// `ibv_modify_qp` for the state. RTS is reached through the connection
-    /// manager ([`QueuePair::connect`], [`crate::ConnectRequest::accept`]);
-    /// here RTS is only allowed back from SQD.
-    /// One-shot advertise (`docs/one-shot.md`), in one call: binds a fresh
-    /// STag (new key byte) over exactly `sgl` (registered memory, any
-    /// number of pieces; it becomes one virtual range starting at address
-    /// 0) with `access` (remote read and/or write), records (`stag`,
-    /// `reference`) in the QP's command table, and sends `msg` with the
-    /// STag attached: in the RDMAP header to a peer that negotiated the
-    /// extension (its receive completion carries it in `advertised_stag`),
-    /// else as the first 4 bytes (big-endian) of the payload. Returns the
-    /// STag. The Send is unsignaled: only a failure completes it (with
-    /// `wr_id`); the command's completion is the peer's close.
-    ///
-    /// When the peer closes it ([`WrOp::SendClose`], or a Send with
-    /// Invalidate from a standard peer), the engine invalidates the STag
-    /// and frees the binding before the receive completion, which carries
-    /// the STag (`invalidated_rkey`) and `reference`. A close naming an STag
-    /// not in the table is a protocol violation: that receive completes with
-    /// `RemInvReqErr` and the connection ends with the RDMAP "cannot
-    /// invalidate" Terminate.
-    pub fn advertise(
-        &self,
-        wr_id: u64,
-        sgl: &[crate::Sge],
-        access: Access,
-        msg: &[u8],
-        reference: u64,
-    ) -> Result<u32> {
-        let q = &self.inner;
-        let c = q
-            .conn
-            .get()
-            .ok_or(Error::inval("advertise needs a connected QP"))?;
-        if q.state() != QpState::Rts {
-            return Err(Error::BadState {
-                qpn: q.qpn,
-                state: q.state(),
-            });
-        }
-        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE;
-        if access.0 & !remote.0 != 0 || access.0 == 0 {
-            return Err(Error::inval(
-                "advertise: access must be remote read and/or write",
-            ));
-        }
-        // The memory: checked like a WR's SGEs (local write when the peer
-        // may write it), held by the binding until it is freed.
-        let need = if access.contains(Access::REMOTE_WRITE) {
-            Access::LOCAL_WRITE
-        } else {
-            Access::LOCAL_READ
-        };
-        let (mut spans, mut keep) = (Vec::new(), Vec::new());
-        for sge in sgl {
-            let mr = q
-                .core
-                .stags
-                .lookup(sge.lkey)
-                .ok_or(Error::inval("advertise: bad lkey"))?;
-            if mr.backend.is_some() {
-                return Err(Error::inval("advertise: a backed region has no memory"));
-            }
-            mr.check(q.pd, need, sge.addr, sge.length as u64)
-                .map_err(|e| Error::inval(format!("advertise: SGE refused ({e:?})")))?;
-            mr.resolve(sge.addr, sge.length as u64, &mut spans);
-            keep.push(mr);
-        }
-        let mut payload = Vec::with_capacity(4 + msg.len());
-        let index = q.core.stags.reserve(None, q.pd)?;
-        let key = q.next_key.fetch_add(1, Ordering::Relaxed);
-        let stag = crate::stag::Stag::new(index, key).raw();
-        crate::device::fast_reg_build(&q.core, q.pd, index, key, 0, access, keep, spans);
-        if !c.params.one_shot {
-            payload.extend_from_slice(&stag.to_be_bytes());
-        }
-        payload.extend_from_slice(msg);
-        q.one_shot.lock().insert(stag, (reference, index));
-        // The message leaves from a holder of its own, kept by the WQE.
-        let len = payload.len() as u64;
-        let holder = Arc::new(MrInner::holding(payload.into_boxed_slice(), 0));
-        let mut sq = q.sq.lock();
-        if sq.wqes.len() >= q.caps.max_send_wr {
-            drop(sq);
-            q.one_shot.lock().remove(&stag);
-            q.core.stags.release(index);
-            return Err(Error::SendQueueFull);
-        }
-        let seq = sq.next_seq;
-        sq.next_seq += 1;
-        sq.wqes.push_back(SqWqe {
-            seq,
-            wr_id,
-            op: WrOp::SendAdvertise { stag },
-            // Nothing to report on success: the close is the completion
-            // that matters (an error still completes, with `wr_id`).
-            signaled: false,
-            fence: false,
-            solicited: false,
-            spans: holder.spans.clone(),
-            len,
-            keep: vec![holder],
-            stage: Stage::Queued,
-            sink: None,
-            imm_next: false,
-        });
-        q.kick_with(sq);
-        Ok(stag)
-    }
-
-    /// [`QueuePair::advertise`] for memory that need not be registered:
-    /// each buffer is covered by a registration of its pages, made here on
-    /// first use and reused by later advertisements of memory it covers
-    /// (a registration cache, like an RDMA storage initiator keeps; it
-    /// lives as long as the QP). The cached registrations allow local
-    /// access only: the peer reaches the memory through the one-shot
-    /// binding alone.
-    ///
-    /// # Safety
-    /// Every buffer must be valid for reads (and for writes if `access`
-    /// has `REMOTE_WRITE`) until the close completion for the returned STag
-    /// arrives or the QP is destroyed; the peer may access it at any time
-    /// until then.
-    pub unsafe fn advertise_buffers(
-        &self,
-        wr_id: u64,
-        bufs: &[(*mut u8, usize)],
-        access: Access,
-        msg: &[u8],
-        reference: u64,
-    ) -> Result<u32> {
-        let page = crate::sys::page_size() as u64;
-        let covered = |cache: &std::collections::BTreeMap<u64, (u64, crate::MemoryRegion)>,
-                       a: u64,
-                       b: u64| {
-            // Any registration starting at or before `a` may cover it (they
-            // can overlap), not only the nearest.
-            cache
-                .range(..=a)
-                .rev()
-                .find(|(_, (end, _))| *end >= b)
-                .map(|(_, (_, mr))| mr.lkey())
-        };
-        let mut cache = self.reg_cache.lock();
-        // The pages of buffers no registration covers, merged where they
-        // touch, are registered once each.
-        let mut need: Vec<(u64, u64)> = Vec::new();
-        for &(ptr, len) in bufs {
-            if ptr.is_null() || len == 0 || len > u32::MAX as usize {
-                return Err(Error::inval(
-                    "advertise_buffers: empty, null or oversized buffer",
-                ));
-            }
-            let (a, b) = (ptr as u64, ptr as u64 + len as u64);
-            if covered(&cache, a, b).is_none() {
-                need.push((a / page * page, b.div_ceil(page) * page));
-            }
-        }
-        need.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::new();
-        for (s0, e0) in need {
-            match merged.last_mut() {
-                Some(last) if s0 <= last.1 => last.1 = last.1.max(e0),
-                _ => merged.push((s0, e0)),
-            }
-        }
-        for (start, end) in merged {
-            // SAFETY: the pages hold the caller's buffers, valid for as long
-            // as any binding over them exists (this function's contract);
-            // outside such a binding nothing reaches them through this
-            // registration (local access only, and only advertise_buffers
-            // names it).
-            let mr = unsafe {
-                self.pd.register_raw(
-                    start as *mut u8,
-                    (end - start) as usize,
-                    Access::LOCAL_WRITE,
-                    crate::RegOptions::default(),
-                )?
-            };
-            cache.insert(start, (end, mr));
-        }
-        let sgl: Vec<crate::Sge> = bufs
-            .iter()
-            .map(|&(ptr, len)| {
-                let (a, b) = (ptr as u64, ptr as u64 + len as u64);
-                crate::Sge {
-                    addr: a,
-                    length: len as u32,
-                    lkey: covered(&cache, a, b).expect("registered above"),
-                }
-            })
-            .collect();
-        drop(cache);
-        self.advertise(wr_id, &sgl, access, msg, reference)
-    }
-
-    /// Registrations cached by [`QueuePair::advertise_buffers`].
-    pub fn cached_registrations(&self) -> usize {
-        self.reg_cache.lock().len()
-    }
-
-    /// One-shot bindings advertised and not yet closed.
-    pub fn open_advertisements(&self) -> usize {
-        self.inner.one_shot.lock().len()
-    }
-
     /// Connects this QP, without a network, to the regions of its own
     /// device (`local.rs`): its RDMA Writes, Reads and Flushes name an rkey
     /// of this device (a storage endpoint's partition, or any region in
@@ -701,6 +398,9 @@ impl QueuePair {
         Ok(())
     }
 
+    /// `ibv_modify_qp` for the state. RTS is reached through the connection
+    /// manager ([`QueuePair::connect`], [`crate::ConnectRequest::accept`]);
+    /// here RTS is only allowed back from SQD.
     pub fn modify(&self, to: QpState) -> Result<()> {
         let q = &self.inner;
         let from = q.state();
@@ -842,7 +542,7 @@ impl QueuePair {
             }
         }
         if let Some(l) = q.local.get() {
-            return post_local(q, l, wrs);
+            return crate::local::post_local(q, l, wrs);
         }
         let mut sq = q.sq.lock();
         if sq.wqes.len() + wrs.len() > q.caps.max_send_wr {
@@ -868,7 +568,7 @@ impl QueuePair {
             };
             if q.state() == QpState::Error {
                 w.stage = Stage::Done(WcStatus::WrFlushErr);
-            } else if let Err(st) = resolve_local(q, wr, &mut w) {
+            } else if let Err(st) = crate::local::resolve_local(q, wr, &mut w) {
                 w.stage = Stage::Done(st);
                 bad = true;
             }
@@ -1005,145 +705,4 @@ impl Drop for QueuePair {
         }
         q.core.qps.write().remove(&q.qpn);
     }
-}
-
-/// Posts to a QP connected to a local region (`local.rs`): each WR is
-/// resolved and checked here, in order; the first that fails completes with
-/// its status and moves the QP to ERROR (its successors are not queued and
-/// complete as flushed).
-fn post_local(q: &Arc<QpInner>, l: &crate::local::LocalLink, wrs: &[SendWr]) -> Result<()> {
-    use crate::local::{Job, Kind};
-    if l.outstanding() + wrs.len() > q.caps.max_send_wr {
-        return Err(Error::SendQueueFull);
-    }
-    let mut jobs = Vec::with_capacity(wrs.len());
-    let mut failed: Option<(usize, WcStatus)> = None;
-    for (i, wr) in wrs.iter().enumerate() {
-        if q.state() == QpState::Error {
-            failed = Some((i, WcStatus::WrFlushErr));
-            break;
-        }
-        let (kind, to, rkey) = match wr.op {
-            WrOp::RdmaWrite { remote_addr, rkey } => (Kind::Write, remote_addr, rkey),
-            WrOp::RdmaRead { remote_addr, rkey } => (Kind::Read, remote_addr, rkey),
-            WrOp::Flush { remote_addr, rkey } => (Kind::Flush, remote_addr, rkey),
-            _ => {
-                failed = Some((i, WcStatus::LocQpOpErr));
-                break;
-            }
-        };
-        let mut w = SqWqe {
-            seq: 0,
-            wr_id: wr.wr_id,
-            op: wr.op.clone(),
-            signaled: false,
-            fence: false,
-            solicited: false,
-            spans: Vec::new(),
-            len: 0,
-            keep: Vec::new(),
-            stage: Stage::Queued,
-            sink: None,
-            imm_next: false,
-        };
-        if let Err(st) = resolve_local(q, wr, &mut w) {
-            failed = Some((i, st));
-            break;
-        }
-        let target = match q.core.stags.lookup(rkey) {
-            Some(t) if t.check(q.pd, crate::local::need(kind), to, w.len).is_ok() => t,
-            _ => {
-                failed = Some((i, WcStatus::RemAccessErr));
-                break;
-            }
-        };
-        jobs.push(Job {
-            wr_id: wr.wr_id,
-            signaled: q.sig_all || wr.flags.contains(SendFlags::SIGNALED),
-            fence: wr.flags.contains(SendFlags::FENCE),
-            kind,
-            spans: w.spans,
-            keep: w.keep,
-            off: to - target.iova,
-            target,
-            len: w.len,
-        });
-    }
-    l.submit(q, jobs);
-    if let Some((i, status)) = failed {
-        q.send_cq.push(WorkCompletion {
-            wr_id: wrs[i].wr_id,
-            status,
-            opcode: WcOpcode::RdmaWrite,
-            qp_num: q.qpn,
-            ..Default::default()
-        });
-        for wr in &wrs[i + 1..] {
-            q.send_cq.push(WorkCompletion {
-                wr_id: wr.wr_id,
-                status: WcStatus::WrFlushErr,
-                qp_num: q.qpn,
-                ..Default::default()
-            });
-        }
-        if status != WcStatus::WrFlushErr {
-            q.fail(
-                WcStatus::WrFlushErr,
-                Some(crate::device::AsyncEvent::QpFatal {
-                    qpn: q.qpn,
-                    reason: "error in a WR posted to a local QP".into(),
-                }),
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Resolves a send WR's local memory; Err is the completion status.
-fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus> {
-    let need = match wr.op {
-        WrOp::RdmaRead { .. } => Access::LOCAL_WRITE,
-        _ => Access::LOCAL_READ,
-    };
-    let atomic = matches!(
-        wr.op,
-        WrOp::AtomicFetchAdd { .. } | WrOp::AtomicCmpSwap { .. }
-    );
-    match &wr.op {
-        WrOp::RdmaRead { .. } if wr.sgl.len() != 1 => return Err(WcStatus::LocQpOpErr),
-        // The original value: one 8-byte SGE.
-        _ if atomic && (wr.sgl.len() != 1 || wr.sgl[0].length != 8) => {
-            return Err(WcStatus::LocQpOpErr)
-        }
-        WrOp::SendImm { .. } if !wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
-        WrOp::LocalInv { .. } => return Ok(()),
-        WrOp::Flush { .. } if !wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
-        WrOp::Flush { .. } => return Ok(()),
-        _ => {}
-    }
-    let need = if atomic { Access::LOCAL_WRITE } else { need };
-    for (i, sge) in wr.sgl.iter().enumerate() {
-        // SGEs of one registration in a row (a coalesced SGL): one look-up
-        // and one reference held for all of them.
-        if i == 0 || wr.sgl[i - 1].lkey != sge.lkey {
-            let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
-            w.keep.push(mr);
-        }
-        let mr = w.keep.last().expect("pushed for this SGE's lkey");
-        // A backed region has no memory to send from or receive into.
-        if mr.backend.is_some() {
-            return Err(WcStatus::LocProtErr);
-        }
-        mr.check(q.pd, need, sge.addr, sge.length as u64)
-            .map_err(|_| WcStatus::LocProtErr)?;
-        mr.resolve(sge.addr, sge.length as u64, &mut w.spans);
-        w.len += sge.length as u64;
-        if matches!(wr.op, WrOp::RdmaRead { .. }) || atomic {
-            w.sink = Some((mr.clone(), sge.addr));
-        }
-    }
-    if w.len > q.core.config.attr.max_msg_size {
-        return Err(WcStatus::LocLenErr);
-    }
-    Ok(())
 }

@@ -296,6 +296,12 @@ pub(super) fn on_read_request(
         let rr = ReadRequest::decode(&rx.hdr_bytes[g.hl..g.hl + ReadRequest::LEN])
             .map_err(|e| fatal(e.term_code(), g.raw, WcStatus::WrFlushErr))?;
         let full = rx.hdr_bytes[..g.hl + ReadRequest::LEN].to_vec();
+        // The Read Response's tagged offsets run from the sink TO: one
+        // that wraps past 2^64 names no buffer (found by the engine_sim
+        // fuzz target: composing the response overflowed).
+        if rr.sink_to.checked_add(rr.size as u64).is_none() {
+            return Err(fatal(codes::RDMAP_TO_WRAP, &full, WcStatus::WrFlushErr));
+        }
         if rx.rtr_expected && rr.size == 0 {
             // The Read RTR: answered like any zero-length Read (a
             // zero-length Read Response, the MSN counted), or the

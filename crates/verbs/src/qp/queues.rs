@@ -1,0 +1,105 @@
+//! The work queues' entries as the engine keeps them: posted WRs resolved
+//! to memory, where each stands, and the send queue (with the
+//! transmitter, under one lock).
+
+use super::*;
+
+/// A posted receive, resolved to memory.
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub spans: Vec<RawSpan>,
+    pub len: u64,
+    #[allow(dead_code)]
+    pub keep: Vec<Arc<MrInner>>,
+}
+
+impl RecvWqe {
+    pub(crate) fn resolve(core: &Core, pd: u32, wr: &RecvWr) -> Result<RecvWqe> {
+        let mut spans = Vec::with_capacity(wr.sgl.len());
+        let mut keep = Vec::with_capacity(wr.sgl.len());
+        let mut len = 0u64;
+        for sge in &wr.sgl {
+            let mr = core
+                .stags
+                .lookup(sge.lkey)
+                .ok_or_else(|| Error::inval(format!("invalid lkey {:#x}", sge.lkey)))?;
+            mr.check(pd, Access::LOCAL_WRITE, sge.addr, sge.length as u64)
+                .map_err(|e| Error::inval(format!("receive SGE refused: {e:?}")))?;
+            mr.resolve(sge.addr, sge.length as u64, &mut spans);
+            len += sge.length as u64;
+            keep.push(mr);
+        }
+        Ok(RecvWqe {
+            wr_id: wr.wr_id,
+            spans,
+            len,
+            keep,
+        })
+    }
+}
+
+/// Where a send WR stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Queued,
+    /// A Read Request or Atomic Request went out; waiting for the response.
+    AwaitResponse,
+    Done(WcStatus),
+}
+
+/// A posted send-queue WR, resolved to memory.
+pub(crate) struct SqWqe {
+    pub seq: u64,
+    pub wr_id: u64,
+    pub op: WrOp,
+    pub signaled: bool,
+    pub fence: bool,
+    pub solicited: bool,
+    pub spans: Vec<RawSpan>,
+    pub len: u64,
+    pub keep: Vec<Arc<MrInner>>,
+    pub stage: Stage,
+    /// For RDMA Read and atomics: the local sink.
+    pub sink: Option<(Arc<MrInner>, u64)>,
+    /// Write with immediate: the Write went out, the Immediate Data
+    /// message is next.
+    pub imm_next: bool,
+}
+
+impl SqWqe {
+    pub fn opcode(&self) -> WcOpcode {
+        match self.op {
+            WrOp::Send
+            | WrOp::SendWithInv { .. }
+            | WrOp::SendImm { .. }
+            | WrOp::SendAdvertise { .. }
+            | WrOp::SendClose { .. } => WcOpcode::Send,
+            WrOp::RdmaWrite { .. } | WrOp::WriteImm { .. } => WcOpcode::RdmaWrite,
+            WrOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            WrOp::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
+            WrOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            WrOp::Flush { .. } => WcOpcode::Flush,
+            WrOp::LocalInv { .. } => WcOpcode::LocalInv,
+            WrOp::FastReg { .. } => WcOpcode::RegMr,
+        }
+    }
+}
+
+/// Send-queue state, guarded by one lock together with the transmitter.
+pub(crate) struct Sq {
+    pub wqes: VecDeque<SqWqe>,
+    pub next_seq: u64,
+    /// Sequence number of the next WR to start transmitting.
+    pub next_tx: u64,
+    /// Outstanding RDMA Reads (sequence numbers), oldest first.
+    pub orq: VecDeque<u64>,
+    pub tx: Tx,
+    pub sqd_pending: bool,
+}
+
+impl Sq {
+    pub fn get_mut(&mut self, seq: u64) -> Option<&mut SqWqe> {
+        let base = self.wqes.front()?.seq;
+        self.wqes.get_mut(seq.checked_sub(base)? as usize)
+    }
+}
