@@ -342,16 +342,15 @@ fn num(f: &[&str], i: usize) -> Result<u64> {
     })
 }
 
-fn fill_tag(b: &mut [u8], tag: u64) {
+fn fill_tag(b: &mut HeapBuf, tag: u64) {
     let t = tag.to_le_bytes();
-    for (i, x) in b.iter_mut().enumerate() {
-        *x = t[i % 8];
-    }
+    let bytes: Vec<u8> = (0..b.len()).map(|i| t[i % 8]).collect();
+    b.write_at(0, &bytes);
 }
 
-fn has_tag(b: &[u8], tag: u64) -> bool {
+fn has_tag(b: &HeapBuf, tag: u64) -> bool {
     let t = tag.to_le_bytes();
-    b.iter().enumerate().all(|(i, &x)| x == t[i % 8])
+    b.to_vec().iter().enumerate().all(|(i, &x)| x == t[i % 8])
 }
 
 fn keys_json(k: &softrdma_heap::Keys) -> serde_json::Value {
@@ -385,7 +384,7 @@ impl Worker {
             "verify" => {
                 let byte = num(f, 2)? as u8;
                 let b = self.buf(num(f, 1)?)?;
-                let bad = b.iter().position(|&x| x != byte);
+                let bad = b.to_vec().iter().position(|&x| x != byte);
                 json!({"ok": bad.is_none(), "first_bad": bad})
             }
             "free" => {

@@ -54,7 +54,7 @@
 //! let pd = dev.alloc_pd()?;
 //! let heap = Heap::open_or_create(&pd, &HeapConfig::new("demo"))?;
 //! let mut buf = heap.alloc(4096)?;      // registered, keys known
-//! buf[..5].copy_from_slice(b"hello");
+//! buf.write_at(0, b"hello");           // copied in: never a slice over it
 //! let (addr, rkey) = (buf.addr(), buf.rkey()); // give these to a peer
 //! let keys = heap.lookup(addr, 5)?;      // O(1), from any process
 //! assert_eq!(keys.lkey, buf.lkey());
@@ -1205,20 +1205,67 @@ impl HeapBuf {
     }
 }
 
-impl std::ops::Deref for HeapBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: the slot is ours and at least `len` bytes long, inside a
-        // mapping that lives while `self.heap` does.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+/// A buffer's bytes are registered memory: a peer (RDMA Write) or the
+/// engine (a receive, a Read Response) may write them at any moment, so
+/// they are never handed out as a Rust slice (issue 19). Bytes are copied
+/// in and out through the raw pointer instead, as the store's `Arena`
+/// does; what a copy sees of a concurrent write is whatever the hardware
+/// gives, never undefined behaviour in this process's Rust code.
+impl HeapBuf {
+    /// Copies `out.len()` bytes starting `offset` bytes in.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset.checked_add(out.len()).is_some_and(|e| e <= self.len),
+            "read outside the buffer"
+        );
+        // SAFETY: [offset, offset + out.len()) lies in our slot (checked
+        // above), inside a mapping that lives while `self.heap` does; `out`
+        // is a distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
-}
 
-impl std::ops::DerefMut for HeapBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as for Deref, and `&mut self` makes the access unique in
-        // this process.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    /// Copies `data` in, starting `offset` bytes in.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) {
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|e| e <= self.len),
+            "write outside the buffer"
+        );
+        // SAFETY: as for read_at; `&mut self` makes this process's access
+        // unique.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&mut self, byte: u8) {
+        // SAFETY: the slot is ours and `len` bytes long (as for read_at).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), byte, self.len) }
+    }
+
+    /// A copy of the whole buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.read_at(0, &mut v);
+        v
     }
 }
 

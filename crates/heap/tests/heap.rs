@@ -76,7 +76,10 @@ fn allocations_know_their_keys_and_lookup_finds_them() {
         bufs.push(b);
     }
     for (k, b) in bufs.iter().enumerate() {
-        assert!(b.iter().all(|&x| x == k as u8 + 1), "allocations overlap");
+        assert!(
+            b.to_vec().iter().all(|&x| x == k as u8 + 1),
+            "allocations overlap"
+        );
     }
     // Outside the heap, before the data of a block (its header), free units.
     let base = heap.area_base();
@@ -109,7 +112,7 @@ fn allocations_know_their_keys_and_lookup_finds_them() {
     d.fill(0xee);
     drop(d);
     let z = heap.alloc_zeroed(4096).unwrap();
-    assert!(z.iter().all(|&v| v == 0));
+    assert!(z.to_vec().iter().all(|&v| v == 0));
     drop(z);
     drop(bufs);
     heap.trim().unwrap();
@@ -290,13 +293,13 @@ fn concurrent_threads_never_share_a_slot() {
                     } else if !live.is_empty() {
                         let b = live.swap_remove((x >> 8) as usize % live.len());
                         assert!(
-                            b.iter().all(|&v| v == t),
+                            b.to_vec().iter().all(|&v| v == t),
                             "another thread wrote into our buffer"
                         );
                     }
                 }
                 for b in &live {
-                    assert!(b.iter().all(|&v| v == t));
+                    assert!(b.to_vec().iter().all(|&v| v == t));
                 }
             });
         }

@@ -394,15 +394,19 @@ impl LocalLink {
         // The registrations stay alive across the submitting call even if
         // the completion runs (and drops the job) inside it.
         let hold = j.keep.clone();
+        // The source bytes, copied out of registered memory (which others
+        // may write meanwhile: no Rust slice is made over it).
+        let staged: Vec<u8> = if kind == Kind::Write {
+            let mut v = vec![0u8; j.spans.iter().map(|s| s.len).sum()];
+            // SAFETY: each span lies in a registration held by `hold` (and
+            // the job), checked for local read when posted.
+            unsafe { crate::mr::copy_from_spans(&j.spans, 0, &mut v) };
+            v
+        } else {
+            Vec::new()
+        };
         let sources: Vec<&[u8]> = if kind == Kind::Write {
-            j.spans
-                .iter()
-                // SAFETY: each span lies in a registration held by `hold`
-                // (and the job), checked for local read when posted; the
-                // slices are used only during `submit_write`, which copies
-                // what it keeps.
-                .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
-                .collect()
+            vec![&staged[..]]
         } else {
             Vec::new()
         };
@@ -411,16 +415,10 @@ impl LocalLink {
             let status = match r {
                 Ok(bytes) => {
                     if kind == Kind::Read {
-                        let mut at = 0;
-                        for s in &j.spans {
-                            let n = s.len.min(bytes.len().saturating_sub(at));
-                            // SAFETY: the span lies in a registration the
-                            // job holds, checked for local write when
-                            // posted; nothing else writes it through us.
-                            let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, n) };
-                            dst.copy_from_slice(&bytes[at..at + n]);
-                            at += n;
-                        }
+                        let n = bytes.len().min(j.spans.iter().map(|s| s.len).sum());
+                        // SAFETY: the spans lie in registrations the job
+                        // holds, checked for local write when posted.
+                        unsafe { crate::mr::copy_into_spans(&j.spans, 0, &bytes[..n]) };
                     }
                     WcStatus::Success
                 }
@@ -591,19 +589,20 @@ fn execute_entered(j: &Job) -> std::io::Result<()> {
         (Some(b), kind) => {
             let mut off = j.off;
             for s in &j.spans {
+                // Copied through a buffer of our own: the span is
+                // registered memory that others (the application, a peer)
+                // may access meanwhile, so no Rust slice is made over it;
+                // such races give old or new bytes, as with a NIC's DMA.
+                let mut tmp = vec![0u8; s.len];
                 if kind == Kind::Write {
                     // SAFETY: the span lies in a registration held by
-                    // `j.keep`, checked for local read when posted; it stays
-                    // mapped for the call. Other accesses to the same bytes
-                    // meanwhile (the application, a peer) race as they would
-                    // with a NIC's DMA: the backend gets old or new bytes.
-                    let src = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
-                    b.write_at(off, src)?;
+                    // `j.keep`, checked for local read when posted.
+                    unsafe { crate::mr::copy_from_spans(&[*s], 0, &mut tmp) };
+                    b.write_at(off, &tmp)?;
                 } else {
-                    // SAFETY: as above, checked for local write; the bytes
-                    // are only written through this slice during the call.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
-                    b.read_at(off, dst)?;
+                    b.read_at(off, &mut tmp)?;
+                    // SAFETY: as above, checked for local write.
+                    unsafe { crate::mr::copy_into_spans(&[*s], 0, &tmp) };
                 }
                 off += s.len as u64;
             }
@@ -612,22 +611,16 @@ fn execute_entered(j: &Job) -> std::io::Result<()> {
         (None, kind) => {
             let mut remote = Vec::new();
             t.resolve(t.iova + j.off, j.len, &mut remote);
-            let mut skip = 0;
-            for s in &j.spans {
-                // SAFETY: both sides are spans of registrations held by
-                // the job (`keep`, `target`), bounds-checked when posted;
-                // distinct registrations (or the application's own overlap,
-                // which RDMA leaves undefined).
-                unsafe {
-                    if kind == Kind::Write {
-                        let src = std::slice::from_raw_parts(s.ptr as *const u8, s.len);
-                        crate::mr::copy_into_spans(&remote, skip, src);
-                    } else {
-                        let dst = std::slice::from_raw_parts_mut(s.ptr, s.len);
-                        crate::mr::copy_from_spans(&remote, skip, dst);
-                    }
+            // SAFETY: both sides are spans of registrations held by the
+            // job (`keep`, `target`), bounds-checked when posted; distinct
+            // registrations (or the application's own overlap, which RDMA
+            // leaves undefined). No Rust slice is made over either.
+            unsafe {
+                if kind == Kind::Write {
+                    crate::mr::copy_spans_into_spans(&j.spans, &remote, 0);
+                } else {
+                    crate::mr::copy_spans_into_spans(&remote, &j.spans, 0);
                 }
-                skip += s.len;
             }
             Ok(())
         }

@@ -33,7 +33,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 mod place;
-pub(crate) use place::{atomic_apply, copy_from_spans, copy_into_spans, crc_spans};
+pub(crate) use place::{
+    atomic_apply, copy_from_spans, copy_into_spans, copy_spans_into_spans, crc_spans,
+};
 
 /// Access rights of a memory region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]

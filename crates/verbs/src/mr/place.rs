@@ -57,6 +57,38 @@ pub(crate) unsafe fn copy_into_spans(spans: &[RawSpan], mut skip: usize, mut src
     }
 }
 
+/// Copies the memory behind `src` into the memory behind `dst`, starting
+/// `skip` bytes into `dst` (no Rust slice over either: both may be written
+/// by others meanwhile, as with a NIC's DMA).
+///
+/// # Safety
+/// As for [`copy_into_spans`], for both span lists; they do not overlap.
+pub(crate) unsafe fn copy_spans_into_spans(src: &[RawSpan], dst: &[RawSpan], mut skip: usize) {
+    let (mut di, mut doff) = (0, 0);
+    // Find where `skip` lands in dst.
+    while di < dst.len() && skip >= dst[di].len {
+        skip -= dst[di].len;
+        di += 1;
+    }
+    doff += skip;
+    for s in src {
+        let mut soff = 0;
+        while soff < s.len && di < dst.len() {
+            let d = dst[di];
+            let n = (s.len - soff).min(d.len - doff);
+            // SAFETY: [soff, soff+n) lies in span s and [doff, doff+n) in
+            // span d (both the caller's contract); they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(s.ptr.add(soff), d.ptr.add(doff), n) };
+            soff += n;
+            doff += n;
+            if doff == d.len {
+                di += 1;
+                doff = 0;
+            }
+        }
+    }
+}
+
 /// Copies from the memory behind `spans` into `dst`.
 ///
 /// # Safety
@@ -89,4 +121,43 @@ pub(crate) unsafe fn crc_spans(mut crc: u32, spans: &[RawSpan]) -> u32 {
         crc = crc32c::crc32c_append(crc, sl);
     }
     crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spans(buf: &mut [u8], cuts: &[usize]) -> Vec<RawSpan> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &c in cuts.iter().chain(std::iter::once(&buf.len())) {
+            out.push(RawSpan {
+                // SAFETY: at <= c <= buf.len().
+                ptr: unsafe { buf.as_mut_ptr().add(at) },
+                len: c - at,
+            });
+            at = c;
+        }
+        out
+    }
+
+    #[test]
+    fn span_to_span_copies_keep_order_across_any_cuts() {
+        for (src_cuts, dst_cuts, skip) in [
+            (vec![], vec![], 0),
+            (vec![3, 4, 10], vec![1, 7], 0),
+            (vec![5], vec![2, 3, 9, 12], 4),
+            (vec![1, 2, 3, 4, 5], vec![16], 7),
+        ] {
+            let mut src: Vec<u8> = (1..=16).collect();
+            let mut dst = vec![0u8; 24];
+            let s = spans(&mut src, &src_cuts);
+            let d = spans(&mut dst, &dst_cuts);
+            // SAFETY: the spans cover two live, distinct local buffers.
+            unsafe { copy_spans_into_spans(&s, &d, skip) };
+            let mut want = vec![0u8; 24];
+            want[skip..skip + 16].copy_from_slice(&(1..=16).collect::<Vec<u8>>());
+            assert_eq!(dst, want, "cuts {src_cuts:?} / {dst_cuts:?}, skip {skip}");
+        }
+    }
 }
