@@ -148,7 +148,7 @@ pub(crate) struct Core {
     post_checks: RwLock<Vec<(u64, Arc<dyn PostCheck>)>>,
     has_post_checks: std::sync::atomic::AtomicBool,
     /// One per progress thread (`progress::add_timer`).
-    pub timers: Vec<crate::progress::TimerQueue>,
+    pub timers: Vec<crate::timers::TimerQueue>,
 }
 
 /// A consumer's check of every local SGE posted on a device (a send or a
@@ -188,6 +188,27 @@ impl Core {
 
     pub fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
         self.qps.read().get(&qpn).cloned()
+    }
+}
+
+/// The progress threads serve the device's QPs through the iWARP driver.
+impl crate::progress::Host for Core {
+    fn timers(&self, idx: usize) -> &crate::timers::TimerQueue {
+        &self.timers[idx]
+    }
+    fn on_timer(&self, qpn: u32) {
+        if let Some(q) = self.qp(qpn) {
+            crate::iwarp::on_timer(&q);
+        }
+    }
+    fn on_readable(&self, qpn: u32) -> bool {
+        self.qp(qpn)
+            .is_some_and(|q| crate::iwarp::on_readable(&q, crate::iwarp::RX_BUDGET))
+    }
+    fn on_writable(&self, qpn: u32) {
+        if let Some(q) = self.qp(qpn) {
+            crate::iwarp::on_writable(&q);
+        }
     }
 }
 
@@ -265,7 +286,7 @@ impl Device {
             post_checks: RwLock::new(Vec::new()),
             has_post_checks: std::sync::atomic::AtomicBool::new(false),
             timers: (0..n)
-                .map(|_| crate::progress::TimerQueue::new())
+                .map(|_| crate::timers::TimerQueue::new())
                 .collect::<std::io::Result<Vec<_>>>()?,
         });
         let mut progress = Vec::with_capacity(n);

@@ -107,6 +107,7 @@ mod iwarp;
 mod local;
 #[allow(unsafe_code)]
 mod mr;
+mod negotiated;
 #[allow(unsafe_code)]
 mod pin;
 pub mod pipe;
@@ -129,6 +130,7 @@ mod stag;
 mod sys;
 #[doc(hidden)]
 pub mod test_hooks;
+mod timers;
 mod wr;
 
 pub use backend::{write_each, IoDone, RegionBackend};

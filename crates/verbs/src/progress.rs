@@ -2,8 +2,8 @@
 //! each running an epoll loop over the connections of the QPs assigned to
 //! it. Receive processing and blocked transmissions happen here.
 
-use crate::device::Core;
 use crate::sys::{self, Epoll, EventFd};
+use crate::timers::TimerQueue;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,30 +12,18 @@ use std::time::Instant;
 
 const WAKE: u64 = u64::MAX;
 
-/// A progress thread's timers: deadlines of its QPs `(when, qpn)` (a
-/// responder's hold, a paused receiver's stall check, a receiver to run
-/// again) and the event that wakes the thread to look at them. Kept in the
-/// device's `Core` (one per thread), so any code holding a QP can set one.
-pub(crate) struct TimerQueue {
-    list: parking_lot::Mutex<Vec<(Instant, u32)>>,
-    wake: Arc<EventFd>,
-}
-
-impl TimerQueue {
-    pub fn new() -> std::io::Result<TimerQueue> {
-        Ok(TimerQueue {
-            list: parking_lot::Mutex::new(Vec::new()),
-            wake: Arc::new(EventFd::new()?),
-        })
-    }
-}
-
-/// Calls `iwarp::on_timer` for `qpn` (on its progress thread) once `at`
-/// has passed.
-pub(crate) fn add_timer(core: &Core, qpn: u32, at: Instant) {
-    let t = &core.timers[qpn as usize % core.timers.len()];
-    t.list.lock().push((at, qpn));
-    t.wake.signal();
+/// What a progress thread serves: its timer queue and the QPs its epoll
+/// reports (by number). The device implements it over its QPs and the
+/// iWARP driver entry points; the loop itself knows neither.
+pub(crate) trait Host: Send + Sync + 'static {
+    fn timers(&self, idx: usize) -> &TimerQueue;
+    /// A timer of `qpn` ran out.
+    fn on_timer(&self, qpn: u32);
+    /// Input (or an error) on `qpn`'s connection; true: the receiver
+    /// stopped at its budget and must run again before the thread sleeps.
+    fn on_readable(&self, qpn: u32) -> bool;
+    /// Room to send on `qpn`'s connection.
+    fn on_writable(&self, qpn: u32);
 }
 
 pub(crate) struct Progress {
@@ -46,9 +34,9 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    pub fn start(core: Arc<Core>, idx: usize) -> std::io::Result<Progress> {
+    pub fn start<H: Host>(core: Arc<H>, idx: usize) -> std::io::Result<Progress> {
         let epoll = Arc::new(Epoll::new()?);
-        let wake = core.timers[idx].wake.clone();
+        let wake = core.timers(idx).wake.clone();
         epoll.add(wake.as_raw_fd(), sys::EV_IN, WAKE)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (e, w, s) = (epoll.clone(), wake.clone(), stop.clone());
@@ -75,8 +63,14 @@ impl Progress {
     }
 }
 
-fn run(core: Arc<Core>, idx: usize, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop: Arc<AtomicBool>) {
-    let timers = &core.timers[idx].list;
+fn run<H: Host>(
+    core: Arc<H>,
+    idx: usize,
+    epoll: Arc<Epoll>,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+) {
+    let timers = &core.timers(idx).list;
     let mut evs = Vec::with_capacity(128);
     // QPs whose receiver stopped at its budget. It may have read bytes
     // ahead from the socket into its stage, which epoll cannot see, so
@@ -111,16 +105,12 @@ fn run(core: Arc<Core>, idx: usize, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop:
                 due
             };
             for qpn in due {
-                if let Some(qp) = core.qp(qpn) {
-                    crate::iwarp::on_timer(&qp);
-                }
+                core.on_timer(qpn);
             }
         }
         for qpn in std::mem::take(&mut more) {
-            if let Some(qp) = core.qp(qpn) {
-                if crate::iwarp::on_readable(&qp, crate::iwarp::RX_BUDGET) {
-                    more.push(qpn);
-                }
+            if core.on_readable(qpn) {
+                more.push(qpn);
             }
         }
         for &(ev, data) in &evs {
@@ -131,17 +121,13 @@ fn run(core: Arc<Core>, idx: usize, epoll: Arc<Epoll>, wake: Arc<EventFd>, stop:
                 }
                 continue;
             }
-            let Some(qp) = core.qp(data as u32) else {
-                continue;
-            };
-            if ev & (sys::EV_IN | sys::EV_ERR) != 0
-                && crate::iwarp::on_readable(&qp, crate::iwarp::RX_BUDGET)
-                && !more.contains(&(data as u32))
+            let qpn = data as u32;
+            if ev & (sys::EV_IN | sys::EV_ERR) != 0 && core.on_readable(qpn) && !more.contains(&qpn)
             {
-                more.push(data as u32);
+                more.push(qpn);
             }
             if ev & sys::EV_OUT != 0 {
-                crate::iwarp::on_writable(&qp);
+                core.on_writable(qpn);
             }
         }
     }

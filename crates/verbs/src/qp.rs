@@ -362,7 +362,7 @@ impl QueuePair {
     }
 
     /// Negotiated connection parameters, once connected.
-    pub fn conn_params(&self) -> Option<crate::cm::Negotiated> {
+    pub fn conn_params(&self) -> Option<crate::negotiated::Negotiated> {
         self.inner.conn.get().map(|c| c.params)
     }
 

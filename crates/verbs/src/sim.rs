@@ -22,9 +22,10 @@
 //! connection manager's (tested over TCP); what it agrees on is given here
 //! as [`SimParams`].
 
-use crate::cm::{self, Negotiated};
+use crate::cm;
 use crate::error::Result;
 use crate::iwarp::{self, Conn};
+use crate::negotiated::Negotiated;
 use crate::pipe::Pipe;
 use crate::qp::{QpState, QueuePair};
 use std::net::SocketAddr;

@@ -32,10 +32,10 @@ pub(crate) use rx::{Rx, RxEnd, RX_BUDGET};
 pub(crate) use tx::*;
 use wqe::*;
 
-use crate::cm::Negotiated;
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::device::AsyncEvent;
 use crate::mr::{self, Access, MrInner};
+use crate::negotiated::Negotiated;
 use crate::pipe::{self, PipeEnd};
 use crate::qp::{QpInner, QpState, RecvWqe, Sq, Stage};
 use crate::sys::{self, Epoll, RawSpan};
@@ -203,7 +203,7 @@ impl Conn {
     /// simulated connection's driver fires it when it chooses).
     pub fn add_timer(&self, q: &QpInner, at: std::time::Instant) {
         match &self.io {
-            Io::Tcp { .. } => crate::progress::add_timer(&q.core, q.qpn, at),
+            Io::Tcp { .. } => crate::timers::add(&q.core.timers, q.qpn, at),
             Io::Pipe(p) => p.add_timer(),
         }
     }
