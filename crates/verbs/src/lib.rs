@@ -100,6 +100,7 @@ mod cm;
 mod cq;
 #[allow(unsafe_code)]
 mod device;
+mod engine;
 mod error;
 #[allow(unsafe_code)]
 mod iwarp;

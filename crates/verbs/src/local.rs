@@ -32,9 +32,10 @@
 //! remote responder would; a failing backend gives `RemOpErr`.
 
 use crate::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};
+use crate::engine::{QpInner, SqWqe, Stage};
 use crate::error::{Error, Result};
 use crate::mr::{Access, MrInner};
-use crate::qp::{QpInner, QpState, SqWqe, Stage};
+use crate::qp_state::QpState;
 use crate::sys::RawSpan;
 use crate::wr::{SendFlags, SendWr, WrOp};
 use parking_lot::{Condvar, Mutex};
@@ -532,7 +533,7 @@ fn complete(q: &QpInner, cq: &CqInner, qpn: u32, j: Job, status: WcStatus) {
     if status == WcStatus::RemOpErr {
         q.fail(
             WcStatus::WrFlushErr,
-            Some(crate::device::AsyncEvent::QpFatal {
+            Some(crate::engine::AsyncEvent::QpFatal {
                 qpn,
                 reason: "backing I/O failed".into(),
             }),
@@ -708,7 +709,7 @@ pub(crate) fn post_local(q: &Arc<QpInner>, l: &LocalLink, wrs: &[SendWr]) -> Res
         if status != WcStatus::WrFlushErr {
             q.fail(
                 WcStatus::WrFlushErr,
-                Some(crate::device::AsyncEvent::QpFatal {
+                Some(crate::engine::AsyncEvent::QpFatal {
                     qpn: q.qpn,
                     reason: "error in a WR posted to a local QP".into(),
                 }),

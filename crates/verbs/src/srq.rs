@@ -1,19 +1,13 @@
 //! Shared receive queues.
 
 use crate::device::ProtectionDomain;
+use crate::engine::RecvWqe;
+pub(crate) use crate::engine::SrqInner;
 use crate::error::{Error, Result};
-use crate::qp::RecvWqe;
 use crate::wr::RecvWr;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
-
-pub(crate) struct SrqInner {
-    pub pd: u32,
-    pub max_wr: usize,
-    pub max_sge: usize,
-    pub q: Mutex<VecDeque<RecvWqe>>,
-}
 
 /// A receive queue shared by several QPs of one protection domain.
 #[derive(Clone)]
@@ -70,5 +64,11 @@ impl SharedReceiveQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl ProtectionDomain {
+    pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::new(self, max_wr, max_sge)
     }
 }

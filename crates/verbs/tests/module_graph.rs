@@ -15,11 +15,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Modules still in the one import cycle (issue 19: `QpInner` holds the
-/// transports' own state, `Core` holds the `QpInner`s, and the transports
-/// reach back into the QP). `cm` left when `Negotiated` moved to a leaf,
-/// `progress` when its loop began to serve a `Host` trait.
-const CYCLE: &[&str] = &["device", "iwarp", "local", "qp", "srq"];
+/// Modules still in the one import cycle (issue 19): the engine state
+/// (`engine`: `Core`, `QpInner`, the queues) holds the transports' own
+/// state (`QpInner::conn`, `rx`, `Sq::tx`, `local`) and the transports
+/// (`iwarp`, `local`) work on `QpInner`. The API modules (`device`, `qp`,
+/// `srq`, `cm`) left when the engine state moved below them, `progress`
+/// when its loop began to serve a `Host` trait. Next: a transport trait.
+const CYCLE: &[&str] = &["engine", "iwarp", "local"];
 
 /// Files still over the limit, with the most lines they may have.
 const OVERSIZE: &[(&str, usize)] = &[];

@@ -204,34 +204,3 @@ impl Drop for FastRegMr {
         self.dev.rt.core.stags.release(self.index);
     }
 }
-
-/// Builds and installs the registration a fast-register work request
-/// binds: `spans` (memory of the `keep` regions) at `iova` under a new key.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn fast_reg_build(
-    core: &Core,
-    pd: u32,
-    index: u32,
-    key: u8,
-    iova: u64,
-    access: Access,
-    keep: Vec<Arc<MrInner>>,
-    spans: Vec<RawSpan>,
-) {
-    let guards = keep.iter().flat_map(|p| p.guards.iter().copied()).collect();
-    let mr = NewMr {
-        pd,
-        access,
-        iova,
-        spans,
-        backing: Backing::Parents(keep),
-        invalidatable: true,
-        fast_reg: true,
-        chunk: None,
-        backend: None,
-        pins: Vec::new(), // the parents are pinned
-        guards,
-    }
-    .build(Stag::new(index, key).raw());
-    core.stags.install(Arc::new(mr));
-}

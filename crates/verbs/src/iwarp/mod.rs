@@ -33,11 +33,12 @@ pub(crate) use tx::*;
 use wqe::*;
 
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
-use crate::device::AsyncEvent;
+use crate::engine::AsyncEvent;
+use crate::engine::{QpInner, RecvWqe, Sq, Stage};
 use crate::mr::{self, Access, MrInner};
 use crate::negotiated::Negotiated;
 use crate::pipe::{self, PipeEnd};
-use crate::qp::{QpInner, QpState, RecvWqe, Sq, Stage};
+use crate::qp_state::QpState;
 use crate::sys::{self, Epoll, RawSpan};
 use crate::wr::WrOp;
 use softrdma_wire::ddp::{

@@ -75,7 +75,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 let st = if owned && !w.keep.is_empty() {
                     let keep = std::mem::take(&mut w.keep);
                     let spans = std::mem::take(&mut w.spans);
-                    crate::device::fast_reg_build(
+                    crate::engine::fast_reg_build(
                         &q.core, pd, index, key, iova, access, keep, spans,
                     );
                     WcStatus::Success

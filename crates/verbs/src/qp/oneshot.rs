@@ -76,7 +76,7 @@ impl QueuePair {
         let index = q.core.stags.reserve(None, q.pd)?;
         let key = q.next_key.fetch_add(1, Ordering::Relaxed);
         let stag = crate::stag::Stag::new(index, key).raw();
-        crate::device::fast_reg_build(&q.core, q.pd, index, key, 0, access, keep, spans);
+        crate::engine::fast_reg_build(&q.core, q.pd, index, key, 0, access, keep, spans);
         if !c.params.one_shot {
             payload.extend_from_slice(&stag.to_be_bytes());
         }

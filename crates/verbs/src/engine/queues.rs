@@ -3,6 +3,9 @@
 //! transmitter, under one lock).
 
 use super::*;
+use crate::cq::{WcOpcode, WcStatus};
+use crate::iwarp::Tx;
+use crate::wr::{RecvWr, WrOp};
 
 /// A posted receive, resolved to memory.
 pub(crate) struct RecvWqe {

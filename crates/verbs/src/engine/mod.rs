@@ -1,0 +1,285 @@
+//! The engine's state below the verbs API: per device the [`Core`] (STag
+//! table, QPs, timers, async events, consumer post checks), per QP the
+//! [`QpInner`] (state, send queue with the ORQ, receive queue, the flush on
+//! error), the work-queue entries, and what a shared receive queue holds.
+//! The API handles (`device.rs`, `qp.rs`, `srq.rs`, `cm.rs`) sit above it
+//! and nothing here names them. The transports (`iwarp`, `local`) still
+//! share a cycle with it: `QpInner` holds their state (issue 19's next
+//! step is a transport trait).
+
+use crate::error::{Error, Result};
+use crate::mr::{Access, Backing, MrInner, NewMr, StagTable};
+use crate::registry::{DeviceInfo, MrInfo, QpInfo};
+use crate::stag::Stag;
+use crate::sys::RawSpan;
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+mod qp;
+mod queues;
+pub use qp::QpCaps;
+pub(crate) use qp::QpInner;
+pub(crate) use queues::{RecvWqe, Sq, SqWqe, Stage};
+
+/// Limits of a device (`ibv_query_device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    /// Largest message (Send, Write or Read) in bytes.
+    pub max_msg_size: u64,
+    /// Inbound RDMA Reads per QP.
+    pub max_ird: u16,
+    /// Outbound RDMA Reads per QP.
+    pub max_ord: u16,
+}
+
+impl Default for DeviceAttr {
+    fn default() -> Self {
+        DeviceAttr {
+            max_qp: 16384,
+            max_qp_wr: 16384,
+            max_sge: 32,
+            max_cqe: 1 << 20,
+            max_mr: (1 << 24) - 1,
+            max_msg_size: 1 << 31,
+            max_ird: 128,
+            max_ord: 128,
+        }
+    }
+}
+
+/// How a device is opened.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    pub name: String,
+    /// The local address the device is bound to (connections are made from
+    /// it; listeners default to it).
+    pub addr: IpAddr,
+    /// Progress threads (like a NIC's engines); QPs are spread over them.
+    pub progress_threads: usize,
+    /// Largest ULPDU this side sends in one FPDU (at most 65535 - 2).
+    pub max_ulpdu: usize,
+    pub attr: DeviceAttr,
+    /// Publish the device's resources for `softrdma info`.
+    pub publish: bool,
+    /// Offer the same-host transport to softrdma peers on this host that
+    /// connect with extensions (`docs/same-host.md`): they then reach this
+    /// device's registered memory directly, with every access checked
+    /// against its STag table. Default: on, unless the environment sets
+    /// `SOFTRDMA_SAME_HOST=0` (like `UCX_TLS`: lets an operator, or a
+    /// benchmark measuring the network path, turn it off for every
+    /// softrdma process without a flag in each application).
+    pub same_host: bool,
+    /// How long a responder (a passive side not in peer-to-peer mode,
+    /// with a peer that is not softrdma) waits for the initiator's first
+    /// FPDU before it transmits anyway. RFC 5044 section 7.1.2 rule 4 says
+    /// a responder must not send before it has received an FPDU; Linux siw
+    /// as initiator fails the connection (EPROTO) when an FPDU arrives
+    /// with the MPA reply. Waiting forever would deadlock applications in
+    /// which the passive side speaks first (perftest's `ib_write_lat`
+    /// server writes first), hence the grace period. Default 200 ms.
+    pub responder_hold: std::time::Duration,
+    /// A listener's whole-frame deadline for a connection's MPA request
+    /// (each connection on its own: see [`crate::Listener`]). Default 5 s.
+    pub handshake_timeout: std::time::Duration,
+    /// How long a connection may keep a storage-backed Read Response
+    /// waiting for the peer to read it (its receiver paused meanwhile: a
+    /// Read larger than the connection's buffer budget is streamed) before
+    /// the peer counts as not reading and the QP fails. Default 30 s.
+    pub tx_stall_timeout: std::time::Duration,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            name: "softrdma0".into(),
+            addr: IpAddr::from([127, 0, 0, 1]),
+            progress_threads: 2,
+            max_ulpdu: softrdma_wire::mpa::max_ulpdu_for(65535),
+            attr: DeviceAttr::default(),
+            publish: true,
+            same_host: crate::samehost::same_host_default(),
+            responder_hold: std::time::Duration::from_millis(200),
+            handshake_timeout: std::time::Duration::from_secs(5),
+            tx_stall_timeout: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+/// An asynchronous event (`ibv_get_async_event` / rdma_cm events after
+/// establishment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The peer closed the connection (graceful or not) or we disconnected.
+    Disconnected { qpn: u32 },
+    /// The QP went to ERROR because of a Terminate (sent or received).
+    Terminated {
+        qpn: u32,
+        code: softrdma_wire::TermCode,
+        by_peer: bool,
+    },
+    /// The QP went to ERROR for a local reason.
+    QpFatal { qpn: u32, reason: String },
+    /// An SQD transition finished draining.
+    SqDrained { qpn: u32 },
+}
+
+/// State shared by every handle of a device and its progress threads.
+pub(crate) struct Core {
+    pub config: DeviceConfig,
+    pub stags: StagTable,
+    /// This device's same-host segment (`shm.rs`), if offered.
+    pub shm: Option<Arc<crate::shm::LocalShm>>,
+    /// Peer segments mapped here, by (pid, nonce).
+    pub peers: crate::samehost::PeerMap,
+    /// Shared chunks `alloc_mr` takes memory from (with a segment only).
+    pub pool: Option<Arc<crate::pool::Pool>>,
+    pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    pub(crate) next_qpn: AtomicU32,
+    pub(crate) next_pd: AtomicU32,
+    pub(crate) next_cq: AtomicU32,
+    pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
+    pub(crate) events_cv: Condvar,
+    /// Consumer checks run on every posted SGE ([`Device::add_post_check`]).
+    pub(crate) post_checks: RwLock<Vec<(u64, Arc<dyn PostCheck>)>>,
+    pub(crate) has_post_checks: std::sync::atomic::AtomicBool,
+    /// One per progress thread (`progress::add_timer`).
+    pub timers: Vec<crate::timers::TimerQueue>,
+}
+
+/// A consumer's check of every local SGE posted on a device (a send or a
+/// receive work request), run before the request is queued; an error
+/// refuses the whole post with [`Error::InvalidArgument`]. The
+/// registered-memory heap uses it to prove, in debug builds, that no work
+/// request names a registration whose block was released
+/// (`softrdma-heap`).
+pub trait PostCheck: Send + Sync {
+    fn check(&self, sge: &crate::Sge) -> std::result::Result<(), String>;
+}
+
+impl Core {
+    /// Runs the consumers' post checks on `sgl` (nothing when none).
+    #[inline]
+    pub fn check_post(&self, sgl: &[crate::Sge]) -> Result<()> {
+        if !self.has_post_checks.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        for (_, c) in self.post_checks.read().iter() {
+            for sge in sgl {
+                c.check(sge).map_err(Error::inval)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn post_event(&self, ev: AsyncEvent) {
+        tracing::debug!(?ev, "async event");
+        let mut q = self.events.lock();
+        if q.len() > 65536 {
+            q.pop_front();
+        }
+        q.push_back(ev);
+        self.events_cv.notify_all();
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
+        self.qps.read().get(&qpn).cloned()
+    }
+}
+
+/// The progress threads serve the device's QPs through the iWARP driver.
+impl crate::progress::Host for Core {
+    fn timers(&self, idx: usize) -> &crate::timers::TimerQueue {
+        &self.timers[idx]
+    }
+    fn on_timer(&self, qpn: u32) {
+        if let Some(q) = self.qp(qpn) {
+            crate::iwarp::on_timer(&q);
+        }
+    }
+    fn on_readable(&self, qpn: u32) -> bool {
+        self.qp(qpn)
+            .is_some_and(|q| crate::iwarp::on_readable(&q, crate::iwarp::RX_BUDGET))
+    }
+    fn on_writable(&self, qpn: u32) {
+        if let Some(q) = self.qp(qpn) {
+            crate::iwarp::on_writable(&q);
+        }
+    }
+}
+
+impl Core {
+    pub(crate) fn info(&self, progress_threads: usize) -> DeviceInfo {
+        let core = self;
+        let mut qps: Vec<QpInfo> = core.qps.read().values().map(|q| q.info()).collect();
+        qps.sort_by_key(|q| q.qpn);
+        let mut mrs: Vec<MrInfo> = core
+            .stags
+            .all()
+            .iter()
+            .map(|m| MrInfo {
+                stag: m.stag,
+                pd: m.pd,
+                iova: m.iova,
+                len: m.len,
+                access: m.access,
+                valid: m.valid.load(Ordering::Acquire),
+                fast_reg: m.fast_reg,
+            })
+            .collect();
+        mrs.sort_by_key(|m| m.stag);
+        DeviceInfo {
+            name: core.config.name.clone(),
+            addr: core.config.addr,
+            progress_threads,
+            qps,
+            mrs,
+            shared_bytes: core.pool.as_ref().map_or(0, |p| p.in_use()),
+        }
+    }
+}
+
+/// Builds and installs the registration a fast-register work request
+/// binds: `spans` (memory of the `keep` regions) at `iova` under a new key.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fast_reg_build(
+    core: &Core,
+    pd: u32,
+    index: u32,
+    key: u8,
+    iova: u64,
+    access: Access,
+    keep: Vec<Arc<MrInner>>,
+    spans: Vec<RawSpan>,
+) {
+    let guards = keep.iter().flat_map(|p| p.guards.iter().copied()).collect();
+    let mr = NewMr {
+        pd,
+        access,
+        iova,
+        spans,
+        backing: Backing::Parents(keep),
+        invalidatable: true,
+        fast_reg: true,
+        chunk: None,
+        backend: None,
+        pins: Vec::new(), // the parents are pinned
+        guards,
+    }
+    .build(Stag::new(index, key).raw());
+    core.stags.install(Arc::new(mr));
+}
+
+pub(crate) struct SrqInner {
+    pub pd: u32,
+    pub max_wr: usize,
+    pub max_sge: usize,
+    pub q: Mutex<VecDeque<RecvWqe>>,
+}
