@@ -29,44 +29,14 @@ use softrdma_verbs::sim::{self, Rtr, SimParams};
 use softrdma_verbs::*;
 use std::sync::OnceLock;
 
-const GUARD: usize = 256;
-const LEN: usize = 4096;
-const GUARD_BYTE: u8 = 0xA5;
-/// The target region's STag (index 0x1234, key 0x56) and address, as in
-/// `engine_stream` (the two share their corpus's shapes).
-pub const STAG: u32 = 0x1234 << 8 | 0x56;
-pub const IOVA: u64 = 0x10000;
+#[path = "common/regions.rs"]
+mod regions;
+use regions::{Guarded, IOVA, LEN, STAG};
+
 /// Most bytes a connection may hold in its own buffers, whatever the
 /// peer sends: the 64 KiB receive stage, one composed batch (1 MiB) and
 /// queued responses bounded by the IRD.
 const MEMORY_BOUND: usize = 2 << 20;
-
-struct Guarded {
-    base: usize,
-}
-
-impl Guarded {
-    fn new() -> Guarded {
-        let v = vec![GUARD_BYTE; GUARD + LEN + GUARD].into_boxed_slice();
-        // Lives for the whole fuzzing process: regions over it never go.
-        let base = Box::leak(v).as_mut_ptr() as usize;
-        Guarded { base }
-    }
-    fn middle(&self) -> *mut u8 {
-        (self.base + GUARD) as *mut u8
-    }
-    fn guards_intact(&self) -> bool {
-        // SAFETY: the allocation is GUARD + LEN + GUARD bytes and is never
-        // freed; the guard bytes are outside every registration, so the
-        // engine never writes them (that is what is checked).
-        let all =
-            unsafe { std::slice::from_raw_parts(self.base as *const u8, GUARD + LEN + GUARD) };
-        all[..GUARD]
-            .iter()
-            .chain(&all[GUARD + LEN..])
-            .all(|&b| b == GUARD_BYTE)
-    }
-}
 
 struct Env {
     pd: ProtectionDomain,
@@ -82,32 +52,7 @@ fn env() -> &'static Env {
     ENV.get_or_init(|| {
         let dev = Device::open_default().unwrap();
         let pd = dev.alloc_pd().unwrap();
-        let target = Guarded::new();
-        let recv = Guarded::new();
-        // SAFETY: the memory is leaked (never freed), and only the engine
-        // writes the registered middle parts.
-        let (tmr, rmr) = unsafe {
-            (
-                pd.register_raw(
-                    target.middle(),
-                    LEN,
-                    Access::ALL,
-                    RegOptions {
-                        stag: Some(STAG),
-                        iova: Some(IOVA),
-                        ..Default::default()
-                    },
-                )
-                .unwrap(),
-                pd.register_raw(
-                    recv.middle(),
-                    LEN,
-                    Access::LOCAL_WRITE,
-                    RegOptions::default(),
-                )
-                .unwrap(),
-            )
-        };
+        let (target, recv, tmr, rmr) = regions::register(&pd);
         Env {
             pd,
             dev,

@@ -27,39 +27,9 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-const GUARD: usize = 256;
-const LEN: usize = 4096;
-const GUARD_BYTE: u8 = 0xA5;
-/// The target region's STag (index 0x1234, key 0x56) and address.
-pub const STAG: u32 = 0x1234 << 8 | 0x56;
-pub const IOVA: u64 = 0x10000;
-
-struct Guarded {
-    base: usize,
-}
-
-impl Guarded {
-    fn new() -> Guarded {
-        let v = vec![GUARD_BYTE; GUARD + LEN + GUARD].into_boxed_slice();
-        // Lives for the whole fuzzing process: regions over it never go.
-        let base = Box::leak(v).as_mut_ptr() as usize;
-        Guarded { base }
-    }
-    fn middle(&self) -> *mut u8 {
-        (self.base + GUARD) as *mut u8
-    }
-    fn guards_intact(&self) -> bool {
-        // SAFETY: the allocation is GUARD + LEN + GUARD bytes and is never
-        // freed; the guard bytes are outside every registration, so the
-        // engine never writes them (that is what is checked).
-        let all =
-            unsafe { std::slice::from_raw_parts(self.base as *const u8, GUARD + LEN + GUARD) };
-        all[..GUARD]
-            .iter()
-            .chain(&all[GUARD + LEN..])
-            .all(|&b| b == GUARD_BYTE)
-    }
-}
+#[path = "common/regions.rs"]
+mod regions;
+use regions::{Guarded, LEN};
 
 struct Env {
     addr: SocketAddr,
@@ -76,32 +46,7 @@ fn env() -> &'static Env {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
         let dev = Device::open_default().unwrap();
         let pd = dev.alloc_pd().unwrap();
-        let target = Guarded::new();
-        let recv = Guarded::new();
-        // SAFETY: the memory is leaked (never freed), and only the engine
-        // writes the registered middle parts.
-        let (tmr, rmr) = unsafe {
-            (
-                pd.register_raw(
-                    target.middle(),
-                    LEN,
-                    Access::ALL,
-                    RegOptions {
-                        stag: Some(STAG),
-                        iova: Some(IOVA),
-                        ..Default::default()
-                    },
-                )
-                .unwrap(),
-                pd.register_raw(
-                    recv.middle(),
-                    LEN,
-                    Access::LOCAL_WRITE,
-                    RegOptions::default(),
-                )
-                .unwrap(),
-            )
-        };
+        let (target, recv, tmr, rmr) = regions::register(&pd);
         let l = dev.listen("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let (tx, rx) = mpsc::channel();

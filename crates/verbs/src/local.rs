@@ -32,7 +32,7 @@
 //! remote responder would; a failing backend gives `RemOpErr`.
 
 use crate::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};
-use crate::engine::{QpInner, SqWqe, Stage};
+use crate::engine::{QpInner, SqWqe};
 use crate::error::{Error, Result};
 use crate::mr::{Access, MrInner};
 use crate::qp_state::QpState;
@@ -654,20 +654,8 @@ pub(crate) fn post_local(q: &Arc<QpInner>, l: &LocalLink, wrs: &[SendWr]) -> Res
                 break;
             }
         };
-        let mut w = SqWqe {
-            seq: 0,
-            wr_id: wr.wr_id,
-            op: wr.op.clone(),
-            signaled: false,
-            fence: false,
-            solicited: false,
-            spans: Vec::new(),
-            len: 0,
-            keep: Vec::new(),
-            stage: Stage::Queued,
-            sink: None,
-            imm_next: false,
-        };
+        // Only its resolved memory is used (the job carries the flags).
+        let mut w = SqWqe::new(0, wr);
         if let Err(st) = resolve_local(q, wr, &mut w) {
             failed = Some((i, st));
             break;

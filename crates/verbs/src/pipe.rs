@@ -19,14 +19,11 @@
 //! interest and timers), so the driver knows which end is ready for what,
 //! the way a level-triggered epoll would tell a progress thread.
 
+use crate::sys::{EV_IN, EV_OUT};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
-
-/// Poller interest bits an end asked for (as `sys::EV_IN` / `EV_OUT`).
-pub(crate) const WANT_IN: u32 = 1;
-pub(crate) const WANT_OUT: u32 = 2;
 
 #[derive(Default)]
 struct Dir {
@@ -42,6 +39,7 @@ struct Dir {
 
 #[derive(Default)]
 struct End {
+    /// The epoll interest the engine asked for (`sys::EV_IN` / `EV_OUT`).
     interest: u32,
     /// The engine closed this end (no more I/O from it).
     closed: bool,
@@ -144,8 +142,8 @@ impl Pipe {
         let has_input = !inb.ready.is_empty() || inb.reset || (inb.fin && inb.flight.is_empty());
         let room = out.flight.len() + out.ready.len() < st.cap;
         Ready {
-            input: e.interest & WANT_IN != 0 && has_input,
-            output: e.interest & WANT_OUT != 0 && room,
+            input: e.interest & EV_IN != 0 && has_input,
+            output: e.interest & EV_OUT != 0 && room,
             timer: e.timer,
         }
     }

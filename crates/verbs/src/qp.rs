@@ -16,7 +16,7 @@ pub use crate::engine::QpCaps;
 pub(crate) use crate::engine::QpInner;
 pub(crate) use crate::engine::{RecvWqe, Sq, SqWqe, Stage};
 use crate::srq::SharedReceiveQueue;
-use crate::wr::{RecvWr, SendFlags, SendWr, WrOp};
+use crate::wr::{RecvWr, SendWr, WrOp};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -341,20 +341,7 @@ impl QueuePair {
         for wr in wrs {
             let seq = sq.next_seq;
             sq.next_seq += 1;
-            let mut w = SqWqe {
-                seq,
-                wr_id: wr.wr_id,
-                op: wr.op.clone(),
-                signaled: wr.flags.contains(SendFlags::SIGNALED),
-                fence: wr.flags.contains(SendFlags::FENCE),
-                solicited: wr.flags.contains(SendFlags::SOLICITED),
-                spans: Vec::new(),
-                len: 0,
-                keep: Vec::new(),
-                stage: Stage::Queued,
-                sink: None,
-                imm_next: false,
-            };
+            let mut w = SqWqe::new(seq, wr);
             if q.state() == QpState::Error {
                 w.stage = Stage::Done(WcStatus::WrFlushErr);
             } else if let Err(st) = crate::local::resolve_local(q, wr, &mut w) {

@@ -90,19 +90,29 @@ fn devices() -> &'static (Device, Device) {
 enum Expect {
     /// Nothing to check but the status (Write, Send, ...).
     Done,
-    /// A Read: the sink slot must hold these bytes.
-    Read { slot: usize, bytes: Vec<u8> },
+    /// A Read of the peer's target from byte `off`: the sink slot must
+    /// hold these bytes.
+    Read { off: usize, bytes: Vec<u8> },
     /// An atomic: the result slot must hold the old value.
-    Atomic { slot: usize, old: u64 },
+    Atomic { old: u64 },
 }
 
 #[derive(Debug)]
 struct Posted {
     wr_id: u64,
-    slot: Option<usize>,
-    /// The byte range of the peer's target an outstanding Read covers.
-    reads: Option<(usize, usize)>,
+    /// The local slot it reads from or writes into.
+    slot: usize,
     expect: Expect,
+}
+
+impl Posted {
+    /// The byte range of the peer's target an outstanding Read covers.
+    fn reads(&self) -> Option<(usize, usize)> {
+        match &self.expect {
+            Expect::Read { off, bytes } => Some((*off, off + bytes.len())),
+            _ => None,
+        }
+    }
 }
 
 /// A message the peer sent us, in order: what its receive completion must
@@ -292,7 +302,7 @@ impl World {
                  expected, ready {:?}, in flight {}, unread {}",
                 e.qp.state(),
                 e.ops_left,
-                e.posted.iter().map(|p| (p.wr_id, p.reads)).collect::<Vec<_>>(),
+                e.posted.iter().map(|p| (p.wr_id, p.reads())).collect::<Vec<_>>(),
                 e.recvs,
                 e.incoming.len(),
                 self.pipe.ready(i),
@@ -326,11 +336,12 @@ impl World {
         let base = slot * SLOT_LEN;
         // A receive the peer has posted and no earlier message of ours
         // will take.
-        let recv_free = p.recvs.len() > e_sends_in_flight(p);
+        // (`incoming`: messages we sent that each take one of its receives.)
+        let recv_free = p.recvs.len() > p.incoming.len();
         let overlaps_read = |e: &End, lo: usize, hi: usize| {
             e.posted
                 .iter()
-                .filter_map(|x| x.reads)
+                .filter_map(Posted::reads)
                 .any(|(rl, rh)| lo < rh && rl < hi)
         };
         let len_pick = |rng: &mut Rng, max: usize| match rng.below(4) {
@@ -384,16 +395,7 @@ impl World {
                     wr = wr.fenced();
                 }
                 let bytes = p.model[off..off + len].to_vec();
-                e.posted.push_back(Posted {
-                    wr_id,
-                    slot: Some(slot),
-                    reads: Some((off, off + len)),
-                    expect: Expect::Read { slot, bytes },
-                });
-                e.free_slots.pop();
-                e.next_wr += 1;
-                e.ops_left -= 1;
-                return post(e, &wr, me, self.seed);
+                (wr, Expect::Read { off, bytes })
             }
             // Atomics.
             5 => {
@@ -423,7 +425,7 @@ impl World {
                 if overlaps_read(e, word, word + 8) {
                     wr = wr.fenced();
                 }
-                (wr, Expect::Atomic { slot, old })
+                (wr, Expect::Atomic { old })
             }
             // Send, Send with Invalidate, Immediate Data: each takes one
             // of the peer's receives.
@@ -467,8 +469,7 @@ impl World {
         };
         e.posted.push_back(Posted {
             wr_id,
-            slot: Some(slot),
-            reads: None,
+            slot,
             expect: posted,
         });
         e.free_slots.pop();
@@ -545,9 +546,7 @@ impl World {
         if p.wr_id != wc.wr_id {
             return Err(format!("send WR {} expected first (order)", p.wr_id));
         }
-        if let Some(s) = p.slot {
-            e.free_slots.push(s);
-        }
+        e.free_slots.push(p.slot);
         if !wc.is_ok() {
             if wc.status != WcStatus::WrFlushErr && !self.faulted {
                 return Err(format!("failed without a fault: {:?}", wc.status));
@@ -560,9 +559,9 @@ impl World {
         }
         match p.expect {
             Expect::Done => {}
-            Expect::Read { slot, bytes } => {
+            Expect::Read { bytes, .. } => {
                 let mut got = vec![0u8; bytes.len()];
-                e.local.read_at(slot * SLOT_LEN, &mut got);
+                e.local.read_at(p.slot * SLOT_LEN, &mut got);
                 if got != bytes {
                     let at = got.iter().zip(&bytes).position(|(a, b)| a != b);
                     return Err(format!(
@@ -571,9 +570,9 @@ impl World {
                     ));
                 }
             }
-            Expect::Atomic { slot, old } => {
+            Expect::Atomic { old } => {
                 let mut got = [0u8; 8];
-                e.local.read_at(slot * SLOT_LEN, &mut got);
+                e.local.read_at(p.slot * SLOT_LEN, &mut got);
                 if u64::from_ne_bytes(got) != old {
                     return Err(format!(
                         "an atomic returned {:#x}, the target held {old:#x}",
@@ -585,8 +584,8 @@ impl World {
         Ok(())
     }
 
-    /// Everything posted has completed and nothing more will be posted.
-    /// and the connection is quiet (every byte sent was received).
+    /// Everything posted has completed, nothing more will be posted, and
+    /// the connection is quiet (every byte sent was received).
     fn finished(&self) -> bool {
         let ends_done = self.ends.iter().all(|e| {
             let err = e.qp.state() == QpState::Error;
@@ -720,12 +719,6 @@ impl World {
     }
 }
 
-/// Sends in flight from the peer of `p` that will each take one of `p`'s
-/// receives (counted from `p`'s side: messages announced, not received).
-fn e_sends_in_flight(p: &End) -> usize {
-    p.incoming.len()
-}
-
 fn post(e: &mut End, wr: &SendWr, me: usize, seed: u64) -> bool {
     if let Err(err) = e.qp.post_send(wr) {
         // Only a QP that left RTS refuses a WR (a fault cut it).
@@ -735,9 +728,7 @@ fn post(e: &mut End, wr: &SendWr, me: usize, seed: u64) -> bool {
             "seed {seed}: end {me} refused {wr:?}: {err}"
         );
         let p = e.posted.pop_back().unwrap();
-        if let Some(s) = p.slot {
-            e.free_slots.push(s);
-        }
+        e.free_slots.push(p.slot);
         return false;
     }
     true

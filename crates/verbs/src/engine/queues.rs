@@ -5,7 +5,7 @@
 use super::*;
 use crate::cq::{WcOpcode, WcStatus};
 use crate::iwarp::Tx;
-use crate::wr::{RecvWr, WrOp};
+use crate::wr::{RecvWr, SendFlags, SendWr, WrOp};
 
 /// A posted receive, resolved to memory.
 pub(crate) struct RecvWqe {
@@ -70,6 +70,24 @@ pub(crate) struct SqWqe {
 }
 
 impl SqWqe {
+    /// WR `wr` as entry `seq`, queued, its memory not yet resolved.
+    pub fn new(seq: u64, wr: &SendWr) -> SqWqe {
+        SqWqe {
+            seq,
+            wr_id: wr.wr_id,
+            op: wr.op.clone(),
+            signaled: wr.flags.contains(SendFlags::SIGNALED),
+            fence: wr.flags.contains(SendFlags::FENCE),
+            solicited: wr.flags.contains(SendFlags::SOLICITED),
+            spans: Vec::new(),
+            len: 0,
+            keep: Vec::new(),
+            stage: Stage::Queued,
+            sink: None,
+            imm_next: false,
+        }
+    }
+
     pub fn opcode(&self) -> WcOpcode {
         match self.op {
             WrOp::Send

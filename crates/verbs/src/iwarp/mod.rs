@@ -37,7 +37,7 @@ use crate::engine::AsyncEvent;
 use crate::engine::{QpInner, RecvWqe, Sq, Stage};
 use crate::mr::{self, Access, MrInner};
 use crate::negotiated::Negotiated;
-use crate::pipe::{self, PipeEnd};
+use crate::pipe::PipeEnd;
 use crate::qp_state::QpState;
 use crate::sys::{self, Epoll, RawSpan};
 use crate::wr::WrOp;
@@ -184,17 +184,7 @@ impl Conn {
             Io::Tcp { fd, epoll, .. } if add => epoll.add(*fd, interest, qpn as u64),
             Io::Tcp { fd, epoll, .. } => epoll.modify(*fd, interest, qpn as u64),
             Io::Pipe(p) => {
-                let inp = if interest & sys::EV_IN != 0 {
-                    pipe::WANT_IN
-                } else {
-                    0
-                };
-                let out = if interest & sys::EV_OUT != 0 {
-                    pipe::WANT_OUT
-                } else {
-                    0
-                };
-                p.set_interest(inp | out);
+                p.set_interest(interest);
                 Ok(())
             }
         }
