@@ -11,7 +11,7 @@
 //! check failed.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, OnceLock};
@@ -73,10 +73,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn write_config(
@@ -190,8 +186,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     println!("softrdma demo: HA remote memory store, failover under load");
     let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
-    let n1: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let n2: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let ports = crate::net::free_ports(2)?;
+    let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
+    let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
     let c1 = write_config(&dir, 1, n1, n2, coord.addr(), &a.arena)?;
     let c2 = write_config(&dir, 2, n2, n1, coord.addr(), &a.arena)?;
     println!(

@@ -7,6 +7,7 @@ mod cmatose;
 mod demo;
 mod heap;
 mod info;
+mod net;
 mod oneshot;
 mod rping;
 mod storage;

@@ -23,7 +23,7 @@
 //! every path (drop guards).
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Barrier};
@@ -76,10 +76,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -160,8 +156,9 @@ struct Group {
 
 fn start_group(dir: &Path, arena: &str) -> Result<Group> {
     let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
-    let n1: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let n2: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let ports = crate::net::free_ports(2)?;
+    let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
+    let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
     let c1 = write_config(dir, 1, n1, n2, coord.addr(), arena)?;
     let c2 = write_config(dir, 2, n2, n1, coord.addr(), arena)?;
     let mut procs = vec![start_node(dir, 1, &c1, "primary")?];
@@ -457,9 +454,9 @@ fn start_redis_server(dir: &Path, name: &str, port: u16, extra: &[String]) -> Re
 }
 
 fn start_redis(dir: &Path) -> Result<Redis> {
-    let port = free_port()?;
+    let ports = crate::net::free_ports(2)?;
+    let (port, rport) = (ports[0], ports[1]);
     let primary = start_redis_server(dir, "redis-primary", port, &[])?;
-    let rport = free_port()?;
     let replica = start_redis_server(
         dir,
         "redis-replica",

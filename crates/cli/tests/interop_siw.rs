@@ -204,17 +204,6 @@ fn guest_env(test: &str) -> Option<GuestEnv> {
     );
 }
 
-/// `n` distinct free TCP ports on 127.0.0.1 (bound to port 0, then released).
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
 /// Whether some socket listens on TCP `port` (any address), from /proc/net/tcp{,6}.
 fn host_listening(port: u16) -> bool {
     let want = format!(":{port:04X}");
@@ -839,9 +828,10 @@ fn guest_self_check() {
     let loop_size = 4096;
     let count = ping_count(loop_size);
     let mut loops = Vec::new();
+    let fwd_ports = free_ports(2);
     for (name, crc, guest_port, fwd) in [
-        ("loop", false, 7190, free_ports(1)[0]),
-        ("loopcrc", true, 7191, free_ports(1)[0]),
+        ("loop", false, 7190, fwd_ports[0]),
+        ("loopcrc", true, 7191, fwd_ports[1]),
     ] {
         let (gate, gate_rx) = mpsc::channel();
         let (relay, done) = start_relay(fwd, gate_rx, crc);

@@ -21,6 +21,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::free_ports;
 use common::history::{self, assert_linearizable, Workload};
 
 use softrdma_store::coord::embedded::EmbeddedServer;
@@ -104,14 +105,6 @@ struct Group {
     probe: StoreClient,
 }
 
-fn port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A failing test shows the nodes' logs (CI keeps no files).
 impl Drop for Group {
     fn drop(&mut self) {
@@ -151,8 +144,9 @@ impl Group {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let coord = EmbeddedServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addrs: Vec<SocketAddr> = (0..2)
-            .map(|_| format!("127.0.0.1:{}", port()).parse().unwrap())
+        let addrs: Vec<SocketAddr> = free_ports(2)
+            .into_iter()
+            .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
             .collect();
         let mut nodes = Vec::new();
         for i in 0..2 {
@@ -549,7 +543,10 @@ fn start_etcd() -> Etcd {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("etcd not found: run scripts/setup.sh (apt-get install etcd-server)");
-    let (cp, pp) = (port(), port());
+    let (cp, pp) = match free_ports(2)[..] {
+        [c, p] => (c, p),
+        _ => unreachable!(),
+    };
     let dir = std::env::temp_dir().join(format!("softrdma-ha-etcd-{}", std::process::id()));
     let url = format!("http://127.0.0.1:{cp}");
     let peer = format!("http://127.0.0.1:{pp}");

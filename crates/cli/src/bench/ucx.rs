@@ -19,7 +19,6 @@
 use super::proto::Test;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
 #[derive(Debug, Clone)]
@@ -39,10 +38,6 @@ fn ucx_test(t: Test) -> Option<&'static str> {
         Test::SendLat => "ucp_am_lat",
         Test::AtomicLat | Test::IdleQps => return None,
     })
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Parses the numbers of ucx_perftest's `Final:` line.
@@ -72,7 +67,7 @@ pub fn run(test: Test, size: u64, iters: u64, tls: &str) -> Result<UcxResult> {
     let Some(name) = ucx_test(test) else {
         bail!("no ucx_perftest counterpart for {}", test.name());
     };
-    let port = free_port()?.to_string();
+    let port = crate::net::free_ports(1)?[0].to_string();
     // stdbuf: ucx_perftest block-buffers a piped stdout, and we wait for
     // its "Waiting for connection" line.
     let mut server = Command::new("stdbuf")

@@ -14,6 +14,18 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// `n` distinct free TCP ports on 127.0.0.1: all `n` listeners are held at
+/// once before any is released, so the same port cannot come back twice.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
 pub fn require_tool(tool: &str) {
     let ok = Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
@@ -134,7 +146,10 @@ impl Capture {
             .collect::<Vec<_>>()
             .join(" or ");
         let child = Command::new("tshark")
-            .args(["-q", "-i", "lo", "-f", &filter, "-w"])
+            // A 64 MiB kernel buffer (the default is 2): on a busy two-core
+            // machine dumpcap can fall behind a burst of MiB-sized messages,
+            // and a packet it drops is a message the checks count as missing.
+            .args(["-q", "-i", "lo", "-B", "64", "-f", &filter, "-w"])
             .arg(&file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -203,6 +218,20 @@ impl Capture {
             panic!("tshark did not stop");
         }
         assert!(self.file.is_file(), "tshark wrote no capture file");
+        // tshark reports "N packets dropped from lo" on stop when dumpcap
+        // lost any: then the capture is incomplete and a count taken from it
+        // means nothing, so say so rather than fail a count further on.
+        let err = fs::read_to_string(&self.err).unwrap_or_default();
+        let dropped: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("dropped") && !l.trim_start().starts_with('0'))
+            .collect();
+        assert!(
+            dropped.is_empty(),
+            "the capture is incomplete (the traffic went through, the capture lost \
+             packets): {}",
+            dropped.join("; ")
+        );
         self.file.clone()
     }
 }

@@ -539,12 +539,15 @@ mod tests {
         }
     }
 
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
+    /// Two distinct free ports: both listeners are held before either is
+    /// released, so the kernel cannot return the same port twice.
+    fn free_port_pair() -> (u16, u16) {
+        let a = TcpListener::bind("127.0.0.1:0").unwrap();
+        let b = TcpListener::bind("127.0.0.1:0").unwrap();
+        (
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port(),
+        )
     }
 
     fn start_etcd() -> Etcd {
@@ -557,7 +560,7 @@ mod tests {
                      (scripts/setup.sh does); this test does not skip"
                 )
             });
-        let (cp, pp) = (free_port(), free_port());
+        let (cp, pp) = free_port_pair();
         let dir = std::env::temp_dir().join(format!("softrdma-etcd-{}-{cp}", std::process::id()));
         let url = format!("http://127.0.0.1:{cp}");
         let peer = format!("http://127.0.0.1:{pp}");
