@@ -157,28 +157,29 @@ pub(crate) fn attach(qp: &QueuePair, conn: Conn, rtr: Option<bool>) -> Result<()
     let q = &qp.inner;
     let rt = &qp.pd.dev.rt;
     let n = conn.params;
-    {
-        let mut sq = q.sq.lock();
-        let mut rx = q.rx.lock();
+    // The connection is not yet the QP's: nothing else reaches its state.
+    let hold_until = {
+        let mut tx = conn.tx.lock();
         if n.p2p {
             if n.initiator {
-                sq.tx.queue_rtr(rtr == Some(true));
+                tx.queue_rtr(rtr == Some(true));
             } else {
-                sq.tx.rtr_wait = true;
-                rx.rtr_expected = true;
+                tx.rtr_wait = true;
+                conn.rx.lock().rtr_expected = true;
             }
         } else if !n.initiator && !n.softrdma_peer {
-            sq.tx.hold_until = Some(std::time::Instant::now() + rt.core.config.responder_hold);
+            tx.hold_until = Some(std::time::Instant::now() + rt.core.config.responder_hold);
         }
-    }
-    if q.conn.set(conn).is_err() {
+        tx.hold_until
+    };
+    let c = Arc::new(conn);
+    if q.transport.set(c.clone()).is_err() {
         return Err(Error::inval("QP is already connected"));
     }
     q.set_state(QpState::Rtr);
     q.set_state(QpState::Rts);
-    let c = q.conn.get().expect("just set");
     c.register(q.qpn)?;
-    if let Some(until) = q.sq.lock().tx.hold_until {
+    if let Some(until) = hold_until {
         // Transmission starts at the hold's end if no FPDU came first.
         c.add_timer(q, until);
     }

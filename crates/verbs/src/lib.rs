@@ -14,9 +14,11 @@
 //! |------|------|-----|
 //! | [`device`](Device) | devices, protection domains, memory registration API | `siw_verbs.c` |
 //! | `mr` | STag table, access checks, placement helpers | `siw_mem.c` |
-//! | [`qp`](QueuePair) | QP state machine, posting, ordering, flush | `siw_qp.c` |
-//! | `iwarp` | FPDU send path (`iwarp/tx.rs`, `wqe.rs`, `batch.rs`) and receive path with direct placement (`iwarp/rx.rs`, one handler per RDMAP opcode in `rdmap.rs`) | `siw_qp_tx.c`, `siw_qp_rx.c` |
+//! | [`qp`](QueuePair) | the QP API: state changes, posting | `siw_verbs.c` |
+//! | `engine` | per-device `Core`, per-QP state, queues, ordering, flush; the `Transport` trait it reaches its transports through | `siw_qp.c` |
+//! | `iwarp` | the iWARP transport (`iwarp/driver.rs`: its `Transport` impl and progress entry points); FPDU send path (`iwarp/tx.rs`, `wqe.rs`, `batch.rs`) and receive path with direct placement (`iwarp/rx.rs`, one handler per RDMAP opcode in `rdmap.rs`) | `siw_qp_tx.c`, `siw_qp_rx.c` |
 //! | [`cm`](ConnectRequest) | listen / connect / accept / reject, MPA exchange | `siw_cm.c` |
+//! | `local` | the local transport: a QP bound to this device's own regions | (softrdma's own) |
 //! | `progress` | a fixed set of progress threads per device | (siw's tx threads) |
 //! | [`cq`](CompletionQueue) | completion queues and notification | `siw_cq.c` |
 //!

@@ -32,7 +32,7 @@
 //! remote responder would; a failing backend gives `RemOpErr`.
 
 use crate::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};
-use crate::engine::{QpInner, SqWqe};
+use crate::engine::{QpInner, RecvWqe, Sq, SqWqe, Transport};
 use crate::error::{Error, Result};
 use crate::mr::{Access, MrInner};
 use crate::qp_state::QpState;
@@ -539,6 +539,43 @@ fn complete(q: &QpInner, cq: &CqInner, qpn: u32, j: Job, status: WcStatus) {
                 reason: "backing I/O failed".into(),
             }),
         );
+    }
+}
+
+/// The engine's view of a local link: no bytes to transmit or receive, no
+/// peer to terminate; send WRs are executed by the link itself.
+impl Transport for LocalLink {
+    fn kick(&self, _q: &QpInner, _sq: &mut Sq) -> std::io::Result<Option<String>> {
+        Ok(None)
+    }
+
+    fn close(&self) {}
+
+    fn flush_tx(&self, _sq: &mut Sq) {}
+
+    fn take_current_recv(&self) -> Option<RecvWqe> {
+        None
+    }
+
+    fn send_terminate(&self, _q: &QpInner, _code: softrdma_wire::TermCode, _hdr: Option<&[u8]>) {}
+
+    fn disconnect(&self, _q: &QpInner) {}
+
+    fn on_drop(&self, q: &QpInner) {
+        q.set_state(QpState::Error);
+        self.stop();
+    }
+
+    fn post_send(&self, q: &Arc<QpInner>, wrs: &[SendWr]) -> Option<Result<()>> {
+        Some(post_local(q, self, wrs))
+    }
+
+    fn allows_reset(&self) -> bool {
+        true
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -7,7 +7,6 @@
 use crate::cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 use crate::device::ProtectionDomain;
 use crate::error::{Error, Result};
-use crate::iwarp::{Rx, Tx};
 use crate::mr::{Access, MrInner};
 pub use crate::qp_state::QpState;
 
@@ -110,13 +109,10 @@ impl QueuePair {
                 next_seq: 1,
                 next_tx: 1,
                 orq: VecDeque::new(),
-                tx: Tx::new(),
                 sqd_pending: false,
             }),
             rq: Mutex::new(VecDeque::new()),
-            rx: Mutex::new(Rx::new()),
-            conn: OnceLock::new(),
-            local: OnceLock::new(),
+            transport: OnceLock::new(),
             one_shot: Mutex::new(Default::default()),
             next_key: Default::default(),
             relaxed: attr.relaxed_ordering,
@@ -146,21 +142,30 @@ impl QueuePair {
     /// What the same-host transport did for this QP's Writes and Reads
     /// (`None` without one: another host, or not negotiated).
     pub fn same_host_stats(&self) -> Option<crate::samehost::SameHostStats> {
-        let link = self.inner.conn.get()?.link.as_ref()?;
+        let link = self.iwarp()?.link.as_ref()?;
         link.direct().then(|| link.stats())
+    }
+
+    /// The iWARP connection, once connected over TCP (or a simulated pipe).
+    fn iwarp(&self) -> Option<&crate::iwarp::Conn> {
+        self.inner
+            .transport
+            .get()?
+            .as_any()
+            .downcast_ref::<crate::iwarp::Conn>()
     }
 
     /// Negotiated connection parameters, once connected.
     pub fn conn_params(&self) -> Option<crate::negotiated::Negotiated> {
-        self.inner.conn.get().map(|c| c.params)
+        self.inner.negotiated()
     }
 
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.inner.conn.get().map(|c| c.local)
+        self.inner.transport.get()?.addrs().map(|a| a.0)
     }
 
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
-        self.inner.conn.get().map(|c| c.peer)
+        self.inner.transport.get()?.addrs().map(|a| a.1)
     }
 
     /// Connects this QP, without a network, to the regions of its own
@@ -173,14 +178,17 @@ impl QueuePair {
     pub fn connect_local(&self) -> Result<()> {
         let q = &self.inner;
         let s = q.state();
-        if !matches!(s, QpState::Reset | QpState::Init) || q.conn.get().is_some() {
+        if !matches!(s, QpState::Reset | QpState::Init) || q.transport.get().is_some() {
             return Err(Error::BadState {
                 qpn: q.qpn,
                 state: s,
             });
         }
         let link = crate::local::LocalLink::start(q, q.relaxed);
-        if q.local.set(link).is_err() {
+        if q.transport
+            .set(link as Arc<dyn crate::engine::Transport>)
+            .is_err()
+        {
             return Err(Error::inval("already connected locally"));
         }
         q.set_state(QpState::Rts);
@@ -215,7 +223,7 @@ impl QueuePair {
                 q.kick_with(sq);
                 return Ok(());
             }
-            (QpState::Error, QpState::Reset) => q.conn.get().is_none(),
+            (QpState::Error, QpState::Reset) => q.transport.get().is_none_or(|t| t.allows_reset()),
             _ => false,
         };
         if !ok {
@@ -304,8 +312,9 @@ impl QueuePair {
             }
         }
         // Refuse the whole batch before queueing any of it.
-        let rfc7306 = q.conn.get().is_some_and(|c| c.params.rfc7306);
-        let no_reads = q.conn.get().is_some_and(|c| c.params.ord == 0);
+        let n = q.negotiated();
+        let rfc7306 = n.is_some_and(|n| n.rfc7306);
+        let no_reads = n.is_some_and(|n| n.ord == 0);
         for wr in wrs {
             if wr.sgl.len() > q.caps.max_send_sge {
                 return Err(Error::inval("too many SGEs"));
@@ -330,8 +339,8 @@ impl QueuePair {
                 ));
             }
         }
-        if let Some(l) = q.local.get() {
-            return crate::local::post_local(q, l, wrs);
+        if let Some(posted) = q.transport.get().and_then(|t| t.post_send(q, wrs)) {
+            return posted;
         }
         let mut sq = q.sq.lock();
         if sq.wqes.len() + wrs.len() > q.caps.max_send_wr {
@@ -384,9 +393,7 @@ impl QueuePair {
     /// thread (anything pending is picked up at once).
     pub fn set_busy_poll(&self, on: bool) -> Result<()> {
         let c = self
-            .inner
-            .conn
-            .get()
+            .iwarp()
             .ok_or(Error::inval("busy-poll needs a connected QP"))?;
         c.set_polled(on, self.inner.qpn)?;
         Ok(())
@@ -398,7 +405,7 @@ impl QueuePair {
     /// mode, harmless otherwise. Returns true if it stopped at its budget
     /// with input left (call it again before sleeping).
     pub fn progress(&self) -> bool {
-        crate::iwarp::on_readable(&self.inner, crate::iwarp::RX_BUDGET)
+        self.inner.on_readable(crate::engine::RX_BUDGET)
     }
 
     /// Like [`QueuePair::progress`], handling at most `segments` DDP
@@ -406,21 +413,21 @@ impl QueuePair {
     /// before it returns: an application that re-posts receives between
     /// calls never runs out of them while its peer streams messages.
     pub fn progress_budget(&self, segments: usize) -> bool {
-        crate::iwarp::on_readable(&self.inner, segments.max(1))
+        self.inner.on_readable(segments.max(1))
     }
 
     /// Busy-poll mode: whether input is known to be waiting without asking
     /// the kernel (bytes in the same-host ring). A cheap check for a
     /// polling loop; input over TCP shows on [`QueuePair::input_fd`].
     pub fn input_waiting(&self) -> bool {
-        self.inner.conn.get().is_some_and(|c| c.input_waiting())
+        self.iwarp().is_some_and(|c| c.input_waiting())
     }
 
     /// Busy-poll mode: the descriptor that becomes readable when input is
     /// waiting, for the application's own epoll (or tokio's `AsyncFd`).
     /// Sleep on it only after [`QueuePair::arm_input`] returned true.
     pub fn input_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.conn.get().and_then(|c| c.fd())
+        self.iwarp().and_then(|c| c.fd())
     }
 
     /// Busy-poll mode, before sleeping on [`QueuePair::input_fd`]: asks to
@@ -429,7 +436,7 @@ impl QueuePair {
     /// is already waiting: call [`QueuePair::progress`] instead of
     /// sleeping.
     pub fn arm_input(&self) -> bool {
-        self.inner.conn.get().is_none_or(|c| c.arm_input())
+        self.iwarp().is_none_or(|c| c.arm_input())
     }
 
     /// Waits until the QP reaches `state` or the timeout passes.
@@ -450,12 +457,8 @@ impl QueuePair {
     /// disconnect, this QP goes to ERROR and flushes.
     pub fn disconnect(&self) {
         let q = &self.inner;
-        if let Some(c) = q.conn.get() {
-            // Push out whatever is queued first (best effort).
-            let mut sq = q.sq.lock();
-            let _ = crate::iwarp::tx_progress(q, &mut sq, c);
-            drop(sq);
-            c.shutdown_write();
+        if let Some(t) = q.transport.get() {
+            t.disconnect(q);
         }
         q.fail(
             WcStatus::WrFlushErr,
@@ -467,11 +470,10 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let q = &self.inner;
-        if let Some(l) = q.local.get() {
-            q.set_state(QpState::Error);
-            l.stop();
+        if let Some(t) = q.transport.get() {
+            t.on_drop(q);
         }
-        if q.state() != QpState::Error && q.conn.get().is_some() {
+        if q.state() != QpState::Error && q.transport.get().is_some() {
             self.disconnect();
         }
         q.fail(WcStatus::WrFlushErr, None);

@@ -161,21 +161,29 @@ pub fn attach(qp: &QueuePair, initiator: bool, p: &SimParams) -> Result<Arc<Pipe
 /// Input is waiting: runs the receiver for at most `budget` segments (as
 /// the progress thread on EPOLLIN). True: it stopped at its budget.
 pub fn on_readable(qp: &QueuePair, budget: usize) -> bool {
-    iwarp::on_readable(&qp.inner, budget.max(1))
+    qp.inner.on_readable(budget.max(1))
 }
 
 /// The connection has room again: runs the transmitter (EPOLLOUT).
 pub fn on_writable(qp: &QueuePair) {
-    iwarp::on_writable(&qp.inner)
+    if let Some(t) = qp.inner.transport.get() {
+        t.on_writable(&qp.inner)
+    }
 }
 
 /// A timer the QP asked for fires.
 pub fn on_timer(qp: &QueuePair) {
-    iwarp::on_timer(&qp.inner)
+    if let Some(t) = qp.inner.transport.get() {
+        t.on_timer(&qp.inner)
+    }
 }
 
 /// Bytes the QP's connection holds in its own buffers (receive staging,
 /// composed output, queued responses): what a peer can make it hold.
 pub fn conn_memory(qp: &QueuePair) -> usize {
-    iwarp::conn_memory(&qp.inner)
+    qp.inner
+        .transport
+        .get()
+        .and_then(|t| t.as_any().downcast_ref::<Conn>())
+        .map_or(0, iwarp::conn_memory)
 }

@@ -3,9 +3,10 @@
 //! [`QpInner`] (state, send queue with the ORQ, receive queue, the flush on
 //! error), the work-queue entries, and what a shared receive queue holds.
 //! The API handles (`device.rs`, `qp.rs`, `srq.rs`, `cm.rs`) sit above it
-//! and nothing here names them. The transports (`iwarp`, `local`) still
-//! share a cycle with it: `QpInner` holds their state (issue 19's next
-//! step is a transport trait).
+//! and nothing here names them. The transports (`iwarp`, `local`) sit
+//! below it in the sense that matters: they use its queues, and it reaches
+//! them only through the [`Transport`] trait (`transport.rs`), so nothing
+//! here names them either.
 
 use crate::error::{Error, Result};
 use crate::mr::{Access, Backing, MrInner, NewMr, StagTable};
@@ -20,9 +21,11 @@ use std::sync::Arc;
 
 mod qp;
 mod queues;
+mod transport;
 pub use qp::QpCaps;
 pub(crate) use qp::QpInner;
 pub(crate) use queues::{RecvWqe, Sq, SqWqe, Stage};
+pub(crate) use transport::Transport;
 
 /// Limits of a device (`ibv_query_device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,23 +197,30 @@ impl Core {
     }
 }
 
-/// The progress threads serve the device's QPs through the iWARP driver.
+/// Segments a receiver handles per call before it yields (the progress
+/// thread then turns to its other QPs).
+pub(crate) const RX_BUDGET: usize = 512;
+
+/// The progress threads serve the device's QPs through their transports.
 impl crate::progress::Host for Core {
     fn timers(&self, idx: usize) -> &crate::timers::TimerQueue {
         &self.timers[idx]
     }
     fn on_timer(&self, qpn: u32) {
         if let Some(q) = self.qp(qpn) {
-            crate::iwarp::on_timer(&q);
+            if let Some(t) = q.transport.get() {
+                t.on_timer(&q);
+            }
         }
     }
     fn on_readable(&self, qpn: u32) -> bool {
-        self.qp(qpn)
-            .is_some_and(|q| crate::iwarp::on_readable(&q, crate::iwarp::RX_BUDGET))
+        self.qp(qpn).is_some_and(|q| q.on_readable(RX_BUDGET))
     }
     fn on_writable(&self, qpn: u32) {
         if let Some(q) = self.qp(qpn) {
-            crate::iwarp::on_writable(&q);
+            if let Some(t) = q.transport.get() {
+                t.on_writable(&q);
+            }
         }
     }
 }

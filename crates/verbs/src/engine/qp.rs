@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};
-use crate::iwarp::{Conn, Rx};
 use crate::qp_state::QpState;
 use softrdma_wire::TermCode;
 use std::sync::atomic::AtomicU8;
@@ -41,10 +40,9 @@ pub(crate) struct QpInner {
     pub(crate) state: AtomicU8,
     pub sq: Mutex<Sq>,
     pub rq: Mutex<VecDeque<RecvWqe>>,
-    pub rx: Mutex<Rx>,
-    pub conn: OnceLock<Conn>,
-    /// A QP connected without a network (`local.rs`).
-    pub local: OnceLock<Arc<crate::local::LocalLink>>,
+    /// What carries the QP's operations once it is connected: iWARP over
+    /// TCP (`iwarp`), or the local transport (`local.rs`). Set once.
+    pub transport: OnceLock<Arc<dyn Transport>>,
     /// One-shot bindings this QP advertised and the peer has not closed:
     /// STag -> (reference, STag index) (`docs/one-shot.md`).
     pub one_shot: Mutex<std::collections::HashMap<u32, (u64, u32)>>,
@@ -66,21 +64,36 @@ impl QpInner {
     }
 
     pub fn info(&self) -> crate::registry::QpInfo {
-        let c = self.conn.get();
+        let t = self.transport.get();
+        let addrs = t.and_then(|t| t.addrs());
+        let n = t.and_then(|t| t.negotiated());
         crate::registry::QpInfo {
             qpn: self.qpn,
             pd: self.pd,
             state: self.state(),
-            local: c.map(|c| c.local),
-            peer: c.map(|c| c.peer),
+            local: addrs.map(|a| a.0),
+            peer: addrs.map(|a| a.1),
             sq_outstanding: self.sq.lock().wqes.len(),
             rq_posted: self.rq.lock().len(),
-            mpa_revision: c.map_or(0, |c| c.params.revision),
-            crc: c.is_some_and(|c| c.params.crc),
-            ird: c.map_or(0, |c| c.params.ird),
-            ord: c.map_or(0, |c| c.params.ord),
-            same_host: c.is_some_and(|c| c.params.same_host),
+            mpa_revision: n.map_or(0, |n| n.revision),
+            crc: n.is_some_and(|n| n.crc),
+            ird: n.map_or(0, |n| n.ird),
+            ord: n.map_or(0, |n| n.ord),
+            same_host: n.is_some_and(|n| n.same_host),
         }
+    }
+
+    /// What was negotiated with the peer, on a network transport.
+    pub fn negotiated(&self) -> Option<crate::negotiated::Negotiated> {
+        self.transport.get().and_then(|t| t.negotiated())
+    }
+
+    /// Runs the transport's receiver for at most `budget` segments; true
+    /// if it stopped at its budget with input left.
+    pub fn on_readable(self: &Arc<Self>, budget: usize) -> bool {
+        self.transport
+            .get()
+            .is_some_and(|t| t.on_readable(self, budget))
     }
 
     /// Pops finished WRs off the front of the send queue, in order, and
@@ -118,14 +131,14 @@ impl QpInner {
         if self.flushed.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(c) = self.conn.get() {
-            c.close();
+        let t = self.transport.get();
+        if let Some(t) = t {
+            t.close();
         }
         {
             let mut sq = self.sq.lock();
-            // No same-host copy runs while the send queue is locked.
-            if let Some(l) = self.conn.get().and_then(|c| c.link.as_ref()) {
-                l.shutdown();
+            if let Some(t) = t {
+                t.flush_tx(&mut sq);
             }
             // Completions are reported in posting order: the first WR not
             // done gets `status` (if it had started) and every WR after it
@@ -149,11 +162,10 @@ impl QpInner {
             }
             sq.next_tx = sq.next_seq;
             sq.orq.clear();
-            sq.tx.clear();
             self.complete_in_order(&mut sq);
         }
         let rq: Vec<RecvWqe> = self.rq.lock().drain(..).collect();
-        let cur = self.rx.lock().take_current_recv();
+        let cur = t.and_then(|t| t.take_current_recv());
         for w in cur.into_iter().chain(rq) {
             self.recv_cq.push(WorkCompletion {
                 wr_id: w.wr_id,
@@ -175,28 +187,27 @@ impl QpInner {
     /// Runs the transmitter with the send queue locked, then handles any
     /// failure after unlocking (failing takes other locks).
     pub fn kick_with(&self, mut sq: parking_lot::MutexGuard<'_, Sq>) {
-        let res = match self.conn.get() {
-            Some(c) => crate::iwarp::tx_progress(self, &mut sq, c),
-            None => Ok(()),
+        let res = match self.transport.get() {
+            Some(t) => t.kick(self, &mut sq),
+            None => Ok(None),
         };
-        let local = sq.tx.pending_fail.take();
         drop(sq);
-        if let Err(e) = res {
-            self.fail(
+        match res {
+            Ok(None) => {}
+            Err(e) => self.fail(
                 WcStatus::RetryExcErr,
                 Some(crate::engine::AsyncEvent::QpFatal {
                     qpn: self.qpn,
                     reason: format!("send failed: {e}"),
                 }),
-            );
-        } else if let Some(reason) = local {
-            self.fail(
+            ),
+            Ok(Some(reason)) => self.fail(
                 WcStatus::WrFlushErr,
                 Some(crate::engine::AsyncEvent::QpFatal {
                     qpn: self.qpn,
                     reason,
                 }),
-            );
+            ),
         }
     }
 
@@ -205,10 +216,8 @@ impl QpInner {
     pub fn terminate(&self, code: TermCode, hdr: Option<&[u8]>, status: WcStatus) {
         tracing::warn!(qpn = self.qpn, %code, hdr = ?hdr, "sending Terminate");
         if self.state() != QpState::Error {
-            if let Some(c) = self.conn.get() {
-                let mut sq = self.sq.lock();
-                sq.tx.queue_terminate(code, hdr);
-                let _ = crate::iwarp::tx_progress(self, &mut sq, c);
+            if let Some(t) = self.transport.get() {
+                t.send_terminate(self, code, hdr);
             }
         }
         self.fail(

@@ -1,10 +1,9 @@
 //! The work queues' entries as the engine keeps them: posted WRs resolved
 //! to memory, where each stands, and the send queue (with the
-//! transmitter, under one lock).
+//! ORQ; the transmitter that serves it is the transport's).
 
 use super::*;
 use crate::cq::{WcOpcode, WcStatus};
-use crate::iwarp::Tx;
 use crate::wr::{RecvWr, SendFlags, SendWr, WrOp};
 
 /// A posted receive, resolved to memory.
@@ -106,7 +105,8 @@ impl SqWqe {
     }
 }
 
-/// Send-queue state, guarded by one lock together with the transmitter.
+/// Send-queue state, under one lock (the transport's transmitter state,
+/// where it has one, has its own lock, always taken after this one).
 pub(crate) struct Sq {
     pub wqes: VecDeque<SqWqe>,
     pub next_seq: u64,
@@ -114,7 +114,6 @@ pub(crate) struct Sq {
     pub next_tx: u64,
     /// Outstanding RDMA Reads (sequence numbers), oldest first.
     pub orq: VecDeque<u64>,
-    pub tx: Tx,
     pub sqd_pending: bool,
 }
 

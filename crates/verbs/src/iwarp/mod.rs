@@ -2,7 +2,8 @@
 //!
 //! | file | role | siw |
 //! |------|------|-----|
-//! | `mod.rs` | [`Conn`] (the socket, its interest set, same-host ring), and the driver entry points the progress threads call (`on_readable`, `on_writable`, `on_timer`) | `siw_qp.c` |
+//! | `mod.rs` | [`Conn`] (the socket or simulated pipe, its interest set, same-host ring; the transmitter's and receiver's state) | `siw_qp.c` |
+//! | `driver.rs` | the engine's [`crate::engine::Transport`] for a `Conn`, and the entry points the progress threads call (`on_readable`, `on_writable`, `on_timer`) | `siw_qp.c`, `siw_cm.c` (socket callbacks) |
 //! | `wqe.rs` | work requests become messages, in RDMA's order | `siw_qp_prepare_tx` |
 //! | `tx.rs` | the transmitter: messages cut into FPDUs, CRC, holds and RTR | `siw_qp_tx.c` |
 //! | `batch.rs` | composed FPDUs as iovecs, one `sendmsg` per segment run | `siw_tx_hdt` |
@@ -20,6 +21,7 @@
 
 mod backed;
 mod batch;
+mod driver;
 mod rdmap;
 mod rx;
 mod tx;
@@ -27,8 +29,10 @@ mod wqe;
 
 use backed::*;
 use batch::*;
+pub(crate) use driver::conn_memory;
+use driver::*;
 use rx::*;
-pub(crate) use rx::{Rx, RxEnd, RX_BUDGET};
+pub(crate) use rx::{Rx, RxEnd};
 pub(crate) use tx::*;
 use wqe::*;
 
@@ -41,6 +45,7 @@ use crate::pipe::PipeEnd;
 use crate::qp_state::QpState;
 use crate::sys::{self, Epoll, RawSpan};
 use crate::wr::WrOp;
+use parking_lot::{Mutex, MutexGuard};
 use softrdma_wire::ddp::{
     self, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, Opcode, ReadRequest, TaggedHeader,
     UntaggedHeader,
@@ -101,6 +106,12 @@ pub(crate) struct Conn {
     /// The transmitter found the peer's ring full (ring mode): the next
     /// doorbell from the peer kicks it.
     tx_blocked: AtomicBool,
+    /// The receiver's state. Lock order: this, then the QP's send queue,
+    /// then `tx`.
+    pub(crate) rx: Mutex<Rx>,
+    /// The transmitter's state, locked only with the QP's send queue
+    /// already held (see [`Conn::lock_tx`]), or alone for a read.
+    pub(crate) tx: Mutex<Tx>,
 }
 
 impl Conn {
@@ -167,7 +178,19 @@ impl Conn {
             rx_paused: AtomicBool::new(false),
             link,
             tx_blocked: AtomicBool::new(false),
+            rx: Mutex::new(Rx::new()),
+            tx: Mutex::new(Tx::new()),
         }
+    }
+
+    /// The QP's send queue and this connection's transmitter, locked in
+    /// that order (the order every path takes them in).
+    pub(crate) fn lock_tx<'a>(
+        &'a self,
+        q: &'a QpInner,
+    ) -> (MutexGuard<'a, Sq>, MutexGuard<'a, Tx>) {
+        let sq = q.sq.lock();
+        (sq, self.tx.lock())
     }
 
     /// The socket, where there is one.
@@ -452,147 +475,4 @@ impl Conn {
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
-}
-
-// ------------------------------------------------------------- driving
-
-/// A timer of the progress thread fired for this QP: a responder's hold
-/// (see `Tx::hold_until`) that ran out starts transmission; a paused
-/// receiver is checked for a peer that stopped reading (see
-/// [`arm_stall_timer`]); a resumed one runs.
-pub(crate) fn on_timer(q: &Arc<QpInner>) {
-    let now = std::time::Instant::now();
-    let sq = q.sq.lock();
-    if sq.tx.hold_until.is_some_and(|u| now >= u) {
-        q.kick_with(sq);
-        return;
-    }
-    let Some(c) = q.conn.get() else { return };
-    if c.is_closed() {
-        return;
-    }
-    if c.rx_paused.load(Ordering::Acquire) {
-        let stalled = now.saturating_duration_since(sq.tx.last_progress);
-        drop(sq);
-        if stalled >= q.core.config.tx_stall_timeout {
-            tracing::warn!(
-                qpn = q.qpn,
-                ?stalled,
-                "the peer does not read our Read Response"
-            );
-            q.fail(
-                WcStatus::RetryExcErr,
-                Some(AsyncEvent::QpFatal {
-                    qpn: q.qpn,
-                    reason: format!("the peer read nothing for {stalled:?}"),
-                }),
-            );
-        } else {
-            arm_stall_timer(q);
-        }
-        return;
-    }
-    drop(sq);
-    if on_readable(q, RX_BUDGET) {
-        c.add_timer(q, now);
-    }
-}
-
-/// Checks a paused receiver again in a while (see `on_timer`).
-fn arm_stall_timer(q: &QpInner) {
-    let every = (q.core.config.tx_stall_timeout / 4).max(std::time::Duration::from_millis(10));
-    if let Some(c) = q.conn.get() {
-        c.add_timer(q, std::time::Instant::now() + every);
-    }
-}
-
-/// EPOLLIN: runs the receiver, then acts on how it ended.
-/// Runs the receiver for at most `budget` segments; returns true if it
-/// stopped at its budget (more input may be waiting).
-pub(crate) fn on_readable(q: &Arc<QpInner>, budget: usize) -> bool {
-    let Some(c) = q.conn.get() else {
-        return false;
-    };
-    if c.is_closed() {
-        return false;
-    }
-    crate::test_hooks::receiver_point(q.qpn);
-    let end = {
-        let mut rx = q.rx.lock();
-        // Again under the lock: `QpInner::fail` closes the connection and
-        // then takes the receive in progress under this lock (flushing it
-        // back to the application). Once closed, nothing more may be placed
-        // into that receive's buffer (issue 20, item 6: a receiver past the
-        // first check placed staged bytes into the flushed buffer and then
-        // panicked on the missing receive).
-        if c.is_closed() || c.rx_paused.load(Ordering::Acquire) {
-            return false;
-        }
-        rx_loop(q, &mut rx, c, budget)
-    };
-    // Ring mode: a doorbell may mean the peer made room in its ring.
-    if c.tx_blocked.swap(false, Ordering::AcqRel) {
-        q.kick_with(q.sq.lock());
-    }
-    let more = matches!(end, RxEnd::Budget);
-    match end {
-        RxEnd::Block | RxEnd::Budget => {}
-        RxEnd::Eof => {
-            tracing::debug!(qpn = q.qpn, "peer disconnected");
-            c.on_peer_fin();
-            q.fail(
-                WcStatus::WrFlushErr,
-                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
-            );
-        }
-        RxEnd::EofMidFrame => {
-            tracing::warn!(qpn = q.qpn, "peer closed the connection inside an FPDU");
-            q.fail(
-                WcStatus::RetryExcErr,
-                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
-            );
-        }
-        RxEnd::Io(e) => {
-            tracing::warn!(qpn = q.qpn, error = %e, "connection error");
-            q.fail(
-                WcStatus::RetryExcErr,
-                Some(AsyncEvent::QpFatal {
-                    qpn: q.qpn,
-                    reason: e.to_string(),
-                }),
-            );
-        }
-        RxEnd::Fatal(code, hdr, status) => {
-            q.terminate(code, hdr.as_deref(), status);
-        }
-        RxEnd::PeerTerminated(code) => {
-            tracing::warn!(qpn = q.qpn, %code, "peer sent Terminate");
-            q.fail(
-                status_for_peer_term(code),
-                Some(AsyncEvent::Terminated {
-                    qpn: q.qpn,
-                    code,
-                    by_peer: true,
-                }),
-            );
-        }
-    }
-    more
-}
-
-/// Bytes the QP's connection holds in its own buffers (see
-/// [`crate::sim::conn_memory`]).
-pub(crate) fn conn_memory(q: &QpInner) -> usize {
-    use std::mem::size_of;
-    let rx = q.rx.lock();
-    let sq = q.sq.lock();
-    let tx = &sq.tx;
-    let msg = |m: &TxMsg| size_of::<TxMsg>() + m.spans.capacity() * size_of::<RawSpan>();
-    rx.stage.capacity()
-        + rx.backed.capacity()
-        + rx.target.capacity() * size_of::<RawSpan>()
-        + tx.batch.memory()
-        + tx.irq.iter().map(msg).sum::<usize>()
-        + tx.cur.as_ref().map_or(0, msg)
-        + tx.backed_bytes as usize
 }

@@ -91,13 +91,14 @@ pub(super) fn on_write(
 pub(super) fn on_read_response(
     q: &QpInner,
     rx: &mut Rx,
+    c: &Conn,
     t: TaggedHeader,
     g: &Seg,
 ) -> Result<Action, RxEnd> {
     Ok({
         // Read Response: must answer the oldest outstanding Read.
-        let mut sq = q.sq.lock();
-        if sq.tx.rtr_read_pending {
+        let (sq, mut tx) = c.lock_tx(q);
+        if tx.rtr_read_pending {
             // The answer to our Read RTR (issue 20, item 1): one empty,
             // last segment naming the RTR STag at offset 0.
             if t.stag != RTR_STAG {
@@ -114,8 +115,8 @@ pub(super) fn on_read_response(
                     WcStatus::WrFlushErr,
                 ));
             }
-            sq.tx.rtr_read_pending = false;
-            drop(sq);
+            tx.rtr_read_pending = false;
+            drop((sq, tx));
             return Ok(Action::None);
         }
         // Nobody asked: DDP catastrophic, 1/0/0, as siw
@@ -309,7 +310,7 @@ pub(super) fn on_read_request(
             rx.rtr_expected = false;
             Action::ReadReq(rr, None)
         } else {
-            let used = q.sq.lock().tx.irq_used;
+            let used = c.tx.lock().irq_used;
             if used >= c.params.ird.max(1) as usize {
                 return Err(fatal(
                     codes::RDMAP_CATASTROPHIC_STREAM,
@@ -412,7 +413,7 @@ pub(super) fn on_atomic_request(
         let ar = AtomicRequest::decode(&rx.hdr_bytes[g.hl..g.hl + AtomicRequest::LEN])
             .map_err(|e| fatal(e.term_code(), g.raw, WcStatus::WrFlushErr))?;
         // Atomics count against the same inbound limit as Reads.
-        let used = q.sq.lock().tx.irq_used;
+        let used = c.tx.lock().irq_used;
         if used >= c.params.ird.max(1) as usize {
             tracing::warn!(
                 qpn = q.qpn,

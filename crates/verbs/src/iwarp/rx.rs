@@ -322,7 +322,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
     };
     let action = match hdr {
         DdpHeader::Tagged(t) if t.opcode == Opcode::Write => rdmap::on_write(q, rx, t, &g)?,
-        DdpHeader::Tagged(t) => rdmap::on_read_response(q, rx, t, &g)?,
+        DdpHeader::Tagged(t) => rdmap::on_read_response(q, rx, c, t, &g)?,
         DdpHeader::Untagged(u) => match u.opcode {
             Opcode::Send
             | Opcode::SendSe
@@ -441,9 +441,6 @@ pub(super) fn deregistered(rx: &Rx) -> RxEnd {
 
 /// Runs the receiver until the socket is drained, the budget is spent, or
 /// the connection ends.
-/// Segments the receiver handles per call before it yields.
-pub(crate) const RX_BUDGET: usize = 512;
-
 pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, mut budget: usize) -> RxEnd {
     // Busy-poll mode: once a segment was handled and nothing is left in
     // the stage, return to the polling application (it is waiting for what
@@ -515,14 +512,14 @@ pub(super) fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEn
     if first {
         rx.seen_fpdu = true;
         rx.rtr_expected = false;
-        let mut sq = q.sq.lock();
-        sq.tx.rtr_wait = false;
-        sq.tx.hold_until = None;
+        let (_sq, mut tx) = c.lock_tx(q);
+        tx.rtr_wait = false;
+        tx.hold_until = None;
     }
     let end = segment_done(q, rx, c);
     if first && end.is_none() {
-        let mut sq = q.sq.lock();
-        if let Some(e) = tx_or_fail(q, &mut sq, c) {
+        let (mut sq, mut tx) = c.lock_tx(q);
+        if let Some(e) = tx_or_fail(q, &mut sq, &mut tx, c) {
             return Some(e);
         }
     }
@@ -554,9 +551,9 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
         }
         Action::Rtr => {
             rx.rtr_expected = false;
-            let mut sq = q.sq.lock();
-            sq.tx.rtr_wait = false;
-            tx_or_fail(q, &mut sq, c)
+            let (mut sq, mut tx) = c.lock_tx(q);
+            tx.rtr_wait = false;
+            tx_or_fail(q, &mut sq, &mut tx, c)
         }
         Action::ReadResp => {
             rx.read_resp_off += n;
@@ -564,14 +561,14 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 return None;
             }
             rx.read_resp_off = 0;
-            let mut sq = q.sq.lock();
+            let (mut sq, mut tx) = c.lock_tx(q);
             if let Some(seq) = sq.orq.pop_front() {
                 if let Some(w) = sq.get_mut(seq) {
                     w.stage = Stage::Done(WcStatus::Success);
                 }
             }
             q.complete_in_order(&mut sq);
-            tx_or_fail(q, &mut sq, c)
+            tx_or_fail(q, &mut sq, &mut tx, c)
         }
         Action::Send => {
             // (A flush that took the receive closed the connection first,
@@ -673,13 +670,13 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
             let orig = unsafe { mr::atomic_apply(target, &ar) };
             mr.exit();
             drop(mr);
-            let mut sq = q.sq.lock();
-            sq.tx.queue_atomic_response(ar.req_id, orig);
-            tx_or_fail(q, &mut sq, c)
+            let (mut sq, mut tx) = c.lock_tx(q);
+            tx.queue_atomic_response(ar.req_id, orig);
+            tx_or_fail(q, &mut sq, &mut tx, c)
         }
         Action::AtomicResp(resp) => {
             rx.atomic_resp_msn = rx.atomic_resp_msn.wrapping_add(1);
-            let mut sq = q.sq.lock();
+            let (mut sq, mut tx) = c.lock_tx(q);
             if let Some(seq) = sq.orq.pop_front() {
                 if let Some(w) = sq.get_mut(seq) {
                     let fence = fenced(&w.keep);
@@ -697,7 +694,7 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 }
             }
             q.complete_in_order(&mut sq);
-            tx_or_fail(q, &mut sq, c)
+            tx_or_fail(q, &mut sq, &mut tx, c)
         }
         Action::ReadReq(rr, src) => {
             rx.rr_msn = rx.rr_msn.wrapping_add(1);
@@ -707,16 +704,16 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
             // 4 GiB, was allocated at once, IRD times over).
             if let Some(mr) = src.as_ref().filter(|m| m.backend.is_some() && rr.size > 0) {
                 let size = rr.size as u64;
-                let mut sq = q.sq.lock();
-                if size > BACKED_CHUNK || sq.tx.backed_bytes + size > BACKED_BUDGET {
-                    sq.tx.queue_streamed_read_response(&rr, mr.clone());
-                    drop(sq);
+                let (sq, mut tx) = c.lock_tx(q);
+                if size > BACKED_CHUNK || tx.backed_bytes + size > BACKED_BUDGET {
+                    tx.queue_streamed_read_response(&rr, mr.clone());
+                    drop((sq, tx));
                     c.set_rx_paused(true, q.qpn);
-                    arm_stall_timer(q);
-                    let mut sq = q.sq.lock();
-                    return tx_or_fail(q, &mut sq, c);
+                    arm_stall_timer(q, c);
+                    let (mut sq, mut tx) = c.lock_tx(q);
+                    return tx_or_fail(q, &mut sq, &mut tx, c);
                 }
-                sq.tx.backed_bytes += size;
+                tx.backed_bytes += size;
             }
             let eager_backed = src
                 .as_ref()
@@ -738,17 +735,17 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 },
                 other => other,
             };
-            let mut sq = q.sq.lock();
+            let (mut sq, mut tx) = c.lock_tx(q);
             match src {
                 Some(mr) if eager_backed => {
                     // Read eagerly from a backed region (`mr` holds the
                     // bytes): counted against the budget until sent.
-                    sq.tx.queue_eager_backed_read_response(&rr, mr);
+                    tx.queue_eager_backed_read_response(&rr, mr);
                 }
-                Some(mr) => sq.tx.queue_read_response(&rr, mr),
-                None => sq.tx.queue_empty_read_response(&rr),
+                Some(mr) => tx.queue_read_response(&rr, mr),
+                None => tx.queue_empty_read_response(&rr),
             }
-            tx_or_fail(q, &mut sq, c)
+            tx_or_fail(q, &mut sq, &mut tx, c)
         }
         Action::Terminate(t) => {
             let code = t.map_or(codes::RDMAP_OPERATION_UNSPECIFIED, |t| t.code);
@@ -757,10 +754,9 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
     }
 }
 
-pub(super) fn tx_or_fail(q: &QpInner, sq: &mut Sq, c: &Conn) -> Option<RxEnd> {
-    match tx_progress(q, sq, c) {
-        Ok(()) => sq
-            .tx
+pub(super) fn tx_or_fail(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Option<RxEnd> {
+    match tx_progress(q, sq, tx, c) {
+        Ok(()) => tx
             .pending_fail
             .take()
             .map(|r| RxEnd::Io(io::Error::other(r))),

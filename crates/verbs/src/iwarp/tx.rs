@@ -509,7 +509,7 @@ pub(super) fn finish_fpdu(
 
 /// Runs the transmitter: writes what is composed, composes more, until
 /// nothing may be sent or the socket is full (then EPOLLOUT takes over).
-pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> {
+pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> io::Result<()> {
     if c.is_closed() {
         return Ok(());
     }
@@ -521,8 +521,8 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
         .min(mpa::max_ulpdu_for(c.seg))
         .max(128);
     loop {
-        if !sq.tx.batch.is_empty() {
-            if !sq.tx.batch.write(c)? {
+        if !tx.batch.is_empty() {
+            if !tx.batch.write(c)? {
                 // The socket wakes us when it has room; a full ring, with
                 // the consumer's doorbell (on_readable kicks us then).
                 if c.ring_tx().is_none() {
@@ -530,9 +530,9 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
                 }
                 return Ok(());
             }
-            sq.tx.batch.clear();
-            sq.tx.last_progress = std::time::Instant::now();
-            let fins = std::mem::take(&mut sq.tx.batch.fins);
+            tx.batch.clear();
+            tx.last_progress = std::time::Instant::now();
+            let fins = std::mem::take(&mut tx.batch.fins);
             let mut done_any = false;
             for f in &fins {
                 match *f {
@@ -545,30 +545,29 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
                         }
                     }
                     Fin::Terminated => {
-                        sq.tx.terminated = true;
+                        tx.terminated = true;
                     }
                     Fin::None => {}
                 }
             }
             let mut fins = fins;
             fins.clear();
-            sq.tx.batch.fins = fins;
+            tx.batch.fins = fins;
             if done_any {
                 q.complete_in_order(sq);
             }
         }
         // Compose a new batch.
         loop {
-            if sq.tx.batch.full() {
+            if tx.batch.full() {
                 break;
             }
-            if sq.tx.cur.is_none() {
-                match next_msg(q, sq) {
-                    Some(m) => sq.tx.cur = Some(m),
+            if tx.cur.is_none() {
+                match next_msg(q, sq, tx, c) {
+                    Some(m) => tx.cur = Some(m),
                     None => break,
                 }
             }
-            let tx = &mut sq.tx;
             let m = tx.cur.as_mut().expect("current message");
             if m.needs_chunk() {
                 // The batch refers to the previous chunk: send it first.
@@ -626,7 +625,7 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
                 }
             }
         }
-        if sq.tx.batch.is_empty() {
+        if tx.batch.is_empty() {
             c.disarm_out(q.qpn);
             // Local operations (invalidate, fast-register) finished while
             // picking messages.
@@ -636,10 +635,4 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, c: &Conn) -> io::Result<()> 
             return Ok(());
         }
     }
-}
-
-/// EPOLLOUT: the socket has room again.
-pub(crate) fn on_writable(q: &Arc<QpInner>) {
-    let sq = q.sq.lock();
-    q.kick_with(sq);
 }

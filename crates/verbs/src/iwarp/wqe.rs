@@ -7,38 +7,38 @@
 use super::*;
 
 /// Picks the next message to transmit, if any may start now.
-pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
-    if let Some(t) = sq.tx.term.take() {
+pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Option<TxMsg> {
+    if let Some(t) = tx.term.take() {
         return Some(t);
     }
-    if sq.tx.terminated {
+    if tx.terminated {
         return None;
     }
-    if let Some(r) = sq.tx.rtr.take() {
+    if let Some(r) = tx.rtr.take() {
         return Some(r);
     }
-    if sq.tx.rtr_wait {
+    if tx.rtr_wait {
         return None;
     }
-    if let Some(until) = sq.tx.hold_until {
+    if let Some(until) = tx.hold_until {
         if std::time::Instant::now() < until {
             return None;
         }
-        sq.tx.hold_until = None;
+        tx.hold_until = None;
     }
-    if let Some(r) = sq.tx.irq.pop_front() {
+    if let Some(r) = tx.irq.pop_front() {
         return Some(r);
     }
     if q.state() != QpState::Rts {
         return None;
     }
-    let ord = q.conn.get().map_or(1, |c| c.params.ord) as usize;
+    let ord = c.params.ord as usize;
     loop {
         let seq = sq.next_tx;
-        let orq_busy = !sq.orq.is_empty() || sq.tx.rtr_read_pending;
-        let orq_len = sq.orq.len() + sq.tx.rtr_read_pending as usize;
+        let orq_busy = !sq.orq.is_empty() || tx.rtr_read_pending;
+        let orq_len = sq.orq.len() + tx.rtr_read_pending as usize;
         let pd = q.pd;
-        let sent = sq.tx.msgs_sent;
+        let sent = tx.msgs_sent;
         let w = sq.get_mut(seq)?;
         if matches!(w.stage, Stage::Done(_)) {
             sq.next_tx += 1;
@@ -59,7 +59,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 w.stage = Stage::Done(st);
                 sq.next_tx += 1;
                 if st != WcStatus::Success {
-                    sq.tx.pending_fail = Some(format!("local invalidate of {stag:#x} refused"));
+                    tx.pending_fail = Some(format!("local invalidate of {stag:#x} refused"));
                     return None;
                 }
                 continue;
@@ -85,7 +85,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 w.stage = Stage::Done(st);
                 sq.next_tx += 1;
                 if st != WcStatus::Success {
-                    sq.tx.pending_fail = Some("fast-register refused".into());
+                    tx.pending_fail = Some("fast-register refused".into());
                     return None;
                 }
                 continue;
@@ -98,7 +98,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 };
                 // Same host: read the peer's memory directly. (A flush
                 // always goes on the stream, to the peer's engine.)
-                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                if let Some(link) = c.link.as_ref() {
                     if !flush && link.try_read(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
                         w.stage = Stage::Done(WcStatus::Success);
                         sq.next_tx += 1;
@@ -116,10 +116,10 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                     opcode: Opcode::ReadRequest,
                     inval_stag: 0,
                     qn: ddp::QN_READ_REQUEST,
-                    msn: sq.tx.rr_msn,
+                    msn: tx.rr_msn,
                     mo: 0,
                 });
-                sq.tx.rr_msn += 1;
+                tx.rr_msn += 1;
                 let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
                 ReadRequest {
                     sink_stag,
@@ -167,10 +167,10 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                     opcode: Opcode::AtomicRequest,
                     inval_stag: 0,
                     qn: ddp::QN_READ_REQUEST,
-                    msn: sq.tx.rr_msn,
+                    msn: tx.rr_msn,
                     mo: 0,
                 });
-                sq.tx.rr_msn += 1;
+                tx.rr_msn += 1;
                 let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
                 m.extra_len = AtomicRequest {
                     op: aop,
@@ -197,12 +197,12 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 if w.imm_next {
                     let solicited = w.solicited;
                     sq.next_tx += 1;
-                    return Some(sq.tx.immediate(imm, solicited, Fin::SqDone(seq)));
+                    return Some(tx.immediate(imm, solicited, Fin::SqDone(seq)));
                 }
                 // The Write first; the Immediate Data message follows it
                 // on the next call (the WR completes when both are out).
                 w.imm_next = true;
-                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                if let Some(link) = c.link.as_ref() {
                     if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
                         continue;
                     }
@@ -221,11 +221,11 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
             WrOp::SendImm { imm } => {
                 let solicited = w.solicited;
                 sq.next_tx += 1;
-                return Some(sq.tx.immediate(imm, solicited, Fin::SqDone(seq)));
+                return Some(tx.immediate(imm, solicited, Fin::SqDone(seq)));
             }
             WrOp::RdmaWrite { remote_addr, rkey } => {
                 // Same host: place into the peer's memory directly.
-                if let Some(link) = q.conn.get().and_then(|c| c.link.as_ref()) {
+                if let Some(link) = c.link.as_ref() {
                     if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
                         w.stage = Stage::Done(WcStatus::Success);
                         sq.next_tx += 1;
@@ -253,7 +253,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                 // One-shot opcodes only to a peer that negotiated them;
                 // otherwise a plain Send (advertise put the STag in the
                 // payload) and a Send with Invalidate.
-                let one_shot = q.conn.get().is_some_and(|c| c.params.one_shot);
+                let one_shot = c.params.one_shot;
                 let (opcode, inval) = match (op, w.solicited) {
                     (WrOp::SendAdvertise { stag }, _) if one_shot => (Opcode::SendAdvertise, stag),
                     (WrOp::SendClose { stag }, _) if one_shot => (Opcode::SendClose, stag),
@@ -274,10 +274,10 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq) -> Option<TxMsg> {
                     opcode,
                     inval_stag: inval,
                     qn: ddp::QN_SEND,
-                    msn: sq.tx.send_msn,
+                    msn: tx.send_msn,
                     mo: 0,
                 });
-                sq.tx.send_msn += 1;
+                tx.send_msn += 1;
                 sq.next_tx += 1;
                 let mut m = TxMsg::new(hdr, spans, total, Fin::SqDone(seq));
                 m.fence = fence;

@@ -34,9 +34,8 @@ impl QueuePair {
         reference: u64,
     ) -> Result<u32> {
         let q = &self.inner;
-        let c = q
-            .conn
-            .get()
+        let n = q
+            .negotiated()
             .ok_or(Error::inval("advertise needs a connected QP"))?;
         if q.state() != QpState::Rts {
             return Err(Error::BadState {
@@ -77,7 +76,7 @@ impl QueuePair {
         let key = q.next_key.fetch_add(1, Ordering::Relaxed);
         let stag = crate::stag::Stag::new(index, key).raw();
         crate::engine::fast_reg_build(&q.core, q.pd, index, key, 0, access, keep, spans);
-        if !c.params.one_shot {
+        if !n.one_shot {
             payload.extend_from_slice(&stag.to_be_bytes());
         }
         payload.extend_from_slice(msg);
