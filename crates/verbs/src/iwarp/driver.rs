@@ -113,6 +113,65 @@ fn on_timer(q: &Arc<QpInner>, c: &Conn) {
     }
 }
 
+/// Runs the receiver core ([`process`]) and does the I/O it asks for,
+/// until the connection has nothing more for now, the budget is spent, or
+/// the connection ends.
+pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, budget: usize) -> RxEnd {
+    let polled = c.polled.load(Ordering::Relaxed);
+    let (mut budget, mut handled_any) = (budget, false);
+    let mut scratch: Vec<RawSpan> = Vec::new();
+    loop {
+        match process(q, rx, c, &mut budget, &mut handled_any, polled) {
+            Stop::End(e) => return e,
+            Stop::Kick => {
+                let (mut sq, mut tx) = c.lock_tx(q);
+                if let Some(e) = tx_or_fail(q, &mut sq, &mut tx, c) {
+                    return e;
+                }
+            }
+            Stop::Stage(n) => match c.recv(rx.stage_room(n)) {
+                Ok(0) => return rx.eof(),
+                Ok(k) => rx.staged(k),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return RxEnd::Block,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return RxEnd::Io(e),
+            },
+            Stop::Direct => {
+                if !rx.direct_target(&mut scratch) {
+                    return deregistered(rx);
+                }
+                crate::test_hooks::placement_point(q.qpn);
+                // SAFETY: the spans are the current segment's target,
+                // checked against its STag (PD, rights, bounds) when the
+                // header was handled and held by its registration;
+                // caller-owned memory among them is entered until
+                // `direct_done`. The connection writes only inside them.
+                let got = unsafe { c.recv_spans(&scratch) };
+                rx.direct_done(*got.as_ref().unwrap_or(&0), c.params.crc, &mut scratch);
+                match got {
+                    Ok(0) => return RxEnd::EofMidFrame,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return RxEnd::Block,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return RxEnd::Io(e),
+                }
+            }
+        }
+    }
+}
+
+/// Runs the transmitter for the receiver (a response or a completion it
+/// queued); a failure ends the receiver.
+fn tx_or_fail(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Option<RxEnd> {
+    match tx_progress(q, sq, tx, c) {
+        Ok(()) => tx
+            .pending_fail
+            .take()
+            .map(|r| RxEnd::Io(io::Error::other(r))),
+        Err(e) => Some(RxEnd::Io(e)),
+    }
+}
+
 /// Checks a paused receiver again in a while (see `on_timer`).
 pub(super) fn arm_stall_timer(q: &QpInner, c: &Conn) {
     let every = (q.core.config.tx_stall_timeout / 4).max(std::time::Duration::from_millis(10));

@@ -7,20 +7,25 @@
 //! | `wqe.rs` | work requests become messages, in RDMA's order | `siw_qp_prepare_tx` |
 //! | `tx.rs` | the transmitter: messages cut into FPDUs, CRC, holds and RTR | `siw_qp_tx.c` |
 //! | `batch.rs` | composed FPDUs as iovecs, one `sendmsg` per segment run | `siw_tx_hdt` |
-//! | `rx.rs` | the receiver: framing, staging, direct placement, CRC, completions | `siw_qp_rx.c` |
+//! | `rx.rs` | the receiver as a state machine without I/O: framing, staging, placement, CRC; it says what input it needs | `siw_qp_rx.c` |
 //! | `rdmap.rs` | one handler per RDMAP opcode: MSN/MO, STag and ORQ/IRQ checks | `siw_proc_*` |
+//! | `complete.rs` | a whole, CRC-checked segment: completions, invalidation, responses queued | `siw_rdmap_complete` |
 //! | `backed.rs` | Writes into and Reads of storage-backed regions (runs, holders) | (softrdma's own) |
 //!
 //! Send path: the caller that posts transmits inline; if the socket is
 //! full, the QP's progress thread continues on EPOLLOUT. Receive path: the
-//! progress thread reads FPDU headers through a small staging buffer,
-//! checks every access against the STag table before a byte is placed, and
-//! reads large payloads from the socket directly into the target memory
-//! (direct data placement). Any protocol error sends a Terminate with the
-//! code of RFC 5040/5041/5044 and ends the connection.
+//! receiver core (`rx::process`) parses FPDU headers out of a small staging
+//! buffer and checks every access against the STag table before a byte is
+//! placed; it does no I/O, and stops saying what it needs: bytes staged, a
+//! large payload read straight into its target memory (direct data
+//! placement), or the transmitter run. The driver (`driver::rx_loop`, on
+//! the progress thread or any thread that polls) does that and calls it
+//! again. Any protocol error sends a Terminate with the code of RFC
+//! 5040/5041/5044 and ends the connection.
 
 mod backed;
 mod batch;
+mod complete;
 mod driver;
 mod rdmap;
 mod rx;
@@ -29,6 +34,7 @@ mod wqe;
 
 use backed::*;
 use batch::*;
+use complete::*;
 pub(crate) use driver::conn_memory;
 use driver::*;
 use rx::*;

@@ -1,8 +1,13 @@
-//! The receive path (siw: `siw_qp_rx.c`): FPDU headers are read through a
-//! small staging buffer, every access is checked against the STag table
-//! before a byte is placed, and large payloads are read from the socket
-//! straight into the target memory (direct data placement). A protocol
-//! error sends the Terminate of RFC 5040/5041/5044 and ends the connection.
+//! The receive path (siw: `siw_qp_rx.c`) as a state machine without I/O:
+//! [`process`] parses FPDU headers out of a small staging buffer, checks
+//! every access against the STag table before a byte is placed, places
+//! staged payload, checks CRCs and completes messages, and stops with what
+//! it needs next ([`Stop`]): more bytes in the stage, a large payload's
+//! next bytes read straight into target memory (direct data placement:
+//! [`Rx::direct_target`]), the transmitter run (a response was queued), or
+//! the end. It never reads or writes the connection; the driver
+//! (`driver.rs`, `rx_loop`) does, and any thread may drive it. A protocol
+//! error ends with the Terminate of RFC 5040/5041/5044.
 
 use super::rdmap::{self, Seg};
 use super::*;
@@ -85,6 +90,8 @@ pub(crate) struct Rx {
     /// A whole FPDU has arrived.
     pub seen_fpdu: bool,
     pub(super) bytes_in_frame: bool,
+    /// Something was queued for the transmitter (see [`Stop::Kick`]).
+    pub(super) kick: bool,
 }
 
 /// What the receive loop ended with.
@@ -104,9 +111,25 @@ pub(crate) enum RxEnd {
     PeerTerminated(TermCode),
 }
 
-pub(super) enum Need {
-    Have,
+/// Why [`process`] stopped.
+pub(super) enum Stop {
+    /// It needs input: at least this many bytes staged
+    /// ([`Rx::stage_room`], then [`Rx::staged`]).
+    Stage(usize),
+    /// It needs the next bytes of a payload placed straight into target
+    /// memory ([`Rx::direct_target`], then [`Rx::direct_done`]).
+    Direct,
+    /// A response or a completion was queued that may let the
+    /// transmitter move: run it, then call again.
+    Kick,
+    /// The receiver is done for now, or for good.
     End(RxEnd),
+}
+
+impl From<RxEnd> for Stop {
+    fn from(e: RxEnd) -> Stop {
+        Stop::End(e)
+    }
 }
 
 impl Rx {
@@ -136,6 +159,7 @@ impl Rx {
             rtr_expected: false,
             seen_fpdu: false,
             bytes_in_frame: false,
+            kick: false,
         }
     }
 
@@ -160,34 +184,78 @@ impl Rx {
         self.end - self.start
     }
 
-    /// Makes sure `n` bytes are staged.
-    fn need(&mut self, c: &Conn, n: usize) -> Need {
-        while self.avail() < n {
-            if self.stage.is_empty() {
-                self.stage = vec![0; STAGE_SIZE];
-            }
-            if self.stage.len() - self.start < n || self.end == self.stage.len() {
-                self.stage.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            }
-            let want = (n - self.avail()).max(LOOKAHEAD);
-            let lim = (self.end + want).min(self.stage.len());
-            match c.recv(&mut self.stage[self.end..lim]) {
-                Ok(0) => {
-                    return Need::End(if self.avail() == 0 && self.phase == Phase::Header {
-                        RxEnd::Eof
-                    } else {
-                        RxEnd::EofMidFrame
-                    })
-                }
-                Ok(k) => self.end += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Need::End(RxEnd::Block),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Need::End(RxEnd::Io(e)),
-            }
+    /// `n` bytes staged, or [`Stop::Stage`].
+    fn need(&self, n: usize) -> Result<(), Stop> {
+        if self.avail() >= n {
+            Ok(())
+        } else {
+            Err(Stop::Stage(n))
         }
-        Need::Have
+    }
+
+    /// Where the next input goes for [`Stop::Stage`]`(n)`: free stage
+    /// space after the staged bytes, at least `n` minus what is staged,
+    /// and up to [`LOOKAHEAD`] (so many small FPDUs come in one read, and a
+    /// large payload mostly goes straight to its target instead).
+    pub(super) fn stage_room(&mut self, n: usize) -> &mut [u8] {
+        debug_assert!(n <= STAGE_SIZE, "a stage request fits the stage");
+        if self.stage.is_empty() {
+            self.stage = vec![0; STAGE_SIZE];
+        }
+        if self.stage.len() - self.start < n || self.end == self.stage.len() {
+            self.stage.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let want = n.saturating_sub(self.avail()).max(LOOKAHEAD);
+        let lim = (self.end + want).min(self.stage.len());
+        &mut self.stage[self.end..lim]
+    }
+
+    /// `k` bytes arrived in the room [`Rx::stage_room`] gave.
+    pub(super) fn staged(&mut self, k: usize) {
+        assert!(self.end + k <= self.stage.len(), "staged within the stage");
+        self.end += k;
+    }
+
+    /// The end of the stream, for [`Stop::Stage`]: between FPDUs a
+    /// disconnect, inside one a broken stream.
+    pub(super) fn eof(&self) -> RxEnd {
+        if self.avail() == 0 && self.phase == Phase::Header {
+            RxEnd::Eof
+        } else {
+            RxEnd::EofMidFrame
+        }
+    }
+
+    /// For [`Stop::Direct`]: the target spans of the payload's remaining
+    /// bytes into `out`, with the caller-owned regions behind them entered
+    /// (so none is deregistered while the bytes land). False: one was
+    /// deregistered; the segment cannot be placed ([`deregistered`]).
+    /// Every true is followed by [`Rx::direct_done`].
+    pub(super) fn direct_target(&self, out: &mut Vec<RawSpan>) -> bool {
+        let rem = self.payload_len - self.placed;
+        sub_spans(&self.target, self.placed, rem, out);
+        mr::enter_all(&self.fence)
+    }
+
+    /// `k` bytes landed in the spans [`Rx::direct_target`] gave (their
+    /// first `k`); `crc`: the connection checks CRCs.
+    pub(super) fn direct_done(&mut self, k: usize, crc: bool, scratch: &mut Vec<RawSpan>) {
+        assert!(
+            k <= self.payload_len - self.placed,
+            "placed within the payload"
+        );
+        if k > 0 && crc {
+            sub_spans(&self.target, self.placed, k, scratch);
+            // SAFETY: the spans are the target's, checked when the header
+            // was handled and held by its registration (`_target_keep` or
+            // the receive WQE); caller-owned memory among them is still
+            // entered (`direct_target`).
+            self.crc = unsafe { mr::crc_spans(self.crc, scratch) };
+        }
+        mr::exit_all(&self.fence);
+        self.placed += k;
     }
 }
 
@@ -218,10 +286,8 @@ pub(super) fn sub_spans(spans: &[RawSpan], mut off: usize, mut len: usize, out: 
 }
 
 /// Decodes an FPDU header and decides where its payload goes.
-pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
-    if let Need::End(e) = rx.need(c, 3) {
-        return Err(e);
-    }
+pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> {
+    rx.need(3)?;
     let s = rx.start;
     let ulpdu_len = u16::from_be_bytes([rx.stage[s], rx.stage[s + 1]]) as usize;
     let hl = DdpHeader::len_from_ctrl(rx.stage[s + 2]);
@@ -237,15 +303,11 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
             seen_fpdu = rx.seen_fpdu,
             "ULPDU shorter than its DDP header"
         );
-        return Err(RxEnd::Fatal(
-            codes::RDMAP_CATASTROPHIC_STREAM,
-            None,
-            WcStatus::WrFlushErr,
-        ));
+        return Err(
+            RxEnd::Fatal(codes::RDMAP_CATASTROPHIC_STREAM, None, WcStatus::WrFlushErr).into(),
+        );
     }
-    if let Need::End(e) = rx.need(c, 2 + hl) {
-        return Err(e);
-    }
+    rx.need(2 + hl)?;
     let s = rx.start;
     let raw = &rx.stage[s + 2..s + 2 + hl];
     let ext = softrdma_wire::Ext {
@@ -256,7 +318,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
         Ok(h) => h,
         // term_code_in: a bad DDP version in a tagged segment gets the
         // tagged code (RFC 5041 section 7.2).
-        Err(e) => return Err(fatal(e.term_code_in(raw), raw, WcStatus::WrFlushErr)),
+        Err(e) => return Err(fatal(e.term_code_in(raw), raw, WcStatus::WrFlushErr).into()),
     };
     let extra = match hdr.opcode() {
         Opcode::ReadRequest => ReadRequest::LEN,
@@ -267,11 +329,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
             // Longer than any Terminate: too long for the queue 2 buffer
             // (RFC 5041 section 7.2).
             if ulpdu_len - hl > MAX_TERM_ULPDU {
-                return Err(fatal(
-                    codes::DDP_UNTAGGED_TOO_LONG,
-                    raw,
-                    WcStatus::WrFlushErr,
-                ));
+                return Err(fatal(codes::DDP_UNTAGGED_TOO_LONG, raw, WcStatus::WrFlushErr).into());
             }
             ulpdu_len - hl
         }
@@ -285,15 +343,9 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
             extra,
             "ULPDU shorter than its header"
         );
-        return Err(fatal(
-            codes::RDMAP_CATASTROPHIC_STREAM,
-            raw,
-            WcStatus::WrFlushErr,
-        ));
+        return Err(fatal(codes::RDMAP_CATASTROPHIC_STREAM, raw, WcStatus::WrFlushErr).into());
     }
-    if let Need::End(e) = rx.need(c, 2 + hl + extra) {
-        return Err(e);
-    }
+    rx.need(2 + hl + extra)?;
     let s = rx.start;
     let head_len = 2 + hl + extra;
     if c.params.crc {
@@ -336,11 +388,9 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd>
             Opcode::AtomicResponse => rdmap::on_atomic_response(q, rx, u, &g)?,
             Opcode::Terminate => rdmap::on_terminate(rx, c, &g)?,
             _ => {
-                return Err(fatal(
-                    codes::RDMAP_UNEXPECTED_OPCODE,
-                    &raw,
-                    WcStatus::WrFlushErr,
-                ))
+                return Err(
+                    fatal(codes::RDMAP_UNEXPECTED_OPCODE, &raw, WcStatus::WrFlushErr).into(),
+                )
             }
         },
     };
@@ -366,20 +416,19 @@ pub(super) fn finish_header(
     rx.bytes_in_frame = true;
 }
 
-/// Places payload bytes: from the staging buffer, or straight from the
-/// socket into the target memory.
-pub(super) fn on_payload(qpn: u32, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
-    let mut scratch: Vec<RawSpan> = Vec::new();
+/// Places staged payload bytes; stops for the rest ([`Stop::Direct`]
+/// when enough is still to come to read it straight into the target).
+pub(super) fn on_payload(qpn: u32, rx: &mut Rx, crc: bool) -> Result<(), Stop> {
     while rx.placed < rx.payload_len {
         let rem = rx.payload_len - rx.placed;
         if rx.avail() > 0 {
             let n = rx.avail().min(rem);
             let src = &rx.stage[rx.start..rx.start + n];
-            if c.params.crc {
+            if crc {
                 rx.crc = mpa::crc_update(rx.crc, src);
             }
             if !mr::enter_all(&rx.fence) {
-                return Err(deregistered(rx));
+                return Err(deregistered(rx).into());
             }
             crate::test_hooks::placement_point(qpn);
             // SAFETY: target spans come from a registration held in
@@ -393,33 +442,9 @@ pub(super) fn on_payload(qpn: u32, rx: &mut Rx, c: &Conn) -> Result<(), RxEnd> {
             continue;
         }
         if rem >= DIRECT_MIN {
-            sub_spans(&rx.target, rx.placed, rem, &mut scratch);
-            if !mr::enter_all(&rx.fence) {
-                return Err(deregistered(rx));
-            }
-            crate::test_hooks::placement_point(qpn);
-            // SAFETY: as above; the socket writes only inside the spans.
-            let got = unsafe { c.recv_spans(&scratch) };
-            if let Ok(k) = got {
-                if k > 0 && c.params.crc {
-                    sub_spans(&rx.target, rx.placed, k, &mut scratch);
-                    // SAFETY: as above.
-                    rx.crc = unsafe { mr::crc_spans(rx.crc, &scratch) };
-                }
-            }
-            mr::exit_all(&rx.fence);
-            match got {
-                Ok(0) => return Err(RxEnd::EofMidFrame),
-                Ok(k) => {
-                    rx.placed += k;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(RxEnd::Block),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(RxEnd::Io(e)),
-            }
-        } else if let Need::End(e) = rx.need(c, 1) {
-            return Err(e);
+            return Err(Stop::Direct);
         }
+        rx.need(1)?;
     }
     rx.phase = Phase::Trailer;
     Ok(())
@@ -439,39 +464,49 @@ pub(super) fn deregistered(rx: &Rx) -> RxEnd {
     RxEnd::Fatal(code, Some(raw), WcStatus::LocProtErr)
 }
 
-/// Runs the receiver until the socket is drained, the budget is spent, or
-/// the connection ends.
-pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, mut budget: usize) -> RxEnd {
-    // Busy-poll mode: once a segment was handled and nothing is left in
-    // the stage, return to the polling application (it is waiting for what
-    // was just placed) instead of asking the socket once more: that recv
-    // would almost always say EAGAIN, a system call and the socket lock on
-    // the latency path. The application polls again anyway.
-    let polled = c.polled.load(Ordering::Relaxed);
-    let start_budget = budget;
+/// Runs the receiver over what is staged until it needs something
+/// ([`Stop`]). `budget`: headers it may still start (a header started and
+/// completed counts once, however many calls it took to stage); `polled`:
+/// busy-poll mode, where it returns to the polling application once a
+/// segment was handled and nothing is staged (the application polls again
+/// anyway, and a read here would almost always find nothing: a system
+/// call and the socket lock on the latency path).
+pub(super) fn process(
+    q: &QpInner,
+    rx: &mut Rx,
+    c: &Conn,
+    budget: &mut usize,
+    handled_any: &mut bool,
+    polled: bool,
+) -> Stop {
     loop {
         match rx.phase {
             Phase::Header => {
-                if budget == 0 {
-                    return RxEnd::Budget;
+                // Paused for a streamed Read Response: the rest waits.
+                if c.rx_paused.load(Ordering::Acquire) {
+                    return RxEnd::Block.into();
                 }
-                if polled && budget < start_budget && rx.avail() == 0 {
-                    return RxEnd::Block;
+                if *budget == 0 {
+                    return RxEnd::Budget.into();
                 }
-                budget -= 1;
+                if polled && *handled_any && rx.avail() == 0 {
+                    return RxEnd::Block.into();
+                }
                 rx.bytes_in_frame = false;
                 if let Err(e) = on_header(q, rx, c) {
                     return e;
                 }
+                *budget -= 1;
+                *handled_any = true;
             }
             Phase::Payload => {
-                if let Err(e) = on_payload(q.qpn, rx, c) {
+                if let Err(e) = on_payload(q.qpn, rx, c.params.crc) {
                     return e;
                 }
             }
             Phase::Trailer => {
                 let tl = mpa::pad_len(rx.ulpdu_len) + 4;
-                if let Need::End(e) = rx.need(c, tl) {
+                if let Err(e) = rx.need(tl) {
                     return e;
                 }
                 let s = rx.start;
@@ -481,296 +516,18 @@ pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, mut budget: usize) -> 
                     let got = u32::from_le_bytes(rx.stage[s + pad..s + tl].try_into().unwrap());
                     if want != got {
                         let raw = rx.hdr_bytes[..rx.hdr.map_or(0, |h| h.len())].to_vec();
-                        return fatal(codes::MPA_CRC, &raw, WcStatus::WrFlushErr);
+                        return fatal(codes::MPA_CRC, &raw, WcStatus::WrFlushErr).into();
                     }
                 }
                 rx.start += tl;
                 rx.phase = Phase::Header;
                 if let Some(end) = on_segment_done(q, rx, c) {
-                    return end;
+                    return end.into();
                 }
-                // Paused for a streamed Read Response: the rest waits.
-                if c.rx_paused.load(Ordering::Acquire) {
-                    return RxEnd::Block;
-                }
-            }
-        }
-    }
-}
-
-/// A whole, CRC-checked segment arrived: finish what it started; a
-/// message's last segment counts as processed for a same-host peer.
-pub(super) fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
-    let counted = rx
-        .hdr
-        .is_some_and(|h| h.last() && h.opcode() != Opcode::Terminate);
-    // The first FPDU from the peer ends a responder's hold (RFC 5044
-    // section 7.1.2 rule 4) and, in peer-to-peer mode, the wait for the
-    // RTR whatever the first message is (a peer that sends something else
-    // first no longer stalls our transmitter forever: issue 20, item 9).
-    let first = !rx.seen_fpdu;
-    if first {
-        rx.seen_fpdu = true;
-        rx.rtr_expected = false;
-        let (_sq, mut tx) = c.lock_tx(q);
-        tx.rtr_wait = false;
-        tx.hold_until = None;
-    }
-    let end = segment_done(q, rx, c);
-    if first && end.is_none() {
-        let (mut sq, mut tx) = c.lock_tx(q);
-        if let Some(e) = tx_or_fail(q, &mut sq, &mut tx, c) {
-            return Some(e);
-        }
-    }
-    if counted {
-        if let Some(link) = &c.link {
-            link.message_done();
-        }
-    }
-    end
-}
-
-pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> {
-    let hdr = rx.hdr.take().expect("segment header");
-    let last = hdr.last();
-    let n = rx.payload_len as u64;
-    match std::mem::replace(&mut rx.action, Action::None) {
-        Action::None | Action::Write => None,
-        Action::BackedWrite => {
-            if let Some(r) = rx.backed_run.as_mut() {
-                r.2 += n as usize;
-            }
-            if !last {
-                return None;
-            }
-            let raw = rx.hdr_bytes[..ddp::TAGGED_LEN].to_vec();
-            flush_backed(rx, usize::MAX)
-                .err()
-                .map(|e| backed_failed(q, &raw, e))
-        }
-        Action::Rtr => {
-            rx.rtr_expected = false;
-            let (mut sq, mut tx) = c.lock_tx(q);
-            tx.rtr_wait = false;
-            tx_or_fail(q, &mut sq, &mut tx, c)
-        }
-        Action::ReadResp => {
-            rx.read_resp_off += n;
-            if !last {
-                return None;
-            }
-            rx.read_resp_off = 0;
-            let (mut sq, mut tx) = c.lock_tx(q);
-            if let Some(seq) = sq.orq.pop_front() {
-                if let Some(w) = sq.get_mut(seq) {
-                    w.stage = Stage::Done(WcStatus::Success);
+                if std::mem::take(&mut rx.kick) {
+                    return Stop::Kick;
                 }
             }
-            q.complete_in_order(&mut sq);
-            tx_or_fail(q, &mut sq, &mut tx, c)
         }
-        Action::Send => {
-            // (A flush that took the receive closed the connection first,
-            // and the receiver stops before placing anything then; never
-            // panic on it regardless.)
-            let cur = rx.cur_recv.as_mut()?;
-            cur.received += n;
-            if !last {
-                return None;
-            }
-            rx.send_msn = rx.send_msn.wrapping_add(1);
-            let cur = rx.cur_recv.take()?;
-            let (opcode, inval) = match hdr {
-                DdpHeader::Untagged(u) => (u.opcode, u.inval_stag),
-                _ => unreachable!("Sends are untagged"),
-            };
-            let mut invalidated = None;
-            let mut reference = None;
-            if opcode.invalidates() {
-                match q.core.stags.lookup(inval) {
-                    // A one-shot binding this QP advertised: invalidate it,
-                    // free it, report its reference (docs/one-shot.md).
-                    Some(mr) if mr.pd == q.pd && q.one_shot.lock().contains_key(&inval) => {
-                        let (r, index) = q.one_shot.lock().remove(&inval).expect("present");
-                        q.core.stags.set_valid(&mr, false);
-                        q.core.stags.release(index);
-                        invalidated = Some(inval);
-                        reference = Some(r);
-                    }
-                    // A close must name one of ours: a protocol violation.
-                    Some(mr)
-                        if opcode != Opcode::SendClose && mr.pd == q.pd && mr.invalidatable =>
-                    {
-                        q.core.stags.set_valid(&mr, false);
-                        invalidated = Some(inval);
-                    }
-                    found => {
-                        // Give the buffer back as flushed; the QP fails.
-                        q.recv_cq.push(WorkCompletion {
-                            wr_id: cur.wqe.wr_id,
-                            status: WcStatus::RemInvReqErr,
-                            opcode: WcOpcode::Recv,
-                            qp_num: q.qpn,
-                            ..Default::default()
-                        });
-                        // As siw: an STag we hold but may not invalidate
-                        // for this peer (another PD, or not invalidatable)
-                        // is a remote protection error; one we do not know
-                        // a remote operation error (RFC 5040 section 7,
-                        // code 0x09 under both types).
-                        let code = if found.is_some() {
-                            codes::RDMAP_CANNOT_INVALIDATE
-                        } else {
-                            codes::RDMAP_OP_CANNOT_INVALIDATE
-                        };
-                        let raw = rx.hdr_bytes[..ddp::UNTAGGED_LEN].to_vec();
-                        return Some(fatal(code, &raw, WcStatus::WrFlushErr));
-                    }
-                }
-            }
-            q.recv_cq.push(WorkCompletion {
-                wr_id: cur.wqe.wr_id,
-                status: WcStatus::Success,
-                opcode: WcOpcode::Recv,
-                byte_len: cur.received as u32,
-                qp_num: q.qpn,
-                invalidated_rkey: invalidated,
-                solicited: opcode.solicited(),
-                imm_data: None,
-                reference,
-                advertised_stag: (opcode == Opcode::SendAdvertise).then_some(inval),
-            });
-            None
-        }
-        Action::Imm(wqe, imm, solicited) => {
-            rx.send_msn = rx.send_msn.wrapping_add(1);
-            q.recv_cq.push(WorkCompletion {
-                wr_id: wqe.wr_id,
-                status: WcStatus::Success,
-                opcode: WcOpcode::RecvWithImm,
-                byte_len: 0,
-                qp_num: q.qpn,
-                invalidated_rkey: None,
-                solicited,
-                imm_data: Some(imm),
-                ..Default::default()
-            });
-            None
-        }
-        Action::AtomicReq(ar, mr, target) => {
-            rx.rr_msn = rx.rr_msn.wrapping_add(1);
-            if !mr.enter() {
-                let raw = rx.hdr_bytes[..hdr.len()].to_vec();
-                return Some(fatal(codes::RDMAP_INVALID_STAG, &raw, WcStatus::LocProtErr));
-            }
-            // SAFETY: `target` came from `mr.atomic_target` and `mr` (the
-            // registration) is held here and entered until the operation
-            // is done.
-            let orig = unsafe { mr::atomic_apply(target, &ar) };
-            mr.exit();
-            drop(mr);
-            let (mut sq, mut tx) = c.lock_tx(q);
-            tx.queue_atomic_response(ar.req_id, orig);
-            tx_or_fail(q, &mut sq, &mut tx, c)
-        }
-        Action::AtomicResp(resp) => {
-            rx.atomic_resp_msn = rx.atomic_resp_msn.wrapping_add(1);
-            let (mut sq, mut tx) = c.lock_tx(q);
-            if let Some(seq) = sq.orq.pop_front() {
-                if let Some(w) = sq.get_mut(seq) {
-                    let fence = fenced(&w.keep);
-                    if mr::enter_all(&fence) {
-                        // SAFETY: the spans are the WR's 8-byte result
-                        // buffer, checked for local write when it was posted,
-                        // kept alive by the WR's registration references
-                        // and entered if caller-owned.
-                        unsafe { mr::copy_into_spans(&w.spans, 0, &resp.orig.to_ne_bytes()) };
-                        mr::exit_all(&fence);
-                        w.stage = Stage::Done(WcStatus::Success);
-                    } else {
-                        w.stage = Stage::Done(WcStatus::LocProtErr);
-                    }
-                }
-            }
-            q.complete_in_order(&mut sq);
-            tx_or_fail(q, &mut sq, &mut tx, c)
-        }
-        Action::ReadReq(rr, src) => {
-            rx.rr_msn = rx.rr_msn.wrapping_add(1);
-            // A backed source larger than what the connection may still
-            // hold in memory: streamed a chunk at a time, the receiver
-            // paused meanwhile (issue 20, item 5: the whole length, up to
-            // 4 GiB, was allocated at once, IRD times over).
-            if let Some(mr) = src.as_ref().filter(|m| m.backend.is_some() && rr.size > 0) {
-                let size = rr.size as u64;
-                let (sq, mut tx) = c.lock_tx(q);
-                if size > BACKED_CHUNK || tx.backed_bytes + size > BACKED_BUDGET {
-                    tx.queue_streamed_read_response(&rr, mr.clone());
-                    drop((sq, tx));
-                    c.set_rx_paused(true, q.qpn);
-                    arm_stall_timer(q, c);
-                    let (mut sq, mut tx) = c.lock_tx(q);
-                    return tx_or_fail(q, &mut sq, &mut tx, c);
-                }
-                tx.backed_bytes += size;
-            }
-            let eager_backed = src
-                .as_ref()
-                .is_some_and(|m| m.backend.is_some() && rr.size > 0);
-            // A backed source: flush (zero length) or read it now, before
-            // the send queue is locked (this may wait for the device).
-            let src = match src {
-                Some(mr) if mr.backend.is_some() => match backed_read(&mr, &rr) {
-                    Ok(m) => Some(m),
-                    Err(e) => {
-                        tracing::error!(qpn = q.qpn, stag = mr.stag, "backed read failed: {e}");
-                        let raw = rx.hdr_bytes[..ddp::UNTAGGED_LEN + ReadRequest::LEN].to_vec();
-                        return Some(fatal(
-                            codes::RDMAP_CATASTROPHIC_STREAM,
-                            &raw,
-                            WcStatus::WrFlushErr,
-                        ));
-                    }
-                },
-                other => other,
-            };
-            let (mut sq, mut tx) = c.lock_tx(q);
-            match src {
-                Some(mr) if eager_backed => {
-                    // Read eagerly from a backed region (`mr` holds the
-                    // bytes): counted against the budget until sent.
-                    tx.queue_eager_backed_read_response(&rr, mr);
-                }
-                Some(mr) => tx.queue_read_response(&rr, mr),
-                None => tx.queue_empty_read_response(&rr),
-            }
-            tx_or_fail(q, &mut sq, &mut tx, c)
-        }
-        Action::Terminate(t) => {
-            let code = t.map_or(codes::RDMAP_OPERATION_UNSPECIFIED, |t| t.code);
-            Some(RxEnd::PeerTerminated(code))
-        }
-    }
-}
-
-pub(super) fn tx_or_fail(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Option<RxEnd> {
-    match tx_progress(q, sq, tx, c) {
-        Ok(()) => tx
-            .pending_fail
-            .take()
-            .map(|r| RxEnd::Io(io::Error::other(r))),
-        Err(e) => Some(RxEnd::Io(e)),
-    }
-}
-
-/// The completion status a received Terminate gives our WR in flight.
-pub(super) fn status_for_peer_term(code: TermCode) -> WcStatus {
-    use softrdma_wire::Layer;
-    match (code.layer, code.etype) {
-        (Layer::Rdmap, 1) | (Layer::Ddp, 1) => WcStatus::RemAccessErr,
-        (Layer::Ddp, 2) => WcStatus::RemInvReqErr,
-        (Layer::Rdmap, 2) => WcStatus::RemOpErr,
-        _ => WcStatus::RemOpErr,
     }
 }
