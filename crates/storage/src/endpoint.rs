@@ -33,8 +33,8 @@ use crate::uring::{Aligned, Ring};
 use crate::{StorageError, Store};
 use parking_lot::{Condvar, Mutex};
 use softrdma_verbs::{
-    Access, ConnParams, Device, IoDone, MemoryRegion, ProtectionDomain, QpState, QueuePair,
-    RegOptions, RegionBackend,
+    Access, ConnParams, Device, IoDone, MemSpans, MemoryRegion, ProtectionDomain, QpState,
+    QueuePair, RegOptions, RegionBackend,
 };
 use std::fs::File;
 use std::io;
@@ -79,6 +79,75 @@ struct DevFile {
     ring: Option<Ring>,
 }
 
+/// Bytes to store: slices (a remote connection's Write, staged by the
+/// engine) or registered memory (a local QP's, seen only as
+/// [`MemSpans`]: it may be written meanwhile, so never as a slice).
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Slices(&'a [&'a [u8]]),
+    Mem(&'a MemSpans<'a>),
+}
+
+impl Src<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Src::Slices(d) => d.iter().map(|d| d.len()).sum(),
+            Src::Mem(m) => m.len(),
+        }
+    }
+
+    /// Copies bytes `[off, off + dst.len())` into `dst`.
+    fn copy_to(&self, mut off: usize, mut dst: &mut [u8]) {
+        match self {
+            Src::Mem(m) => m.copy_to(off, dst),
+            Src::Slices(d) => {
+                for s in d.iter() {
+                    if dst.is_empty() {
+                        break;
+                    }
+                    if off >= s.len() {
+                        off -= s.len();
+                        continue;
+                    }
+                    let n = (s.len() - off).min(dst.len());
+                    dst[..n].copy_from_slice(&s[off..off + n]);
+                    dst = &mut dst[n..];
+                    off = 0;
+                }
+            }
+        }
+    }
+
+    /// Writes bytes `[off, off + len)` to `f` at `at`, from where they are.
+    fn write_at(&self, off: usize, len: usize, f: &File, at: u64) -> io::Result<()> {
+        match self {
+            Src::Mem(m) => m.pwrite(off, len, f, at),
+            Src::Slices([one]) => f.write_all_at(&one[off..off + len], at),
+            Src::Slices(_) => {
+                let mut v = vec![0u8; len];
+                self.copy_to(off, &mut v);
+                f.write_all_at(&v, at)
+            }
+        }
+    }
+}
+
+/// Where read bytes go: a slice (a remote peer's Read, answered from a
+/// buffer of the engine's) or registered memory (a local QP's Read).
+enum Dst<'a> {
+    Slice(&'a mut [u8]),
+    Mem(&'a MemSpans<'a>),
+}
+
+impl Dst<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Dst::Slice(b) => b.len(),
+            Dst::Mem(m) => m.len(),
+        }
+    }
+}
+
 impl DevFile {
     fn direct_for(&self, at: u64, len: usize) -> Option<&File> {
         self.direct
@@ -90,38 +159,53 @@ impl DevFile {
     /// file's inode lock for its whole length, and a small request from
     /// another thread (relaxed ordering) should wait for one piece, not for
     /// a whole large one.
-    fn write(&self, at: u64, data: &[u8]) -> io::Result<()> {
-        match self.direct_for(at, data.len()) {
+    fn write(&self, at: u64, data: Src<'_>) -> io::Result<()> {
+        let total = data.len();
+        let pieces = (0..total)
+            .step_by(IO_PIECE)
+            .map(|o| (o, IO_PIECE.min(total - o)));
+        match self.direct_for(at, total) {
             Some(f) => {
-                let mut bounce = Aligned::new(data.len().min(IO_PIECE));
-                for (i, c) in data.chunks(IO_PIECE).enumerate() {
-                    let b = &mut bounce.get()[..c.len()];
-                    b.copy_from_slice(c);
-                    f.write_all_at(b, at + (i * IO_PIECE) as u64)?;
+                let mut bounce = Aligned::new(total.min(IO_PIECE));
+                for (o, n) in pieces {
+                    let b = &mut bounce.get()[..n];
+                    data.copy_to(o, b);
+                    f.write_all_at(b, at + o as u64)?;
                 }
             }
             None => {
-                for (i, c) in data.chunks(IO_PIECE).enumerate() {
-                    self.buffered.write_all_at(c, at + (i * IO_PIECE) as u64)?;
+                for (o, n) in pieces {
+                    data.write_at(o, n, &self.buffered, at + o as u64)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn read(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
-        match self.direct_for(at, buf.len()) {
+    fn read(&self, at: u64, mut buf: Dst<'_>) -> io::Result<()> {
+        let total = buf.len();
+        let pieces = (0..total)
+            .step_by(IO_PIECE)
+            .map(|o| (o, IO_PIECE.min(total - o)));
+        match self.direct_for(at, total) {
             Some(f) => {
-                let mut bounce = Aligned::new(buf.len().min(IO_PIECE));
-                for (i, c) in buf.chunks_mut(IO_PIECE).enumerate() {
-                    let b = &mut bounce.get()[..c.len()];
-                    f.read_exact_at(b, at + (i * IO_PIECE) as u64)?;
-                    c.copy_from_slice(b);
+                let mut bounce = Aligned::new(total.min(IO_PIECE));
+                for (o, n) in pieces {
+                    let b = &mut bounce.get()[..n];
+                    f.read_exact_at(b, at + o as u64)?;
+                    match &mut buf {
+                        Dst::Slice(s) => s[o..o + n].copy_from_slice(b),
+                        Dst::Mem(m) => m.copy_from(o, b),
+                    }
                 }
             }
             None => {
-                for (i, c) in buf.chunks_mut(IO_PIECE).enumerate() {
-                    self.buffered.read_exact_at(c, at + (i * IO_PIECE) as u64)?;
+                for (o, n) in pieces {
+                    let pos = at + o as u64;
+                    match &mut buf {
+                        Dst::Slice(s) => self.buffered.read_exact_at(&mut s[o..o + n], pos)?,
+                        Dst::Mem(m) => m.pread(o, n, &self.buffered, pos)?,
+                    }
                 }
             }
         }
@@ -156,20 +240,48 @@ impl PartitionBackend {
     }
 }
 
-impl RegionBackend for PartitionBackend {
-    fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
+impl PartitionBackend {
+    fn store(&self, off: u64, data: Src<'_>) -> io::Result<()> {
         let at = self.check(off, data.len())?;
         match &self.pipe {
             Some(p) => p.write(at, data),
             None => self.file.write(at, data),
         }
     }
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+
+    fn load(&self, off: u64, buf: Dst<'_>) -> io::Result<()> {
         let at = self.check(off, buf.len())?;
         if let Some(p) = &self.pipe {
             p.before_read(at, buf.len());
         }
         self.file.read(at, buf)
+    }
+
+    fn submit_store(&self, off: u64, data: Src<'_>, done: IoDone) {
+        let total = data.len();
+        let at = match self.check(off, total) {
+            Ok(at) => at,
+            Err(e) => return done(Err(e)),
+        };
+        match (&self.pipe, self.file.direct_for(at, total)) {
+            (Some(p), Some(_)) => p.submit(at, data, done),
+            _ => done(self.store(off, data).map(|()| &[][..])),
+        }
+    }
+}
+
+impl RegionBackend for PartitionBackend {
+    fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        self.store(off, Src::Slices(&[data]))
+    }
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.load(off, Dst::Slice(buf))
+    }
+    fn write_spans(&self, off: u64, src: &MemSpans<'_>) -> io::Result<()> {
+        self.store(off, Src::Mem(src))
+    }
+    fn read_spans(&self, off: u64, dst: &MemSpans<'_>) -> io::Result<()> {
+        self.load(off, Dst::Mem(dst))
     }
     fn flush(&self) -> io::Result<()> {
         // (A local QP's own asynchronous requests: its Flush is fenced,
@@ -201,15 +313,10 @@ impl RegionBackend for PartitionBackend {
         }
     }
     fn submit_write(&self, off: u64, data: &[&[u8]], done: IoDone) {
-        let total = data.iter().map(|d| d.len()).sum();
-        let at = match self.check(off, total) {
-            Ok(at) => at,
-            Err(e) => return done(Err(e)),
-        };
-        match (&self.pipe, self.file.direct_for(at, total)) {
-            (Some(p), Some(_)) => p.submit(at, data, done),
-            _ => done(softrdma_verbs::write_each(self, off, data).map(|()| &[][..])),
-        }
+        self.submit_store(off, Src::Slices(data), done)
+    }
+    fn submit_write_spans(&self, off: u64, src: &MemSpans<'_>, done: IoDone) {
+        self.submit_store(off, Src::Mem(src), done)
     }
     fn submit_read(&self, off: u64, len: usize, done: IoDone) {
         let at = match self.check(off, len) {
@@ -223,7 +330,7 @@ impl RegionBackend for PartitionBackend {
             (Some(ring), Some(f)) => ring.read(f.as_raw_fd(), at, len, done),
             _ => {
                 let mut v = vec![0u8; len];
-                let r = self.file.read(at, &mut v);
+                let r = self.file.read(at, Dst::Slice(&mut v));
                 done(r.map(|()| &v[..]))
             }
         }
@@ -318,11 +425,11 @@ impl Pipe {
     }
 
     /// `write_at`: queued (remote, aligned) or done now.
-    fn write(self: &Arc<Self>, at: u64, data: &[u8]) -> io::Result<()> {
+    fn write(self: &Arc<Self>, at: u64, data: Src<'_>) -> io::Result<()> {
         let direct = self.file.ring.is_some() && self.file.direct_for(at, data.len()).is_some();
         if direct && self.queue {
             // A failure is kept for the next Flush (in `submit`).
-            self.submit(at, &[data], Box::new(|_| {}));
+            self.submit(at, data, Box::new(|_| {}));
             return Ok(());
         }
         let id = self.claim(at, data.len(), !direct);
@@ -335,18 +442,14 @@ impl Pipe {
     /// Queues an aligned Write of the concatenation of `data` at `at`;
     /// `done` runs when it is on the device (or failed; the failure is
     /// also kept for the next Flush).
-    fn submit(self: &Arc<Self>, at: u64, data: &[&[u8]], done: IoDone) {
-        let total: usize = data.iter().map(|d| d.len()).sum();
+    fn submit(self: &Arc<Self>, at: u64, data: Src<'_>, done: IoDone) {
+        let total = data.len();
         let (Some(ring), Some(f)) = (&self.file.ring, self.file.direct_for(at, total)) else {
             unreachable!("only aligned writes on a ring are queued");
         };
         let id = self.claim(at, total, false);
         let mut b = ring.buffer(total);
-        let mut k = 0;
-        for d in data {
-            b.get()[k..k + d.len()].copy_from_slice(d);
-            k += d.len();
-        }
+        data.copy_to(0, &mut b.get()[..total]);
         let me = self.clone();
         ring.write(
             f.as_raw_fd(),

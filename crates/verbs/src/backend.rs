@@ -33,6 +33,8 @@
 //!
 //! [`ProtectionDomain::register_backend`]: crate::ProtectionDomain::register_backend
 
+use crate::spans::MemSpans;
+
 /// Called once when an asynchronous backend request ends: with the bytes
 /// read (a read) or an empty slice (a write), or the error. It may run on
 /// the backend's completion thread or, for a request the backend did
@@ -41,6 +43,13 @@ pub type IoDone = Box<dyn FnOnce(std::io::Result<&[u8]>) + Send>;
 
 /// Where a backed region's bytes live. Offsets are relative to the start
 /// of the region and already checked to lie inside it.
+///
+/// A local QP's Writes and Reads (`local.rs`) move bytes between the
+/// backend and registered memory, which may be written meanwhile; they use
+/// the `*_spans` methods, which see that memory only as [`MemSpans`] (never
+/// a slice). Their defaults stage through a buffer of their own and call
+/// the slice methods; a backend that can do better (positioned I/O
+/// straight from the memory, or its own bounce buffer) overrides them.
 pub trait RegionBackend: Send + Sync + 'static {
     /// Stores `data` at `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()>;
@@ -83,6 +92,30 @@ pub trait RegionBackend: Send + Sync + 'static {
         let mut v = vec![0u8; len];
         let r = self.read_at(offset, &mut v);
         done(r.map(|()| &v[..]))
+    }
+    /// Stores the bytes of registered memory `src` at `offset`. Default:
+    /// copied into a buffer, then `write_at`.
+    fn write_spans(&self, offset: u64, src: &MemSpans<'_>) -> std::io::Result<()> {
+        let mut v = vec![0u8; src.len()];
+        src.copy_to(0, &mut v);
+        self.write_at(offset, &v)
+    }
+    /// Fills registered memory `dst` from `offset`. Default: `read_at`
+    /// into a buffer, then copied.
+    fn read_spans(&self, offset: u64, dst: &MemSpans<'_>) -> std::io::Result<()> {
+        let mut v = vec![0u8; dst.len()];
+        self.read_at(offset, &mut v)?;
+        dst.copy_from(0, &v);
+        Ok(())
+    }
+    /// Starts writing the bytes of registered memory `src` at `offset`
+    /// (`src` is valid only during this call: a backend copies what it
+    /// keeps); `done` runs when they are stored. Default: copied into a
+    /// buffer, then `submit_write`.
+    fn submit_write_spans(&self, offset: u64, src: &MemSpans<'_>, done: IoDone) {
+        let mut v = vec![0u8; src.len()];
+        src.copy_to(0, &mut v);
+        self.submit_write(offset, &[&v], done)
     }
 }
 

@@ -89,6 +89,7 @@
 //! | `pin` | `mlock` of registered pages |
 //! | `pool`, `shm` | shared-memory mappings (registered chunks, same-host segments) |
 //! | `samehost` | direct copies into a same-host peer's memory |
+//! | `spans` | `MemSpans`: registered memory handed to a storage backend (copies, pread/pwrite) |
 //! | `iwarp`, `local` | placement of received bytes and sends from registered memory |
 //! | `device`, `qp` | the `unsafe` API entry points (`register_raw`, `register_owned`, `advertise_buffers`) |
 //!
@@ -127,6 +128,8 @@ mod samehost;
 #[allow(unsafe_code)]
 mod shm;
 pub mod sim;
+#[allow(unsafe_code)]
+mod spans;
 mod srq;
 mod stag;
 #[allow(unsafe_code)]
@@ -150,6 +153,7 @@ pub use poller::{Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
 pub use registry::{DeviceInfo, MrInfo, QpInfo};
 pub use samehost::{same_host_default, SameHostStats};
+pub use spans::MemSpans;
 pub use srq::SharedReceiveQueue;
 pub use stag::Stag;
 pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};

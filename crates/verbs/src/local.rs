@@ -395,23 +395,7 @@ impl LocalLink {
         // The registrations stay alive across the submitting call even if
         // the completion runs (and drops the job) inside it.
         let hold = j.keep.clone();
-        // KNOWN GAP (issue 19): `RegionBackend` takes `&[u8]`, so these are
-        // slices over registered memory that the application or a peer may
-        // write meanwhile. Staging through a buffer of our own instead cost
-        // 20-25% of the storage bench (measured 2026-11-24); the fix is a
-        // raw-span entry point on the backend trait.
-        let sources: Vec<&[u8]> = if kind == Kind::Write {
-            j.spans
-                .iter()
-                // SAFETY: each span lies in a registration held by `hold`
-                // (and the job), checked for local read when posted; the
-                // slices are used only during `submit_write`, which copies
-                // what it keeps.
-                .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let spans = j.spans.clone();
         let qw = Arc::downgrade(q);
         let done: crate::IoDone = Box::new(move |r: std::io::Result<&[u8]>| {
             let status = match r {
@@ -433,10 +417,16 @@ impl LocalLink {
             link.release(seq);
         });
         match kind {
-            Kind::Write => b.submit_write(off, &sources, done),
+            Kind::Write => {
+                // SAFETY: each span lies in a registration held by `hold`
+                // (and the job) across this call, checked for local read
+                // when posted; the backend sees it only as `MemSpans`.
+                let src = unsafe { crate::spans::MemSpans::new(&spans) };
+                b.submit_write_spans(off, &src, done)
+            }
             _ => b.submit_read(off, len, done),
         }
-        drop(sources);
+        drop(spans);
         drop(hold);
     }
 
@@ -626,27 +616,18 @@ fn execute_entered(j: &Job) -> std::io::Result<()> {
         (Some(b), Kind::Flush) => b.flush(),
         (None, Kind::Flush) => Ok(()),
         (Some(b), kind) => {
-            let mut off = j.off;
-            for s in &j.spans {
-                // KNOWN GAP (issue 19): as above, the backend takes a
-                // slice over registered memory (staging cost 20-25%).
-                if kind == Kind::Write {
-                    // SAFETY: the span lies in a registration held by
-                    // `j.keep`, checked for local read when posted; it stays
-                    // mapped for the call. Other accesses to the same bytes
-                    // meanwhile (the application, a peer) race as they would
-                    // with a NIC's DMA: the backend gets old or new bytes.
-                    let src = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
-                    b.write_at(off, src)?;
-                } else {
-                    // SAFETY: as above, checked for local write; the bytes
-                    // are only written through this slice during the call.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
-                    b.read_at(off, dst)?;
-                }
-                off += s.len as u64;
+            // SAFETY: the spans lie in registrations held by `j.keep` (and
+            // entered if caller-owned, `execute`) for the call, checked
+            // for local read (a Write) or local write (a Read) when posted.
+            // Other accesses to the same bytes meanwhile (the application,
+            // a peer) race as they would with a NIC's DMA: the backend sees
+            // the memory only as `MemSpans`, never a slice.
+            let mem = unsafe { crate::spans::MemSpans::new(&j.spans) };
+            if kind == Kind::Write {
+                b.write_spans(j.off, &mem)
+            } else {
+                b.read_spans(j.off, &mem)
             }
-            Ok(())
         }
         (None, kind) => {
             let mut remote = Vec::new();
