@@ -109,11 +109,11 @@ fuzz_target!(|data: &[u8]| {
         // nothing lands outside the region.)
         let q = LEN / 4;
         let wrs = [
-            SendWr::read(1, e.rmr.sge(3 * q, q), IOVA, STAG),
-            SendWr::write(2, &[e.rmr.sge(0, 64)], IOVA + 64, STAG),
+            SendWr::read(1, e.rmr.sge(3 * q, q), IOVA, Rkey::from_raw(STAG)),
+            SendWr::write(2, &[e.rmr.sge(0, 64)], IOVA + 64, Rkey::from_raw(STAG)),
             SendWr::send(3, &[e.rmr.sge(0, 32)]),
-            SendWr::fetch_add(4, e.rmr.sge(8, 8), IOVA, STAG, 1),
-            SendWr::cmp_swap(5, e.rmr.sge(16, 8), IOVA + 8, STAG, 0, 7),
+            SendWr::fetch_add(4, e.rmr.sge(8, 8), IOVA, Rkey::from_raw(STAG), 1),
+            SendWr::cmp_swap(5, e.rmr.sge(16, 8), IOVA + 8, Rkey::from_raw(STAG), 0, 7),
         ];
         for wr in &wrs {
             qp.post_send(wr).unwrap();

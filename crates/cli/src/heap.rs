@@ -453,7 +453,7 @@ impl Worker {
                 let sge = softrdma_verbs::Sge {
                     addr,
                     length: len as u32,
-                    lkey: k.lkey,
+                    lkey: softrdma_verbs::Lkey::from_raw(k.lkey),
                 };
                 let mut v = self.rdma_write(sge, num(f, 3)?, num(f, 4)? as u32)?;
                 v["lkey"] = json!(k.lkey);
@@ -466,7 +466,7 @@ impl Worker {
                 let sge = softrdma_verbs::Sge {
                     addr,
                     length: num(f, 2)? as u32,
-                    lkey: num(f, 3)? as u32,
+                    lkey: softrdma_verbs::Lkey::from_raw(num(f, 3)? as u32),
                 };
                 self.rdma_write(sge, num(f, 4)?, num(f, 5)? as u32)?
             }
@@ -549,7 +549,12 @@ impl Worker {
             .ok_or_else(|| anyhow!("not connected"))?;
         let id = self.next_wr;
         self.next_wr += 1;
-        if let Err(e) = qp.post_send(&SendWr::write(id, &[sge], raddr, rkey)) {
+        if let Err(e) = qp.post_send(&SendWr::write(
+            id,
+            &[sge],
+            raddr,
+            softrdma_verbs::Rkey::from_raw(rkey),
+        )) {
             return Ok(json!({"refused": e.to_string()}));
         }
         let wc = cq
@@ -566,7 +571,12 @@ impl Worker {
         }
         let (qp, cq) = self.out_qp.as_ref().unwrap();
         let sge = self.scratch.as_ref().unwrap().sge(0, 1);
-        qp.post_send(&SendWr::read(id + 1_000_000_000, sge, raddr, rkey))?;
+        qp.post_send(&SendWr::read(
+            id + 1_000_000_000,
+            sge,
+            raddr,
+            softrdma_verbs::Rkey::from_raw(rkey),
+        ))?;
         let wc = cq
             .wait_one(Duration::from_secs(10))
             .ok_or_else(|| anyhow!("no Read completion"))?;

@@ -70,7 +70,7 @@ fn target(
                 let mut m = vec![0; wc.byte_len as usize];
                 cmdbuf.read_at(r * 256, &mut m);
                 let (stag, body) = match wc.advertised_stag {
-                    Some(s) => (s, &m[..]),
+                    Some(s) => (s.raw(), &m[..]),
                     None => (
                         be32(&m).context("command without an STag")?,
                         m.get(4..).unwrap_or(&[]),
@@ -89,7 +89,12 @@ fn target(
                 }
                 serving[r] = (stag, id);
                 qp.post_recv(&RecvWr::new(r as u64, &[cmdbuf.sge(r * 256, 256)]))?;
-                qp.post_send(&SendWr::read(READ + r as u64, data.sge(0, len), 0, stag))?;
+                qp.post_send(&SendWr::read(
+                    READ + r as u64,
+                    data.sge(0, len),
+                    0,
+                    softrdma_verbs::Rkey::from_raw(stag),
+                ))?;
                 calls.posts += 2;
             } else if wc.wr_id & READ != 0 {
                 let r = (wc.wr_id - READ) as usize;
@@ -98,7 +103,11 @@ fn target(
                 let at = 2 * RECVS * 256 + r * 16;
                 cmdbuf.write_at(at, &id.to_be_bytes());
                 let mut resp = if one_shot {
-                    SendWr::send_close(REPLY, &[cmdbuf.sge(at, 8)], stag)
+                    SendWr::send_close(
+                        REPLY,
+                        &[cmdbuf.sge(at, 8)],
+                        softrdma_verbs::Rkey::from_raw(stag),
+                    )
                 } else {
                     SendWr::send(REPLY, &[cmdbuf.sge(at, 8)])
                 };
@@ -201,20 +210,20 @@ fn measure(
                 // One call: bind + table + send.
                 let stag =
                     a.qp.advertise(ADV + k as u64, &[sge], Access::REMOTE_READ, &body, id)?;
-                stags.insert(id, stag);
+                stags.insert(id, stag.raw());
             } else {
                 // Bind a new key over the buffer, send the command with
                 // the STag in its payload (one doorbell).
                 let key = id as u8;
                 let stag = fr[k].stag_with_key(key);
-                let mut msg = stag.to_be_bytes().to_vec();
+                let mut msg = stag.raw().to_be_bytes().to_vec();
                 msg.extend_from_slice(&body);
                 cmd.write_at(k * 64, &msg);
                 let mut reg = SendWr::fast_reg(0, &fr[k], key, &[sge], 0, Access::REMOTE_READ);
                 reg.flags = SendFlags::NONE;
                 let send = SendWr::send(SEND + k as u64, &[cmd.sge(k * 64, msg.len())]);
                 a.qp.post_send_batch(&[reg, send])?;
-                stags.insert(id, stag);
+                stags.insert(id, stag.raw());
             }
             calls.posts += 1;
             Ok(())
@@ -242,7 +251,7 @@ fn measure(
                     if one_shot {
                         // The close is the command's only completion.
                         let id = wc.reference.context("a close without a reference")?;
-                        let want = stags.remove(&id);
+                        let want = stags.remove(&id).map(softrdma_verbs::Rkey::from_raw);
                         if wc.invalidated_rkey.is_none() || wc.invalidated_rkey != want {
                             bail!(
                                 "close for {:?}/{id}, expected {want:?}",
@@ -280,7 +289,10 @@ fn measure(
                     sent[k] = false;
                     replied[k] = false;
                     let stag = stags.remove(&slot_cmd[k]).expect("issued");
-                    a.qp.post_send(&SendWr::local_inv(INV + k as u64, stag))?;
+                    a.qp.post_send(&SendWr::local_inv(
+                        INV + k as u64,
+                        softrdma_verbs::Rkey::from_raw(stag),
+                    ))?;
                     calls.posts += 1;
                 }
             }

@@ -289,8 +289,12 @@ fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
         } else {
             rkey
         };
-        ctx.qp
-            .post_send(&SendWr::read(3, rdma.sge(0, len as usize), addr, rkey))?;
+        ctx.qp.post_send(&SendWr::read(
+            3,
+            rdma.sge(0, len as usize),
+            addr,
+            softrdma_verbs::Rkey::from_raw(rkey),
+        ))?;
         if let Err(e) = ctx.wait_for("RDMA Read", WcOpcode::RdmaRead) {
             return Err(peer_terminate(dev, &ctx, e));
         }
@@ -309,8 +313,12 @@ fn server(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
         } else {
             rkey
         };
-        ctx.qp
-            .post_send(&SendWr::write(4, &[rdma.sge(0, n)], addr, rkey))?;
+        ctx.qp.post_send(&SendWr::write(
+            4,
+            &[rdma.sge(0, n)],
+            addr,
+            softrdma_verbs::Rkey::from_raw(rkey),
+        ))?;
         if let Err(e) = ctx.wait_for("RDMA Write", WcOpcode::RdmaWrite) {
             return Err(peer_terminate(dev, &ctx, e));
         }
@@ -397,10 +405,10 @@ fn client(dev: &Device, a: &Args, params: &ConnParams) -> Result<()> {
         let data = ping_pattern(i, &mut first, a.size);
         start.write_at(0, &data);
         sink.write_at(0, &vec![0u8; a.size]);
-        ctx.send_msg(&info_msg(start.addr(), start.rkey(), a.size as u32))?;
+        ctx.send_msg(&info_msg(start.addr(), start.rkey().raw(), a.size as u32))?;
         ctx.wait_for("go-ahead after the RDMA Read", WcOpcode::Recv)?;
         ctx.post_recv()?;
-        ctx.send_msg(&info_msg(sink.addr(), sink.rkey(), a.size as u32))?;
+        ctx.send_msg(&info_msg(sink.addr(), sink.rkey().raw(), a.size as u32))?;
         ctx.wait_for("go-ahead after the RDMA Write", WcOpcode::Recv)?;
         ctx.post_recv()?;
         let got = sink.to_vec();

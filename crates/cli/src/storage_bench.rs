@@ -119,8 +119,8 @@ fn drive(
             let slot = (next % depth as u64) as usize;
             let sge = buf.sge(slot * size, size);
             batch.push(match op {
-                Op::Write => SendWr::write(next, &[sge], off, rkey),
-                Op::Read => SendWr::read(next, sge, off, rkey),
+                Op::Write => SendWr::write(next, &[sge], off, softrdma_verbs::Rkey::from_raw(rkey)),
+                Op::Read => SendWr::read(next, sge, off, softrdma_verbs::Rkey::from_raw(rkey)),
             });
             off += size as u64;
             next += 1;
@@ -171,8 +171,8 @@ fn mixed(
     dur: Duration,
 ) -> Result<Run> {
     let wr = |id: u64, sge: Sge, to: u64| match op {
-        Op::Write => SendWr::write(id, &[sge], to, rkey),
-        Op::Read => SendWr::read(id, sge, to, rkey),
+        Op::Write => SendWr::write(id, &[sge], to, softrdma_verbs::Rkey::from_raw(rkey)),
+        Op::Read => SendWr::read(id, sge, to, softrdma_verbs::Rkey::from_raw(rkey)),
     };
     const BIG: usize = 1 << 20;
     const SMALL: usize = 4096;

@@ -209,7 +209,7 @@ fn one_by_one(p: &Pair, local: &MemoryRegion, rkey: u32, raddr: u64, n: usize) -
             i as u64,
             &[local.sge(i * 128, 64)],
             raddr + i as u64 * 64,
-            rkey,
+            softrdma_verbs::Rkey::from_raw(rkey),
         );
         if !((i + 1) % SLOTS == 0 || last) {
             wr.flags = SendFlags::NONE;
@@ -261,7 +261,7 @@ pub fn run(a: Args) -> Result<()> {
         // target is cleared before each measurement, so each check sees
         // only the bytes of its own run.
         let check = |what: &str| -> Result<()> {
-            mutate.flush(&p, raddr, rkey)?;
+            mutate.flush(&p, raddr, rkey.raw())?;
             mutate.corrupt(what, &remote, 1234 * 64 + 17);
             let got = remote.to_vec();
             for i in 0..n {
@@ -275,7 +275,7 @@ pub fn run(a: Args) -> Result<()> {
         remote.write_at(0, &zeros);
         let t0 = Instant::now();
         for _ in 0..rounds {
-            one_by_one(&p, &local, rkey, raddr, n)?;
+            one_by_one(&p, &local, rkey.raw(), raddr, n)?;
         }
         let s1 = t0.elapsed().as_secs_f64();
         check("one-by-one")?;
@@ -294,7 +294,7 @@ pub fn run(a: Args) -> Result<()> {
                 op: Op::Write,
                 local: vec![local.sge(i * 128, 64)],
                 remote_addr: raddr + i as u64 * 64,
-                rkey,
+                rkey: rkey.raw(),
             })
             .collect();
         let limits = Limits::of_device(p.qp.pd().device(), SLOTS);
@@ -392,7 +392,7 @@ pub fn run(a: Args) -> Result<()> {
                 op,
                 local: sgl.clone(),
                 remote_addr: rbig.addr(),
-                rkey: rbig.rkey(),
+                rkey: rbig.rkey().raw(),
             };
             let planner = Planner::new(big_limits, vec![t]);
             let wrs = planner.announced().0;
@@ -412,7 +412,7 @@ pub fn run(a: Args) -> Result<()> {
             // the target's: flush first).
             let ok = match op {
                 Op::Write => {
-                    mutate.flush(&p, rbig.addr(), rbig.rkey())?;
+                    mutate.flush(&p, rbig.addr(), rbig.rkey().raw())?;
                     mutate.corrupt("scattered-write", &rbig, big as usize / 2);
                     rbig.to_vec() == want
                 }

@@ -194,11 +194,22 @@ fn remote_rights_tokens_and_flush() {
     let src = c.pd.register(data.clone(), Access::LOCAL_WRITE).unwrap();
     let dst = c.pd.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
     let p0 = regions[0].rkey;
-    c.qp.post_send(&SendWr::write(1, &[src.sge(0, 300_000)], 12_345, p0))
+    c.qp.post_send(&SendWr::write(
+        1,
+        &[src.sge(0, 300_000)],
+        12_345,
+        softrdma_verbs::Rkey::from_raw(p0),
+    ))
+    .unwrap();
+    c.qp.post_send(&SendWr::flush(2, 0, softrdma_verbs::Rkey::from_raw(p0)))
         .unwrap();
-    c.qp.post_send(&SendWr::flush(2, 0, p0)).unwrap();
-    c.qp.post_send(&SendWr::read(3, dst.sge(0, 300_000), 12_345, p0))
-        .unwrap();
+    c.qp.post_send(&SendWr::read(
+        3,
+        dst.sge(0, 300_000),
+        12_345,
+        softrdma_verbs::Rkey::from_raw(p0),
+    ))
+    .unwrap();
     for id in 1..=3 {
         let wc = wait(&c.cq);
         assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
@@ -240,8 +251,13 @@ fn remote_rights_tokens_and_flush() {
     let (_, s, _, listing) = ask(ControlOp::Info as u8, 2, 1);
     assert_eq!(s, ControlStatus::Ok as u8);
     assert_eq!(decode_accept(&listing).unwrap(), regions);
-    c.qp.post_send(&SendWr::write(9, &[src.sge(0, 4096)], 1 << 20, p0))
-        .unwrap();
+    c.qp.post_send(&SendWr::write(
+        9,
+        &[src.sge(0, 4096)],
+        1 << 20,
+        softrdma_verbs::Rkey::from_raw(p0),
+    ))
+    .unwrap();
     assert_eq!(wait(&c.cq).status, WcStatus::Success);
     assert_eq!(
         ask(ControlOp::FlushAll as u8, 3, 2).1,
@@ -252,10 +268,19 @@ fn remote_rights_tokens_and_flush() {
 
     // Write to the read-only partition: refused, nothing changes.
     let before = file_bytes(&path, off1, 4096);
-    c.qp.post_send(&SendWr::write(4, &[src.sge(0, 4096)], 0, regions[1].rkey))
-        .unwrap();
-    c.qp.post_send(&SendWr::flush(5, 0, regions[1].rkey))
-        .unwrap();
+    c.qp.post_send(&SendWr::write(
+        4,
+        &[src.sge(0, 4096)],
+        0,
+        softrdma_verbs::Rkey::from_raw(regions[1].rkey),
+    ))
+    .unwrap();
+    c.qp.post_send(&SendWr::flush(
+        5,
+        0,
+        softrdma_verbs::Rkey::from_raw(regions[1].rkey),
+    ))
+    .unwrap();
     let statuses = [wait(&c.cq).status, wait(&c.cq).status];
     assert!(
         statuses.iter().any(|s| *s != WcStatus::Success),
@@ -272,13 +297,28 @@ fn remote_rights_tokens_and_flush() {
     let bsrc =
         b.pd.register(vec![0xEE; 4096], Access::LOCAL_WRITE)
             .unwrap();
-    b.qp.post_send(&SendWr::read(1, bsrc.sge(0, 4096), 12_345, r[0].rkey))
-        .unwrap();
+    b.qp.post_send(&SendWr::read(
+        1,
+        bsrc.sge(0, 4096),
+        12_345,
+        softrdma_verbs::Rkey::from_raw(r[0].rkey),
+    ))
+    .unwrap();
     assert_eq!(wait(&b.cq).status, WcStatus::Success);
     assert_eq!(bsrc.to_vec(), data[..4096], "bob reads alice's bytes");
-    b.qp.post_send(&SendWr::write(2, &[bsrc.sge(0, 4096)], 0, r[0].rkey))
-        .unwrap();
-    b.qp.post_send(&SendWr::flush(3, 0, r[0].rkey)).unwrap();
+    b.qp.post_send(&SendWr::write(
+        2,
+        &[bsrc.sge(0, 4096)],
+        0,
+        softrdma_verbs::Rkey::from_raw(r[0].rkey),
+    ))
+    .unwrap();
+    b.qp.post_send(&SendWr::flush(
+        3,
+        0,
+        softrdma_verbs::Rkey::from_raw(r[0].rkey),
+    ))
+    .unwrap();
     let statuses = [wait(&b.cq).status, wait(&b.cq).status];
     assert!(statuses.iter().any(|s| *s != WcStatus::Success));
     assert_eq!(file_bytes(&path, off0 + 12_345, 4096), data[..4096]);
@@ -313,10 +353,16 @@ fn local_endpoint_uses_the_same_verbs() {
         let p0 = s.region(0).unwrap().rkey;
         for i in 0..4u64 {
             let o = i as usize * (64 << 10);
-            qp.post_send(&SendWr::write(i, &[src.sge(o, 64 << 10)], o as u64, p0))
-                .unwrap();
+            qp.post_send(&SendWr::write(
+                i,
+                &[src.sge(o, 64 << 10)],
+                o as u64,
+                softrdma_verbs::Rkey::from_raw(p0),
+            ))
+            .unwrap();
         }
-        qp.post_send(&SendWr::flush(9, 0, p0)).unwrap();
+        qp.post_send(&SendWr::flush(9, 0, softrdma_verbs::Rkey::from_raw(p0)))
+            .unwrap();
         let mut got: Vec<u64> = (0..5)
             .map(|_| wait(&cq))
             .map(|wc| {
@@ -325,8 +371,13 @@ fn local_endpoint_uses_the_same_verbs() {
             })
             .collect();
         assert_eq!(got.pop(), Some(9), "the flush completes last");
-        qp.post_send(&SendWr::read(10, dst.sge(0, 256 << 10), 0, p0))
-            .unwrap();
+        qp.post_send(&SendWr::read(
+            10,
+            dst.sge(0, 256 << 10),
+            0,
+            softrdma_verbs::Rkey::from_raw(p0),
+        ))
+        .unwrap();
         assert_eq!(wait(&cq).status, WcStatus::Success);
         assert_eq!(dst.to_vec(), data);
         assert_eq!(file_bytes(&path, off0, 256 << 10), data);
@@ -335,7 +386,7 @@ fn local_endpoint_uses_the_same_verbs() {
             11,
             &[src.sge(0, 16)],
             0,
-            s.region(1).unwrap().rkey,
+            softrdma_verbs::Rkey::from_raw(s.region(1).unwrap().rkey),
         ))
         .unwrap();
         assert_eq!(wait(&cq).status, WcStatus::RemAccessErr);
@@ -368,15 +419,26 @@ fn direct_io_is_coherent_with_buffered() {
         // patch across two of them; a fence before the patch.
         for i in 0..8u64 {
             let o = i as usize * (128 << 10);
-            qp.post_send(&SendWr::write(i, &[src.sge(o, 128 << 10)], o as u64, p0))
-                .unwrap();
+            qp.post_send(&SendWr::write(
+                i,
+                &[src.sge(o, 128 << 10)],
+                o as u64,
+                softrdma_verbs::Rkey::from_raw(p0),
+            ))
+            .unwrap();
         }
         let patch = pattern(1000, 77);
         let psrc = pd.register(patch.clone(), Access::LOCAL_WRITE).unwrap();
-        let mut wr = SendWr::write(8, &[psrc.sge(0, 1000)], (128 << 10) - 500, p0);
+        let mut wr = SendWr::write(
+            8,
+            &[psrc.sge(0, 1000)],
+            (128 << 10) - 500,
+            softrdma_verbs::Rkey::from_raw(p0),
+        );
         wr.flags = wr.flags | SendFlags::FENCE;
         qp.post_send(&wr).unwrap();
-        qp.post_send(&SendWr::flush(9, 0, p0)).unwrap();
+        qp.post_send(&SendWr::flush(9, 0, softrdma_verbs::Rkey::from_raw(p0)))
+            .unwrap();
         for _ in 0..10 {
             assert_eq!(wait(&cq).status, WcStatus::Success);
         }
@@ -384,8 +446,13 @@ fn direct_io_is_coherent_with_buffered() {
         want[(128 << 10) - 500..(128 << 10) + 500].copy_from_slice(&patch);
         // Read back aligned (direct read sees the buffered patch).
         let dst = pd.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
-        qp.post_send(&SendWr::read(10, dst.sge(0, 1 << 20), 0, p0))
-            .unwrap();
+        qp.post_send(&SendWr::read(
+            10,
+            dst.sge(0, 1 << 20),
+            0,
+            softrdma_verbs::Rkey::from_raw(p0),
+        ))
+        .unwrap();
         assert_eq!(wait(&cq).status, WcStatus::Success);
         assert!(dst.to_vec() == want, "relaxed={relaxed}");
         assert!(file_bytes(&path, off0, 1 << 20) == want);
@@ -439,10 +506,16 @@ fn relaxed_direct_io_through_io_uring() {
                 }
             }
             sgl.push(src.sge(base + o, len - o));
-            qp.post_send(&SendWr::write(k as u64, &sgl, at as u64, p0))
-                .unwrap();
+            qp.post_send(&SendWr::write(
+                k as u64,
+                &sgl,
+                at as u64,
+                softrdma_verbs::Rkey::from_raw(p0),
+            ))
+            .unwrap();
         }
-        qp.post_send(&SendWr::flush(100, 0, p0)).unwrap();
+        qp.post_send(&SendWr::flush(100, 0, softrdma_verbs::Rkey::from_raw(p0)))
+            .unwrap();
         let mut seen = Vec::new();
         for _ in 0..49 {
             let wc = wait(&cq);
@@ -468,7 +541,7 @@ fn relaxed_direct_io_through_io_uring() {
                 200 + k as u64,
                 dst.sge(k * SLOT, len),
                 at as u64,
-                p0,
+                softrdma_verbs::Rkey::from_raw(p0),
             ))
             .unwrap();
         }
@@ -534,7 +607,7 @@ fn buffered_and_direct_writes_of_one_page_do_not_collide() {
                 k as u64,
                 &[src.sge(k * WIN, len)],
                 (base + at) as u64,
-                p0,
+                softrdma_verbs::Rkey::from_raw(p0),
             ));
             if k % 3 == 0 {
                 let n = 1 + rnd(2);
@@ -543,11 +616,11 @@ fn buffered_and_direct_writes_of_one_page_do_not_collide() {
                     100 + k as u64,
                     dst.sge((k / 3) * WIN / 8 * 8 % (7 * WIN), n * 4096),
                     (base + at) as u64,
-                    p0,
+                    softrdma_verbs::Rkey::from_raw(p0),
                 ));
             }
         }
-        wrs.push(SendWr::flush(999, 0, p0));
+        wrs.push(SendWr::flush(999, 0, softrdma_verbs::Rkey::from_raw(p0)));
         qp.post_send_batch(&wrs).unwrap();
         for _ in 0..wrs.len() {
             let wc = wait(&cq);
@@ -609,7 +682,7 @@ fn strict_direct_io_pipelines_in_order() {
                     k as u64,
                     &[src.sge(base, len)],
                     at as u64,
-                    p0,
+                    softrdma_verbs::Rkey::from_raw(p0),
                 ))
                 .unwrap();
             }
@@ -621,14 +694,19 @@ fn strict_direct_io_pipelines_in_order() {
                     k as u64,
                     &[src.sge(base, len)],
                     at as u64,
-                    p0,
+                    softrdma_verbs::Rkey::from_raw(p0),
                 ))
                 .unwrap();
             }
             _ => {
                 reads.push((k, base, model[at..at + len].to_vec()));
-                qp.post_send(&SendWr::read(k as u64, dst.sge(base, len), at as u64, p0))
-                    .unwrap();
+                qp.post_send(&SendWr::read(
+                    k as u64,
+                    dst.sge(base, len),
+                    at as u64,
+                    softrdma_verbs::Rkey::from_raw(p0),
+                ))
+                .unwrap();
             }
         }
     }
@@ -643,7 +721,12 @@ fn strict_direct_io_pipelines_in_order() {
         dst.read_at(*base, &mut got);
         assert!(got == *want, "read {k} saw other bytes than at its turn");
     }
-    qp.post_send(&SendWr::flush(OPS as u64, 0, p0)).unwrap();
+    qp.post_send(&SendWr::flush(
+        OPS as u64,
+        0,
+        softrdma_verbs::Rkey::from_raw(p0),
+    ))
+    .unwrap();
     assert_eq!(wait(&cq).status, WcStatus::Success);
     assert!(file_bytes(&path, off0, SPAN) == model, "the file differs");
 }
@@ -686,8 +769,13 @@ fn remote_direct_writes_are_queued_in_order() {
         let (mut at, mut len) = (rnd(16 - n + 1) * BLK, n * BLK);
         if rnd(3) == 0 {
             reads.push((k, base, model[at..at + len].to_vec()));
-            c.qp.post_send(&SendWr::read(k as u64, dst.sge(base, len), at as u64, p0))
-                .unwrap();
+            c.qp.post_send(&SendWr::read(
+                k as u64,
+                dst.sge(base, len),
+                at as u64,
+                softrdma_verbs::Rkey::from_raw(p0),
+            ))
+            .unwrap();
         } else {
             if rnd(10) == 0 {
                 // Unaligned: through the page cache.
@@ -701,12 +789,17 @@ fn remote_direct_writes_are_queued_in_order() {
                 k as u64,
                 &[src.sge(base, len)],
                 at as u64,
-                p0,
+                softrdma_verbs::Rkey::from_raw(p0),
             ))
             .unwrap();
         }
     }
-    c.qp.post_send(&SendWr::flush(OPS as u64, 0, p0)).unwrap();
+    c.qp.post_send(&SendWr::flush(
+        OPS as u64,
+        0,
+        softrdma_verbs::Rkey::from_raw(p0),
+    ))
+    .unwrap();
     for want in 0..=OPS as u64 {
         let wc = wait(&c.cq);
         assert_eq!(wc.status, WcStatus::Success, "wr {}", wc.wr_id);
@@ -734,13 +827,19 @@ fn remote_direct_writes_are_queued_in_order() {
             k as u64,
             &[src.sge(k * 2 * BLK, 2 * BLK)],
             at as u64,
-            p0,
+            softrdma_verbs::Rkey::from_raw(p0),
         ))
         .unwrap();
     }
-    c.qp.post_send(&SendWr::flush(64, 0, p0)).unwrap();
-    c.qp.post_send(&SendWr::read(65, dst.sge_all(), SPAN as u64, p0))
+    c.qp.post_send(&SendWr::flush(64, 0, softrdma_verbs::Rkey::from_raw(p0)))
         .unwrap();
+    c.qp.post_send(&SendWr::read(
+        65,
+        dst.sge_all(),
+        SPAN as u64,
+        softrdma_verbs::Rkey::from_raw(p0),
+    ))
+    .unwrap();
     for _ in 0..66 {
         assert_eq!(wait(&c.cq).status, WcStatus::Success);
     }
@@ -788,8 +887,13 @@ fn flushed_writes_survive_kill_9() {
         let p0 = regions[0].rkey;
         // Everything must equal the durable image from the rounds before.
         let check = c.pd.alloc_mr(SPAN, Access::LOCAL_WRITE).unwrap();
-        c.qp.post_send(&SendWr::read(0, check.sge_all(), 0, p0))
-            .unwrap();
+        c.qp.post_send(&SendWr::read(
+            0,
+            check.sge_all(),
+            0,
+            softrdma_verbs::Rkey::from_raw(p0),
+        ))
+        .unwrap();
         assert_eq!(wait(&c.cq).status, WcStatus::Success);
         assert!(
             check.to_vec() == durable,
@@ -809,8 +913,12 @@ fn flushed_writes_survive_kill_9() {
         for op in 0..n_ops {
             if rnd() % 8 == 0 {
                 flush_points.push(writes.len());
-                c.qp.post_send(&SendWr::flush(1_000_000 + op as u64, 0, p0))
-                    .unwrap();
+                c.qp.post_send(&SendWr::flush(
+                    1_000_000 + op as u64,
+                    0,
+                    softrdma_verbs::Rkey::from_raw(p0),
+                ))
+                .unwrap();
                 outstanding.push_back((1_000_000 + op as u64, Some(writes.len())));
             } else {
                 // Half aligned (O_DIRECT's path on a direct server), half
@@ -828,7 +936,7 @@ fn flushed_writes_survive_kill_9() {
                     writes.len() as u64,
                     &[srcs.sge(src_off, len)],
                     at as u64,
-                    p0,
+                    softrdma_verbs::Rkey::from_raw(p0),
                 ))
                 .unwrap();
                 outstanding.push_back((writes.len() as u64, None));

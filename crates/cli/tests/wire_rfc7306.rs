@@ -168,7 +168,7 @@ fn atomics_and_immediate_data_decode_in_tshark() {
         .collect();
     assert_eq!(
         fa,
-        vec![1, 1, 0, target.rkey() as u64, at, ADD, 0, 0, 0],
+        vec![1, 1, 0, target.rkey().raw() as u64, at, ADD, 0, 0, 0],
         "FetchAdd: queue 1, MSN 1, operation 0, STag, TO, add data and mask (0: one \
          64-bit add), compare data and mask (unused)"
     );
@@ -183,7 +183,7 @@ fn atomics_and_immediate_data_decode_in_tshark() {
             1,
             2,
             2,
-            target.rkey() as u64,
+            target.rkey().raw() as u64,
             at,
             SWAP,
             u64::MAX,

@@ -219,7 +219,7 @@ struct Inner {
     /// Private registration table, indexed like the descriptor table.
     regs: Mutex<Vec<Option<Reg>>>,
     /// lkey -> (block, id) of our registrations, for the post check.
-    lkeys: RwLock<HashMap<u32, (u32, u32)>>,
+    lkeys: RwLock<HashMap<softrdma_verbs::Lkey, (u32, u32)>>,
     /// Per size class: the block (index, id) this process allocates from.
     current: Mutex<Vec<Option<(u32, u32)>>>,
     pid: u32,
@@ -866,8 +866,8 @@ impl Inner {
 
 fn keys_of(i: u32, g: u32, mr: &MemoryRegion) -> Keys {
     Keys {
-        lkey: mr.lkey(),
-        rkey: mr.rkey(),
+        lkey: mr.lkey().raw(),
+        rkey: mr.rkey().raw(),
         block: i,
         gen: g,
         region_addr: mr.addr(),
@@ -1193,7 +1193,7 @@ impl HeapBuf {
         Sge {
             addr: self.addr() + offset as u64,
             length: len as u32,
-            lkey: self.lkey,
+            lkey: softrdma_verbs::Lkey::from_raw(self.lkey),
         }
     }
     /// The whole buffer as an SGE.

@@ -154,7 +154,7 @@ fn stale_registrations_are_refused_and_retired_lazily() {
     let sge = softrdma_verbs::Sge {
         addr: xa,
         length: 1000,
-        lkey: ka.lkey,
+        lkey: softrdma_verbs::Lkey::from_raw(ka.lkey),
     };
     qp.post_send(&SendWr::write(1, &[sge], sink.addr(), sink.rkey()))
         .unwrap();

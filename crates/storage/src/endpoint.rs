@@ -699,7 +699,7 @@ impl Endpoint {
                 .map_err(|e| StorageError::BadSpec(format!("registering partition {i}: {e}")))?;
             regions.push(PartitionRegion {
                 index: i as u32,
-                rkey: mr.rkey(),
+                rkey: mr.rkey().raw(),
                 len: p.size,
                 rights,
             });
@@ -1120,7 +1120,7 @@ fn control_loop(
             });
         if let Err(e) = ok {
             // The connection is ending (the QP left RTS); nothing to answer.
-            tracing::debug!(qpn = qp.qp_num(), "control message loop ends: {e}");
+            tracing::debug!(qpn = %qp.qp_num(), "control message loop ends: {e}");
             return;
         }
     }

@@ -70,7 +70,11 @@ pub fn flush(
     rkey: u32,
     timeout: Duration,
 ) -> Result<(), ExecError> {
-    qp.post_send(&SendWr::flush(FLUSH_WR_ID, remote_addr, rkey))?;
+    qp.post_send(&SendWr::flush(
+        FLUSH_WR_ID,
+        remote_addr,
+        softrdma_verbs::Rkey::from_raw(rkey),
+    ))?;
     loop {
         let wc = match cq.poll_one() {
             Some(wc) => wc,
@@ -138,11 +142,11 @@ pub fn run(
             let op = match w.op {
                 Op::Read => WrOp::RdmaRead {
                     remote_addr: w.remote_addr,
-                    rkey: w.rkey,
+                    rkey: softrdma_verbs::Rkey::from_raw(w.rkey),
                 },
                 Op::Write => WrOp::RdmaWrite {
                     remote_addr: w.remote_addr,
-                    rkey: w.rkey,
+                    rkey: softrdma_verbs::Rkey::from_raw(w.rkey),
                 },
             };
             stats.bytes += w.len;

@@ -83,7 +83,7 @@ fn random_transfers_move_every_byte_and_report_once() {
                 op: Op::Write,
                 local: sgl,
                 remote_addr: remote.addr() + r,
-                rkey: remote.rkey(),
+                rkey: remote.rkey().raw(),
             };
             r += t.len();
             ts.push(t);
@@ -113,7 +113,7 @@ fn random_transfers_move_every_byte_and_report_once() {
             &qp,
             &cq,
             remote.addr(),
-            remote.rkey(),
+            remote.rkey().raw(),
             Duration::from_secs(20),
         )
         .unwrap();

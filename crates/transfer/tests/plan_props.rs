@@ -51,7 +51,7 @@ fn case() -> impl Strategy<Value = Case> {
                         let s = Sge {
                             addr: local,
                             length: len,
-                            lkey: 100 + lkey,
+                            lkey: softrdma_verbs::Lkey::from_raw(100 + lkey),
                         };
                         local += len as u64;
                         s
@@ -76,7 +76,7 @@ proptest! {
     #[test]
     fn every_byte_once_within_limits(c in case()) {
         // Local byte -> (transfer, offset in it).
-        let mut owner: HashMap<(u32, u64), (usize, u64)> = HashMap::new();
+        let mut owner: HashMap<(softrdma_verbs::Lkey, u64), (usize, u64)> = HashMap::new();
         for (i, t) in c.transfers.iter().enumerate() {
             let mut off = 0;
             for s in &t.local {
@@ -124,7 +124,7 @@ fn sge(addr: u64, length: u32) -> Sge {
     Sge {
         addr,
         length,
-        lkey: 1,
+        lkey: softrdma_verbs::Lkey::from_raw(1),
     }
 }
 

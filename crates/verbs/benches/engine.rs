@@ -64,7 +64,7 @@ fn regions(dev: &Device, n: usize) -> (ProtectionDomain, Vec<MemoryRegion>) {
 /// 64 Ki STags drawn at random from `mrs` (a power of two, so the bench
 /// loop indexes with a mask instead of a division).
 const ORDER: usize = 1 << 16;
-fn random_order(mrs: &[MemoryRegion]) -> Vec<u32> {
+fn random_order(mrs: &[MemoryRegion]) -> Vec<Rkey> {
     let mut r = rng(0x9e37_79b9_7f4a_7c15);
     (0..ORDER)
         .map(|_| mrs[(r() % mrs.len() as u64) as usize].rkey())
@@ -86,7 +86,7 @@ fn stag_lookup(c: &mut Criterion) {
                 hit
             })
         });
-        let wrong_key = mrs[n / 2].rkey() ^ 0x5a;
+        let wrong_key = Rkey::from_raw(mrs[n / 2].rkey().raw() ^ 0x5a);
         g.bench_with_input(BenchmarkId::new("miss_wrong_key", n), &n, |b, _| {
             b.iter(|| dev.bench_stag_lookup(black_box(wrong_key)))
         });
@@ -131,7 +131,9 @@ fn cq_poll(c: &mut Criterion) {
     // produced untimed, then CHUNK polls of 16 are timed back to back.
     let qp = pd.create_qp(QpInitAttr::new(&cq)).unwrap();
     qp.modify(QpState::Error).unwrap();
-    let wrs: Vec<SendWr> = (0..16).map(|k| SendWr::write(k, &[], 0, 0)).collect();
+    let wrs: Vec<SendWr> = (0..16)
+        .map(|k| SendWr::write(k, &[], 0, Rkey::from_raw(0)))
+        .collect();
     const CHUNK: u64 = 256;
     g.throughput(Throughput::Elements(16));
     g.bench_function("batch_of_16", |b| {
@@ -164,7 +166,7 @@ struct Pair {
     qp: QueuePair,
     cq: CompletionQueue,
     src: MemoryRegion,
-    remote: (u64, u32),
+    remote: (u64, Rkey),
     _keep: Box<dyn std::any::Any>,
 }
 

@@ -63,7 +63,7 @@ fn server(listener: Listener) -> R<()> {
     // Advertise the buffer: be64 address, be32 rkey, be32 length.
     let adv = pd.alloc_mr(16, Access::LOCAL_WRITE)?;
     adv.write_at(0, &buf.addr().to_be_bytes());
-    adv.write_at(8, &buf.rkey().to_be_bytes());
+    adv.write_at(8, &buf.rkey().raw().to_be_bytes());
     adv.write_at(12, &(LEN as u32).to_be_bytes());
     qp.post_send(&SendWr::send(2, &[adv.sge_all()]))?;
     // Our Send's completion and the client's "done", in either order.
@@ -92,10 +92,20 @@ fn client(addr: impl ToSocketAddrs) -> R<()> {
     println!("client: server buffer at {raddr:#x}, rkey {rkey:#x}, {len} bytes");
     let src = pd.alloc_mr(len, Access::LOCAL_WRITE)?;
     src.write_at(0, &pattern());
-    qp.post_send(&SendWr::write(3, &[src.sge_all()], raddr, rkey))?;
+    qp.post_send(&SendWr::write(
+        3,
+        &[src.sge_all()],
+        raddr,
+        Rkey::from_raw(rkey),
+    ))?;
     assert_eq!(wait(&cq)?.opcode, WcOpcode::RdmaWrite);
     let back = pd.alloc_mr(len, Access::LOCAL_WRITE)?;
-    qp.post_send(&SendWr::read(4, back.sge_all(), raddr, rkey))?;
+    qp.post_send(&SendWr::read(
+        4,
+        back.sge_all(),
+        raddr,
+        Rkey::from_raw(rkey),
+    ))?;
     assert_eq!(wait(&cq)?.opcode, WcOpcode::RdmaRead);
     assert!(back.to_vec() == src.to_vec(), "read-back mismatch");
     println!("client: RDMA Write then RDMA Read of {len} bytes: data matches");

@@ -128,7 +128,7 @@ fn prepare(qp: &QueuePair) -> Result<()> {
         }
         QpState::Init | QpState::Rtr => Ok(()),
         s => Err(Error::BadState {
-            qpn: qp.qp_num(),
+            qpn: qp.qp_num().raw(),
             state: s,
         }),
     }

@@ -68,9 +68,9 @@ pub struct WorkCompletion {
     pub opcode: WcOpcode,
     /// Bytes received (receive completions) or transferred.
     pub byte_len: u32,
-    pub qp_num: u32,
+    pub qp_num: crate::Qpn,
     /// The STag the peer invalidated with Send with Invalidate.
-    pub invalidated_rkey: Option<u32>,
+    pub invalidated_rkey: Option<crate::Rkey>,
     /// The message was a Send (or Immediate Data) with Solicited Event.
     pub solicited: bool,
     /// The immediate value of a [`WcOpcode::RecvWithImm`] completion.
@@ -81,7 +81,7 @@ pub struct WorkCompletion {
     pub reference: Option<u64>,
     /// One-shot advertise received: the STag the peer advertised (in the
     /// RDMAP header, with a peer that negotiated the extension).
-    pub advertised_stag: Option<u32>,
+    pub advertised_stag: Option<crate::Rkey>,
 }
 
 impl WorkCompletion {

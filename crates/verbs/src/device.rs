@@ -192,8 +192,8 @@ impl Device {
     /// tagged segment (read lock, index, key compare, reference taken and
     /// dropped); true if it names a registered region. No access check.
     #[doc(hidden)]
-    pub fn bench_stag_lookup(&self, stag: u32) -> bool {
-        self.rt.core.stags.lookup(stag).is_some()
+    pub fn bench_stag_lookup(&self, stag: crate::Rkey) -> bool {
+        self.rt.core.stags.lookup(stag.raw()).is_some()
     }
 
     /// A snapshot of the device's resources, like `rdma resource show`.

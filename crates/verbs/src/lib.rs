@@ -155,7 +155,7 @@ pub use registry::{DeviceInfo, MrInfo, QpInfo};
 pub use samehost::{same_host_default, SameHostStats};
 pub use spans::MemSpans;
 pub use srq::SharedReceiveQueue;
-pub use stag::Stag;
+pub use stag::{Lkey, Qpn, Rkey, Stag};
 pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOp};
 
 /// Re-export of the wire codecs.

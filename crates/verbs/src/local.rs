@@ -525,7 +525,7 @@ fn complete(q: &QpInner, cq: &CqInner, qpn: u32, j: Job, status: WcStatus) {
         q.fail(
             WcStatus::WrFlushErr,
             Some(crate::engine::AsyncEvent::QpFatal {
-                qpn,
+                qpn: crate::Qpn::from_raw(qpn),
                 reason: "backing I/O failed".into(),
             }),
         );
@@ -579,7 +579,7 @@ pub(crate) fn wc(qpn: u32, j: &Job, status: WcStatus) -> WorkCompletion {
             Kind::Flush => WcOpcode::Flush,
         },
         byte_len: j.len as u32,
-        qp_num: qpn,
+        qp_num: crate::Qpn::from_raw(qpn),
         ..Default::default()
     }
 }
@@ -678,7 +678,7 @@ pub(crate) fn post_local(q: &Arc<QpInner>, l: &LocalLink, wrs: &[SendWr]) -> Res
             failed = Some((i, st));
             break;
         }
-        let target = match q.core.stags.lookup(rkey) {
+        let target = match q.core.stags.lookup(rkey.raw()) {
             Some(t) if t.check(q.pd, need(kind), to, w.len).is_ok() => t,
             _ => {
                 failed = Some((i, WcStatus::RemAccessErr));
@@ -703,14 +703,14 @@ pub(crate) fn post_local(q: &Arc<QpInner>, l: &LocalLink, wrs: &[SendWr]) -> Res
             wr_id: wrs[i].wr_id,
             status,
             opcode: WcOpcode::RdmaWrite,
-            qp_num: q.qpn,
+            qp_num: crate::Qpn::from_raw(q.qpn),
             ..Default::default()
         });
         for wr in &wrs[i + 1..] {
             q.send_cq.push(WorkCompletion {
                 wr_id: wr.wr_id,
                 status: WcStatus::WrFlushErr,
-                qp_num: q.qpn,
+                qp_num: crate::Qpn::from_raw(q.qpn),
                 ..Default::default()
             });
         }
@@ -718,7 +718,7 @@ pub(crate) fn post_local(q: &Arc<QpInner>, l: &LocalLink, wrs: &[SendWr]) -> Res
             q.fail(
                 WcStatus::WrFlushErr,
                 Some(crate::engine::AsyncEvent::QpFatal {
-                    qpn: q.qpn,
+                    qpn: crate::Qpn::from_raw(q.qpn),
                     reason: "error in a WR posted to a local QP".into(),
                 }),
             );
@@ -754,7 +754,11 @@ pub(crate) fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(
         // SGEs of one registration in a row (a coalesced SGL): one look-up
         // and one reference held for all of them.
         if i == 0 || wr.sgl[i - 1].lkey != sge.lkey {
-            let mr = q.core.stags.lookup(sge.lkey).ok_or(WcStatus::LocProtErr)?;
+            let mr = q
+                .core
+                .stags
+                .lookup(sge.lkey.raw())
+                .ok_or(WcStatus::LocProtErr)?;
             w.keep.push(mr);
         }
         let mr = w.keep.last().expect("pushed for this SGE's lkey");

@@ -127,8 +127,8 @@ impl QueuePair {
         })
     }
 
-    pub fn qp_num(&self) -> u32 {
-        self.inner.qpn
+    pub fn qp_num(&self) -> crate::Qpn {
+        crate::Qpn::from_raw(self.inner.qpn)
     }
 
     pub fn state(&self) -> QpState {
@@ -258,7 +258,7 @@ impl QueuePair {
                     wr_id: wr.wr_id,
                     status: WcStatus::WrFlushErr,
                     opcode: WcOpcode::Recv,
-                    qp_num: q.qpn,
+                    qp_num: crate::Qpn::from_raw(q.qpn),
                     ..Default::default()
                 });
                 return Ok(());
@@ -281,7 +281,7 @@ impl QueuePair {
                     wr_id: w.wr_id,
                     status: WcStatus::WrFlushErr,
                     opcode: WcOpcode::Recv,
-                    qp_num: q.qpn,
+                    qp_num: crate::Qpn::from_raw(q.qpn),
                     ..Default::default()
                 });
             }
@@ -369,7 +369,7 @@ impl QueuePair {
             q.fail(
                 WcStatus::WrFlushErr,
                 Some(crate::engine::AsyncEvent::QpFatal {
-                    qpn: q.qpn,
+                    qpn: crate::Qpn::from_raw(q.qpn),
                     reason: "local protection error in a posted WR".into(),
                 }),
             );
@@ -462,7 +462,9 @@ impl QueuePair {
         }
         q.fail(
             WcStatus::WrFlushErr,
-            Some(crate::engine::AsyncEvent::Disconnected { qpn: q.qpn }),
+            Some(crate::engine::AsyncEvent::Disconnected {
+                qpn: crate::Qpn::from_raw(q.qpn),
+            }),
         );
     }
 }

@@ -4,8 +4,9 @@
 /// An STag: a 24-bit index into the device's STag table and an 8-bit key
 /// chosen by the consumer (`index << 8 | key`). The local key and the
 /// remote key of a region are the same STag; the API hands them out as
-/// plain `u32` (`lkey()`, `rkey()`), and this type is how the engine builds
-/// and takes them apart, in one place.
+/// [`Lkey`] and [`Rkey`] (so that one passed where the other belongs does
+/// not compile), and this type is how the engine builds and takes them
+/// apart, in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Stag(u32);
 
@@ -40,6 +41,84 @@ impl Stag {
 impl std::fmt::Display for Stag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:#010x}", self.0)
+    }
+}
+
+macro_rules! key_type {
+    ($(#[$m:meta])* $name:ident, $fmt:literal) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+        pub struct $name(u32);
+
+        impl $name {
+            /// The value as it travels (a wire field, a message of the
+            /// application's own protocol).
+            pub const fn from_raw(raw: u32) -> $name {
+                $name(raw)
+            }
+            /// The value to put on the wire.
+            pub const fn raw(self) -> u32 {
+                self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, $fmt, self.0)
+            }
+        }
+
+        impl std::fmt::LowerHex for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::LowerHex::fmt(&self.0, f)
+            }
+        }
+    };
+}
+
+key_type!(
+    /// A local key: names one of this device's registered regions in an
+    /// SGE ([`crate::MemoryRegion::lkey`]).
+    Lkey,
+    "{:#010x}"
+);
+
+key_type!(
+    /// A remote key: names a region of the peer's (or, for invalidation
+    /// and one-shot, one of ours as the peer names it) in RDMA Writes,
+    /// Reads, atomics and invalidations ([`crate::MemoryRegion::rkey`]).
+    Rkey,
+    "{:#010x}"
+);
+
+key_type!(
+    /// A queue pair number ([`crate::QueuePair::qp_num`]).
+    Qpn,
+    "{}"
+);
+
+impl Lkey {
+    /// The STag behind the key.
+    pub const fn stag(self) -> Stag {
+        Stag(self.0)
+    }
+}
+
+impl Rkey {
+    /// The STag behind the key.
+    pub const fn stag(self) -> Stag {
+        Stag(self.0)
+    }
+}
+
+impl Stag {
+    /// This STag as a local key.
+    pub const fn lkey(self) -> Lkey {
+        Lkey(self.0)
+    }
+    /// This STag as a remote key.
+    pub const fn rkey(self) -> Rkey {
+        Rkey(self.0)
     }
 }
 

@@ -37,13 +37,13 @@ static CHANGED: Condvar = Condvar::new();
 pub struct Paused(());
 
 /// Arms the pause point for QP `qpn`'s receiver.
-pub fn pause_receiver(qpn: u32) -> Paused {
-    arm(qpn, 1)
+pub fn pause_receiver(qpn: crate::Qpn) -> Paused {
+    arm(qpn.raw(), 1)
 }
 
 /// Arms the pause point inside the next payload placement on QP `qpn`.
-pub fn pause_placement(qpn: u32) -> Paused {
-    arm(qpn, 2)
+pub fn pause_placement(qpn: crate::Qpn) -> Paused {
+    arm(qpn.raw(), 2)
 }
 
 fn arm(qpn: u32, point: u32) -> Paused {

@@ -1,6 +1,7 @@
 //! Work requests.
 
 use crate::mr::Access;
+use crate::stag::{Lkey, Rkey};
 
 /// A scatter/gather element: `length` bytes at virtual address `addr` of the
 /// region whose local key is `lkey`.
@@ -8,7 +9,7 @@ use crate::mr::Access;
 pub struct Sge {
     pub addr: u64,
     pub length: u32,
-    pub lkey: u32,
+    pub lkey: Lkey,
 }
 
 /// Send flags.
@@ -42,34 +43,34 @@ pub enum WrOp {
     Send,
     /// Send with Invalidate: the peer invalidates `rkey` on receipt.
     SendWithInv {
-        rkey: u32,
+        rkey: Rkey,
     },
     RdmaWrite {
         remote_addr: u64,
-        rkey: u32,
+        rkey: Rkey,
     },
     /// RDMA Read into the (single) local SGE.
     RdmaRead {
         remote_addr: u64,
-        rkey: u32,
+        rkey: Rkey,
     },
     /// Invalidate a local STag.
     LocalInv {
-        stag: u32,
+        stag: Rkey,
     },
     /// RFC 7306 fetch-and-add on the naturally aligned 64-bit value at
     /// `remote_addr`; the original value lands in the (single, 8-byte)
     /// local SGE. Needs a connection that negotiated RFC 7306.
     AtomicFetchAdd {
         remote_addr: u64,
-        rkey: u32,
+        rkey: Rkey,
         add: u64,
     },
     /// RFC 7306 compare-and-swap: if the remote value equals `compare` it
     /// becomes `swap`; the original value lands in the local SGE.
     AtomicCmpSwap {
         remote_addr: u64,
-        rkey: u32,
+        rkey: Rkey,
         compare: u64,
         swap: u64,
     },
@@ -78,7 +79,7 @@ pub enum WrOp {
     /// the written bytes are in place.
     WriteImm {
         remote_addr: u64,
-        rkey: u32,
+        rkey: Rkey,
         imm: u32,
     },
     /// RFC 7306 Immediate Data: no payload; `imm` arrives in the peer's
@@ -92,14 +93,14 @@ pub enum WrOp {
     /// it goes out as a plain Send (advertise then puts the STag at the
     /// start of the payload).
     SendAdvertise {
-        stag: u32,
+        stag: Rkey,
     },
     /// One-shot close (`docs/one-shot.md`): a Send that closes the peer's
     /// advertised STag `stag`; the peer invalidates it and frees its
     /// binding before it reports the receive. With a peer that did not
     /// negotiate the extension, a Send with Invalidate.
     SendClose {
-        stag: u32,
+        stag: Rkey,
     },
     /// A flush (barrier) of the peer's region `rkey`: on the wire a
     /// zero-length RDMA Read Request naming it, which a peer whose region
@@ -109,7 +110,7 @@ pub enum WrOp {
     /// No SGEs.
     Flush {
         remote_addr: u64,
-        rkey: u32,
+        rkey: Rkey,
     },
     /// Bind a fast-register region's index to the memory of `sgl` under a
     /// new key byte, at virtual address `iova`, with `access`.
@@ -139,7 +140,7 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
-    pub fn send_inv(wr_id: u64, sgl: &[Sge], rkey: u32) -> SendWr {
+    pub fn send_inv(wr_id: u64, sgl: &[Sge], rkey: Rkey) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::SendWithInv { rkey },
@@ -151,7 +152,7 @@ impl SendWr {
     /// frees the source buffers; it does not say the bytes are placed at the
     /// target (crate docs, "What a completion promises": follow it with a
     /// [`SendWr::flush`] or a Send the target answers).
-    pub fn write(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: u32) -> SendWr {
+    pub fn write(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: Rkey) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::RdmaWrite { remote_addr, rkey },
@@ -159,7 +160,7 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
-    pub fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32) -> SendWr {
+    pub fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: Rkey) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::RdmaRead { remote_addr, rkey },
@@ -168,7 +169,7 @@ impl SendWr {
         }
     }
     /// A Send closing the peer's advertised `stag` (see [`WrOp::SendClose`]).
-    pub fn send_close(wr_id: u64, sgl: &[Sge], stag: u32) -> SendWr {
+    pub fn send_close(wr_id: u64, sgl: &[Sge], stag: Rkey) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::SendClose { stag },
@@ -177,7 +178,7 @@ impl SendWr {
         }
     }
     /// A flush of the peer's region `rkey` (see [`WrOp::Flush`]).
-    pub fn flush(wr_id: u64, remote_addr: u64, rkey: u32) -> SendWr {
+    pub fn flush(wr_id: u64, remote_addr: u64, rkey: Rkey) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::Flush { remote_addr, rkey },
@@ -187,7 +188,7 @@ impl SendWr {
     }
     /// Fetch-and-add of `add` on the 64-bit value at `remote_addr`; the
     /// original value is written to `result` (8 bytes, local write).
-    pub fn fetch_add(wr_id: u64, result: Sge, remote_addr: u64, rkey: u32, add: u64) -> SendWr {
+    pub fn fetch_add(wr_id: u64, result: Sge, remote_addr: u64, rkey: Rkey, add: u64) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::AtomicFetchAdd {
@@ -205,7 +206,7 @@ impl SendWr {
         wr_id: u64,
         result: Sge,
         remote_addr: u64,
-        rkey: u32,
+        rkey: Rkey,
         compare: u64,
         swap: u64,
     ) -> SendWr {
@@ -222,7 +223,7 @@ impl SendWr {
         }
     }
     /// RDMA Write with immediate data.
-    pub fn write_imm(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: u32, imm: u32) -> SendWr {
+    pub fn write_imm(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: Rkey, imm: u32) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::WriteImm {
@@ -243,7 +244,7 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
-    pub fn local_inv(wr_id: u64, stag: u32) -> SendWr {
+    pub fn local_inv(wr_id: u64, stag: Rkey) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::LocalInv { stag },
@@ -316,7 +317,7 @@ impl SendWr {
         SendWr {
             wr_id,
             op: WrOp::FastReg {
-                index_stag: fr.stag_with_key(key),
+                index_stag: fr.stag_with_key(key).raw(),
                 key,
                 iova,
                 access,

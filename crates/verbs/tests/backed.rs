@@ -395,7 +395,7 @@ fn a_peer_that_does_not_read_is_refused() {
         sink_stag: 0x100,
         sink_to: 0,
         size: N as u32,
-        src_stag: r.rkey(),
+        src_stag: r.rkey().raw(),
         src_to: BASE,
     };
     let h = DdpHeader::Untagged(UntaggedHeader {

@@ -531,7 +531,7 @@ fn expect_wcs(cq: &CompletionQueue, want: &[(u64, WcStatus)]) {
 }
 
 /// Waits for the async event `Terminated` of `qpn`, sent by the engine.
-fn expect_term_event(dev: &Device, qpn: u32, code: TermCode) {
+fn expect_term_event(dev: &Device, qpn: Qpn, code: TermCode) {
     let deadline = Instant::now() + T;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -806,7 +806,7 @@ fn oversized_ulpdu_length() {
         sink_stag: 0x0000_4200,
         sink_to: 0,
         size: 16,
-        src_stag: mr.rkey(),
+        src_stag: mr.rkey().raw(),
         src_to: mr.addr(),
     });
     u.extend_from_slice(&[EVIL; 4]);
@@ -917,7 +917,7 @@ fn write_to_invalid_stag() {
         let stag = match stag {
             None => 0x00FF_FE00 | 0x11,
             Some(0) => 0,
-            Some(x) => mr.rkey() ^ x,
+            Some(x) => mr.rkey().raw() ^ x,
         };
         refused_write(
             &mut raw,
@@ -960,7 +960,7 @@ fn write_to_invalidated_stag() {
         let mut keep = Some(mr);
         match how {
             "Send with Invalidate" => {
-                let u = raw.send_ulpdu(Opcode::SendInvalidate, stag, b"done with it");
+                let u = raw.send_ulpdu(Opcode::SendInvalidate, stag.raw(), b"done with it");
                 raw.send_fpdu(&u);
                 let wc = common::wait(&s.cq);
                 assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
@@ -979,7 +979,13 @@ fn write_to_invalidated_stag() {
         if let Some(mr) = &keep {
             assert!(!mr.is_valid());
         }
-        refused_write(&mut raw, stag, addr, codes::DDP_TAGGED_INVALID_STAG, how);
+        refused_write(
+            &mut raw,
+            stag.raw(),
+            addr,
+            codes::DDP_TAGGED_INVALID_STAG,
+            how,
+        );
         let wcs: &[(u64, WcStatus)] = if how == "Send with Invalidate" {
             &[(2, WcStatus::WrFlushErr)]
         } else {
@@ -1053,12 +1059,12 @@ fn tagged_offset_outside_region() {
                 sink_stag: 0x0000_4200,
                 sink_to: 0,
                 size: len,
-                src_stag: mr.rkey(),
+                src_stag: mr.rkey().raw(),
                 src_to: to,
             };
             refused_read(&mut raw, &rr, want, what);
         } else {
-            let u = raw.write_ulpdu(mr.rkey(), to, &vec![EVIL; len as usize]);
+            let u = raw.write_ulpdu(mr.rkey().raw(), to, &vec![EVIL; len as usize]);
             raw.send_fpdu(&u);
             let t = raw.expect_terminate();
             assert_eq!(t.code, want, "{what}: got {}", t.code);
@@ -1092,7 +1098,7 @@ fn wrong_protection_domain() {
                 sink_stag: 0x0000_4200,
                 sink_to: 0,
                 size: 64,
-                src_stag: mr.rkey(),
+                src_stag: mr.rkey().raw(),
                 src_to: mr.addr(),
             };
             refused_read(&mut raw, &rr, codes::RDMAP_STAG_NOT_ASSOC, "Read, other PD");
@@ -1100,7 +1106,7 @@ fn wrong_protection_domain() {
         } else {
             refused_write(
                 &mut raw,
-                mr.rkey(),
+                mr.rkey().raw(),
                 mr.addr(),
                 codes::DDP_TAGGED_STAG_NOT_ASSOC,
                 "Write, other PD",
@@ -1151,7 +1157,7 @@ fn read_requests_beyond_ird() {
         sink_stag,
         sink_to: 0,
         size: SRC as u32,
-        src_stag: src.rkey(),
+        src_stag: src.rkey().raw(),
         src_to: src.addr(),
     };
     let rr2 = ReadRequest {
@@ -1206,8 +1212,13 @@ fn peer_closes_mid_frame() {
         let g = Guarded::new(128, 0x5A);
         let _mr = guarded_recvs(&c, &g);
         let sink = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-        c.qp.post_send(&SendWr::read(3, sink.sge_all(), 0x1000, 0x0000_4200))
-            .unwrap();
+        c.qp.post_send(&SendWr::read(
+            3,
+            sink.sge_all(),
+            0x1000,
+            Rkey::from_raw(0x0000_4200),
+        ))
+        .unwrap();
         let u = raw.read_fpdu().expect("the Read Request");
         assert!(
             matches!(DdpHeader::decode(&u), Ok(DdpHeader::Untagged(h)) if h.opcode == Opcode::ReadRequest)
@@ -1332,7 +1343,7 @@ fn write_without_remote_write_access() {
                 sink_stag: 0x0000_4200,
                 sink_to: 0,
                 size: 64,
-                src_stag: mr.rkey(),
+                src_stag: mr.rkey().raw(),
                 src_to: mr.addr(),
             };
             refused_read(
@@ -1346,7 +1357,7 @@ fn write_without_remote_write_access() {
             // (`siw_tagged_error`).
             refused_write(
                 &mut raw,
-                mr.rkey(),
+                mr.rkey().raw(),
                 mr.addr(),
                 codes::DDP_TAGGED_INVALID_STAG,
                 "Write without REMOTE_WRITE",
@@ -1407,37 +1418,37 @@ fn atomic_requests_refused() {
         (
             "invalid STag",
             all,
-            |m, _| fetch_add(m.rkey() ^ 0x5A, m.addr()),
+            |m, _| fetch_add(m.rkey().raw() ^ 0x5A, m.addr()),
             codes::RDMAP_INVALID_STAG,
         ),
         (
             "STag of another PD",
             all,
-            |_, o| fetch_add(o.rkey(), o.addr()),
+            |_, o| fetch_add(o.rkey().raw(), o.addr()),
             codes::RDMAP_STAG_NOT_ASSOC,
         ),
         (
             "no remote-atomic right",
             no_atomic,
-            |m, _| fetch_add(m.rkey(), m.addr()),
+            |m, _| fetch_add(m.rkey().raw(), m.addr()),
             codes::RDMAP_ACCESS_RIGHTS,
         ),
         (
             "past the end",
             all,
-            |m, _| fetch_add(m.rkey(), m.addr() + 64),
+            |m, _| fetch_add(m.rkey().raw(), m.addr() + 64),
             codes::RDMAP_BASE_BOUNDS,
         ),
         (
             "straddling the end",
             all,
-            |m, _| fetch_add(m.rkey(), m.addr() + 60),
+            |m, _| fetch_add(m.rkey().raw(), m.addr() + 60),
             codes::RDMAP_BASE_BOUNDS,
         ),
         (
             "misaligned",
             all,
-            |m, _| fetch_add(m.rkey(), m.addr() + 4),
+            |m, _| fetch_add(m.rkey().raw(), m.addr() + 4),
             codes::RDMAP_OPERATION_UNSPECIFIED,
         ),
         (
@@ -1445,7 +1456,7 @@ fn atomic_requests_refused() {
             all,
             |m, _| AtomicRequest {
                 op: AtomicOp::FetchAdd,
-                ..fetch_add(m.rkey(), m.addr())
+                ..fetch_add(m.rkey().raw(), m.addr())
             },
             codes::RDMAP_UNEXPECTED_OPCODE,
         ),
@@ -1509,13 +1520,14 @@ fn malformed_rfc7306_messages() {
         };
         let (u, want) = match what {
             "atomic request with trailing bytes" => {
-                let mut u = raw.atomic_request_ulpdu(&fetch_add(target.rkey(), target.addr()));
+                let mut u =
+                    raw.atomic_request_ulpdu(&fetch_add(target.rkey().raw(), target.addr()));
                 u.extend_from_slice(&[EVIL; 4]);
                 (u, codes::DDP_UNTAGGED_TOO_LONG)
             }
             "atomic request MSN 5" => {
                 let mut b = [0u8; AtomicRequest::LEN];
-                fetch_add(target.rkey(), target.addr()).encode(&mut b);
+                fetch_add(target.rkey().raw(), target.addr()).encode(&mut b);
                 (
                     raw.rfc7306_ulpdu(Opcode::AtomicRequest, ddp::QN_READ_REQUEST, 5, &b),
                     codes::DDP_UNTAGGED_MSN_RANGE,
@@ -1586,11 +1598,11 @@ fn atomic_request_beyond_ird() {
         sink_stag: 0x0012_3400,
         sink_to: 0,
         size: SRC as u32,
-        src_stag: src.rkey(),
+        src_stag: src.rkey().raw(),
         src_to: src.addr(),
     };
     let u1 = raw.read_request_ulpdu(&rr);
-    let u2 = raw.atomic_request_ulpdu(&fetch_add(target.rkey(), target.addr()));
+    let u2 = raw.atomic_request_ulpdu(&fetch_add(target.rkey().raw(), target.addr()));
     let mut both = raw.fpdu(&u1);
     both.extend(raw.fpdu(&u2));
     raw.send_bytes(&both);
@@ -1614,15 +1626,20 @@ fn read_responses_are_checked() {
         local.write_at(0, &[0x11; LEN]);
         let rr = if case == "unsolicited" {
             ReadRequest {
-                sink_stag: local.rkey(),
+                sink_stag: local.rkey().raw(),
                 sink_to: local.addr(),
                 size: LEN as u32,
                 src_stag: 0x1234,
                 src_to: 0,
             }
         } else {
-            c.qp.post_send(&SendWr::read(1, local.sge_all(), 0x8000, 0x1234))
-                .unwrap();
+            c.qp.post_send(&SendWr::read(
+                1,
+                local.sge_all(),
+                0x8000,
+                Rkey::from_raw(0x1234),
+            ))
+            .unwrap();
             let Next::Fpdu(u) = raw.next() else {
                 panic!("{case}: no Read Request")
             };
@@ -1751,7 +1768,7 @@ fn read_rtr_as_responder() {
         sink_stag: 0x4200,
         sink_to: 0,
         size: 64,
-        src_stag: m.rkey(),
+        src_stag: m.rkey().raw(),
         src_to: m.addr(),
     };
     let u = raw.read_request_ulpdu(&rr);
@@ -1806,8 +1823,13 @@ fn read_rtr_as_initiator() {
     raw.send_fpdu(&ulpdu(answer, &[]));
     // Our own Read.
     let local = c.pd.alloc_mr(32, Access::LOCAL_WRITE).unwrap();
-    c.qp.post_send(&SendWr::read(5, local.sge_all(), 0x9000, 0x77))
-        .unwrap();
+    c.qp.post_send(&SendWr::read(
+        5,
+        local.sge_all(),
+        0x9000,
+        Rkey::from_raw(0x77),
+    ))
+    .unwrap();
     let Next::Fpdu(u) = raw.next() else {
         panic!("no Read Request")
     };
@@ -1954,7 +1976,7 @@ fn initiator_handshake_checks() {
     assert_eq!(c.qp.conn_params().unwrap().ord, 0);
     let l = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     assert!(matches!(
-        c.qp.post_send(&SendWr::read(1, l.sge_all(), 0, 0x77)),
+        c.qp.post_send(&SendWr::read(1, l.sge_all(), 0, Rkey::from_raw(0x77))),
         Err(Error::InvalidArgument(_))
     ));
     // Private data over siw's 256 bytes (IRD/ORD block included): refused
@@ -2068,7 +2090,7 @@ fn masked_fetch_add_adds_fields_independently() {
     let ar = AtomicRequest {
         add_swap: 0x0001_0001_0001_0001,
         add_swap_mask: 0x8000_8000_8000_8000,
-        ..fetch_add(target.rkey(), target.addr())
+        ..fetch_add(target.rkey().raw(), target.addr())
     };
     let u = raw.atomic_request_ulpdu(&ar);
     raw.send_fpdu(&u);
@@ -2556,8 +2578,8 @@ fn send_with_invalidate_failures() {
             Target::Unknown => None,
         };
         let stag = match (&mr, target) {
-            (Some(m), Target::WrongKey) => (m.rkey() & !0xff) | 0x43,
-            (Some(m), _) => m.rkey(),
+            (Some(m), Target::WrongKey) => (m.rkey().raw() & !0xff) | 0x43,
+            (Some(m), _) => m.rkey().raw(),
             (None, _) => 0x00ab_cd42,
         };
         let rbuf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
@@ -2653,7 +2675,7 @@ fn deregistering_raw_memory_waits_for_the_placement_in_flight() {
     }
     .unwrap();
     let (addr, rkey) = (mr.addr(), mr.rkey());
-    let f = raw.fpdu(&raw.write_ulpdu(rkey, addr, &[0x22; 4096]));
+    let f = raw.fpdu(&raw.write_ulpdu(rkey.raw(), addr, &[0x22; 4096]));
     let cut = 2 + ddp::TAGGED_LEN + 1024;
     raw.send_bytes(&f[..cut]);
     let deadline = Instant::now() + T;
@@ -2684,7 +2706,7 @@ fn deregistering_raw_memory_waits_for_the_placement_in_flight() {
     // the peer gets the invalid-STag Terminate, nothing lands after it.
     assert!(buf[..1024].iter().all(|&b| b == 0x22));
     assert!(buf[4096..].iter().all(|&b| b == 0x11));
-    raw.send_bytes_lossy(&raw.fpdu(&raw.write_ulpdu(rkey, addr + 4096, &[0x33; 64])));
+    raw.send_bytes_lossy(&raw.fpdu(&raw.write_ulpdu(rkey.raw(), addr + 4096, &[0x33; 64])));
     let t = raw.expect_terminate();
     assert_eq!(t.code, codes::DDP_TAGGED_INVALID_STAG, "{t:?}");
     drop(buf);

@@ -197,7 +197,11 @@ fn access_errors_fail_the_qp_and_touch_nothing() {
         let r = region(&l, &b, access);
         let src = l.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
         src.write_at(0, &[1; 4096]);
-        let key = if bad_key { r.rkey() ^ 1 } else { r.rkey() };
+        let key = if bad_key {
+            Rkey::from_raw(r.rkey().raw() ^ 1)
+        } else {
+            r.rkey()
+        };
         l.qp.post_send_batch(&[
             SendWr::write(1, &[src.sge(0, 4096)], to, key),
             SendWr::write(2, &[src.sge(0, 16)], 0, r.rkey()),

@@ -188,7 +188,7 @@ fn send_with_invalidate_invalidates_before_completion() {
             },
         )
         .unwrap();
-    assert_eq!(exposed.rkey() & 0xff, 0x5a);
+    assert_eq!(exposed.rkey().raw() & 0xff, 0x5a);
     let rbuf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     s.qp.post_recv(&RecvWr::new(5, &[rbuf.sge_all()])).unwrap();
     let m = c.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
@@ -269,14 +269,14 @@ fn fast_register_binds_new_key() {
     m.write_at(0, &pattern(100, 4));
     let r = s.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     s.qp.post_recv(&RecvWr::new(9, &[r.sge_all()])).unwrap();
-    c.qp.post_send(&SendWr::write(2, &[m.sge_all()], iova + 10, stag))
+    c.qp.post_send(&SendWr::write(2, &[m.sge_all()], iova + 10, stag.rkey()))
         .unwrap();
     // A Send after the Write: once it is received, the Write is placed.
     c.qp.post_send(&SendWr::send(3, &[m.sge(0, 8)])).unwrap();
     assert!(wait(&c.cq).is_ok());
     assert!(wait(&c.cq).is_ok());
     assert_eq!(wait(&s.cq).wr_id, 9);
-    s.qp.post_send(&SendWr::local_inv(3, stag)).unwrap();
+    s.qp.post_send(&SendWr::local_inv(3, stag.rkey())).unwrap();
     assert!(wait(&s.cq).is_ok());
     assert_eq!(fr.current_stag(), None);
     let mut got = vec![0; 100];
@@ -434,7 +434,7 @@ fn shared_receive_queue_serves_two_qps() {
         qpns.push(wc.qp_num);
     }
     qpns.sort();
-    let mut want: Vec<u32> = server_qps.iter().map(|q| q.qp_num()).collect();
+    let mut want: Vec<Qpn> = server_qps.iter().map(|q| q.qp_num()).collect();
     want.sort();
     assert_eq!(qpns, want);
     assert_eq!(srq.len(), 2);
@@ -567,7 +567,9 @@ fn set_valid_toggles_the_stag_and_keeps_its_index() {
     let others: Vec<MemoryRegion> = (0..64)
         .map(|_| s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap())
         .collect();
-    assert!(others.iter().all(|o| o.rkey() >> 8 != mr.rkey() >> 8));
+    assert!(others
+        .iter()
+        .all(|o| o.rkey().stag().index() != mr.rkey().stag().index()));
     mr.set_valid(true);
     assert!(mr.is_valid());
 }

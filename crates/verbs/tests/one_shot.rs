@@ -17,12 +17,12 @@ fn ext() -> ConnParams {
 }
 
 struct Cmd {
-    stag: u32,
+    stag: Rkey,
     payload: Vec<u8>,
 }
 
 /// A advertises 40 KiB in two pieces with a command; B receives it.
-fn advertise(a: &Side, b: &Side, data: &MemoryRegion, bbuf: &MemoryRegion, r: u64) -> (u32, Cmd) {
+fn advertise(a: &Side, b: &Side, data: &MemoryRegion, bbuf: &MemoryRegion, r: u64) -> (Rkey, Cmd) {
     b.qp.post_recv(&RecvWr::new(1, &[bbuf.sge(0, 256)]))
         .unwrap();
     let stag =
@@ -41,7 +41,7 @@ fn advertise(a: &Side, b: &Side, data: &MemoryRegion, bbuf: &MemoryRegion, r: u6
     bbuf.read_at(0, &mut payload);
     let seen = match wc.advertised_stag {
         Some(s) => s,
-        None => u32::from_be_bytes(payload[..4].try_into().unwrap()),
+        None => Rkey::from_raw(u32::from_be_bytes(payload[..4].try_into().unwrap())),
     };
     (
         stag,
@@ -59,7 +59,7 @@ fn read_and_close(
     b: &Side,
     data: &MemoryRegion,
     bbuf: &MemoryRegion,
-    stag: u32,
+    stag: Rkey,
     close: SendWr,
 ) {
     b.qp.post_send(&SendWr::read(2, bbuf.sge(4096, 40 << 10), 0, stag))
@@ -144,8 +144,12 @@ fn close_of_an_unknown_stag_is_a_protocol_violation() {
     let (stag, _) = advertise(&a, &b, &data, &bbuf, 42);
     a.qp.post_recv(&RecvWr::new(20, &[data.sge(100 << 10, 64)]))
         .unwrap();
-    b.qp.post_send(&SendWr::send_close(5, &[bbuf.sge(0, 2)], stag ^ 0x55))
-        .unwrap();
+    b.qp.post_send(&SendWr::send_close(
+        5,
+        &[bbuf.sge(0, 2)],
+        Rkey::from_raw(stag.raw() ^ 0x55),
+    ))
+    .unwrap();
     let wc = wait(&a.cq);
     assert_eq!((wc.wr_id, wc.status), (20, WcStatus::RemInvReqErr));
     assert!(a.qp.wait_state(QpState::Error, T));
@@ -195,8 +199,13 @@ fn unregistered_buffers_are_registered_once_and_reused() {
         );
         let wc = wait(&b.cq);
         assert_eq!(wc.advertised_stag, Some(stag));
-        b.qp.post_send(&SendWr::read(2, bbuf.sge(4096, len + len2), 0, stag))
-            .unwrap();
+        b.qp.post_send(&SendWr::read(
+            2,
+            bbuf.sge(4096, len + len2),
+            0,
+            Rkey::from_raw(stag.raw()),
+        ))
+        .unwrap();
         assert_eq!(wait(&b.cq).status, WcStatus::Success);
         let mut got = vec![0; len + len2];
         bbuf.read_at(4096, &mut got);
@@ -206,8 +215,12 @@ fn unregistered_buffers_are_registered_once_and_reused() {
         let resp = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
         a.qp.post_recv(&RecvWr::new(21, &[resp.sge(0, 64)]))
             .unwrap();
-        b.qp.post_send(&SendWr::send_close(5, &[bbuf.sge(0, 2)], stag))
-            .unwrap();
+        b.qp.post_send(&SendWr::send_close(
+            5,
+            &[bbuf.sge(0, 2)],
+            Rkey::from_raw(stag.raw()),
+        ))
+        .unwrap();
         assert_eq!(wait(&b.cq).status, WcStatus::Success);
         let wc = wait(&a.cq);
         assert_eq!(

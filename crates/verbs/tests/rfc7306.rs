@@ -366,7 +366,7 @@ fn atomic_refusals() {
         target.write_at(0, &pattern(64, 5));
         let res = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
         let rkey = if k.bad_stag {
-            target.rkey() + 0x100
+            Rkey::from_raw(target.rkey().raw() + 0x100)
         } else {
             target.rkey()
         };

@@ -123,7 +123,7 @@ fn refusals_take_the_tcp_path() {
         let target = s.pd.alloc_mr(64, access).unwrap();
         let sink = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
         let rkey = if bad_key {
-            target.rkey() ^ 0x33
+            Rkey::from_raw(target.rkey().raw() ^ 0x33)
         } else {
             target.rkey()
         };
@@ -150,7 +150,7 @@ fn refusals_take_the_tcp_path() {
         target.write_at(0, &[0x11; 64]);
         let src = c.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
         let rkey = if bad_key {
-            target.rkey() ^ 0x33
+            Rkey::from_raw(target.rkey().raw() ^ 0x33)
         } else {
             target.rkey()
         };
@@ -410,9 +410,9 @@ fn child_server() {
         "READY {} {} {} {} {}",
         l.local_addr().unwrap(),
         mr.addr(),
-        mr.rkey(),
+        mr.rkey().raw(),
         vec.addr(),
-        vec.rkey()
+        vec.rkey().raw()
     );
     std::io::stdout().flush().unwrap();
     l.get_request()
@@ -455,6 +455,17 @@ fn across_processes() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // A failing check here must not leave the child waiting for a
+    // connection forever (it would hold the test run's output open).
+    struct KillOnPanic(u32);
+    impl Drop for KillOnPanic {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = Command::new("kill").arg(self.0.to_string()).status();
+            }
+        }
+    }
+    let _guard = KillOnPanic(child.id());
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut stdin = child.stdin.take().unwrap();
     let mut line = String::new();
@@ -482,7 +493,7 @@ fn across_processes() {
             k as u64,
             buf.sge(k * q, q),
             raddr + (k * q) as u64,
-            rkey,
+            Rkey::from_raw(rkey),
         ))
         .unwrap();
         assert!(wait(&c.cq).is_ok());
@@ -494,18 +505,28 @@ fn across_processes() {
         9,
         &[buf.sge(n / 2, n / 2)],
         raddr + (n / 2) as u64,
-        rkey,
+        Rkey::from_raw(rkey),
     ))
     .unwrap();
     assert!(wait(&c.cq).is_ok());
     // The Vec region: read it, then write its first half.
     let buf2 = c.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
-    c.qp.post_send(&SendWr::read(10, buf2.sge_all(), vaddr, vkey))
-        .unwrap();
+    c.qp.post_send(&SendWr::read(
+        10,
+        buf2.sge_all(),
+        vaddr,
+        Rkey::from_raw(vkey),
+    ))
+    .unwrap();
     assert!(wait(&c.cq).is_ok());
     assert!(buf2.to_vec() == pattern(n, 6), "read of the Vec region");
-    c.qp.post_send(&SendWr::write(11, &[buf.sge(0, n / 2)], vaddr, vkey))
-        .unwrap();
+    c.qp.post_send(&SendWr::write(
+        11,
+        &[buf.sge(0, n / 2)],
+        vaddr,
+        Rkey::from_raw(vkey),
+    ))
+    .unwrap();
     assert!(wait(&c.cq).is_ok());
     // A Send larger than the child's ring.
     let msg = c.pd.alloc_mr(300_000, Access::LOCAL_WRITE).unwrap();

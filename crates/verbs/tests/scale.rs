@@ -299,7 +299,7 @@ fn thousand_qp_pairs_on_one_device() {
         assert_eq!(wc.qp_num, cqps[i].qp_num());
         assert!(!std::mem::replace(&mut seen[i], true));
     }
-    let by_qpn: HashMap<u32, usize> = sqps
+    let by_qpn: HashMap<Qpn, usize> = sqps
         .iter()
         .enumerate()
         .map(|(i, q)| (q.qp_num(), i))

@@ -120,7 +120,7 @@ impl Posted {
 #[derive(Debug)]
 struct Incoming {
     data: Vec<u8>,
-    inval: Option<u32>,
+    inval: Option<Rkey>,
     imm: Option<u32>,
     /// Write with immediate: no bytes land in the receive buffer.
     write_imm: bool,
@@ -532,7 +532,11 @@ impl World {
                     return Err(format!("expected invalidation of {:?}", m.inval));
                 }
                 if let Some(stag) = m.inval {
-                    let i = e.inval.iter().position(|r| r.rkey() == stag).unwrap();
+                    let i = e
+                        .inval
+                        .iter()
+                        .position(|r| r.rkey() == Rkey::from_raw(stag.raw()))
+                        .unwrap();
                     if e.inval[i].is_valid() {
                         return Err("the invalidated region is still valid".into());
                     }

@@ -661,7 +661,7 @@ impl Session {
                 size,
                 iters,
                 client_addr: local.addr(),
-                client_rkey: local.rkey(),
+                client_rkey: local.rkey().raw(),
                 client_len: local.len() as u32,
                 session,
                 qp_index: i as u32,
@@ -833,8 +833,18 @@ fn bw(a: &Args, s: &Session, size: u64, iters: u64, r: &mut Record) -> Result<()
                 let id = wr_id(i, seq);
                 let sge = local.sge(0, sz);
                 let wr = match a.test {
-                    Test::WriteBw => SendWr::write(id, &[sge], reply.addr, reply.rkey),
-                    Test::ReadBw => SendWr::read(id, sge, reply.addr, reply.rkey),
+                    Test::WriteBw => SendWr::write(
+                        id,
+                        &[sge],
+                        reply.addr,
+                        softrdma_verbs::Rkey::from_raw(reply.rkey),
+                    ),
+                    Test::ReadBw => SendWr::read(
+                        id,
+                        sge,
+                        reply.addr,
+                        softrdma_verbs::Rkey::from_raw(reply.rkey),
+                    ),
                     _ => SendWr::send(id, &[sge]),
                 };
                 let wr = if sig { wr } else { wr.unsignaled() };
@@ -855,7 +865,7 @@ fn bw(a: &Args, s: &Session, size: u64, iters: u64, r: &mut Record) -> Result<()
                     wr_id(i, (1 << 40) - 1),
                     local.sge(0, 1),
                     reply.addr,
-                    reply.rkey,
+                    softrdma_verbs::Rkey::from_raw(reply.rkey),
                 ))?;
                 q.fin_posted = true;
             }
@@ -942,7 +952,7 @@ fn lat(a: &Args, s: &Session, size: u64, iters: u64, r: &mut Record) -> Result<(
                     wr_id(0, i),
                     &[src.sge(0, sz)],
                     reply.addr,
-                    reply.rkey,
+                    softrdma_verbs::Rkey::from_raw(reply.rkey),
                 ))?;
                 spin_until(|| local.peek_u8(sz - 1) == want, qp, a.busy_poll)?;
                 let rtt = t.elapsed().as_nanos() as u64;
@@ -958,7 +968,7 @@ fn lat(a: &Args, s: &Session, size: u64, iters: u64, r: &mut Record) -> Result<(
                     wr_id(0, i),
                     local.sge(0, sz),
                     reply.addr,
-                    reply.rkey,
+                    softrdma_verbs::Rkey::from_raw(reply.rkey),
                 ))?;
                 s.wait(&mut wcs[..1], a.busy_poll)?;
                 halves.push(t.elapsed().as_nanos() as u64);
@@ -971,7 +981,7 @@ fn lat(a: &Args, s: &Session, size: u64, iters: u64, r: &mut Record) -> Result<(
                     wr_id(0, i),
                     local.sge(0, 8),
                     reply.addr,
-                    reply.rkey,
+                    softrdma_verbs::Rkey::from_raw(reply.rkey),
                     1,
                 ))?;
                 s.wait(&mut wcs[..1], a.busy_poll)?;

@@ -273,7 +273,7 @@ impl Shared {
                 .retain(|t| t.qp.qp_num() != qp.qp_num());
             return Err(e).context("accept a perftest test connection");
         }
-        tracing::debug!(%peer, qpn = qp.qp_num(), req_ird, req_ord, "perftest test connection");
+        tracing::debug!(%peer, qpn = %qp.qp_num(), req_ird, req_ord, "perftest test connection");
         Ok(None)
     }
 }
@@ -341,7 +341,7 @@ struct Session {
     client_version: String,
     next_send: usize,
     tests: Vec<Test>,
-    by_qpn: HashMap<u32, usize>,
+    by_qpn: HashMap<softrdma_verbs::Qpn, usize>,
     /// The clients' credit words (address, rkey), one per test QP.
     targets: Vec<(u64, u32)>,
     credit_written: u64,
@@ -646,7 +646,7 @@ impl Session {
                         LAT_WRITE_WR,
                         &[src.sge(0, e.size)],
                         addr,
-                        rkey,
+                        softrdma_verbs::Rkey::from_raw(rkey),
                     ))
                     .with_context(|| format!("write_lat round {r}: post the Write"))?;
                     super::spin_until(
@@ -671,7 +671,7 @@ impl Session {
         let mut d = vec![0u8; len];
         let (qpn, ird) = match i.and_then(|i| self.tests.get(i)) {
             Some(t) => (
-                t.qp.qp_num(),
+                t.qp.qp_num().raw(),
                 t.qp.conn_params().map_or(0, |n| n.ird as u32),
             ),
             None => (0, 0),
@@ -679,7 +679,7 @@ impl Session {
         d[DEST_OUT_READS..DEST_OUT_READS + 4].copy_from_slice(&ird.to_be_bytes());
         d[DEST_QPN..DEST_QPN + 4].copy_from_slice(&qpn.to_be_bytes());
         d[DEST_PSN..DEST_PSN + 4].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
-        d[DEST_RKEY..DEST_RKEY + 4].copy_from_slice(&self.shared.buf.rkey().to_be_bytes());
+        d[DEST_RKEY..DEST_RKEY + 4].copy_from_slice(&self.shared.buf.rkey().raw().to_be_bytes());
         d[DEST_VADDR..DEST_VADDR + 8].copy_from_slice(&self.shared.buf.addr().to_be_bytes());
         d
     }
@@ -771,7 +771,7 @@ impl Session {
             self.send_bytes += wc.byte_len as u64;
             if let Err(e) = t.qp.post_recv(&self.recv_wr) {
                 // Only a QP going down refuses a receive here.
-                tracing::debug!(qpn = wc.qp_num, error = %e, "repost refused");
+                tracing::debug!(qpn = %wc.qp_num, error = %e, "repost refused");
             }
             if self.shared.expect.test == Some(BenchTest::SendLat) {
                 // perftest's ping-pong: one Send of the same length back.
@@ -824,11 +824,16 @@ impl Session {
             if !t.alive {
                 continue;
             }
-            let wr = SendWr::write(slot as u64, &[self.credit.sge(slot * 4, 4)], *addr, *rkey);
+            let wr = SendWr::write(
+                slot as u64,
+                &[self.credit.sge(slot * 4, 4)],
+                *addr,
+                softrdma_verbs::Rkey::from_raw(*rkey),
+            );
             match t.qp.post_send(&wr) {
                 Ok(()) => posted += 1,
                 Err(VerbsError::SendQueueFull) => {}
-                Err(e) => tracing::debug!(qpn = t.qp.qp_num(), error = %e, "credit Write refused"),
+                Err(e) => tracing::debug!(qpn = %t.qp.qp_num(), error = %e, "credit Write refused"),
             }
         }
         if posted > 0 {

@@ -33,7 +33,7 @@ struct PassiveConn {
 struct Passive {
     pd: ProtectionDomain,
     cq: CompletionQueue,
-    conns: Mutex<HashMap<u32, PassiveConn>>,
+    conns: Mutex<HashMap<softrdma_verbs::Qpn, PassiveConn>>,
 }
 
 /// Runs the server until killed (or, with `stdin_eof`, until stdin closes:
@@ -178,7 +178,7 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
             qp.post_recv(&RecvWr::new(0, &[ctl.sge_all()]))?;
             let reply = Reply {
                 addr: buf.addr(),
-                rkey: buf.rkey(),
+                rkey: buf.rkey().raw(),
                 len: size as u32,
                 credits: 0,
                 tcp_port,
@@ -237,7 +237,7 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
             }
             let reply = Reply {
                 addr: bufs.addr(),
-                rkey: bufs.rkey(),
+                rkey: bufs.rkey().raw(),
                 len: size as u32,
                 credits: credits as u32,
                 tcp_port,
@@ -377,7 +377,7 @@ fn serve_write_lat(
             i,
             &[out.sge(0, size)],
             h.client_addr,
-            h.client_rkey,
+            softrdma_verbs::Rkey::from_raw(h.client_rkey),
         ))?;
         // Reap our Write completions without waiting (frees SQ slots).
         let n = cq.poll(&mut wcs);

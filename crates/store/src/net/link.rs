@@ -612,7 +612,12 @@ impl Link {
         let mut tx = self.tx.lock().unwrap();
         const READ_ID: u64 = u64::MAX;
         self.qp
-            .post_send(&SendWr::read(READ_ID, local.sge(0, len), remote_addr, rkey))
+            .post_send(&SendWr::read(
+                READ_ID,
+                local.sge(0, len),
+                remote_addr,
+                softrdma_verbs::Rkey::from_raw(rkey),
+            ))
             .map_err(|e| {
                 self.dead.store(true, Ordering::Release);
                 verr(e)

@@ -56,12 +56,12 @@ impl std::fmt::Debug for MemoryRegion {
 
 impl MemoryRegion {
     /// The STag (local key).
-    pub fn lkey(&self) -> u32 {
-        self.inner.stag
+    pub fn lkey(&self) -> crate::Lkey {
+        crate::Lkey::from_raw(self.inner.stag)
     }
     /// The STag (remote key); the same value as the local key.
-    pub fn rkey(&self) -> u32 {
-        self.inner.stag
+    pub fn rkey(&self) -> crate::Rkey {
+        crate::Rkey::from_raw(self.inner.stag)
     }
     /// The virtual address the region starts at.
     pub fn addr(&self) -> u64 {
@@ -110,7 +110,7 @@ impl MemoryRegion {
         crate::Sge {
             addr: self.inner.iova + offset as u64,
             length: len as u32,
-            lkey: self.inner.stag,
+            lkey: crate::Lkey::from_raw(self.inner.stag),
         }
     }
     /// An SGE covering the whole region.
@@ -177,8 +177,8 @@ pub struct FastRegMr {
 
 impl FastRegMr {
     /// The STag with key `key`, as it becomes valid after a fast-register.
-    pub fn stag_with_key(&self, key: u8) -> u32 {
-        Stag::new(self.index, key).raw()
+    pub fn stag_with_key(&self, key: u8) -> Stag {
+        Stag::new(self.index, key)
     }
     pub fn index(&self) -> u32 {
         self.index
@@ -187,7 +187,7 @@ impl FastRegMr {
         self.pd
     }
     /// The STag currently bound, if valid.
-    pub fn current_stag(&self) -> Option<u32> {
+    pub fn current_stag(&self) -> Option<Stag> {
         let core = &self.dev.rt.core;
         core.stags
             .all()
@@ -195,7 +195,7 @@ impl FastRegMr {
             .find(|m| {
                 Stag::from_raw(m.stag).index() == self.index && m.valid.load(Ordering::Acquire)
             })
-            .map(|m| m.stag)
+            .map(|m| Stag::from_raw(m.stag))
     }
 }
 

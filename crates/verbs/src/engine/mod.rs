@@ -121,17 +121,17 @@ impl Default for DeviceConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AsyncEvent {
     /// The peer closed the connection (graceful or not) or we disconnected.
-    Disconnected { qpn: u32 },
+    Disconnected { qpn: crate::Qpn },
     /// The QP went to ERROR because of a Terminate (sent or received).
     Terminated {
-        qpn: u32,
+        qpn: crate::Qpn,
         code: softrdma_wire::TermCode,
         by_peer: bool,
     },
     /// The QP went to ERROR for a local reason.
-    QpFatal { qpn: u32, reason: String },
+    QpFatal { qpn: crate::Qpn, reason: String },
     /// An SQD transition finished draining.
-    SqDrained { qpn: u32 },
+    SqDrained { qpn: crate::Qpn },
 }
 
 /// State shared by every handle of a device and its progress threads.

@@ -108,7 +108,7 @@ impl QpInner {
                     status,
                     opcode: w.opcode(),
                     byte_len: w.len as u32,
-                    qp_num: self.qpn,
+                    qp_num: crate::Qpn::from_raw(self.qpn),
                     invalidated_rkey: None,
                     solicited: false,
                     imm_data: None,
@@ -118,8 +118,9 @@ impl QpInner {
         }
         if sq.sqd_pending && sq.wqes.iter().all(|w| w.seq >= sq.next_tx) && sq.orq.is_empty() {
             sq.sqd_pending = false;
-            self.core
-                .post_event(crate::engine::AsyncEvent::SqDrained { qpn: self.qpn });
+            self.core.post_event(crate::engine::AsyncEvent::SqDrained {
+                qpn: crate::Qpn::from_raw(self.qpn),
+            });
         }
     }
 
@@ -172,7 +173,7 @@ impl QpInner {
                 status: WcStatus::WrFlushErr,
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
-                qp_num: self.qpn,
+                qp_num: crate::Qpn::from_raw(self.qpn),
                 invalidated_rkey: None,
                 solicited: false,
                 imm_data: None,
@@ -197,14 +198,14 @@ impl QpInner {
             Err(e) => self.fail(
                 WcStatus::RetryExcErr,
                 Some(crate::engine::AsyncEvent::QpFatal {
-                    qpn: self.qpn,
+                    qpn: crate::Qpn::from_raw(self.qpn),
                     reason: format!("send failed: {e}"),
                 }),
             ),
             Ok(Some(reason)) => self.fail(
                 WcStatus::WrFlushErr,
                 Some(crate::engine::AsyncEvent::QpFatal {
-                    qpn: self.qpn,
+                    qpn: crate::Qpn::from_raw(self.qpn),
                     reason,
                 }),
             ),
@@ -223,7 +224,7 @@ impl QpInner {
         self.fail(
             status,
             Some(crate::engine::AsyncEvent::Terminated {
-                qpn: self.qpn,
+                qpn: crate::Qpn::from_raw(self.qpn),
                 code,
                 by_peer: false,
             }),

@@ -23,7 +23,7 @@ impl RecvWqe {
         for sge in &wr.sgl {
             let mr = core
                 .stags
-                .lookup(sge.lkey)
+                .lookup(sge.lkey.raw())
                 .ok_or_else(|| Error::inval(format!("invalid lkey {:#x}", sge.lkey)))?;
             mr.check(pd, Access::LOCAL_WRITE, sge.addr, sge.length as u64)
                 .map_err(|e| Error::inval(format!("receive SGE refused: {e:?}")))?;

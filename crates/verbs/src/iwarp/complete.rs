@@ -119,7 +119,7 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                             wr_id: cur.wqe.wr_id,
                             status: WcStatus::RemInvReqErr,
                             opcode: WcOpcode::Recv,
-                            qp_num: q.qpn,
+                            qp_num: crate::Qpn::from_raw(q.qpn),
                             ..Default::default()
                         });
                         // As siw: an STag we hold but may not invalidate
@@ -142,12 +142,13 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 status: WcStatus::Success,
                 opcode: WcOpcode::Recv,
                 byte_len: cur.received as u32,
-                qp_num: q.qpn,
-                invalidated_rkey: invalidated,
+                qp_num: crate::Qpn::from_raw(q.qpn),
+                invalidated_rkey: invalidated.map(crate::Rkey::from_raw),
                 solicited: opcode.solicited(),
                 imm_data: None,
                 reference,
-                advertised_stag: (opcode == Opcode::SendAdvertise).then_some(inval),
+                advertised_stag: (opcode == Opcode::SendAdvertise)
+                    .then_some(crate::Rkey::from_raw(inval)),
             });
             None
         }
@@ -158,7 +159,7 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 status: WcStatus::Success,
                 opcode: WcOpcode::RecvWithImm,
                 byte_len: 0,
-                qp_num: q.qpn,
+                qp_num: crate::Qpn::from_raw(q.qpn),
                 invalidated_rkey: None,
                 solicited,
                 imm_data: Some(imm),

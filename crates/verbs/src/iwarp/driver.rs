@@ -98,7 +98,7 @@ fn on_timer(q: &Arc<QpInner>, c: &Conn) {
             q.fail(
                 WcStatus::RetryExcErr,
                 Some(AsyncEvent::QpFatal {
-                    qpn: q.qpn,
+                    qpn: crate::Qpn::from_raw(q.qpn),
                     reason: format!("the peer read nothing for {stalled:?}"),
                 }),
             );
@@ -211,14 +211,18 @@ fn on_readable(q: &Arc<QpInner>, c: &Conn, budget: usize) -> bool {
             c.on_peer_fin();
             q.fail(
                 WcStatus::WrFlushErr,
-                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
+                Some(AsyncEvent::Disconnected {
+                    qpn: crate::Qpn::from_raw(q.qpn),
+                }),
             );
         }
         RxEnd::EofMidFrame => {
             tracing::warn!(qpn = q.qpn, "peer closed the connection inside an FPDU");
             q.fail(
                 WcStatus::RetryExcErr,
-                Some(AsyncEvent::Disconnected { qpn: q.qpn }),
+                Some(AsyncEvent::Disconnected {
+                    qpn: crate::Qpn::from_raw(q.qpn),
+                }),
             );
         }
         RxEnd::Io(e) => {
@@ -226,7 +230,7 @@ fn on_readable(q: &Arc<QpInner>, c: &Conn, budget: usize) -> bool {
             q.fail(
                 WcStatus::RetryExcErr,
                 Some(AsyncEvent::QpFatal {
-                    qpn: q.qpn,
+                    qpn: crate::Qpn::from_raw(q.qpn),
                     reason: e.to_string(),
                 }),
             );
@@ -239,7 +243,7 @@ fn on_readable(q: &Arc<QpInner>, c: &Conn, budget: usize) -> bool {
             q.fail(
                 status_for_peer_term(code),
                 Some(AsyncEvent::Terminated {
-                    qpn: q.qpn,
+                    qpn: crate::Qpn::from_raw(q.qpn),
                     code,
                     by_peer: true,
                 }),

@@ -246,7 +246,7 @@ pub(super) fn on_send(
                 status: WcStatus::LocLenErr,
                 opcode: WcOpcode::Recv,
                 byte_len: cur.received as u32,
-                qp_num: q.qpn,
+                qp_num: crate::Qpn::from_raw(q.qpn),
                 ..Default::default()
             });
             // siw's code for "receive space short"

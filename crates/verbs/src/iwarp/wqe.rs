@@ -49,7 +49,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
         }
         match w.op.clone() {
             WrOp::LocalInv { stag } => {
-                let st = match q.core.stags.lookup(stag) {
+                let st = match q.core.stags.lookup(stag.raw()) {
                     Some(mr) if mr.pd == pd && mr.invalidatable => {
                         q.core.stags.set_valid(&mr, false);
                         WcStatus::Success
@@ -99,7 +99,9 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 // Same host: read the peer's memory directly. (A flush
                 // always goes on the stream, to the peer's engine.)
                 if let Some(link) = c.link.as_ref() {
-                    if !flush && link.try_read(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
+                    if !flush
+                        && link.try_read(sent, &w.spans, &w.keep, w.len, rkey.raw(), remote_addr)
+                    {
                         w.stage = Stage::Done(WcStatus::Success);
                         sq.next_tx += 1;
                         continue;
@@ -125,7 +127,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                     sink_stag,
                     sink_to,
                     size,
-                    src_stag: rkey,
+                    src_stag: rkey.raw(),
                     src_to: remote_addr,
                 }
                 .encode(&mut m.extra);
@@ -177,7 +179,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                     // The response is matched to the oldest outstanding
                     // request; the identifier double-checks it.
                     req_id: seq as u32,
-                    stag,
+                    stag: stag.raw(),
                     to,
                     add_swap,
                     add_swap_mask: mask,
@@ -203,14 +205,14 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 // on the next call (the WR completes when both are out).
                 w.imm_next = true;
                 if let Some(link) = c.link.as_ref() {
-                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
+                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey.raw(), remote_addr) {
                         continue;
                     }
                 }
                 let hdr = DdpHeader::Tagged(TaggedHeader {
                     last: true,
                     opcode: Opcode::Write,
-                    stag: rkey,
+                    stag: rkey.raw(),
                     to: remote_addr,
                 });
                 let spans = std::mem::take(&mut w.spans);
@@ -226,7 +228,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
             WrOp::RdmaWrite { remote_addr, rkey } => {
                 // Same host: place into the peer's memory directly.
                 if let Some(link) = c.link.as_ref() {
-                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey, remote_addr) {
+                    if link.try_write(sent, &w.spans, &w.keep, w.len, rkey.raw(), remote_addr) {
                         w.stage = Stage::Done(WcStatus::Success);
                         sq.next_tx += 1;
                         continue;
@@ -235,7 +237,7 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 let hdr = DdpHeader::Tagged(TaggedHeader {
                     last: true,
                     opcode: Opcode::Write,
-                    stag: rkey,
+                    stag: rkey.raw(),
                     to: remote_addr,
                 });
                 let spans = std::mem::take(&mut w.spans);
@@ -255,13 +257,15 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 // payload) and a Send with Invalidate.
                 let one_shot = c.params.one_shot;
                 let (opcode, inval) = match (op, w.solicited) {
-                    (WrOp::SendAdvertise { stag }, _) if one_shot => (Opcode::SendAdvertise, stag),
-                    (WrOp::SendClose { stag }, _) if one_shot => (Opcode::SendClose, stag),
+                    (WrOp::SendAdvertise { stag }, _) if one_shot => {
+                        (Opcode::SendAdvertise, stag.raw())
+                    }
+                    (WrOp::SendClose { stag }, _) if one_shot => (Opcode::SendClose, stag.raw()),
                     (WrOp::SendWithInv { rkey } | WrOp::SendClose { stag: rkey }, false) => {
-                        (Opcode::SendInvalidate, rkey)
+                        (Opcode::SendInvalidate, rkey.raw())
                     }
                     (WrOp::SendWithInv { rkey } | WrOp::SendClose { stag: rkey }, true) => {
-                        (Opcode::SendSeInvalidate, rkey)
+                        (Opcode::SendSeInvalidate, rkey.raw())
                     }
                     (_, false) => (Opcode::Send, 0),
                     (_, true) => (Opcode::SendSe, 0),

@@ -32,7 +32,7 @@ impl QueuePair {
         access: Access,
         msg: &[u8],
         reference: u64,
-    ) -> Result<u32> {
+    ) -> Result<crate::Rkey> {
         let q = &self.inner;
         let n = q
             .negotiated()
@@ -61,7 +61,7 @@ impl QueuePair {
             let mr = q
                 .core
                 .stags
-                .lookup(sge.lkey)
+                .lookup(sge.lkey.raw())
                 .ok_or(Error::inval("advertise: bad lkey"))?;
             if mr.backend.is_some() {
                 return Err(Error::inval("advertise: a backed region has no memory"));
@@ -96,7 +96,9 @@ impl QueuePair {
         sq.wqes.push_back(SqWqe {
             seq,
             wr_id,
-            op: WrOp::SendAdvertise { stag },
+            op: WrOp::SendAdvertise {
+                stag: crate::Rkey::from_raw(stag),
+            },
             // Nothing to report on success: the close is the completion
             // that matters (an error still completes, with `wr_id`).
             signaled: false,
@@ -110,7 +112,7 @@ impl QueuePair {
             imm_next: false,
         });
         q.kick_with(sq);
-        Ok(stag)
+        Ok(crate::Rkey::from_raw(stag))
     }
 
     /// [`QueuePair::advertise`] for memory that need not be registered:
@@ -133,7 +135,7 @@ impl QueuePair {
         access: Access,
         msg: &[u8],
         reference: u64,
-    ) -> Result<u32> {
+    ) -> Result<crate::Rkey> {
         let page = crate::sys::page_size() as u64;
         let covered = |cache: &std::collections::BTreeMap<u64, (u64, crate::MemoryRegion)>,
                        a: u64,
