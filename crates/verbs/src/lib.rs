@@ -34,7 +34,7 @@
 //! let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
 //! qp.connect("127.0.0.1:7174", &ConnParams::default())?;
 //! // Write 4 KiB into the peer's region (rkey and address from the peer).
-//! # let (remote_addr, rkey) = (0u64, 0u32);
+//! # let (remote_addr, rkey) = (0u64, Rkey::from_raw(0));
 //! qp.post_send(&SendWr::write(1, &[mr.sge_all()], remote_addr, rkey))?;
 //! let wc = cq.wait_one(std::time::Duration::from_secs(5)).expect("completion");
 //! assert!(wc.is_ok());
