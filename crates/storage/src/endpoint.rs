@@ -122,11 +122,23 @@ impl Src<'_> {
     fn write_at(&self, off: usize, len: usize, f: &File, at: u64) -> io::Result<()> {
         match self {
             Src::Mem(m) => m.pwrite(off, len, f, at),
-            Src::Slices([one]) => f.write_all_at(&one[off..off + len], at),
-            Src::Slices(_) => {
-                let mut v = vec![0u8; len];
-                self.copy_to(off, &mut v);
-                f.write_all_at(&v, at)
+            Src::Slices(d) => {
+                // Each slice's part of the range, written where it lands
+                // (no gathering copy).
+                let (mut skip, mut left, mut at) = (off, len, at);
+                for s in d.iter() {
+                    if left == 0 {
+                        break;
+                    }
+                    if skip >= s.len() {
+                        skip -= s.len();
+                        continue;
+                    }
+                    let n = (s.len() - skip).min(left);
+                    f.write_all_at(&s[skip..skip + n], at)?;
+                    (skip, left, at) = (0, left - n, at + n as u64);
+                }
+                Ok(())
             }
         }
     }
@@ -1130,6 +1142,31 @@ fn control_loop(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A range of several slices is written slice by slice where each
+    /// part lands, and copied out the same way.
+    #[test]
+    fn a_range_of_slices_writes_and_copies_each_part() {
+        let p = std::env::temp_dir().join(format!("softrdma-src-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        let _ = std::fs::remove_file(&p);
+        let (a, b, c) = ([1u8, 2, 3], [4u8, 5], [6u8, 7, 8, 9]);
+        let src = Src::Slices(&[&a[..], &b[..], &c[..]]);
+        assert_eq!(src.len(), 9);
+        src.write_at(2, 5, &f, 10).unwrap();
+        let mut got = [0u8; 5];
+        f.read_exact_at(&mut got, 10).unwrap();
+        assert_eq!(got, [3, 4, 5, 6, 7]);
+        let mut out = [0u8; 4];
+        src.copy_to(4, &mut out);
+        assert_eq!(out, [5, 6, 7, 8]);
+    }
 
     fn rights() -> impl Strategy<Value = Rights> {
         prop_oneof![

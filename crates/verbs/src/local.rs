@@ -382,7 +382,7 @@ impl LocalLink {
 
     /// Hands `j` (claimed) to its asynchronous backend; the completion
     /// reports it and releases its slot.
-    fn launch(&self, q: &Arc<QpInner>, j: Job, seq: Option<u64>) {
+    fn launch(&self, q: &Arc<QpInner>, mut j: Job, seq: Option<u64>) {
         let (cq, qpn) = (q.send_cq.clone(), q.qpn);
         if q.state() == crate::QpState::Error {
             self.report(&Arc::downgrade(q), &cq, qpn, seq, j, WcStatus::WrFlushErr);
@@ -395,7 +395,14 @@ impl LocalLink {
         // The registrations stay alive across the submitting call even if
         // the completion runs (and drops the job) inside it.
         let hold = j.keep.clone();
-        let spans = j.spans.clone();
+        // A Write's source spans are needed only for the submitting call
+        // (the completion of a Write uses none), so they leave the job
+        // instead of being copied; a Read keeps them for its completion.
+        let spans = if kind == Kind::Write {
+            std::mem::take(&mut j.spans)
+        } else {
+            Vec::new()
+        };
         let qw = Arc::downgrade(q);
         let done: crate::IoDone = Box::new(move |r: std::io::Result<&[u8]>| {
             let status = match r {

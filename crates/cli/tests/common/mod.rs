@@ -224,7 +224,13 @@ impl Capture {
         let err = fs::read_to_string(&self.err).unwrap_or_default();
         let dropped: Vec<&str> = err
             .lines()
-            .filter(|l| l.contains("dropped") && !l.trim_start().starts_with('0'))
+            .filter(|l| {
+                let n = l
+                    .split_whitespace()
+                    .next()
+                    .and_then(|w| w.parse::<u64>().ok());
+                l.contains("dropped") && n.is_some_and(|n| n > 0)
+            })
             .collect();
         assert!(
             dropped.is_empty(),
