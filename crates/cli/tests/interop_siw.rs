@@ -2057,6 +2057,18 @@ fn run_perftest_with(
     }
     // Seconds one client may take under TCG (the slowest case takes ~5 s).
     let ct = 60;
+    // Against a CRC server, a client that fails posting or with an error
+    // completion runs once more. The guest's siw (ib_read_bw receiving
+    // 64 KiB Read Responses with CRC) sometimes finds a CRC error in bytes
+    // that are right: seen in two of seven runs here and once in CI, 20 to
+    // 50 Reads into a run, siw sending an LLP "received CRC" Terminate (or
+    // its next post failing), while every FPDU our server sent, checked in
+    // the capture by tshark and independently, carries a good CRC. What
+    // lies between our socket and siw's check (QEMU's slirp, the guest's
+    // TCP, siw) is not ours to fix. The first attempt is printed and
+    // still counted (its messages are in the server's summary and in the
+    // capture, whose CRCs are all checked), and a second failure, or any
+    // other, fails the test.
     let mut script = guest_prelude();
     script += guest_setup;
     for c in cases {
@@ -2065,6 +2077,11 @@ fn run_perftest_with(
              t0=$(date +%s)\n\
              timeout {ct} {tool} -R -d siw0 -p {port} -F {args} 10.0.2.2 > /tmp/c.out 2> /tmp/c.err\n\
              rc=$?\n\
+             if [ $rc != 0 ] && [ {crc} = true ] && grep -q -e \"Couldn't post send\" -e \"Completion with error\" /tmp/c.err; then\n\
+             sed 's/^/RETRIED {name}| /' /tmp/c.err\n\
+             timeout {ct} {tool} -R -d siw0 -p {port} -F {args} 10.0.2.2 > /tmp/c.out 2> /tmp/c.err\n\
+             rc=$?\n\
+             fi\n\
              echo \"PERFTEST {name} RC $rc TIME $(( $(date +%s) - t0 )) s TIME-WAIT $(awk '$4==\"06\"' /proc/net/tcp | wc -l)\"\n\
              sed 's/^/OUT {name}| /' /tmp/c.out\n\
              sed 's/^/ERR {name}| /' /tmp/c.err\n\
@@ -2073,6 +2090,7 @@ fn run_perftest_with(
             tool = c.tool,
             port = ports[c.server],
             args = c.args,
+            crc = servers[c.server].crc,
         );
     }
     script += "exit $fail\n";
@@ -2136,6 +2154,17 @@ fn run_perftest_with(
     // Per server: one summary line per client, naming its test and counting
     // its Sends and our answers.
     let mut totals = Vec::new();
+    let retried: Vec<&PerftestCase> = cases
+        .iter()
+        .filter(|c| {
+            let tag = format!("RETRIED {}| ", c.name);
+            let first: Vec<&String> = guest.log.iter().filter(|l| l.starts_with(&tag)).collect();
+            for l in &first {
+                println!("host| first attempt failed, ran again: {l}");
+            }
+            !first.is_empty()
+        })
+        .collect();
     for (i, (out, _)) in outs.iter().enumerate() {
         let mut summaries: Vec<PerftestSummary> =
             out.lines().filter_map(parse_perftest_summary).collect();
@@ -2173,9 +2202,11 @@ fn run_perftest_with(
                 )),
             }
         }
-        if found != mine.len() {
+        // A retried client's first connection has its summary too.
+        let again = retried.iter().filter(|c| c.server == i).count();
+        if found != mine.len() + again {
             problems.push(format!(
-                "server {i}: {found} summary lines for {} clients",
+                "server {i}: {found} summary lines for {} clients ({again} run twice)",
                 mine.len()
             ));
         }
