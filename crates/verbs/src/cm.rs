@@ -163,6 +163,7 @@ pub(crate) fn attach(qp: &QueuePair, conn: Conn, rtr: Option<bool>) -> Result<()
         if n.p2p {
             if n.initiator {
                 tx.queue_rtr(rtr == Some(true));
+                conn.rx.lock().rtr_read_pending = rtr == Some(true);
             } else {
                 tx.rtr_wait = true;
                 conn.rx.lock().rtr_expected = true;

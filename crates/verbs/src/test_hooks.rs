@@ -11,13 +11,21 @@
 //! [`pause_placement`] stops the next placement of payload bytes on a QP
 //! after it entered its caller-owned target regions and before it copies:
 //! the window in which deregistering such memory must wait (issue 19).
+//!
+//! A hook names its QP by identity, not by number (QP numbers restart at 1
+//! on every device, and tests run devices side by side in one process),
+//! and one hook is armed at a time in a process: arming waits until the
+//! previous [`Paused`] is dropped.
 
-use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicU32, Ordering};
+use crate::engine::QpInner;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// The QP number whose receiver pauses (0: none).
-static ARMED: AtomicU32 = AtomicU32::new(0);
+/// The QP (its engine state's address) whose receiver pauses (0: none).
+static ARMED: AtomicUsize = AtomicUsize::new(0);
+/// Held by the armed hook: one at a time in a process.
+static ONE: Mutex<()> = Mutex::new(());
 /// Which point is armed: 1 the receiver's entry, 2 a placement.
 static POINT: AtomicU32 = AtomicU32::new(0);
 
@@ -34,23 +42,31 @@ static GATE: Mutex<Gate> = Mutex::new(Gate {
 static CHANGED: Condvar = Condvar::new();
 
 /// An armed pause point (one at a time in a process).
-pub struct Paused(());
-
-/// Arms the pause point for QP `qpn`'s receiver.
-pub fn pause_receiver(qpn: crate::Qpn) -> Paused {
-    arm(qpn.raw(), 1)
+pub struct Paused {
+    _one: MutexGuard<'static, ()>,
 }
 
-/// Arms the pause point inside the next payload placement on QP `qpn`.
-pub fn pause_placement(qpn: crate::Qpn) -> Paused {
-    arm(qpn.raw(), 2)
+/// The identity a hook knows a QP by.
+fn id(q: &QpInner) -> usize {
+    q as *const QpInner as usize
 }
 
-fn arm(qpn: u32, point: u32) -> Paused {
+/// Arms the pause point for `qp`'s receiver.
+pub fn pause_receiver(qp: &crate::QueuePair) -> Paused {
+    arm(id(&qp.inner), 1)
+}
+
+/// Arms the pause point inside the next payload placement on `qp`.
+pub fn pause_placement(qp: &crate::QueuePair) -> Paused {
+    arm(id(&qp.inner), 2)
+}
+
+fn arm(qp: usize, point: u32) -> Paused {
+    let one = ONE.lock();
     *GATE.lock() = Gate::default();
     POINT.store(point, Ordering::SeqCst);
-    ARMED.store(qpn, Ordering::SeqCst);
-    Paused(())
+    ARMED.store(qp, Ordering::SeqCst);
+    Paused { _one: one }
 }
 
 impl Paused {
@@ -79,21 +95,21 @@ impl Drop for Paused {
 }
 
 /// Called by the receiver at its entry.
-pub(crate) fn receiver_point(qpn: u32) {
-    point(qpn, 1)
+pub(crate) fn receiver_point(q: &QpInner) {
+    point(id(q), 1)
 }
 
 /// Called by a placement, its regions entered, before it copies.
-pub(crate) fn placement_point(qpn: u32) {
-    point(qpn, 2)
+pub(crate) fn placement_point(q: &QpInner) {
+    point(id(q), 2)
 }
 
-fn point(qpn: u32, which: u32) {
-    if ARMED.load(Ordering::Relaxed) != qpn || qpn == 0 || POINT.load(Ordering::SeqCst) != which {
+fn point(qp: usize, which: u32) {
+    if ARMED.load(Ordering::Relaxed) != qp || POINT.load(Ordering::SeqCst) != which {
         return;
     }
     if ARMED
-        .compare_exchange(qpn, 0, Ordering::SeqCst, Ordering::SeqCst)
+        .compare_exchange(qp, 0, Ordering::SeqCst, Ordering::SeqCst)
         .is_err()
     {
         return;

@@ -2633,7 +2633,7 @@ fn a_flush_in_the_middle_of_an_fpdu_places_nothing_after_it() {
         assert!(Instant::now() < deadline, "the first half was never placed");
         std::thread::yield_now();
     }
-    let pause = softrdma_verbs::test_hooks::pause_receiver(s.qp.qp_num());
+    let pause = softrdma_verbs::test_hooks::pause_receiver(&s.qp);
     raw.send_bytes(&f[cut..]);
     assert!(
         pause.wait_reached(T),
@@ -2683,7 +2683,7 @@ fn deregistering_raw_memory_waits_for_the_placement_in_flight() {
         assert!(Instant::now() < deadline, "the first part was never placed");
         std::thread::yield_now();
     }
-    let pause = softrdma_verbs::test_hooks::pause_placement(s.qp.qp_num());
+    let pause = softrdma_verbs::test_hooks::pause_placement(&s.qp);
     raw.send_bytes(&f[cut..]);
     assert!(pause.wait_reached(T), "the rest never reached placement");
     let (tx, rx) = std::sync::mpsc::channel();

@@ -21,9 +21,7 @@ pub(super) fn on_segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEn
     if first {
         rx.seen_fpdu = true;
         rx.rtr_expected = false;
-        let (_sq, mut tx) = c.lock_tx(q);
-        tx.rtr_wait = false;
-        tx.hold_until = None;
+        rx.to_tx.release = true;
     }
     let end = segment_done(q, rx, c);
     if first && end.is_none() {
@@ -58,7 +56,7 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
         }
         Action::Rtr => {
             rx.rtr_expected = false;
-            c.tx.lock().rtr_wait = false;
+            rx.to_tx.release = true;
             rx.kick = true;
             None
         }
@@ -179,9 +177,13 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
             let orig = unsafe { mr::atomic_apply(target, &ar) };
             mr.exit();
             drop(mr);
-            let (_sq, mut tx) = c.lock_tx(q);
-            tx.queue_atomic_response(ar.req_id, orig);
-            rx.kick = true;
+            rx.reply(
+                c,
+                Reply::Atomic {
+                    req_id: ar.req_id,
+                    orig,
+                },
+            );
             None
         }
         Action::AtomicResp(resp) => {
@@ -215,22 +217,21 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
             // 4 GiB, was allocated at once, IRD times over).
             if let Some(mr) = src.as_ref().filter(|m| m.backend.is_some() && rr.size > 0) {
                 let size = rr.size as u64;
-                let (sq, mut tx) = c.lock_tx(q);
-                if size > BACKED_CHUNK || tx.backed_bytes + size > BACKED_BUDGET {
-                    tx.queue_streamed_read_response(&rr, mr.clone());
-                    drop((sq, tx));
+                let held = c.backed_bytes.load(Ordering::Acquire);
+                if size > BACKED_CHUNK || held + size > BACKED_BUDGET {
+                    rx.reply(c, Reply::Streamed { rr, mr: mr.clone() });
                     c.set_rx_paused(true, q.qpn);
                     arm_stall_timer(q, c);
-                    rx.kick = true;
                     return None;
                 }
-                tx.backed_bytes += size;
+                // Only the receiver adds to it: the check above holds.
+                c.backed_bytes.fetch_add(size, Ordering::AcqRel);
             }
             let eager_backed = src
                 .as_ref()
                 .is_some_and(|m| m.backend.is_some() && rr.size > 0);
-            // A backed source: flush (zero length) or read it now, before
-            // the send queue is locked (this may wait for the device).
+            // A backed source: flush (zero length) or read it now (this
+            // may wait for the device).
             let src = match src {
                 Some(mr) if mr.backend.is_some() => match backed_read(&mr, &rr) {
                     Ok(m) => Some(m),
@@ -246,17 +247,16 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 },
                 other => other,
             };
-            let (_sq, mut tx) = c.lock_tx(q);
-            match src {
-                Some(mr) if eager_backed => {
-                    // Read eagerly from a backed region (`mr` holds the
-                    // bytes): counted against the budget until sent.
-                    tx.queue_eager_backed_read_response(&rr, mr);
-                }
-                Some(mr) => tx.queue_read_response(&rr, mr),
-                None => tx.queue_empty_read_response(&rr),
-            }
-            rx.kick = true;
+            // Read eagerly from a backed region, `src` holds the bytes:
+            // counted against the budget until sent.
+            rx.reply(
+                c,
+                Reply::Read {
+                    rr,
+                    src,
+                    eager: eager_backed,
+                },
+            );
             None
         }
         Action::Terminate(t) => {

@@ -125,6 +125,7 @@ pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, budget: usize) -> RxEn
             Stop::End(e) => return e,
             Stop::Kick => {
                 let (mut sq, mut tx) = c.lock_tx(q);
+                tx.take_from_rx(&mut rx.to_tx);
                 if let Some(e) = tx_or_fail(q, &mut sq, &mut tx, c) {
                     return e;
                 }
@@ -140,7 +141,7 @@ pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, budget: usize) -> RxEn
                 if !rx.direct_target(&mut scratch) {
                     return deregistered(rx);
                 }
-                crate::test_hooks::placement_point(q.qpn);
+                crate::test_hooks::placement_point(q);
                 // SAFETY: the spans are the current segment's target,
                 // checked against its STag (PD, rights, bounds) when the
                 // header was handled and held by its registration;
@@ -156,6 +157,43 @@ pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, budget: usize) -> RxEn
                     Err(e) => return RxEnd::Io(e),
                 }
             }
+        }
+    }
+}
+
+/// Runs the transmitter: writes what is composed, has the core compose
+/// more ([`fill_batch`]), until nothing may be sent or the socket is full
+/// (then EPOLLOUT, or the ring's doorbell, takes over).
+pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> io::Result<()> {
+    if c.is_closed() {
+        return Ok(());
+    }
+    loop {
+        if !tx.batch.is_empty() {
+            if !tx.batch.write(c)? {
+                // The socket wakes us when it has room; a full ring, with
+                // the consumer's doorbell (on_readable kicks us then).
+                if c.ring_tx().is_none() {
+                    c.arm_out(q.qpn);
+                }
+                return Ok(());
+            }
+            batch_written(q, sq, tx);
+        }
+        let filled = fill_batch(q, sq, tx, c);
+        if std::mem::take(&mut tx.resume_rx) {
+            c.set_rx_paused(false, q.qpn);
+            // (The receiver runs on its thread: bytes it staged wait for
+            // no new input.)
+            c.add_timer(q, std::time::Instant::now());
+        }
+        match filled {
+            Filled::Ready => {}
+            Filled::Idle => {
+                c.disarm_out(q.qpn);
+                return Ok(());
+            }
+            Filled::Failed => return Ok(()),
         }
     }
 }
@@ -185,7 +223,7 @@ fn on_readable(q: &Arc<QpInner>, c: &Conn, budget: usize) -> bool {
     if c.is_closed() {
         return false;
     }
-    crate::test_hooks::receiver_point(q.qpn);
+    crate::test_hooks::receiver_point(q);
     let end = {
         let mut rx = c.rx.lock();
         // Again under the lock: `QpInner::fail` closes the connection and
@@ -197,7 +235,14 @@ fn on_readable(q: &Arc<QpInner>, c: &Conn, budget: usize) -> bool {
         if c.is_closed() || c.rx_paused.load(Ordering::Acquire) {
             return false;
         }
-        rx_loop(q, &mut rx, c, budget)
+        let end = rx_loop(q, &mut rx, c, budget);
+        // Every response queued was handed over at its `Stop::Kick`: none
+        // is left holding its source region in a receiver that stopped.
+        assert!(
+            rx.to_tx.replies.is_empty(),
+            "responses left with the receiver"
+        );
+        end
     };
     // Ring mode: a doorbell may mean the peer made room in its ring.
     if c.tx_blocked.swap(false, Ordering::AcqRel) {
@@ -266,5 +311,6 @@ pub(crate) fn conn_memory(c: &Conn) -> usize {
         + tx.batch.memory()
         + tx.irq.iter().map(msg).sum::<usize>()
         + tx.cur.as_ref().map_or(0, msg)
-        + tx.backed_bytes as usize
+        + rx.to_tx.replies.capacity() * size_of::<Reply>()
+        + c.backed_bytes.load(Ordering::Acquire) as usize
 }

@@ -63,7 +63,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Smallest segment size FPDUs are sized for, whatever TCP reports.
@@ -112,6 +112,15 @@ pub(crate) struct Conn {
     /// The transmitter found the peer's ring full (ring mode): the next
     /// doorbell from the peer kicks it.
     tx_blocked: AtomicBool,
+    /// Inbound Read and Atomic Requests accepted and not yet answered:
+    /// the receiver adds one when it queues the response, the transmitter
+    /// takes it off when the response is composed (checked against our
+    /// IRD without either locking the other).
+    pub(super) inbound: AtomicUsize,
+    /// Bytes of storage-backed Read Responses held in memory (see
+    /// [`BACKED_BUDGET`]): added by the receiver, released by the
+    /// transmitter.
+    pub(super) backed_bytes: AtomicU64,
     /// The receiver's state. Lock order: this, then the QP's send queue,
     /// then `tx`.
     pub(crate) rx: Mutex<Rx>,
@@ -184,6 +193,8 @@ impl Conn {
             rx_paused: AtomicBool::new(false),
             link,
             tx_blocked: AtomicBool::new(false),
+            inbound: AtomicUsize::new(0),
+            backed_bytes: AtomicU64::new(0),
             rx: Mutex::new(Rx::new()),
             tx: Mutex::new(Tx::new()),
         }

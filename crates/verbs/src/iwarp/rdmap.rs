@@ -91,14 +91,12 @@ pub(super) fn on_write(
 pub(super) fn on_read_response(
     q: &QpInner,
     rx: &mut Rx,
-    c: &Conn,
     t: TaggedHeader,
     g: &Seg,
 ) -> Result<Action, RxEnd> {
     Ok({
         // Read Response: must answer the oldest outstanding Read.
-        let (sq, mut tx) = c.lock_tx(q);
-        if tx.rtr_read_pending {
+        if rx.rtr_read_pending {
             // The answer to our Read RTR (issue 20, item 1): one empty,
             // last segment naming the RTR STag at offset 0.
             if t.stag != RTR_STAG {
@@ -115,10 +113,12 @@ pub(super) fn on_read_response(
                     WcStatus::WrFlushErr,
                 ));
             }
-            tx.rtr_read_pending = false;
-            drop((sq, tx));
+            rx.rtr_read_pending = false;
+            rx.to_tx.rtr_answered = true;
+            rx.kick = true;
             return Ok(Action::None);
         }
+        let sq = q.sq.lock();
         // Nobody asked: DDP catastrophic, 1/0/0, as siw
         // (`siw_proc_rresp`, "ORQ empty").
         let Some(&seq) = sq.orq.front() else {
@@ -310,7 +310,7 @@ pub(super) fn on_read_request(
             rx.rtr_expected = false;
             Action::ReadReq(rr, None)
         } else {
-            let used = c.tx.lock().irq_used;
+            let used = c.inbound.load(Ordering::Acquire);
             if used >= c.params.ird.max(1) as usize {
                 return Err(fatal(
                     codes::RDMAP_CATASTROPHIC_STREAM,
@@ -413,7 +413,7 @@ pub(super) fn on_atomic_request(
         let ar = AtomicRequest::decode(&rx.hdr_bytes[g.hl..g.hl + AtomicRequest::LEN])
             .map_err(|e| fatal(e.term_code(), g.raw, WcStatus::WrFlushErr))?;
         // Atomics count against the same inbound limit as Reads.
-        let used = c.tx.lock().irq_used;
+        let used = c.inbound.load(Ordering::Acquire);
         if used >= c.params.ird.max(1) as usize {
             tracing::warn!(
                 qpn = q.qpn,

@@ -49,6 +49,40 @@ pub(super) enum Action {
     Rtr,
 }
 
+/// What the receiver hands the transmitter. The receiver never locks the
+/// transmitter: it queues responses here, and the driver passes them on
+/// (under the send-queue and transmitter locks) when the receiver stops
+/// with [`Stop::Kick`], before it runs the transmitter.
+#[derive(Default)]
+pub(super) struct ToTx {
+    /// The peer's first FPDU (or its RTR) arrived: transmission may start
+    /// (ends `Tx::rtr_wait` and `Tx::hold_until`).
+    pub(super) release: bool,
+    /// The zero-length Read Response to our Read RTR arrived (ends
+    /// `Tx::rtr_read_pending`: its ORQ slot is free).
+    pub(super) rtr_answered: bool,
+    /// Responses to send, in the order the requests arrived.
+    pub(super) replies: Vec<Reply>,
+}
+
+/// A response to an inbound request, counted in `Conn::inbound` from the
+/// moment it is queued until the transmitter composes it.
+pub(super) enum Reply {
+    /// A Read Response from `src` (checked); none: zero-length. `eager`:
+    /// `src` holds bytes read from a storage-backed region, counted in
+    /// `Conn::backed_bytes` until sent.
+    Read {
+        rr: ReadRequest,
+        src: Option<Arc<MrInner>>,
+        eager: bool,
+    },
+    /// A Read Response streamed from the storage-backed region a chunk at
+    /// a time (the receiver is paused until it is composed).
+    Streamed { rr: ReadRequest, mr: Arc<MrInner> },
+    /// An Atomic Response carrying the original value.
+    Atomic { req_id: u32, orig: u64 },
+}
+
 pub(super) struct CurRecv {
     pub(super) wqe: RecvWqe,
     pub(super) received: u64,
@@ -92,6 +126,11 @@ pub(crate) struct Rx {
     pub(super) bytes_in_frame: bool,
     /// Something was queued for the transmitter (see [`Stop::Kick`]).
     pub(super) kick: bool,
+    /// What the transmitter is to take over at the next [`Stop::Kick`].
+    pub(super) to_tx: ToTx,
+    /// Initiator in peer-to-peer mode: our Read RTR awaits its
+    /// zero-length Read Response.
+    pub rtr_read_pending: bool,
 }
 
 /// What the receive loop ended with.
@@ -160,6 +199,8 @@ impl Rx {
             seen_fpdu: false,
             bytes_in_frame: false,
             kick: false,
+            to_tx: ToTx::default(),
+            rtr_read_pending: false,
         }
     }
 
@@ -178,6 +219,20 @@ impl Rx {
                 None
             }
         }
+    }
+
+    /// Queues a response for the transmitter (see [`ToTx`]). It counts
+    /// against our IRD (`Conn::inbound`) until it is composed.
+    pub(super) fn reply(&mut self, c: &Conn, r: Reply) {
+        let prev = c.inbound.fetch_add(1, Ordering::AcqRel);
+        // Every request was checked against the IRD before it was
+        // accepted (the RTR, unchecked, is the first message of all).
+        assert!(
+            prev < c.params.ird.max(1) as usize,
+            "more inbound requests than our IRD"
+        );
+        self.to_tx.replies.push(r);
+        self.kick = true;
     }
 
     fn avail(&self) -> usize {
@@ -374,7 +429,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> 
     };
     let action = match hdr {
         DdpHeader::Tagged(t) if t.opcode == Opcode::Write => rdmap::on_write(q, rx, t, &g)?,
-        DdpHeader::Tagged(t) => rdmap::on_read_response(q, rx, c, t, &g)?,
+        DdpHeader::Tagged(t) => rdmap::on_read_response(q, rx, t, &g)?,
         DdpHeader::Untagged(u) => match u.opcode {
             Opcode::Send
             | Opcode::SendSe
@@ -418,7 +473,7 @@ pub(super) fn finish_header(
 
 /// Places staged payload bytes; stops for the rest ([`Stop::Direct`]
 /// when enough is still to come to read it straight into the target).
-pub(super) fn on_payload(qpn: u32, rx: &mut Rx, crc: bool) -> Result<(), Stop> {
+pub(super) fn on_payload(q: &QpInner, rx: &mut Rx, crc: bool) -> Result<(), Stop> {
     while rx.placed < rx.payload_len {
         let rem = rx.payload_len - rx.placed;
         if rx.avail() > 0 {
@@ -430,7 +485,7 @@ pub(super) fn on_payload(qpn: u32, rx: &mut Rx, crc: bool) -> Result<(), Stop> {
             if !mr::enter_all(&rx.fence) {
                 return Err(deregistered(rx).into());
             }
-            crate::test_hooks::placement_point(qpn);
+            crate::test_hooks::placement_point(q);
             // SAFETY: target spans come from a registration held in
             // rx._target_keep or the current receive WQE, and were
             // bounds-checked in on_header; caller-owned memory among them
@@ -439,6 +494,7 @@ pub(super) fn on_payload(qpn: u32, rx: &mut Rx, crc: bool) -> Result<(), Stop> {
             mr::exit_all(&rx.fence);
             rx.placed += n;
             rx.start += n;
+            assert!(rx.placed <= rx.payload_len, "placed past the segment");
             continue;
         }
         if rem >= DIRECT_MIN {
@@ -500,7 +556,7 @@ pub(super) fn process(
                 *handled_any = true;
             }
             Phase::Payload => {
-                if let Err(e) = on_payload(q.qpn, rx, c.params.crc) {
+                if let Err(e) = on_payload(q, rx, c.params.crc) {
                     return e;
                 }
             }

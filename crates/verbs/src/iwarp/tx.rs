@@ -1,8 +1,10 @@
 //! The send path (siw: `siw_qp_tx.c`): work requests become FPDUs composed
 //! into a batch of iovecs (small headers and trailers in one buffer,
 //! payload straight from the registered memory) written with one `sendmsg`
-//! per batch. The caller that posts transmits inline; if the socket is
-//! full, the QP's progress thread continues on EPOLLOUT.
+//! per batch. No I/O here: [`fill_batch`] composes a batch, the driver
+//! (`driver::tx_progress`) writes it and reports with [`batch_written`].
+//! The caller that posts transmits inline; if the socket is full, the QP's
+//! progress thread continues on EPOLLOUT.
 
 use super::*;
 
@@ -47,7 +49,7 @@ pub(super) struct BackedSrc {
     pub(super) src_to: u64,
     /// The message offset where the chunk in `_keep` ends.
     pub(super) chunk_end: u64,
-    /// Bytes counted against the connection's budget (`Tx::backed_bytes`).
+    /// Bytes counted against the connection's budget (`Conn::backed_bytes`).
     pub(super) counted: u64,
     /// The receiver was paused for this response: resume it when done.
     pub(super) paused_rx: bool,
@@ -90,8 +92,6 @@ pub(crate) struct Tx {
     pub(super) cur: Option<TxMsg>,
     /// Read Responses to send, in request order.
     pub(super) irq: VecDeque<TxMsg>,
-    /// Inbound Read Requests accepted and not yet fully answered.
-    pub irq_used: usize,
     pub(super) term: Option<TxMsg>,
     pub(super) rtr: Option<TxMsg>,
     /// Responder in peer-to-peer mode: wait for the initiator's RTR.
@@ -104,9 +104,6 @@ pub(crate) struct Tx {
     /// Initiator: our Read RTR awaits its zero-length Read Response (it
     /// counts against the peer's IRD like any Read).
     pub rtr_read_pending: bool,
-    /// Bytes of storage-backed Read Responses held in memory (see
-    /// [`BACKED_BUDGET`]).
-    pub backed_bytes: u64,
     /// When the transmitter last moved bytes (the stall check of a paused
     /// receiver: a peer that does not read is refused).
     pub last_progress: std::time::Instant,
@@ -119,6 +116,9 @@ pub(crate) struct Tx {
     pub(super) atomic_resp_msn: u32,
     /// A local failure found while transmitting (fail the QP after unlock).
     pub pending_fail: Option<String>,
+    /// A streamed Read Response that paused the receiver is composed: the
+    /// driver resumes the receiver.
+    pub(super) resume_rx: bool,
     /// RDMAP messages (Terminate aside) composed for the stream so far: a
     /// same-host copy may run only once the peer processed them all.
     pub(super) msgs_sent: u64,
@@ -130,13 +130,11 @@ impl Tx {
             batch: Batch::new(),
             cur: None,
             irq: VecDeque::new(),
-            irq_used: 0,
             term: None,
             rtr: None,
             rtr_wait: false,
             hold_until: None,
             rtr_read_pending: false,
-            backed_bytes: 0,
             last_progress: std::time::Instant::now(),
             terminated: false,
             send_msn: 1,
@@ -144,6 +142,7 @@ impl Tx {
             term_msn: 1,
             atomic_resp_msn: 1,
             pending_fail: None,
+            resume_rx: false,
             msgs_sent: 0,
         }
     }
@@ -231,6 +230,32 @@ impl Tx {
         self.rtr = Some(m);
     }
 
+    /// Takes over what the receiver queued (see [`ToTx`]), in its order.
+    pub(super) fn take_from_rx(&mut self, to: &mut ToTx) {
+        if std::mem::take(&mut to.release) {
+            self.rtr_wait = false;
+            self.hold_until = None;
+        }
+        if std::mem::take(&mut to.rtr_answered) {
+            self.rtr_read_pending = false;
+        }
+        for r in to.replies.drain(..) {
+            match r {
+                Reply::Read {
+                    rr,
+                    src: Some(mr),
+                    eager: true,
+                } => self.queue_eager_backed_read_response(&rr, mr),
+                Reply::Read {
+                    rr, src: Some(mr), ..
+                } => self.queue_read_response(&rr, mr),
+                Reply::Read { rr, src: None, .. } => self.queue_empty_read_response(&rr),
+                Reply::Streamed { rr, mr } => self.queue_streamed_read_response(&rr, mr),
+                Reply::Atomic { req_id, orig } => self.queue_atomic_response(req_id, orig),
+            }
+        }
+    }
+
     /// Queues an Atomic Response (RFC 7306) behind earlier responses.
     pub fn queue_atomic_response(&mut self, req_id: u32, orig: u64) {
         let hdr = DdpHeader::Untagged(UntaggedHeader {
@@ -245,7 +270,6 @@ impl Tx {
         let mut m = TxMsg::new(hdr, Vec::new(), 0, Fin::None);
         m.extra_len = AtomicResponse { req_id, orig }.encode(&mut m.extra);
         self.irq.push_back(m);
-        self.irq_used += 1;
     }
 
     /// An Immediate Data message (RFC 7306) carrying `imm` in the first
@@ -288,7 +312,6 @@ impl Tx {
         }
         m._keep = Some(src);
         self.irq.push_back(m);
-        self.irq_used += 1;
     }
 
     /// Queues the Read Response of a Read of a storage-backed region read
@@ -317,7 +340,6 @@ impl Tx {
         });
         self.irq
             .push_back(TxMsg::new(hdr, Vec::new(), 0, Fin::None));
-        self.irq_used += 1;
     }
 
     /// Queues a Read Response streamed from the storage-backed region `mr`
@@ -338,7 +360,6 @@ impl Tx {
             paused_rx: true,
         });
         self.irq.push_back(m);
-        self.irq_used += 1;
     }
 }
 
@@ -352,14 +373,15 @@ impl TxMsg {
 
     /// Reads the next chunk of a streamed Read Response from its device
     /// (the batch holds nothing of the previous one).
-    pub(super) fn next_chunk(&mut self, budget: &mut u64) -> io::Result<()> {
+    pub(super) fn next_chunk(&mut self, budget: &AtomicU64) -> io::Result<()> {
         let b = self.backed.as_mut().expect("a streamed message");
         let n = BACKED_CHUNK.min(self.total - self.off);
         let mut buf = vec![0u8; n as usize].into_boxed_slice();
         let dev = b.mr.backend.as_ref().expect("backed region");
         dev.read_at(b.src_to + self.off - b.mr.iova, &mut buf)?;
         let holder = Arc::new(MrInner::holding(buf, b.src_to + self.off));
-        *budget = budget.saturating_sub(b.counted) + n;
+        release(budget, b.counted);
+        budget.fetch_add(n, Ordering::AcqRel);
         b.counted = n;
         b.chunk_end = self.off + n;
         self.spans.clear();
@@ -369,6 +391,13 @@ impl TxMsg {
         self._keep = Some(holder);
         Ok(())
     }
+}
+
+/// Takes `n` bytes off a budget counter (never below zero).
+fn release(budget: &AtomicU64, n: u64) {
+    let _ = budget.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+        Some(b.saturating_sub(n))
+    });
 }
 
 /// The STag a ready-to-receive (RTR) message names: 1, as siw.
@@ -502,17 +531,59 @@ pub(super) fn finish_fpdu(
         b.hdrs.extend_from_slice(&t[..tl]);
         b.push_hdr(ts);
     }
+    // The next FPDU's MO / TO continues exactly where this one ended.
     m.off += n as u64;
+    assert!(m.off <= m.total, "an FPDU past the end of its message");
     m.started = true;
     last
 }
 
-/// Runs the transmitter: writes what is composed, composes more, until
-/// nothing may be sent or the socket is full (then EPOLLOUT takes over).
-pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> io::Result<()> {
-    if c.is_closed() {
-        return Ok(());
+/// What [`fill_batch`] left for the driver.
+pub(super) enum Filled {
+    /// The batch holds bytes: write them, then [`batch_written`].
+    Ready,
+    /// Nothing may be sent now.
+    Idle,
+    /// A local failure (`Tx::pending_fail`): the QP fails.
+    Failed,
+}
+
+/// The whole batch reached the socket: completes the work requests whose
+/// last bytes were in it, in order, and ends transmission after a
+/// Terminate.
+pub(super) fn batch_written(q: &QpInner, sq: &mut Sq, tx: &mut Tx) {
+    tx.batch.clear();
+    tx.last_progress = std::time::Instant::now();
+    let mut fins = std::mem::take(&mut tx.batch.fins);
+    let mut done_any = false;
+    for f in &fins {
+        match *f {
+            Fin::SqDone(seq) => {
+                if let Some(w) = sq.get_mut(seq) {
+                    if w.stage == Stage::Queued {
+                        w.stage = Stage::Done(WcStatus::Success);
+                        done_any = true;
+                    }
+                }
+            }
+            Fin::Terminated => {
+                tx.terminated = true;
+            }
+            Fin::None => {}
+        }
     }
+    fins.clear();
+    tx.batch.fins = fins;
+    if done_any {
+        q.complete_in_order(sq);
+    }
+}
+
+/// Composes messages into the (empty) batch until it is full or nothing
+/// more may be sent. No I/O: the driver writes what this leaves
+/// ([`Filled::Ready`]).
+pub(super) fn fill_batch(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Filled {
+    debug_assert!(tx.batch.is_empty());
     // Never below 128 (a tiny MSS just means FPDUs span segments).
     let max_ulpdu = q
         .core
@@ -520,119 +591,77 @@ pub(crate) fn tx_progress(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> io
         .max_ulpdu
         .min(mpa::max_ulpdu_for(c.seg))
         .max(128);
-    loop {
-        if !tx.batch.is_empty() {
-            if !tx.batch.write(c)? {
-                // The socket wakes us when it has room; a full ring, with
-                // the consumer's doorbell (on_readable kicks us then).
-                if c.ring_tx().is_none() {
-                    c.arm_out(q.qpn);
-                }
-                return Ok(());
-            }
-            tx.batch.clear();
-            tx.last_progress = std::time::Instant::now();
-            let fins = std::mem::take(&mut tx.batch.fins);
-            let mut done_any = false;
-            for f in &fins {
-                match *f {
-                    Fin::SqDone(seq) => {
-                        if let Some(w) = sq.get_mut(seq) {
-                            if w.stage == Stage::Queued {
-                                w.stage = Stage::Done(WcStatus::Success);
-                                done_any = true;
-                            }
-                        }
-                    }
-                    Fin::Terminated => {
-                        tx.terminated = true;
-                    }
-                    Fin::None => {}
-                }
-            }
-            let mut fins = fins;
-            fins.clear();
-            tx.batch.fins = fins;
-            if done_any {
-                q.complete_in_order(sq);
+    while !tx.batch.full() {
+        if tx.cur.is_none() {
+            match next_msg(q, sq, tx, c) {
+                Some(m) => tx.cur = Some(m),
+                None => break,
             }
         }
-        // Compose a new batch.
-        loop {
-            if tx.batch.full() {
+        let m = tx.cur.as_mut().expect("current message");
+        if m.needs_chunk() {
+            // The batch refers to the previous chunk: send it first.
+            if !tx.batch.is_empty() {
                 break;
             }
-            if tx.cur.is_none() {
-                match next_msg(q, sq, tx, c) {
-                    Some(m) => tx.cur = Some(m),
-                    None => break,
-                }
+            if let Err(e) = m.next_chunk(&c.backed_bytes) {
+                tracing::error!(qpn = q.qpn, "backed read failed: {e}");
+                tx.pending_fail = Some(format!("storage read for a Read Response failed: {e}"));
+                return Filled::Failed;
             }
-            let m = tx.cur.as_mut().expect("current message");
-            if m.needs_chunk() {
-                // The batch refers to the previous chunk: send it first.
-                if !tx.batch.is_empty() {
-                    break;
-                }
-                if let Err(e) = m.next_chunk(&mut tx.backed_bytes) {
-                    tracing::error!(qpn = q.qpn, "backed read failed: {e}");
-                    tx.pending_fail = Some(format!("storage read for a Read Response failed: {e}"));
-                    return Ok(());
-                }
+        }
+        if !m.fence.is_empty() {
+            if !mr::enter_all(&m.fence) {
+                tx.pending_fail =
+                    Some("memory of a work request was deregistered before it was sent".into());
+                return Filled::Failed;
             }
-            if !m.fence.is_empty() {
-                if !mr::enter_all(&m.fence) {
-                    tx.pending_fail =
-                        Some("memory of a work request was deregistered before it was sent".into());
-                    return Ok(());
-                }
-                for f in &m.fence {
-                    if !tx.batch.fence.iter().any(|b| Arc::ptr_eq(b, f)) {
-                        tx.batch.fence.push(f.clone());
-                    }
-                }
-            }
-            let done = compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc);
-            mr::exit_all(&m.fence);
-            if done {
-                let mut m = tx.cur.take().expect("current message");
-                if let Some(k) = m._keep.take() {
-                    tx.batch.keeps.push(k);
-                }
-                if let Some(b) = m.backed.take() {
-                    tx.backed_bytes = tx.backed_bytes.saturating_sub(b.counted);
-                    if b.paused_rx {
-                        // Composed to its end: what came after it may be
-                        // received now.
-                        c.set_rx_paused(false, q.qpn);
-                        // (The receiver runs on its thread: bytes it staged
-                        // wait for no new input.)
-                        c.add_timer(q, std::time::Instant::now());
-                    }
-                }
-                if matches!(
-                    m.hdr.opcode(),
-                    Opcode::ReadResponse | Opcode::AtomicResponse
-                ) {
-                    tx.irq_used = tx.irq_used.saturating_sub(1);
-                }
-                if m.hdr.opcode() != Opcode::Terminate {
-                    tx.msgs_sent += 1;
-                }
-                tx.batch.fins.push(m.fin);
-                if matches!(m.fin, Fin::Terminated) {
-                    break;
+            for f in &m.fence {
+                if !tx.batch.fence.iter().any(|b| Arc::ptr_eq(b, f)) {
+                    tx.batch.fence.push(f.clone());
                 }
             }
         }
-        if tx.batch.is_empty() {
-            c.disarm_out(q.qpn);
-            // Local operations (invalidate, fast-register) finished while
-            // picking messages.
-            if matches!(sq.wqes.front(), Some(w) if matches!(w.stage, Stage::Done(_))) {
-                q.complete_in_order(sq);
+        let done = compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc);
+        mr::exit_all(&m.fence);
+        if done {
+            let mut m = tx.cur.take().expect("current message");
+            // Composed to its end: exactly its length went out.
+            assert_eq!(
+                m.off, m.total,
+                "a message composed past or short of its length"
+            );
+            if let Some(k) = m._keep.take() {
+                tx.batch.keeps.push(k);
             }
-            return Ok(());
+            if let Some(b) = m.backed.take() {
+                release(&c.backed_bytes, b.counted);
+                // What came after a streamed response may be received now.
+                tx.resume_rx |= b.paused_rx;
+            }
+            if matches!(
+                m.hdr.opcode(),
+                Opcode::ReadResponse | Opcode::AtomicResponse
+            ) {
+                let prev = c.inbound.fetch_sub(1, Ordering::AcqRel);
+                assert!(prev > 0, "a response nobody asked for");
+            }
+            if m.hdr.opcode() != Opcode::Terminate {
+                tx.msgs_sent += 1;
+            }
+            tx.batch.fins.push(m.fin);
+            if matches!(m.fin, Fin::Terminated) {
+                break;
+            }
         }
     }
+    if !tx.batch.is_empty() {
+        return Filled::Ready;
+    }
+    // Local operations (invalidate, fast-register) finished while picking
+    // messages.
+    if matches!(sq.wqes.front(), Some(w) if matches!(w.stage, Stage::Done(_))) {
+        q.complete_in_order(sq);
+    }
+    Filled::Idle
 }

@@ -133,6 +133,10 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 .encode(&mut m.extra);
                 m.extra_len = ReadRequest::LEN;
                 sq.orq.push_back(seq);
+                assert!(
+                    sq.orq.len() + tx.rtr_read_pending as usize <= ord,
+                    "ORQ past ORD"
+                );
                 sq.next_tx += 1;
                 return Some(m);
             }
@@ -188,6 +192,10 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 }
                 .encode(&mut m.extra);
                 sq.orq.push_back(seq);
+                assert!(
+                    sq.orq.len() + tx.rtr_read_pending as usize <= ord,
+                    "ORQ past ORD"
+                );
                 sq.next_tx += 1;
                 return Some(m);
             }
