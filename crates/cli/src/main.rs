@@ -9,6 +9,7 @@ mod heap;
 mod info;
 mod net;
 mod oneshot;
+mod resp_wait;
 mod rping;
 mod storage;
 mod storage_bench;

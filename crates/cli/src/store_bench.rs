@@ -16,7 +16,10 @@
 //! `redis-benchmark -t set,get` at the same concurrency and value size.
 //! Insert and update compare with SET (target: at least Redis's rate, which
 //! acknowledges before replicating while the store acknowledges after), read
-//! with GET (target: twice Redis's rate).
+//! with GET (target: twice Redis's rate). Insert and update are also put
+//! beside Redis's replicated write, `SET` then `WAIT 1 0` on one connection
+//! ([`crate::resp_wait`]), the same promise the store makes: the
+//! `redis_set_wait_*` fields and `ratio_set_wait`.
 //!
 //! Output: one JSON object per (op, value size, clients) with `--json`,
 //! else a table. Every child process is killed when the bench ends, on
@@ -594,6 +597,8 @@ struct Row {
     ours: Measured,
     redis_op: &'static str,
     redis: RedisResult,
+    /// Redis SET+WAIT (insert and update rows).
+    set_wait: Option<crate::resp_wait::SetWait>,
     target: f64,
 }
 
@@ -623,6 +628,12 @@ impl Row {
             "one_sided_reads": self.ours.stats.one_sided_reads,
             "torn_reads": self.ours.stats.torn_reads,
             "server_reads": self.ours.stats.server_reads,
+            "redis_set_wait_ops_per_s": self.set_wait.map(|w| r(w.ops_per_s)),
+            "redis_set_wait_p50_us": self.set_wait.map(|w| r(w.p50_us)),
+            "redis_set_wait_p99_us": self.set_wait.map(|w| r(w.p99_us)),
+            "ratio_set_wait": self
+                .set_wait
+                .map(|w| (self.ours.ops_per_s / w.ops_per_s.max(1e-9) * 1000.0).round() / 1000.0),
                         "arena_full": self.ours.arena_full,
             // Whether the engine offered the same-host transport
             // (SOFTRDMA_SAME_HOST=0 measures the iWARP/TCP path).
@@ -633,7 +644,7 @@ impl Row {
 
 fn print_header() {
     println!(
-        "{:<7} {:>6} {:>7} | {:>10} {:>9} {:>9} | {:<5} {:>10} {:>9} {:>9} | {:>6} {:>6} {:>4}",
+        "{:<7} {:>6} {:>7} | {:>10} {:>9} {:>9} | {:<5} {:>10} {:>9} {:>9} | {:>6} {:>6} {:>4} | {:>10} {:>9} {:>6}",
         "op",
         "size",
         "clients",
@@ -646,14 +657,17 @@ fn print_header() {
         "p99 us",
         "ratio",
         "target",
-        "met"
+        "met",
+        "SET+WAIT/s",
+        "p50 us",
+        "ratio"
     );
 }
 
 fn print_row(r: &Row) {
     let opt = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
     println!(
-        "{:<7} {:>6} {:>7} | {:>10.0} {:>9.1} {:>9.1} | {:<5} {:>10.0} {:>9} {:>9} | {:>6.2} {:>6.1} {:>4}",
+        "{:<7} {:>6} {:>7} | {:>10.0} {:>9.1} {:>9.1} | {:<5} {:>10.0} {:>9} {:>9} | {:>6.2} {:>6.1} {:>4} | {:>10} {:>9} {:>6}",
         r.op,
         r.size,
         r.clients,
@@ -666,7 +680,12 @@ fn print_row(r: &Row) {
         opt(r.redis.p99_us),
         r.ratio(),
         r.target,
-        if r.ratio() >= r.target { "yes" } else { "NO" }
+        if r.ratio() >= r.target { "yes" } else { "NO" },
+        opt(r.set_wait.map(|w| w.ops_per_s)),
+        opt(r.set_wait.map(|w| w.p50_us)),
+        r.set_wait
+            .map(|w| format!("{:.2}", r.ours.ops_per_s / w.ops_per_s.max(1e-9)))
+            .unwrap_or_else(|| "-".into())
     );
 }
 
@@ -737,6 +756,11 @@ pub fn run(a: Args) -> Result<()> {
             let ours = measure_store(&group.nodes, size, clients, a.secs)?;
             say(format!("redis: {size} B values, {clients} clients"));
             let (set, get) = measure_redis(&redis, size, clients, a.secs)?;
+            say(format!(
+                "redis SET+WAIT: {size} B values, {clients} clients"
+            ));
+            let set_wait = crate::resp_wait::measure(redis.port, size, clients, a.secs)?;
+            redis_cli(redis.port, &["flushall"])?;
             if ours[0].arena_full {
                 say(format!(
                     "warning: the arena ({}) filled up during the insert phase; \
@@ -745,9 +769,9 @@ pub fn run(a: Args) -> Result<()> {
                 ));
             }
             for (k, m) in ours.into_iter().enumerate() {
-                let (redis_op, redis, target) = match OPS[k] {
-                    "read" => ("GET", get, 2.0),
-                    _ => ("SET", set, 1.0),
+                let (redis_op, redis, target, set_wait) = match OPS[k] {
+                    "read" => ("GET", get, 2.0, None),
+                    _ => ("SET", set, 1.0, Some(set_wait)),
                 };
                 let row = Row {
                     op: OPS[k],
@@ -756,6 +780,7 @@ pub fn run(a: Args) -> Result<()> {
                     ours: m,
                     redis_op,
                     redis,
+                    set_wait,
                     target,
                 };
                 if a.json {

@@ -1,7 +1,7 @@
 //! `softrdma store bench --json` end to end, shortened: its own store group
 //! and a Redis primary + replica, one point (100-byte values, one client,
 //! 0.5 s per op). Every output line must be a JSON object with positive
-//! rates for the store and for Redis. Redis is required (installed by
+//! rates for the store and for Redis (and, for writes, Redis SET+WAIT). Redis is required (installed by
 //! scripts/setup.sh); without it the test fails.
 
 use std::process::Command;
@@ -48,6 +48,17 @@ fn bench_json_one_point() {
             assert_eq!(v["value_size"], 100, "{l}");
             assert_eq!(v["clients"], 1, "{l}");
             assert!(v["meets_target"].is_boolean(), "{l}");
+            // Writes also stand beside Redis's replicated write (SET then
+            // WAIT 1 0); reads have no such baseline.
+            let wait = v["redis_set_wait_ops_per_s"].as_f64();
+            if v["op"] == "read" {
+                assert!(wait.is_none(), "{l}");
+            } else {
+                assert!(wait.is_some_and(|x| x > 0.0), "no SET+WAIT rate: {l}");
+                assert!(v["ratio_set_wait"].as_f64().is_some(), "{l}");
+                let p50 = v["redis_set_wait_p50_us"].as_f64().expect("SET+WAIT p50");
+                assert!(p50 > 0.0, "{l}");
+            }
             v["op"].as_str().expect("op").to_string()
         })
         .collect();
