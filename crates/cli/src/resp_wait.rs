@@ -26,6 +26,10 @@ pub struct SetWait {
     pub ops_per_s: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    /// CPU use over the run, fractions of one core: this process (the
+    /// clients) and the Redis servers (primary and replica together).
+    pub cpu_client: Option<f64>,
+    pub cpu_server: Option<f64>,
 }
 
 /// One RESP array of bulk strings.
@@ -86,8 +90,24 @@ fn client(port: u16, idx: usize, value: &[u8], go: &Barrier, secs: f64) -> Resul
     Ok(h)
 }
 
-/// Runs `clients` SET+WAIT clients of `size`-byte values for `secs`.
-pub fn measure(port: u16, size: usize, clients: usize, secs: f64) -> Result<SetWait> {
+/// CPU seconds used so far by this process and by the `servers` together.
+fn cpu(servers: &[u32]) -> (Option<f64>, Option<f64>) {
+    use crate::bench::cpu_secs;
+    let s: Option<Vec<f64>> = servers.iter().map(|&p| cpu_secs(Some(p))).collect();
+    (cpu_secs(None), s.map(|v| v.iter().sum()))
+}
+
+/// Runs `clients` SET+WAIT clients of `size`-byte values for `secs`
+/// against the Redis on `port`; `servers` are the Redis processes whose
+/// CPU use is reported.
+pub fn measure(
+    port: u16,
+    servers: &[u32],
+    size: usize,
+    clients: usize,
+    secs: f64,
+) -> Result<SetWait> {
+    let (t0, c0) = (Instant::now(), cpu(servers));
     let value: Arc<Vec<u8>> = Arc::new(vec![b'x'; size]);
     let go = Arc::new(Barrier::new(clients));
     let threads: Vec<_> = (0..clients)
@@ -106,10 +126,14 @@ pub fn measure(port: u16, size: usize, clients: usize, secs: f64) -> Result<SetW
     if all.is_empty() {
         bail!("no SET+WAIT completed in {secs} s");
     }
+    let (wall, c1) = (t0.elapsed().as_secs_f64().max(1e-9), cpu(servers));
+    let frac = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / wall);
     Ok(SetWait {
         ops_per_s: all.len() as f64 / secs,
         p50_us: all.value_at_quantile(0.5) as f64 / 1e3,
         p99_us: all.value_at_quantile(0.99) as f64 / 1e3,
+        cpu_client: frac(c0.0, c1.0),
+        cpu_server: frac(c0.1, c1.1),
     })
 }
 

@@ -19,7 +19,10 @@
 //! with GET (target: twice Redis's rate). Insert and update are also put
 //! beside Redis's replicated write, `SET` then `WAIT 1 0` on one connection
 //! ([`crate::resp_wait`]), the same promise the store makes: the
-//! `redis_set_wait_*` fields and `ratio_set_wait`.
+//! `redis_set_wait_*` fields and `ratio_set_wait`. CPU use (fractions of
+//! one core over each phase) is reported for the clients' process and both
+//! nodes (`cpu_client`, `cpu_primary`, `cpu_secondary`), and for the
+//! SET+WAIT run's clients and Redis servers.
 //!
 //! Output: one JSON object per (op, value size, clients) with `--json`,
 //! else a table. Every child process is killed when the bench ends, on
@@ -153,7 +156,7 @@ fn start_node(dir: &Path, id: u32, cfg: &Path, role: &str) -> Result<Proc> {
 /// The store's group: coordinator and two nodes, stopped when dropped.
 struct Group {
     nodes: Vec<SocketAddr>,
-    _procs: Vec<Proc>,
+    procs: Vec<Proc>,
     _coord: EmbeddedServer,
 }
 
@@ -168,7 +171,7 @@ fn start_group(dir: &Path, arena: &str) -> Result<Group> {
     procs.push(start_node(dir, 2, &c2, "secondary")?);
     let group = Group {
         nodes: vec![n1, n2],
-        _procs: procs,
+        procs,
         _coord: coord,
     };
     let mut probe = StoreClient::new(ClientConfig::new(group.nodes.clone()))?;
@@ -215,6 +218,40 @@ struct ThreadResult {
     /// for this client).
     arena_full: bool,
     error: Option<String>,
+    /// Client 0 only: CPU seconds of this process, the primary and the
+    /// secondary, and the instant, as each phase started and after the
+    /// last (all clients pass each barrier together).
+    cpu: Vec<CpuSample>,
+}
+
+/// CPU seconds used so far by this process and by the two nodes.
+#[derive(Clone, Copy)]
+struct CpuSample {
+    at: Instant,
+    secs: [Option<f64>; 3],
+}
+
+impl CpuSample {
+    fn now(pids: &[Option<u32>; 2]) -> CpuSample {
+        use crate::bench::cpu_secs;
+        CpuSample {
+            at: Instant::now(),
+            secs: [cpu_secs(None), cpu_secs(pids[0]), cpu_secs(pids[1])],
+        }
+    }
+
+    /// Each process's CPU use from `self` to `later`, as a fraction of one
+    /// core.
+    fn until(&self, later: &CpuSample) -> [Option<f64>; 3] {
+        let wall = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        let mut out = [None; 3];
+        for (i, o) in out.iter_mut().enumerate() {
+            if let (Some(a), Some(b)) = (self.secs[i], later.secs[i]) {
+                *o = Some((b - a) / wall);
+            }
+        }
+        out
+    }
 }
 
 fn hist() -> Histogram<u64> {
@@ -236,6 +273,7 @@ fn delta(a: ClientStats, b: ClientStats) -> ClientStats {
 /// error in one client does not stall the others.
 fn client_thread(
     nodes: Vec<SocketAddr>,
+    pids: [Option<u32>; 2],
     size: usize,
     secs: Duration,
     barrier: Arc<Barrier>,
@@ -248,6 +286,7 @@ fn client_thread(
         stats: Default::default(),
         arena_full: false,
         error: None,
+        cpu: Vec::new(),
     };
     let mut value = vec![0u8; size];
     for (i, b) in value.iter_mut().enumerate() {
@@ -274,6 +313,9 @@ fn client_thread(
     let mut n = 0u64;
     for (k, op) in OPS.iter().enumerate() {
         barrier.wait();
+        if idx == 0 {
+            r.cpu.push(CpuSample::now(&pids));
+        }
         let Some(c) = client.as_mut().filter(|_| r.error.is_none()) else {
             continue;
         };
@@ -326,6 +368,9 @@ fn client_thread(
         r.stats[k] = delta(before, c.stats());
     }
     barrier.wait();
+    if idx == 0 {
+        r.cpu.push(CpuSample::now(&pids));
+    }
     // Free the space for the next point.
     if let Some(c) = client.as_mut() {
         for p in ptrs {
@@ -346,11 +391,15 @@ struct Measured {
     p99_us: f64,
     stats: ClientStats,
     arena_full: bool,
+    /// CPU use over the phase, fractions of one core: this process (the
+    /// clients), the primary, the secondary.
+    cpu: [Option<f64>; 3],
 }
 
 /// Runs the three ops with `clients` threads; results in `OPS` order.
 fn measure_store(
     nodes: &[SocketAddr],
+    pids: [Option<u32>; 2],
     size: usize,
     clients: usize,
     secs: f64,
@@ -363,7 +412,7 @@ fn measure_store(
             let barrier = barrier.clone();
             std::thread::Builder::new()
                 .name(format!("bench-client-{i}"))
-                .spawn(move || client_thread(nodes, size, secs, barrier, i as u64))
+                .spawn(move || client_thread(nodes, pids, size, secs, barrier, i as u64))
         })
         .collect::<std::io::Result<_>>()
         .context("start client threads")?;
@@ -399,6 +448,10 @@ fn measure_store(
                 p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
                 stats,
                 arena_full: k == 0 && results.iter().any(|r| r.arena_full),
+                cpu: match &results[0].cpu[..] {
+                    c if c.len() > k + 1 => c[k].until(&c[k + 1]),
+                    _ => [None; 3],
+                },
             }
         })
         .collect())
@@ -410,7 +463,7 @@ fn measure_store(
 /// Redis primary + replica, killed when dropped.
 struct Redis {
     port: u16,
-    _procs: Vec<Proc>,
+    procs: Vec<Proc>,
 }
 
 fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
@@ -486,7 +539,7 @@ fn start_redis(dir: &Path) -> Result<Redis> {
     }
     Ok(Redis {
         port,
-        _procs: vec![primary, replica],
+        procs: vec![primary, replica],
     })
 }
 
@@ -631,6 +684,11 @@ impl Row {
             "redis_set_wait_ops_per_s": self.set_wait.map(|w| r(w.ops_per_s)),
             "redis_set_wait_p50_us": self.set_wait.map(|w| r(w.p50_us)),
             "redis_set_wait_p99_us": self.set_wait.map(|w| r(w.p99_us)),
+            "cpu_client": self.ours.cpu[0].map(r),
+            "cpu_primary": self.ours.cpu[1].map(r),
+            "cpu_secondary": self.ours.cpu[2].map(r),
+            "redis_set_wait_cpu_client": self.set_wait.and_then(|w| w.cpu_client).map(r),
+            "redis_set_wait_cpu_server": self.set_wait.and_then(|w| w.cpu_server).map(r),
             "ratio_set_wait": self
                 .set_wait
                 .map(|w| (self.ours.ops_per_s / w.ops_per_s.max(1e-9) * 1000.0).round() / 1000.0),
@@ -753,13 +811,19 @@ pub fn run(a: Args) -> Result<()> {
     for &size in &a.sizes {
         for &clients in &a.clients {
             say(format!("store: {size} B values, {clients} clients"));
-            let ours = measure_store(&group.nodes, size, clients, a.secs)?;
+            let pids = [
+                Some(group.procs[0].child.id()),
+                Some(group.procs[1].child.id()),
+            ];
+            let ours = measure_store(&group.nodes, pids, size, clients, a.secs)?;
             say(format!("redis: {size} B values, {clients} clients"));
             let (set, get) = measure_redis(&redis, size, clients, a.secs)?;
             say(format!(
                 "redis SET+WAIT: {size} B values, {clients} clients"
             ));
-            let set_wait = crate::resp_wait::measure(redis.port, size, clients, a.secs)?;
+            let redis_pids: Vec<u32> = redis.procs.iter().map(|p| p.child.id()).collect();
+            let set_wait =
+                crate::resp_wait::measure(redis.port, &redis_pids, size, clients, a.secs)?;
             redis_cli(redis.port, &["flushall"])?;
             if ours[0].arena_full {
                 say(format!(

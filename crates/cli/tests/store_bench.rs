@@ -48,6 +48,13 @@ fn bench_json_one_point() {
             assert_eq!(v["value_size"], 100, "{l}");
             assert_eq!(v["clients"], 1, "{l}");
             assert!(v["meets_target"].is_boolean(), "{l}");
+            // CPU beside every rate: the clients' process and both nodes
+            // (fractions of one core; the clients never idle).
+            for f in ["cpu_client", "cpu_primary", "cpu_secondary"] {
+                let x = v[f].as_f64().unwrap_or_else(|| panic!("no {f}: {l}"));
+                assert!((0.0..=16.0).contains(&x), "{f} out of range: {l}");
+            }
+            assert!(v["cpu_client"].as_f64().unwrap() > 0.0, "{l}");
             // Writes also stand beside Redis's replicated write (SET then
             // WAIT 1 0); reads have no such baseline.
             let wait = v["redis_set_wait_ops_per_s"].as_f64();
@@ -58,6 +65,10 @@ fn bench_json_one_point() {
                 assert!(v["ratio_set_wait"].as_f64().is_some(), "{l}");
                 let p50 = v["redis_set_wait_p50_us"].as_f64().expect("SET+WAIT p50");
                 assert!(p50 > 0.0, "{l}");
+                for f in ["redis_set_wait_cpu_client", "redis_set_wait_cpu_server"] {
+                    let x = v[f].as_f64().unwrap_or_else(|| panic!("no {f}: {l}"));
+                    assert!(x > 0.0 && x <= 16.0, "{f} out of range: {l}");
+                }
             }
             v["op"].as_str().expect("op").to_string()
         })

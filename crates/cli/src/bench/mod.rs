@@ -342,7 +342,7 @@ fn round(x: f64, digits: i32) -> f64 {
 
 /// CPU seconds (user + system) used so far by a process, from
 /// /proc/PID/stat (USER_HZ is 100 on Linux).
-fn cpu_secs(pid: Option<u32>) -> Option<f64> {
+pub(crate) fn cpu_secs(pid: Option<u32>) -> Option<f64> {
     let path = match pid {
         Some(p) => format!("/proc/{p}/stat"),
         None => "/proc/self/stat".into(),
