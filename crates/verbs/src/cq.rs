@@ -245,6 +245,17 @@ impl CompletionQueue {
         }
     }
 
+    /// Withdraws an armed notification that has not fired (a thread that
+    /// armed the CQ before sleeping, woke for another reason and will now
+    /// poll the CQ itself does not want its own completions to ring the
+    /// event fd). Returns false if it was still armed (withdrawn now:
+    /// nothing fired); true if it was not armed any more, that is it fired
+    /// (or is firing: the event fd is, or is about to be, readable and
+    /// wants [`CompletionQueue::ack_events`]) or was never armed.
+    pub fn cancel_notify(&self) -> bool {
+        self.inner.armed.swap(ARM_NONE, Ordering::AcqRel) == ARM_NONE
+    }
+
     /// The event fd: readable after an armed notification fired. Register it
     /// with epoll or wrap it in tokio's `AsyncFd`; call
     /// [`CompletionQueue::ack_events`] after it becomes readable.
@@ -284,5 +295,37 @@ impl CompletionQueue {
 
     pub fn id(&self) -> u32 {
         self.inner.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cancelled_notification_does_not_fire_and_a_fired_one_reports_it() {
+        let cq = CompletionQueue::new(1, 8).unwrap();
+        // Armed, then withdrawn: a completion after that rings nothing.
+        cq.req_notify(false);
+        assert!(!cq.cancel_notify(), "nothing had fired yet");
+        cq.inner.push(wc(1));
+        assert_eq!(cq.ack_events(), 0, "a withdrawn notification fired");
+        assert_eq!(cq.poll_one().map(|w| w.wr_id), Some(1));
+        // Armed, then a completion: cancel says it fired, the fd holds it.
+        cq.req_notify(false);
+        cq.inner.push(wc(2));
+        assert!(cq.cancel_notify(), "the notification fired");
+        assert_eq!(cq.ack_events(), 1);
+        // Not armed at all: cancel reports "fired or not armed" as true,
+        // and there is nothing to acknowledge.
+        cq.inner.push(wc(3));
+        assert_eq!(cq.ack_events(), 0);
     }
 }

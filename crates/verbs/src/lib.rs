@@ -149,7 +149,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use mr::{Access, AccessGuard};
 pub use pin::{pinned_bytes, pinning_enabled, set_pin_limit, PinMap};
-pub use poller::{Poller, Waker};
+pub use poller::{DrivenCq, Poller, Waker};
 pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
 pub use registry::{DeviceInfo, MrInfo, QpInfo};
 pub use samehost::{same_host_default, SameHostStats};

@@ -423,6 +423,14 @@ impl QueuePair {
         self.iwarp().is_some_and(|c| c.input_waiting())
     }
 
+    /// Busy-poll mode: whether this QP's input comes through the same-host
+    /// ring, where [`QueuePair::input_waiting`] sees it with a memory read,
+    /// so a short spin before sleeping pays off. Over TCP only the socket's
+    /// readiness ([`QueuePair::input_fd`]) tells, and a spin sees nothing.
+    pub fn input_in_ring(&self) -> bool {
+        self.iwarp().is_some_and(|c| c.input_in_ring())
+    }
+
     /// Busy-poll mode: the descriptor that becomes readable when input is
     /// waiting, for the application's own epoll (or tokio's `AsyncFd`).
     /// Sleep on it only after [`QueuePair::arm_input`] returned true.

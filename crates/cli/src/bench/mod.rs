@@ -277,6 +277,8 @@ struct Record {
     /// Same-host: Writes and Reads copied directly / sent over TCP.
     direct_ops: u64,
     tcp_fallbacks: u64,
+    /// With --repeat: every run's (Gbit/s, p50 us, p99 us), in run order.
+    runs: Vec<(f64, f64, f64)>,
 }
 
 impl Record {
@@ -320,6 +322,23 @@ impl Record {
         }
         if let Some(r) = self.ucx_ratio {
             m.insert("ucx_ratio".into(), round(r, 3).into());
+        }
+        if self.runs.len() > 1 {
+            // Every run, so a bimodal result cannot hide behind the median:
+            // the spread (slowest / fastest run) and each run's p99 / p50.
+            let g: Vec<f64> = self.runs.iter().map(|r| round(r.0, 3)).collect();
+            let tails: Vec<f64> = self
+                .runs
+                .iter()
+                .map(|r| if r.1 > 0.0 { round(r.2 / r.1, 2) } else { 0.0 })
+                .collect();
+            let lo = self.runs.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
+            let hi = self.runs.iter().map(|r| r.0).fold(0.0, f64::max);
+            m.insert("runs_gbps".into(), g.into());
+            m.insert("runs_p99_over_p50".into(), tails.into());
+            if hi > 0.0 {
+                m.insert("runs_min_over_max".into(), round(lo / hi, 3).into());
+            }
         }
         if self.transport == "same-host" {
             m.insert("direct_ops".into(), self.direct_ops.into());
@@ -451,6 +470,13 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
 /// The run with the median result, its baseline replaced by the median
 /// baseline (and the ratio recomputed).
 fn median_run(mut runs: Vec<Record>, lat: bool) -> Record {
+    let all: Vec<(f64, f64, f64)> = runs
+        .iter()
+        .map(|r| {
+            let (p50, p99, _) = r.lat.unwrap_or((0.0, 0.0, 0.0));
+            (r.gbps, p50, p99)
+        })
+        .collect();
     let key = |r: &Record| {
         if lat {
             r.lat.map_or(0.0, |l| l.0)
@@ -475,6 +501,7 @@ fn median_run(mut runs: Vec<Record>, lat: bool) -> Record {
         r.baseline_lat_us_p50 = Some(b);
         r.ratio = r.lat.map(|l| l.0 / b);
     }
+    r.runs = all;
     r
 }
 
@@ -592,6 +619,9 @@ struct Session {
     local: Vec<MemoryRegion>,
     /// Small receive buffers (send_bw credits, send_lat echoes).
     ctl: Vec<MemoryRegion>,
+    /// Without busy-polling: the waiting thread runs the QPs' input
+    /// itself, sleeping in epoll (no progress-thread hand-off).
+    driven: Option<DrivenCq>,
 }
 
 const RECV: u64 = 1 << 63;
@@ -630,6 +660,7 @@ impl Session {
             replies: Vec::new(),
             local: Vec::new(),
             ctl: Vec::new(),
+            driven: None,
         };
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         // Receives come only for send_bw credits and send_lat echoes.
@@ -694,6 +725,9 @@ impl Session {
             s.local.push(local);
             s.ctl.push(ctl);
         }
+        if !a.busy_poll {
+            s.driven = Some(DrivenCq::new(&s.cq, &s.qps)?);
+        }
         Ok(s)
     }
 
@@ -712,6 +746,8 @@ impl Session {
                     qp.progress();
                 }
                 self.cq.poll(wcs)
+            } else if let Some(d) = &self.driven {
+                d.poll_wait(wcs, Duration::from_secs(1))
             } else {
                 self.cq.poll_wait(wcs, Duration::from_secs(1))
             };
@@ -739,12 +775,11 @@ pub(crate) fn spin_until(mut f: impl FnMut() -> bool, qp: &QueuePair, busy: bool
         if f() {
             return Ok(());
         }
-        if busy {
-            // Busy-poll mode: this thread runs the QP's receiver.
-            qp.progress();
-            if f() {
-                return Ok(());
-            }
+        // In busy-poll mode (or driven by a waiting thread: `DrivenCq`)
+        // only this thread runs the QP's receiver; otherwise harmless.
+        qp.progress();
+        if f() {
+            return Ok(());
         }
         n += 1;
         if n.is_multiple_of(1024) && qp.state() == QpState::Error {

@@ -247,11 +247,43 @@ fn serve_ours(dev: &Device, passive: &Passive, req: ConnectRequest, tcp_port: u1
             if h.busy_poll {
                 qp.set_busy_poll(true)?;
             }
+            // Without busy-polling the Send tests' thread runs the QP's
+            // input itself while it waits (no progress-thread hand-off).
+            let driven = match h.test {
+                Test::SendBw | Test::SendLat if !h.busy_poll => {
+                    Some(DrivenCq::new(&cq, std::slice::from_ref(&qp))?)
+                }
+                _ => None,
+            };
+            let w = Waiter {
+                qp: &qp,
+                cq: &cq,
+                busy: h.busy_poll,
+                driven,
+            };
             match h.test {
-                Test::SendBw => serve_send_bw(&qp, &cq, &bufs, &out, size, credits, h.busy_poll),
-                Test::SendLat => serve_send_lat(&qp, &cq, &bufs, &out, size, h.busy_poll),
+                Test::SendBw => serve_send_bw(&qp, &w, &bufs, &out, size, credits),
+                Test::SendLat => serve_send_lat(&qp, &w, &bufs, &out, size),
                 _ => serve_write_lat(&qp, &cq, &bufs, &out, size, &h),
             }
+        }
+    }
+}
+
+/// How a serving thread waits for its completions.
+struct Waiter<'a> {
+    qp: &'a QueuePair,
+    cq: &'a CompletionQueue,
+    busy: bool,
+    driven: Option<DrivenCq>,
+}
+
+impl Waiter<'_> {
+    /// Waits (up to a second) for completions.
+    fn next(&self, wcs: &mut [WorkCompletion]) -> usize {
+        match &self.driven {
+            Some(d) => d.poll_wait(wcs, Duration::from_secs(1)),
+            None => next_wcs(self.qp, self.cq, wcs, self.busy),
         }
     }
 }
@@ -290,19 +322,18 @@ fn next_wcs(qp: &QueuePair, cq: &CompletionQueue, wcs: &mut [WorkCompletion], bu
 /// cumulative count of reposted receives) every `credits / 4`.
 fn serve_send_bw(
     qp: &QueuePair,
-    cq: &CompletionQueue,
+    w: &Waiter,
     bufs: &MemoryRegion,
     out: &MemoryRegion,
     size: usize,
     credits: usize,
-    busy: bool,
 ) -> Result<()> {
     let step = (credits / 4).max(1) as u64;
     let mut reposted = 0u64;
     let mut wcs = vec![WorkCompletion::default(); 64];
     let mut recvs = Vec::with_capacity(64);
     loop {
-        let n = next_wcs(qp, cq, &mut wcs, busy);
+        let n = w.next(&mut wcs);
         recvs.clear();
         let mut credit_due = false;
         for wc in &wcs[..n] {
@@ -332,15 +363,14 @@ fn serve_send_bw(
 /// send_lat: echo every message back.
 fn serve_send_lat(
     qp: &QueuePair,
-    cq: &CompletionQueue,
+    w: &Waiter,
     bufs: &MemoryRegion,
     out: &MemoryRegion,
     size: usize,
-    busy: bool,
 ) -> Result<()> {
     let mut wcs = vec![WorkCompletion::default(); 16];
     loop {
-        let n = next_wcs(qp, cq, &mut wcs, busy);
+        let n = w.next(&mut wcs);
         for wc in &wcs[..n] {
             if !wc.is_ok() {
                 return Ok(());

@@ -98,7 +98,8 @@ struct Slot {
     node: Option<NodeId>,
 }
 
-/// How long a client polls for its answer before it sleeps.
+/// How long a client polls for its answer before it sleeps, when a link is
+/// same-host ([`Endpoint::spin`]).
 const CLIENT_SPIN: Duration = Duration::from_micros(100);
 
 /// A client of one replica group.
@@ -473,7 +474,7 @@ impl StoreClient {
         req_id: u64,
         until: Instant,
     ) -> Option<Result<Reply, StoreError>> {
-        let spin_until = Instant::now() + CLIENT_SPIN;
+        let spin_until = Instant::now() + self.ep.spin(CLIENT_SPIN);
         let mut evs = Vec::new();
         loop {
             evs.clear();

@@ -345,6 +345,35 @@ impl Endpoint {
         }
     }
 
+    /// How long a thread of the owner polls before it sleeps: `d` when a
+    /// link's input comes through a same-host ring (a poll sees it with a
+    /// memory read), zero otherwise: over TCP only a wait learns of input
+    /// (the socket's readiness), so a spin would see nothing and only take
+    /// the CPU from the threads that send it (on a small machine, the
+    /// peer). `SOFTRDMA_STORE_SPIN_US` overrides it (experiments).
+    pub fn spin(&self, d: Duration) -> Duration {
+        static FORCED: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        let forced = FORCED.get_or_init(|| {
+            std::env::var("SOFTRDMA_STORE_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        });
+        if let Some(us) = forced {
+            return Duration::from_micros(*us);
+        }
+        if self
+            .active
+            .read()
+            .unwrap()
+            .iter()
+            .any(|l| l.qp.input_in_ring())
+        {
+            d
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// Whether input is known to be waiting without sleeping.
     pub fn input_waiting(&self) -> bool {
         !self.ready.lock().unwrap().is_empty()
@@ -371,6 +400,9 @@ impl Endpoint {
             }
         }
         if !armed {
+            if self.recv_cq.cancel_notify() {
+                self.recv_cq.ack_events();
+            }
             return false;
         }
         let mut ready = Vec::new();
@@ -381,7 +413,13 @@ impl Endpoint {
                 false
             }
         };
-        self.recv_cq.ack_events();
+        // Withdraw the notification unless it fired: this thread polls the
+        // queue next, and the completions it produces itself would
+        // otherwise ring the descriptor (a write and a read of it per
+        // message, for nothing).
+        if self.recv_cq.cancel_notify() {
+            self.recv_cq.ack_events();
+        }
         self.ready.lock().unwrap().extend(
             ready
                 .into_iter()
@@ -512,8 +550,9 @@ impl Link {
     /// it): polls for [`SPIN`], then sleeps on the link's input and the
     /// send CQ's event descriptor. `None` at the deadline.
     fn next_send_wc(&self, deadline: Instant) -> Option<WorkCompletion> {
-        let spin_until = Instant::now() + SPIN;
         let ep = self.ep.upgrade();
+        let spin = ep.as_ref().map_or(SPIN, |e| e.spin(SPIN));
+        let spin_until = Instant::now() + spin;
         loop {
             // Every link of the endpoint, ours included: what arrives waits
             // in the backlog (with its receive re-posted) for the owner.
@@ -552,8 +591,20 @@ impl Link {
     /// Sends one message, in fragments if it exceeds one Send (blocks
     /// while all send buffers are in flight, up to `timeout`).
     pub fn send(&self, msg: &[u8], timeout: Duration) -> Result<(), LinkError> {
-        if msg.is_empty() || msg.len() > crate::proto::MAX_MESSAGE {
-            return Err(LinkError::TooLarge(msg.len()));
+        self.send_batch(&[msg], timeout)
+    }
+
+    /// Sends several messages in order, posted together so that the
+    /// engine writes them to the socket in as few system calls as it can
+    /// (one when they fit the send buffers). Blocks while all send buffers
+    /// are in flight, up to `timeout`; on an error the link is closed,
+    /// since a message cut short cannot be resumed.
+    pub fn send_batch(&self, msgs: &[&[u8]], timeout: Duration) -> Result<(), LinkError> {
+        if let Some(m) = msgs
+            .iter()
+            .find(|m| m.is_empty() || m.len() > crate::proto::MAX_MESSAGE)
+        {
+            return Err(LinkError::TooLarge(m.len()));
         }
         if self.is_dead() {
             return Err(LinkError::Down(self.peer()));
@@ -561,38 +612,51 @@ impl Link {
         let mut tx = self.tx.lock().unwrap();
         self.reap(&mut tx, false, timeout)?;
         let deadline = Instant::now() + timeout;
-        let mut pieces = msg.chunks(PIECE).peekable();
-        while let Some(piece) = pieces.next() {
-            while tx.outstanding >= SEND_SLOTS {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    // A partly sent message cannot be resumed: end the link.
-                    self.close();
-                    return Err(LinkError::Timeout(self.peer()));
+        let mut wrs: Vec<SendWr> = Vec::with_capacity(msgs.len().min(SEND_SLOTS));
+        for msg in msgs {
+            let mut pieces = msg.chunks(PIECE).peekable();
+            while let Some(piece) = pieces.next() {
+                if tx.outstanding + wrs.len() >= SEND_SLOTS {
+                    self.post(&mut tx, &mut wrs)?;
                 }
-                if let Err(e) = self.reap(&mut tx, true, left) {
-                    self.close();
-                    return Err(e);
+                while tx.outstanding >= SEND_SLOTS {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        self.close();
+                        return Err(LinkError::Timeout(self.peer()));
+                    }
+                    if let Err(e) = self.reap(&mut tx, true, left) {
+                        self.close();
+                        return Err(e);
+                    }
                 }
-            }
-            // Completions come in order, so the slot `outstanding` WRs back
-            // is free again.
-            let slot = tx.next;
-            tx.next = (tx.next + 1) % SEND_SLOTS;
-            let more = pieces.peek().is_some();
-            self.send_mr.write_at(slot * MAX_FRAME, &[more as u8]);
-            self.send_mr.write_at(slot * MAX_FRAME + 1, piece);
-            self.qp
-                .post_send(&SendWr::send(
+                // Completions come in order, so the slot `outstanding` WRs
+                // back is free again.
+                let slot = tx.next;
+                tx.next = (tx.next + 1) % SEND_SLOTS;
+                let more = pieces.peek().is_some();
+                self.send_mr.write_at(slot * MAX_FRAME, &[more as u8]);
+                self.send_mr.write_at(slot * MAX_FRAME + 1, piece);
+                wrs.push(SendWr::send(
                     slot as u64,
                     &[self.send_mr.sge(slot * MAX_FRAME, piece.len() + 1)],
-                ))
-                .map_err(|e| {
-                    self.dead.store(true, Ordering::Release);
-                    verr(e)
-                })?;
-            tx.outstanding += 1;
+                ));
+            }
         }
+        self.post(&mut tx, &mut wrs)
+    }
+
+    /// Posts the composed Sends with one doorbell.
+    fn post(&self, tx: &mut Tx, wrs: &mut Vec<SendWr>) -> Result<(), LinkError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        self.qp.post_send_batch(wrs).map_err(|e| {
+            self.dead.store(true, Ordering::Release);
+            verr(e)
+        })?;
+        tx.outstanding += wrs.len();
+        wrs.clear();
         Ok(())
     }
 

@@ -416,6 +416,14 @@ impl Conn {
         }
     }
 
+    /// Whether input comes through the peer's ring (ring mode).
+    pub fn input_in_ring(&self) -> bool {
+        self.link
+            .as_ref()
+            .and_then(|l| l.ring_rx.as_ref())
+            .is_some_and(|r| r.active())
+    }
+
     /// Whether the peer's ring holds bytes not yet read (ring mode only;
     /// over TCP the socket's readiness tells).
     pub fn input_waiting(&self) -> bool {
