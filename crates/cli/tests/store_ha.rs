@@ -54,6 +54,13 @@ impl Node {
     }
 
     fn start(&mut self, dir: &Path, role: &str) {
+        if let Err(e) = self.try_start(dir, role) {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts the node; Err (with its log's tail) if it did not get ready.
+    fn try_start(&mut self, dir: &Path, role: &str) -> Result<(), String> {
         assert!(self.child.is_none());
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -86,14 +93,15 @@ impl Node {
                     .unwrap_or_default();
                 let lines: Vec<&str> = log.lines().collect();
                 let tail = lines[lines.len().saturating_sub(60)..].join("\n");
-                panic!(
+                return Err(format!(
                     "node {} did not get ready ({e:?}, exit {st:?}); its log:\n{tail}",
                     self.id
-                );
+                ));
             }
         };
         assert!(line.starts_with("ready"), "node {}: {line}", self.id);
         self.child = Some(child);
+        Ok(())
     }
 }
 
@@ -140,6 +148,27 @@ impl Group {
 
     /// `extra`: more lines for both nodes' configuration files.
     fn with_config(name: &str, arena: &str, etcd: Option<&str>, extra: &str) -> Group {
+        // `free_ports` hands out ports that were free a moment ago; another
+        // test's connection may take one before the node binds it. That
+        // (and only that) is worth another try with new ports.
+        for attempt in 1.. {
+            match Group::try_with_config(name, arena, etcd, extra) {
+                Ok(g) => return g,
+                Err(e) if attempt < 3 && e.contains("Address already in use") => {
+                    eprintln!("a node's port was taken meanwhile; new ports (attempt {attempt})");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        unreachable!()
+    }
+
+    fn try_with_config(
+        name: &str,
+        arena: &str,
+        etcd: Option<&str>,
+        extra: &str,
+    ) -> Result<Group, String> {
         let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -173,8 +202,8 @@ impl Group {
                 child: None,
             });
         }
-        nodes[0].start(&dir, "primary");
-        nodes[1].start(&dir, "secondary");
+        nodes[0].try_start(&dir, "primary")?;
+        nodes[1].try_start(&dir, "secondary")?;
         let probe = StoreClient::new(ClientConfig::new(addrs.clone())).unwrap();
         let mut g = Group {
             dir,
@@ -184,7 +213,7 @@ impl Group {
             probe,
         };
         g.wait_redundant(Duration::from_secs(30), 0);
-        g
+        Ok(g)
     }
 
     fn status(&mut self) -> Vec<StatusInfo> {
