@@ -203,7 +203,7 @@ impl QueuePair {
             .next()
             .ok_or_else(|| Error::inval("no address"))?;
         let mut s = TcpStream::connect_timeout(&addr, params.timeout)?;
-        s.set_nodelay(true)?;
+        crate::tcp::tune_tcp(&s)?;
         let v2 = (params.mpa_revision == 2).then_some(MpaV2 {
             ird: params.ird.min(mpa::IRD_ORD_MASK),
             ord: params.ord.min(mpa::IRD_ORD_MASK),
@@ -478,7 +478,7 @@ fn accept_loop(
 /// Reads a connection's MPA request by `deadline`; `None` if it is not a
 /// valid one (refused or dropped, and logged).
 fn handshake(mut s: TcpStream, peer: SocketAddr, deadline: Duration) -> Option<ConnectRequest> {
-    s.set_nodelay(true).ok()?;
+    crate::tcp::tune_tcp(&s).ok()?;
     match read_frame(&mut s, deadline) {
         Ok(mut f) if f.kind == MpaKind::Request && !f.markers => {
             let (ext, same_host, rest) = mpa::ext::parse(&f.private_data);

@@ -134,6 +134,7 @@ mod srq;
 mod stag;
 #[allow(unsafe_code)]
 mod sys;
+pub mod tcp;
 #[doc(hidden)]
 pub mod test_hooks;
 mod timers;

@@ -122,7 +122,10 @@ pub struct DrivenCq {
     /// The QPs' engine state (a handle that does not keep the connection
     /// open: dropping a `QueuePair` still closes it).
     qps: Vec<Arc<crate::engine::QpInner>>,
-    ready: parking_lot::Mutex<Vec<u64>>,
+    /// Serialises waiters (one thread at a time runs the receivers) and
+    /// holds the poller's scratch list of woken tokens, which is not read:
+    /// every QP's receiver runs after a wake-up anyway.
+    wait_lock: parking_lot::Mutex<Vec<u64>>,
 }
 
 /// The CQ's token in a [`DrivenCq`]'s poller (QPs are numbered from 0).
@@ -143,7 +146,7 @@ impl DrivenCq {
             poller,
             cq: cq.clone(),
             qps: qps.iter().map(|q| q.inner.clone()).collect(),
-            ready: parking_lot::Mutex::new(Vec::new()),
+            wait_lock: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -152,7 +155,7 @@ impl DrivenCq {
     /// `timeout`. Returns how many completions it took (0: timed out).
     pub fn poll_wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> usize {
         let deadline = std::time::Instant::now() + timeout;
-        let mut ready = self.ready.lock();
+        let mut woken = self.wait_lock.lock();
         loop {
             let mut more = false;
             for qp in &self.qps {
@@ -181,7 +184,7 @@ impl DrivenCq {
                     .is_none_or(|c| c.arm_input());
             }
             if armed {
-                if let Err(e) = self.poller.wait(deadline - now, &mut ready) {
+                if let Err(e) = self.poller.wait(deadline - now, &mut woken) {
                     tracing::warn!(error = %e, "waiting for input failed");
                 }
             }

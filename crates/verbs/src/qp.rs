@@ -399,6 +399,12 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Whether the QP is in busy-poll mode ([`QueuePair::set_busy_poll`]):
+    /// only the application's threads run its receiver.
+    pub fn is_busy_poll(&self) -> bool {
+        self.iwarp().is_some_and(|c| c.is_polled())
+    }
+
     /// Runs this QP's receiver on the calling thread until its input has
     /// nothing more (never blocks on the network; may wait briefly for the
     /// progress thread if it is inside the receiver). Needed in busy-poll

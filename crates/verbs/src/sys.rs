@@ -547,3 +547,41 @@ pub(crate) fn shutdown_both(fd: RawFd) {
     // of ours; on a bad descriptor it fails with EBADF.
     unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
 }
+
+/// Sets the connection's congestion control algorithm (`TCP_CONGESTION`).
+pub fn set_tcp_congestion(fd: RawFd, name: &str) -> io::Result<()> {
+    // SAFETY: the option value is `name`'s bytes, valid for reads of the
+    // length given for the duration of the call.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr() as *const libc::c_void,
+            name.len() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// The connection's congestion control algorithm, or `None`.
+pub fn tcp_congestion(fd: RawFd) -> Option<String> {
+    let mut buf = [0u8; 32];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: buf and len are valid for writes of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    let b = &buf[..(len as usize).min(buf.len())];
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8(b[..end].to_vec()).ok()
+}

@@ -776,10 +776,13 @@ pub(crate) fn spin_until(mut f: impl FnMut() -> bool, qp: &QueuePair, busy: bool
             return Ok(());
         }
         // In busy-poll mode (or driven by a waiting thread: `DrivenCq`)
-        // only this thread runs the QP's receiver; otherwise harmless.
-        qp.progress();
-        if f() {
-            return Ok(());
+        // only this thread runs the QP's receiver; otherwise the progress
+        // thread does, and taking it from there would only contend.
+        if qp.is_busy_poll() {
+            qp.progress();
+            if f() {
+                return Ok(());
+            }
         }
         n += 1;
         if n.is_multiple_of(1024) && qp.state() == QpState::Error {

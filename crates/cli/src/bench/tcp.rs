@@ -29,7 +29,9 @@ pub fn serve(l: TcpListener) {
 }
 
 fn serve_one(mut s: TcpStream) -> Result<()> {
-    s.set_nodelay(true)?;
+    // Like the engine's own sockets (TCP_NODELAY, the congestion control
+    // of `softrdma_verbs::tcp`), so the baseline differs only in framing.
+    softrdma_verbs::tcp::tune_tcp(&s)?;
     let mut hdr = [0u8; 9];
     s.read_exact(&mut hdr)?;
     let size = u64::from_be_bytes(hdr[1..9].try_into().unwrap()) as usize;
@@ -105,6 +107,7 @@ pub fn pump(
         .map(|_| {
             std::thread::spawn(move || -> Result<u64> {
                 let mut s = TcpStream::connect(addr)?;
+                softrdma_verbs::tcp::tune_tcp(&s)?;
                 let mut hdr = vec![PUMP];
                 hdr.extend_from_slice(&(size as u64).to_be_bytes());
                 s.write_all(&hdr)?;
@@ -152,7 +155,7 @@ pub fn pingpong(
     busy: bool,
 ) -> Result<Vec<u64>> {
     let mut s = TcpStream::connect(addr)?;
-    s.set_nodelay(true)?;
+    softrdma_verbs::tcp::tune_tcp(&s)?;
     let mut hdr = vec![if busy { PINGPONG_BUSY } else { PINGPONG }];
     hdr.extend_from_slice(&(size as u64).to_be_bytes());
     s.write_all(&hdr)?;

@@ -599,9 +599,14 @@ impl Link {
     /// (one when they fit the send buffers). Blocks while all send buffers
     /// are in flight, up to `timeout`; on an error the link is closed,
     /// since a message cut short cannot be resumed.
-    pub fn send_batch(&self, msgs: &[&[u8]], timeout: Duration) -> Result<(), LinkError> {
+    pub fn send_batch<M: AsRef<[u8]>>(
+        &self,
+        msgs: &[M],
+        timeout: Duration,
+    ) -> Result<(), LinkError> {
         if let Some(m) = msgs
             .iter()
+            .map(|m| m.as_ref())
             .find(|m| m.is_empty() || m.len() > crate::proto::MAX_MESSAGE)
         {
             return Err(LinkError::TooLarge(m.len()));
@@ -614,7 +619,7 @@ impl Link {
         let deadline = Instant::now() + timeout;
         let mut wrs: Vec<SendWr> = Vec::with_capacity(msgs.len().min(SEND_SLOTS));
         for msg in msgs {
-            let mut pieces = msg.chunks(PIECE).peekable();
+            let mut pieces = msg.as_ref().chunks(PIECE).peekable();
             while let Some(piece) = pieces.next() {
                 if tx.outstanding + wrs.len() >= SEND_SLOTS {
                     self.post(&mut tx, &mut wrs)?;

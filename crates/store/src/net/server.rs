@@ -700,8 +700,7 @@ impl Outbox {
     /// Sends everything queued; a link whose send fails is closed.
     fn flush(&mut self, ep: &Endpoint, timeout: Duration) {
         for (link, msgs) in self.links.drain(..) {
-            let refs: Vec<&[u8]> = msgs.iter().map(|m| m.as_slice()).collect();
-            if let Err(e) = link.send_batch(&refs, timeout) {
+            if let Err(e) = link.send_batch(&msgs, timeout) {
                 tracing::debug!(link = link.id(), error = %e, "send failed; closing link");
                 ep.remove(link.id());
             }

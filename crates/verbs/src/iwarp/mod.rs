@@ -137,7 +137,7 @@ impl Conn {
         link: Option<crate::samehost::Link>,
     ) -> io::Result<Conn> {
         stream.set_nonblocking(true)?;
-        stream.set_nodelay(true)?;
+        crate::tcp::tune_tcp(&stream)?;
         let fd = stream.as_raw_fd();
         let seg = if params.large_segments {
             LARGE_SEG
@@ -440,6 +440,11 @@ impl Conn {
             let out = self.out_armed.load(Ordering::Acquire);
             let _ = self.watch(self.interest(out), qpn, false);
         }
+    }
+
+    /// Whether busy-poll mode is on (see `polled`).
+    pub fn is_polled(&self) -> bool {
+        self.polled.load(Ordering::Acquire)
     }
 
     /// Switches busy-poll mode (see `polled`).
