@@ -68,6 +68,9 @@ use std::sync::Arc;
 
 /// Smallest segment size FPDUs are sized for, whatever TCP reports.
 const MIN_SEG: usize = 536;
+/// How often a connection reads its socket's MSS again
+/// ([`Conn::current_seg`]).
+const SEG_REFRESH: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What a connection's bytes travel over.
 enum Io {
@@ -88,11 +91,13 @@ pub(crate) struct Conn {
     pub local: SocketAddr,
     pub peer: SocketAddr,
     pub params: Negotiated,
-    /// Largest TCP segment payload (TCP_MAXSEG): FPDUs are sized to fit
-    /// one segment and written so that none straddles two (RFC 5044 FPDU
-    /// alignment; also what Wireshark's MPA dissector expects). With a
-    /// softrdma peer that agreed to `ext::LARGE_SEGMENTS`, [`LARGE_SEG`]:
-    /// FPDUs of the largest size go out back to back, a batch per call.
+    /// Largest TCP segment payload (TCP_MAXSEG) when the connection was
+    /// set up: FPDUs are sized to fit one segment and written so that none
+    /// straddles two (RFC 5044 FPDU alignment; also what Wireshark's MPA
+    /// dissector expects); over TCP the transmitter follows the socket's
+    /// MSS as it grows ([`Conn::current_seg`]). With a softrdma peer that
+    /// agreed to `ext::LARGE_SEGMENTS`, [`LARGE_SEG`]: FPDUs of the largest
+    /// size go out back to back, a batch per call.
     pub seg: usize,
     out_armed: AtomicBool,
     closed: AtomicBool,
@@ -440,6 +445,34 @@ impl Conn {
             let out = self.out_armed.load(Ordering::Acquire);
             let _ = self.watch(self.interest(out), qpn, false);
         }
+    }
+
+    /// The segment size to cut FPDUs to now: with `ext::LARGE_SEGMENTS`
+    /// or over a simulated pipe, `seg`; over TCP, the socket's current MSS
+    /// (`TCP_MAXSEG`), read again at most every [`SEG_REFRESH`]. The MSS
+    /// grows after the handshake: the kernel bounds it to half the largest
+    /// window the peer advertised, which is small at first (on loopback
+    /// 32 KiB when the connection is set up, 64 KiB once the window
+    /// opened), and FPDUs cut to the first value would stay half the size
+    /// a segment can carry, for twice the system calls. A receiver takes
+    /// FPDUs of any size, so the size may change between messages.
+    pub(crate) fn current_seg(&self, tx: &mut Tx) -> usize {
+        let Io::Tcp { fd, .. } = &self.io else {
+            return self.seg;
+        };
+        if self.params.large_segments {
+            return self.seg;
+        }
+        let now = std::time::Instant::now();
+        if tx.seg == 0
+            || tx
+                .seg_at
+                .is_none_or(|t| now.duration_since(t) >= SEG_REFRESH)
+        {
+            tx.seg = sys::tcp_mss(*fd).unwrap_or(self.seg).clamp(MIN_SEG, 65535);
+            tx.seg_at = Some(now);
+        }
+        tx.seg
     }
 
     /// Whether busy-poll mode is on (see `polled`).

@@ -122,6 +122,10 @@ pub(crate) struct Tx {
     /// RDMAP messages (Terminate aside) composed for the stream so far: a
     /// same-host copy may run only once the peer processed them all.
     pub(super) msgs_sent: u64,
+    /// The segment size FPDUs are cut to, as last read from the socket
+    /// (0: not yet; see [`Conn::current_seg`]), and when.
+    pub(super) seg: usize,
+    pub(super) seg_at: Option<std::time::Instant>,
 }
 
 impl Tx {
@@ -144,6 +148,8 @@ impl Tx {
             pending_fail: None,
             resume_rx: false,
             msgs_sent: 0,
+            seg: 0,
+            seg_at: None,
         }
     }
 
@@ -585,11 +591,12 @@ pub(super) fn batch_written(q: &QpInner, sq: &mut Sq, tx: &mut Tx) {
 pub(super) fn fill_batch(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Filled {
     debug_assert!(tx.batch.is_empty());
     // Never below 128 (a tiny MSS just means FPDUs span segments).
+    let seg = c.current_seg(tx);
     let max_ulpdu = q
         .core
         .config
         .max_ulpdu
-        .min(mpa::max_ulpdu_for(c.seg))
+        .min(mpa::max_ulpdu_for(seg))
         .max(128);
     while !tx.batch.full() {
         if tx.cur.is_none() {
@@ -622,7 +629,7 @@ pub(super) fn fill_batch(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Fil
                 }
             }
         }
-        let done = compose(m, &mut tx.batch, max_ulpdu, c.seg, c.params.crc);
+        let done = compose(m, &mut tx.batch, max_ulpdu, seg, c.params.crc);
         mr::exit_all(&m.fence);
         if done {
             let mut m = tx.cur.take().expect("current message");
