@@ -432,11 +432,11 @@ impl Guest {
     /// Boots the guest. `fwd` are (host port, guest port) forwards; `add` are
     /// files or directories copied into the guest's /opt.
     ///
-    /// A boot watchdog: the guest boots in 7-15 s here (TCG), and run.sh
-    /// passes nothing on before `GUEST-READY`. Once in several hundred
-    /// boots (seen once, 2026-11-25) QEMU printed nothing at all until the
-    /// run's own timeout, 18 minutes later, with no traffic to the host
-    /// servers: a boot that hung. A guest silent for [`BOOT_LIMIT`] is
+    /// A boot watchdog: the guest boots in about 7 s here (TCG, idle
+    /// machine), and run.sh passes nothing on before `GUEST-READY`. Once
+    /// (2026-11-25) QEMU printed nothing at all until the run's own
+    /// timeout, 18 minutes later, with no traffic to the host servers: a
+    /// boot that hung. A guest silent for [`BOOT_LIMIT`] is
     /// killed and booted again, once, saying so; a second silent boot is
     /// left to the run's timeout and fails the test as before.
     fn boot(
@@ -716,28 +716,13 @@ fn check_conn_ops(
 /// Complete Send messages (RDMAP opcode 3 with the DDP Last flag) on the
 /// connections to server port `port`: (towards the server, from it).
 fn send_messages(file: &Path, port: u16) -> (usize, usize) {
-    let fields = tshark_read(
+    let rows = tshark_fields(
         file,
-        &[
-            "-Y",
-            &format!("iwarp_ddp && tcp.port == {port}"),
-            "-T",
-            "fields",
-            "-E",
-            "occurrence=a",
-            "-E",
-            "aggregator=,",
-            "-e",
-            "tcp.dstport",
-            "-e",
-            "iwarp_rdma.opcode",
-            "-e",
-            "iwarp_ddp.last_flag",
-        ],
+        &format!("iwarp_ddp && tcp.port == {port}"),
+        &["tcp.dstport", "iwarp_rdma.opcode", "iwarp_ddp.last_flag"],
     );
     let (mut up, mut down) = (0, 0);
-    for line in fields.lines() {
-        let f: Vec<&str> = line.split('\t').collect();
+    for f in &rows {
         if f.len() < 3 {
             continue;
         }
@@ -746,7 +731,7 @@ fn send_messages(file: &Path, port: u16) -> (usize, usize) {
             .zip(f[2].split(','))
             .filter(|(op, last)| parse_num(op) == Some(3) && truthy(last))
             .count();
-        if parse_num(f[0]) == Some(port as u32) {
+        if parse_num(&f[0]) == Some(port as u32) {
             up += n;
         } else {
             down += n;
@@ -767,29 +752,21 @@ fn parse_siw_crc_own(line: &str) -> Option<u32> {
 /// The MPA CRCs (as tshark reads them, big-endian) of every FPDU that
 /// server port `port` sent.
 fn sent_crcs(file: &Path, port: u16) -> BTreeSet<u32> {
-    let fields = tshark_read(
+    tshark_fields(
         file,
-        &[
-            "-Y",
-            &format!("tcp.srcport == {port} && iwarp_mpa.crc_check"),
-            "-T",
-            "fields",
-            "-E",
-            "occurrence=a",
-            "-E",
-            "aggregator=,",
-            "-e",
-            "iwarp_mpa.crc_check",
-        ],
-    );
-    fields
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter_map(|v| {
-            let v = v.trim();
-            let hex = v.strip_prefix("0x").unwrap_or(v);
-            (!hex.is_empty()).then(|| u32::from_str_radix(hex, 16).ok())?
-        })
-        .collect()
+        &format!("tcp.srcport == {port} && iwarp_mpa.crc_check"),
+        &["iwarp_mpa.crc_check"],
+    )
+    .iter()
+    .flat_map(|row| row[0].split(','))
+    .filter_map(parse_num)
+    .collect()
+}
+
+/// Whether siw's own CRC (`own`, as its kernel prints it) is one of the
+/// CRCs tshark found on the wire (`sent`): siw computed what we sent.
+fn siw_own_crc_was_sent(own: u32, sent: &BTreeSet<u32>) -> bool {
+    sent.contains(&own.swap_bytes())
 }
 
 /// A one-connection TCP relay on the host, 127.0.0.1:(returned port) ->
@@ -2360,7 +2337,7 @@ fn run_perftest_with(
     for (server, line, own) in &siw_crc_own {
         let sent = sent_crcs(&pcap, ports[*server]);
         match own {
-            Some(own) if sent.contains(&own.swap_bytes()) => {}
+            Some(own) if siw_own_crc_was_sent(*own, &sent) => {}
             _ => errs.push(format!(
                 "server {server}: guest siw reported `{line}`, and its own CRC is none \
                  of the {} CRCs the server sent",
@@ -2642,8 +2619,11 @@ fn guest_perftest_bandwidth_sequences_soak() {
 fn siw_crc_report_parses() {
     let l = "SIWCRC read-64k-crc| crc error. in: be77978e, own 8e7797f9, op 2";
     assert_eq!(parse_siw_crc_own(l), Some(0x8e77_97f9));
-    // tshark shows that FPDU's CRC as 0xf997778e: the same four bytes.
-    assert_eq!(0x8e77_97f9u32.swap_bytes(), 0xf997_778e);
+    // tshark showed that FPDU's CRC as 0xf997778e: the same four bytes.
+    let sent: BTreeSet<u32> = [0x03a7_76be, 0xf997_778e].into();
+    assert!(siw_own_crc_was_sent(0x8e77_97f9, &sent));
+    // siw's `in` (the trailer it misread) is none of ours.
+    assert!(!siw_own_crc_was_sent(0xbe77_978e, &sent));
     assert_eq!(parse_siw_crc_own("SIWCRC x| crc error. in: 1234"), None);
 }
 

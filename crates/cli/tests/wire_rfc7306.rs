@@ -18,29 +18,6 @@ fn wait(cq: &CompletionQueue) -> WorkCompletion {
     wc
 }
 
-/// One tshark field per line (`-E occurrence=a` joins repeats with ',').
-fn fields(file: &std::path::Path, filter: &str, names: &[&str]) -> Vec<Vec<String>> {
-    let mut args = vec![
-        "-Y",
-        filter,
-        "-T",
-        "fields",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-    ];
-    for n in names {
-        args.push("-e");
-        args.push(n);
-    }
-    tshark_read(file, &args)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.split('\t').map(str::to_string).collect())
-        .collect()
-}
-
 fn num(s: &str) -> u64 {
     let s = s.trim();
     match s.strip_prefix("0x") {
@@ -143,7 +120,7 @@ fn atomics_and_immediate_data_decode_in_tshark() {
     }
 
     // Atomic Requests: queue 1, MSNs 1 and 2, the operands as posted.
-    let reqs = fields(
+    let reqs = tshark_fields(
         &file,
         "iwarp_rdma.opcode == 0xa",
         &[
@@ -195,7 +172,7 @@ fn atomics_and_immediate_data_decode_in_tshark() {
     );
 
     // Atomic Responses: queue 3, the original values.
-    let resps = fields(
+    let resps = tshark_fields(
         &file,
         "iwarp_rdma.opcode == 0xb",
         &[
@@ -217,7 +194,7 @@ fn atomics_and_immediate_data_decode_in_tshark() {
     // immediate data, which are checked in the TCP payload: ULPDU length
     // 26, untagged last DDP v1, RDMAP v1 opcode 8/9, QN 0, MSN, MO 0, the
     // value (big-endian, four zero bytes after it).
-    let imms = fields(
+    let imms = tshark_fields(
         &file,
         "iwarp_rdma.opcode == 0x8 || iwarp_rdma.opcode == 0x9",
         &[

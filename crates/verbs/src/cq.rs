@@ -325,6 +325,7 @@ mod tests {
         assert_eq!(cq.ack_events(), 1);
         // Not armed at all: cancel reports "fired or not armed" as true,
         // and there is nothing to acknowledge.
+        assert!(cq.cancel_notify(), "not armed reads as fired");
         cq.inner.push(wc(3));
         assert_eq!(cq.ack_events(), 0);
     }

@@ -14,7 +14,7 @@
 //!   SACKs, the sender "recovers" and retransmits what was never lost
 //!   (DSACK), and the flow stalls for milliseconds. Measured here
 //!   (`softrdma bench --loopback --test read_bw --size 65536 --no-ext`):
-//!   with `bbr` 25-40 spurious retransmissions per 2 s run and p99 5-6x
+//!   with `bbr` 15-40 spurious retransmissions per 2 s run and p99 5-6x
 //!   p50; with `cubic` none, p99 1.3-2x p50. Between two hosts a NIC
 //!   queue keeps a flow in order (the kernel changes a flow's queue only
 //!   when nothing is in flight), so there the system's choice stands.

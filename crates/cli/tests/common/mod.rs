@@ -258,7 +258,7 @@ impl Drop for Capture {
 /// (QEMU's slirp writing from its own thread) now and then reaches the
 /// capture, and the receiver, out of order (the receiver SACKs it), and
 /// without this tshark leaves the FPDUs of such a segment undecoded (one
-/// Send of 100 missing from a capture in a CI run).
+/// Send of 100 missing from a capture of a fresh-clone CI run here).
 pub fn tshark_read(file: &Path, extra: &[&str]) -> String {
     let out = Command::new("tshark")
         .arg("-r")
@@ -281,6 +281,31 @@ pub fn tshark_read(file: &Path, extra: &[&str]) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "tshark {extra:?} failed: {stderr}");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `tshark -T fields`: for each frame that matches `filter`, the values of
+/// `names` (a field that occurs several times in a frame gives its values
+/// joined with ','); frames whose fields are all empty are left out.
+pub fn tshark_fields(file: &Path, filter: &str, names: &[&str]) -> Vec<Vec<String>> {
+    let mut args = vec![
+        "-Y",
+        filter,
+        "-T",
+        "fields",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+    ];
+    for n in names {
+        args.push("-e");
+        args.push(n);
+    }
+    tshark_read(file, &args)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split('\t').map(str::to_string).collect())
+        .collect()
 }
 
 /// What one TCP connection carried, as the dissectors saw it.
@@ -394,43 +419,26 @@ pub fn analyse_capture(file: &Path, server_ports: &[u16]) -> BTreeMap<u16, ConnW
             .join(" "),
         tshark_read(file, &["-Y", MALFORMED, "-V"])
     );
-    let fields = tshark_read(
+    let rows = tshark_fields(
         file,
+        "iwarp_mpa",
         &[
-            "-Y",
-            "iwarp_mpa",
-            "-T",
-            "fields",
-            "-E",
-            "occurrence=a",
-            "-E",
-            "aggregator=,",
-            "-e",
             "tcp.srcport",
-            "-e",
             "tcp.dstport",
-            "-e",
             "iwarp_mpa.key.req",
-            "-e",
             "iwarp_mpa.key.rep",
-            "-e",
             "iwarp_mpa.rev",
-            "-e",
             "iwarp_mpa.crc_flag",
-            "-e",
             "iwarp_mpa.rej_flag",
-            "-e",
             "iwarp_mpa.crc",
-            "-e",
             "iwarp_mpa.crc_check",
-            "-e",
             "iwarp_rdma.opcode",
         ],
     );
     let mut conns: BTreeMap<u16, ConnWire> = BTreeMap::new();
     let mut checked_total = 0;
-    for line in fields.lines() {
-        let f: Vec<&str> = line.split('\t').collect();
+    for row in &rows {
+        let f: Vec<&str> = row.iter().map(String::as_str).collect();
         if f.len() < 10 {
             continue;
         }
