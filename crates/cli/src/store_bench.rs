@@ -10,13 +10,16 @@
 //! * `update`: in-place updates of the objects just inserted (same size,
 //!   so the pointer stays);
 //! * `read`: one-sided RDMA Reads of those objects ([`StoreClient::read`]);
+//! * `read_many`: the same reads 16 at a time ([`StoreClient::read_many`]:
+//!   one batch of RDMA Reads in flight per client), against `GET` with 16
+//!   pipelined requests per connection (`redis-benchmark -P 16`);
 //!
 //! with N client threads, each with its own [`StoreClient`] (its own
 //! connection), recording every operation's latency; and runs
 //! `redis-benchmark -t set,get` at the same concurrency and value size.
 //! Insert and update compare with SET (target: at least Redis's rate, which
 //! acknowledges before replicating while the store acknowledges after), read
-//! with GET (target: twice Redis's rate). Insert and update are also put
+//! with GET (target: twice Redis's rate on one host, its rate over TCP). Insert and update are also put
 //! beside Redis's replicated write, `SET` then `WAIT 1 0` on one connection
 //! ([`crate::resp_wait`]), the same promise the store makes: the
 //! `redis_set_wait_*` fields and `ratio_set_wait`. CPU use (fractions of
@@ -204,16 +207,20 @@ fn start_group(dir: &Path, arena: &str) -> Result<Group> {
 // ---------------------------------------------------------------------------
 // The store's measurements.
 
-const OPS: [&str; 3] = ["insert", "update", "read"];
+const OPS: [&str; 4] = ["insert", "update", "read", "read_many"];
+/// Reads per `read_many` call ([`StoreClient::read_many`], one batch of
+/// RDMA Reads in flight); Redis's baseline is GET pipelined as deep
+/// (`redis-benchmark -P`).
+const READ_MANY: usize = softrdma_store::net::link::READ_BATCH;
 
 /// What one client thread measured.
 struct ThreadResult {
     /// Per op: completed operations, measured time, latency (ns).
-    ops: [u64; 3],
-    elapsed: [Duration; 3],
-    hist: [Histogram<u64>; 3],
+    ops: [u64; 4],
+    elapsed: [Duration; 4],
+    hist: [Histogram<u64>; 4],
     /// Per op: client counters during that op.
-    stats: [ClientStats; 3],
+    stats: [ClientStats; 4],
     /// The arena filled up during the insert phase (which then ended early
     /// for this client).
     arena_full: bool,
@@ -280,9 +287,9 @@ fn client_thread(
     idx: u64,
 ) -> ThreadResult {
     let mut r = ThreadResult {
-        ops: [0; 3],
-        elapsed: [Duration::ZERO; 3],
-        hist: [hist(), hist(), hist()],
+        ops: [0; 4],
+        elapsed: [Duration::ZERO; 4],
+        hist: [hist(), hist(), hist(), hist()],
         stats: Default::default(),
         arena_full: false,
         error: None,
@@ -329,6 +336,18 @@ fn client_thread(
                 break;
             }
             n += 1;
+            let check_len = |d: Vec<u8>| {
+                if d.len() == size {
+                    Ok(())
+                } else {
+                    Err(ClientError::Protocol(format!(
+                        "read {} bytes, expected {size}",
+                        d.len()
+                    )))
+                }
+            };
+            // Operations this step did (a `read_many` call does several).
+            let mut done = 1;
             let res = match k {
                 0 => {
                     value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
@@ -339,16 +358,15 @@ fn client_thread(
                     let at = i % ptrs.len();
                     c.update(ptrs[at], &value).map(|p| ptrs[at] = p)
                 }
-                _ => c.read(ptrs[i % ptrs.len()]).and_then(|d| {
-                    if d.len() == size {
-                        Ok(())
-                    } else {
-                        Err(ClientError::Protocol(format!(
-                            "read {} bytes, expected {size}",
-                            d.len()
-                        )))
-                    }
-                }),
+                2 => c.read(ptrs[i % ptrs.len()]).and_then(check_len),
+                _ => {
+                    let batch: Vec<RemotePtr> =
+                        (0..READ_MANY).map(|j| ptrs[(i + j) % ptrs.len()]).collect();
+                    done = READ_MANY;
+                    c.read_many(&batch)
+                        .into_iter()
+                        .try_for_each(|r| r.and_then(check_len))
+                }
             };
             let ns = t.elapsed().as_nanos() as u64;
             if let Err(ClientError::Store(StoreError::Full { .. })) = &res {
@@ -360,9 +378,10 @@ fn client_thread(
                 r.error = Some(format!("client {idx}: {op}: {e}"));
                 break;
             }
-            let _ = r.hist[k].record(ns.max(1));
-            r.ops[k] += 1;
-            i += 1;
+            // Each read of a batch took the batch's time.
+            let _ = r.hist[k].record_n(ns.max(1), done as u64);
+            r.ops[k] += done as u64;
+            i += done;
         }
         r.elapsed[k] = t0.elapsed();
         r.stats[k] = delta(before, c.stats());
@@ -590,7 +609,16 @@ fn parse_csv(text: &str) -> Vec<(String, RedisResult)> {
     out
 }
 
-fn redis_benchmark(port: u16, tests: &str, size: usize, clients: usize, n: u64) -> Result<String> {
+/// `redis-benchmark --csv` with `pipeline` requests in flight per
+/// connection (`-P`).
+fn redis_benchmark(
+    port: u16,
+    tests: &str,
+    size: usize,
+    clients: usize,
+    n: u64,
+    pipeline: usize,
+) -> Result<String> {
     // Random keys over a keyspace that the SETs cover ~5 times, so nearly
     // every GET finds a value of `size` bytes.
     let keyspace = (n / 5).clamp(100, 1_000_000);
@@ -598,6 +626,7 @@ fn redis_benchmark(port: u16, tests: &str, size: usize, clients: usize, n: u64) 
         .args(["-p", &port.to_string(), "-t", tests])
         .args(["-d", &size.to_string(), "-c", &clients.to_string()])
         .args(["-n", &n.to_string(), "-r", &keyspace.to_string(), "--csv"])
+        .args(["-P", &pipeline.to_string()])
         .stdin(Stdio::null())
         .output()
         .context("run redis-benchmark")?;
@@ -611,23 +640,27 @@ fn redis_benchmark(port: u16, tests: &str, size: usize, clients: usize, n: u64) 
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// SET and GET at one point; each runs about `secs` (the request count is
-/// calibrated by a short SET run).
+/// SET and GET at one point with `pipeline` requests in flight per
+/// connection; each runs about `secs` (the request count is calibrated by a
+/// short SET run).
 fn measure_redis(
     redis: &Redis,
     size: usize,
     clients: usize,
     secs: f64,
+    pipeline: usize,
 ) -> Result<(RedisResult, RedisResult)> {
-    let cal_n = 2000.max(1000 * clients as u64);
-    let cal = parse_csv(&redis_benchmark(redis.port, "set", size, clients, cal_n)?);
+    let cal_n = 2000.max(1000 * clients as u64) * pipeline as u64;
+    let cal = parse_csv(&redis_benchmark(
+        redis.port, "set", size, clients, cal_n, pipeline,
+    )?);
     let rate = cal
         .iter()
         .find(|(t, _)| t == "SET")
         .map(|(_, r)| r.ops_per_s)
         .context("redis-benchmark printed no SET result")?;
     let n = ((rate * secs) as u64).clamp(1000, 10_000_000);
-    let text = redis_benchmark(redis.port, "set,get", size, clients, n)?;
+    let text = redis_benchmark(redis.port, "set,get", size, clients, n, pipeline)?;
     let res = parse_csv(&text);
     let get = |t: &str| {
         res.iter()
@@ -702,7 +735,7 @@ impl Row {
 
 fn print_header() {
     println!(
-        "{:<7} {:>6} {:>7} | {:>10} {:>9} {:>9} | {:<5} {:>10} {:>9} {:>9} | {:>6} {:>6} {:>4} | {:>10} {:>9} {:>6}",
+        "{:<9} {:>6} {:>7} | {:>10} {:>9} {:>9} | {:<7} {:>10} {:>9} {:>9} | {:>6} {:>6} {:>4} | {:>10} {:>9} {:>6}",
         "op",
         "size",
         "clients",
@@ -725,7 +758,7 @@ fn print_header() {
 fn print_row(r: &Row) {
     let opt = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
     println!(
-        "{:<7} {:>6} {:>7} | {:>10.0} {:>9.1} {:>9.1} | {:<5} {:>10.0} {:>9} {:>9} | {:>6.2} {:>6.1} {:>4} | {:>10} {:>9} {:>6}",
+        "{:<9} {:>6} {:>7} | {:>10.0} {:>9.1} {:>9.1} | {:<7} {:>10.0} {:>9} {:>9} | {:>6.2} {:>6.1} {:>4} | {:>10} {:>9} {:>6}",
         r.op,
         r.size,
         r.clients,
@@ -817,7 +850,8 @@ pub fn run(a: Args) -> Result<()> {
             ];
             let ours = measure_store(&group.nodes, pids, size, clients, a.secs)?;
             say(format!("redis: {size} B values, {clients} clients"));
-            let (set, get) = measure_redis(&redis, size, clients, a.secs)?;
+            let (set, get) = measure_redis(&redis, size, clients, a.secs, 1)?;
+            let (_, get_many) = measure_redis(&redis, size, clients, a.secs, READ_MANY)?;
             say(format!(
                 "redis SET+WAIT: {size} B values, {clients} clients"
             ));
@@ -832,9 +866,17 @@ pub fn run(a: Args) -> Result<()> {
                     a.arena
                 ));
             }
+            // Reads: twice Redis's rate on one host (issue 2), at least
+            // its rate over TCP (issue 17).
+            let read_target = if softrdma_verbs::same_host_default() {
+                2.0
+            } else {
+                1.0
+            };
             for (k, m) in ours.into_iter().enumerate() {
                 let (redis_op, redis, target, set_wait) = match OPS[k] {
-                    "read" => ("GET", get, 2.0, None),
+                    "read" => ("GET", get, read_target, None),
+                    "read_many" => ("GET-P16", get_many, read_target, None),
                     _ => ("SET", set, 1.0, Some(set_wait)),
                 };
                 let row = Row {

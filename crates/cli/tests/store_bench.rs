@@ -58,8 +58,12 @@ fn bench_json_one_point() {
             // Writes also stand beside Redis's replicated write (SET then
             // WAIT 1 0); reads have no such baseline.
             let wait = v["redis_set_wait_ops_per_s"].as_f64();
-            if v["op"] == "read" {
+            if v["op"].as_str().is_some_and(|o| o.starts_with("read")) {
                 assert!(wait.is_none(), "{l}");
+                // Every read one-sided (nothing was torn or missing).
+                assert!(v["one_sided_reads"].as_u64() == v["ops"].as_u64(), "{l}");
+                let redis = if v["op"] == "read" { "GET" } else { "GET-P16" };
+                assert_eq!(v["redis_op"], redis, "{l}");
             } else {
                 assert!(wait.is_some_and(|x| x > 0.0), "no SET+WAIT rate: {l}");
                 assert!(v["ratio_set_wait"].as_f64().is_some(), "{l}");
@@ -73,7 +77,11 @@ fn bench_json_one_point() {
             v["op"].as_str().expect("op").to_string()
         })
         .collect();
-    assert_eq!(ops, ["insert", "update", "read"], "stdout:\n{stdout}");
+    assert_eq!(
+        ops,
+        ["insert", "update", "read", "read_many"],
+        "stdout:\n{stdout}"
+    );
     assert!(
         t.elapsed() < Duration::from_secs(60),
         "the shortened bench took {:?}",

@@ -12,6 +12,8 @@
 //! * `bad_pointers_and_limits`: wrong STag, pointer outside the arena or to
 //!   freed space, double delete, value too large, arena full: each a clear
 //!   error and the store's state unchanged.
+//! * `read_many_answers_each_pointer_as_read_does`: batched one-sided reads,
+//!   good and bad pointers mixed, before and after a failover.
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -26,6 +28,7 @@ use common::history::{self, assert_linearizable, Workload};
 
 use softrdma_store::coord::embedded::EmbeddedServer;
 use softrdma_store::net::client::{ClientConfig, ClientError, StoreClient};
+use softrdma_store::net::link::READ_BATCH;
 use softrdma_store::proto::{StatusInfo, StoreError};
 use softrdma_store::ptr::RemotePtr;
 
@@ -549,6 +552,78 @@ fn bad_pointers_and_limits() {
     let pr = g.primary();
     g.nodes[(pr - 1) as usize].kill();
     assert_eq!(c.read(p).unwrap(), b"hello");
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+/// `read_many` gives, pointer by pointer, what `read` gives: values from
+/// one-sided Reads in batches (more pointers than one batch, sizes from a
+/// few bytes to 30 KB), a clear error for each bad pointer among them, and
+/// the same values from the new primary after the old one was killed.
+#[test]
+fn read_many_answers_each_pointer_as_read_does() {
+    let mut g = Group::new("readmany", "16MiB");
+    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let objs: Vec<(RemotePtr, Vec<u8>)> = (0..40u32)
+        .map(|i| {
+            let len = [5usize, 100, 4096, 30_000][i as usize % 4] + i as usize;
+            let v: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
+            (c.insert(&v).unwrap(), v)
+        })
+        .collect();
+    let arena = c.arena().expect("arena known");
+    let p0 = objs[0].0;
+    let freed = c.insert(b"short-lived").unwrap();
+    c.delete(freed).unwrap();
+    let bad = [
+        RemotePtr {
+            stag: p0.stag ^ 0x100,
+            ..p0
+        },
+        RemotePtr {
+            addr: arena.base + arena.len,
+            ..p0
+        },
+        RemotePtr {
+            addr: p0.addr + 64,
+            ..p0
+        },
+        freed,
+    ];
+    // Bad pointers spread among the good ones, across batch boundaries.
+    let mut ptrs: Vec<RemotePtr> = objs.iter().map(|(p, _)| *p).collect();
+    for (k, b) in bad.iter().enumerate() {
+        ptrs.insert(3 + k * 11, *b);
+    }
+    // `min_one_sided`: after a failover the batch that found the old
+    // primary gone is read through the new one by `read`, which may go
+    // through the node for the first pointer (while it learns the primary).
+    let check = |c: &mut StoreClient, min_one_sided: u64| {
+        let before = c.stats().one_sided_reads;
+        let got = c.read_many(&ptrs);
+        assert_eq!(got.len(), ptrs.len());
+        for (p, r) in ptrs.iter().zip(&got) {
+            match (objs.iter().find(|(q, _)| q == p), r) {
+                (Some((_, v)), Ok(d)) => assert_eq!(d, v, "{p}"),
+                (Some(_), Err(e)) => panic!("{p}: {e}"),
+                (None, Ok(d)) => panic!("bad pointer {p} read {} bytes", d.len()),
+                (None, Err(e)) => {
+                    // The same error `read` gives.
+                    let single = c.read(*p).expect_err("bad pointer");
+                    assert_eq!(e.to_string(), single.to_string(), "{p}");
+                }
+            }
+        }
+        let one_sided = c.stats().one_sided_reads - before;
+        assert!(
+            one_sided >= min_one_sided && one_sided <= objs.len() as u64,
+            "{one_sided} one-sided reads for {} objects",
+            objs.len()
+        );
+    };
+    check(&mut c, objs.len() as u64);
+    let pr = g.primary();
+    g.nodes[(pr - 1) as usize].kill();
+    check(&mut c, (objs.len() - READ_BATCH) as u64);
     let _ = std::fs::remove_dir_all(&g.dir);
 }
 

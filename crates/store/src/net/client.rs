@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_verbs::{Access, MemoryRegion};
 
-use super::link::{Endpoint, Link, LinkError, LinkEvent, MAX_VALUE};
+use super::link::{Endpoint, Link, LinkError, LinkEvent, MAX_VALUE, READ_BATCH};
 use super::{parse_accept, random_u64, Hello, CONNECT_TIMEOUT};
 use crate::object::{self, ObjectError};
 use crate::proto::{self, Body, Envelope, NodeId, Op, Reply, StatusInfo, StoreError};
@@ -356,28 +356,12 @@ impl StoreClient {
             let t = self.target;
             let _ = self.link(t);
         }
-        let ok_ptr = self.arena.is_some_and(|a| {
-            ptr.stag == a.stag
-                && ptr.len as usize >= object::HEADER_LEN
-                && ptr.addr >= a.base
-                && ptr
-                    .addr
-                    .checked_add(ptr.len as u64)
-                    .is_some_and(|e| e <= a.base + a.len)
-        });
-        if !ok_ptr {
+        if !self.one_sided_ok(ptr) {
             // Not ours to read remotely: the node gives the precise error.
             return self.read_server(ptr);
         }
         let len = ptr.len as usize;
-        if self.read_mr.as_ref().is_none_or(|m| m.len() < len) {
-            let mr = self
-                .ep
-                .pd()
-                .alloc_mr(len.next_power_of_two(), Access::LOCAL_WRITE)
-                .map_err(rdma)?;
-            self.read_mr = Some(mr);
-        }
+        self.ensure_read_mr(len)?;
         for _ in 0..=self.cfg.torn_retries {
             let t = self.target;
             let Ok(link) = self.link(t) else { break };
@@ -404,6 +388,102 @@ impl StoreClient {
             }
         }
         self.read_server(ptr)
+    }
+
+    /// Reads the objects at `ptrs` with one-sided RDMA Reads from the
+    /// primary, up to [`READ_BATCH`] in flight at once on the one
+    /// connection (posted together: over TCP the requests leave in one
+    /// system call and the node answers them together). Each result is
+    /// what [`read`](Self::read) gives for that pointer: a pointer outside
+    /// the arena, a torn object or a failed batch falls back to `read` for
+    /// the pointers concerned, so errors are per pointer.
+    pub fn read_many(&mut self, ptrs: &[RemotePtr]) -> Vec<Result<Vec<u8>, ClientError>> {
+        let mut out: Vec<Option<Result<Vec<u8>, ClientError>>> = Vec::with_capacity(ptrs.len());
+        out.resize_with(ptrs.len(), || None);
+        if self.arena.is_none() {
+            let t = self.target;
+            let _ = self.link(t);
+        }
+        // The pointers a one-sided Read may serve, by batch.
+        let readable: Vec<usize> = (0..ptrs.len())
+            .filter(|&i| self.one_sided_ok(ptrs[i]))
+            .collect();
+        for batch in readable.chunks(READ_BATCH) {
+            // Each Read gets its own stretch of the read buffer.
+            let mut offs = Vec::with_capacity(batch.len());
+            let mut total = 0usize;
+            for &i in batch {
+                offs.push(total);
+                total += (ptrs[i].len as usize).next_multiple_of(64);
+            }
+            if self.ensure_read_mr(total).is_err() {
+                // `read` reports it per pointer.
+                continue;
+            }
+            let t = self.target;
+            let Ok(link) = self.link(t) else { continue };
+            let rkey = self.arena.expect("arena known").stag;
+            let reads: Vec<(usize, usize, u64)> = batch
+                .iter()
+                .zip(&offs)
+                .map(|(&i, &o)| (o, ptrs[i].len as usize, ptrs[i].addr))
+                .collect();
+            let mr = self.read_mr.as_ref().expect("read buffer");
+            if link
+                .read_batch(mr, &reads, rkey, self.cfg.attempt_timeout)
+                .is_err()
+            {
+                // The pointers of this batch go the single-read way.
+                self.drop_link(t);
+                continue;
+            }
+            let mut buf = Vec::new();
+            for (&i, &(off, len, _)) in batch.iter().zip(&reads) {
+                buf.resize(len, 0);
+                mr.read_at(off, &mut buf);
+                match object::decode_exact(&buf) {
+                    Ok(o) => {
+                        self.stats.one_sided_reads += 1;
+                        out[i] = Some(Ok(o.data.to_vec()));
+                    }
+                    Err(ObjectError::Torn) => self.stats.torn_reads += 1,
+                    // Not an object there: `read` asks the node, which
+                    // gives the precise error.
+                    Err(_) => {}
+                }
+            }
+        }
+        ptrs.iter()
+            .zip(out)
+            .map(|(&p, r)| r.unwrap_or_else(|| self.read(p)))
+            .collect()
+    }
+
+    /// Whether `ptr` lies in the arena (as far as this client knows it),
+    /// so that a one-sided Read may serve it.
+    fn one_sided_ok(&self, ptr: RemotePtr) -> bool {
+        self.arena.is_some_and(|a| {
+            ptr.stag == a.stag
+                && ptr.len as usize >= object::HEADER_LEN
+                && ptr.addr >= a.base
+                && ptr
+                    .addr
+                    .checked_add(ptr.len as u64)
+                    .is_some_and(|e| e <= a.base + a.len)
+        })
+    }
+
+    /// A read buffer of at least `len` bytes.
+    fn ensure_read_mr(&mut self, len: usize) -> Result<(), ClientError> {
+        if self.read_mr.as_ref().is_none_or(|m| m.len() < len) {
+            let mr = self
+                .ep
+                .pd()
+                .alloc_mr(len.next_power_of_two(), Access::LOCAL_WRITE)
+                .map_err(rdma)?;
+            self.read_mr = Some(mr);
+        }
+        Ok(())
     }
 
     /// Status of every node (asked directly, not through the primary).

@@ -49,6 +49,11 @@ const PIECE: usize = MAX_FRAME - 1;
 pub const RECV_SLOTS: usize = 128;
 /// Send buffers per link.
 const SEND_SLOTS: usize = 32;
+/// Send queue entries beyond the send buffers (for Reads).
+const SQ_SPARE: usize = READ_BATCH;
+/// Most RDMA Reads a link has in flight ([`Link::read_batch`]): the
+/// initiator depth (ORD) a link asks for at connection time.
+pub const READ_BATCH: usize = 16;
 /// How long a thread waiting for one answer (a Read, send slots) polls
 /// before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
@@ -169,7 +174,7 @@ impl Endpoint {
         let send_cq = self.dev.create_cq(SEND_SLOTS * 2 + 8).map_err(verr)?;
         let mut attr = QpInitAttr::new(&send_cq);
         attr.recv_cq = self.recv_cq.clone();
-        attr.caps.max_send_wr = SEND_SLOTS + 4;
+        attr.caps.max_send_wr = SEND_SLOTS + SQ_SPARE;
         attr.caps.max_recv_wr = RECV_SLOTS;
         let qp = self.pd.create_qp(attr).map_err(verr)?;
         qp.modify(QpState::Init).map_err(verr)?;
@@ -675,28 +680,69 @@ impl Link {
         rkey: u32,
         timeout: Duration,
     ) -> Result<(), LinkError> {
+        self.read_batch(local, &[(0, len, remote_addr)], rkey, timeout)
+    }
+
+    /// Several one-sided RDMA Reads under `rkey`, each `(local offset,
+    /// len, remote_addr)` into `local`, posted with one doorbell so that
+    /// they travel together (over TCP: one `sendmsg` for the requests, the
+    /// responder answers them in one batch); waits for all of them. At
+    /// most [`READ_BATCH`] at once (the initiator depth a link asks for).
+    /// On an error the link is closed (RDMA semantics: a remote access
+    /// error ends the connection) and no read of the batch counts.
+    pub fn read_batch(
+        &self,
+        local: &MemoryRegion,
+        reads: &[(usize, usize, u64)],
+        rkey: u32,
+        timeout: Duration,
+    ) -> Result<(), LinkError> {
+        assert!(
+            reads.len() <= READ_BATCH,
+            "at most {READ_BATCH} Reads per batch, got {}",
+            reads.len()
+        );
+        if reads.is_empty() {
+            return Ok(());
+        }
         if self.is_dead() {
             return Err(LinkError::Down(self.peer()));
         }
-        let mut tx = self.tx.lock().unwrap();
-        const READ_ID: u64 = u64::MAX;
-        self.qp
-            .post_send(&SendWr::read(
-                READ_ID,
-                local.sge(0, len),
-                remote_addr,
-                softrdma_verbs::Rkey::from_raw(rkey),
-            ))
-            .map_err(|e| {
-                self.dead.store(true, Ordering::Release);
-                verr(e)
-            })?;
-        tx.outstanding += 1;
         let deadline = Instant::now() + timeout;
-        // Same host: the Read was copied during post_send and its
-        // completion is already queued; over TCP the response comes back
+        let mut tx = self.tx.lock().unwrap();
+        // Room on the send queue (Sends of this link may be in flight).
+        self.reap(&mut tx, false, timeout)?;
+        while tx.outstanding + reads.len() > SEND_SLOTS + SQ_SPARE {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(LinkError::Timeout(self.peer()));
+            }
+            self.reap(&mut tx, true, left)?;
+        }
+        // Read WR ids sit above every send slot id.
+        const READ_ID: u64 = u64::MAX - READ_BATCH as u64;
+        let wrs: Vec<SendWr> = reads
+            .iter()
+            .enumerate()
+            .map(|(i, &(off, len, addr))| {
+                SendWr::read(
+                    READ_ID + i as u64,
+                    local.sge(off, len),
+                    addr,
+                    softrdma_verbs::Rkey::from_raw(rkey),
+                )
+            })
+            .collect();
+        self.qp.post_send_batch(&wrs).map_err(|e| {
+            self.dead.store(true, Ordering::Release);
+            verr(e)
+        })?;
+        tx.outstanding += wrs.len();
+        let mut left = reads.len();
+        // Same host: the Reads were copied during post_send and their
+        // completions are already queued; over TCP the responses come back
         // on this link's input, which this thread runs.
-        loop {
+        while left > 0 {
             let Some(wc) = self.next_send_wc(deadline) else {
                 return Err(LinkError::Timeout(self.peer()));
             };
@@ -710,9 +756,10 @@ impl Link {
                     wc.status
                 )));
             }
-            if wc.wr_id == READ_ID {
-                return Ok(());
+            if wc.wr_id >= READ_ID {
+                left -= 1;
             }
         }
+        Ok(())
     }
 }

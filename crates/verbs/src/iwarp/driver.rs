@@ -120,13 +120,26 @@ pub(super) fn rx_loop(q: &QpInner, rx: &mut Rx, c: &Conn, budget: usize) -> RxEn
     let polled = c.polled.load(Ordering::Relaxed);
     let (mut budget, mut handled_any) = (budget, false);
     let mut scratch: Vec<RawSpan> = Vec::new();
+    // Hands the receiver's responses and completions to the transmitter
+    // and runs it.
+    let kick = |rx: &mut Rx| {
+        let (mut sq, mut tx) = c.lock_tx(q);
+        tx.take_from_rx(&mut rx.to_tx);
+        tx_or_fail(q, &mut sq, &mut tx, c)
+    };
     loop {
-        match process(q, rx, c, &mut budget, &mut handled_any, polled) {
+        let stop = process(q, rx, c, &mut budget, &mut handled_any, polled);
+        // A kick deferred while staged input was handled: before reading
+        // more, placing a payload, or returning.
+        if !matches!(stop, Stop::Kick) && std::mem::take(&mut rx.kick) {
+            if let Some(e) = kick(rx) {
+                return e;
+            }
+        }
+        match stop {
             Stop::End(e) => return e,
             Stop::Kick => {
-                let (mut sq, mut tx) = c.lock_tx(q);
-                tx.take_from_rx(&mut rx.to_tx);
-                if let Some(e) = tx_or_fail(q, &mut sq, &mut tx, c) {
+                if let Some(e) = kick(rx) {
                     return e;
                 }
             }

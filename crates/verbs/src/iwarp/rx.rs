@@ -159,7 +159,10 @@ pub(super) enum Stop {
     /// memory ([`Rx::direct_target`], then [`Rx::direct_done`]).
     Direct,
     /// A response or a completion was queued that may let the
-    /// transmitter move: run it, then call again.
+    /// transmitter move: run it, then call again. (When more input is
+    /// staged, the receiver handles that first and leaves [`Rx::kick`] set;
+    /// the driver then runs the transmitter before it acts on whatever
+    /// else `process` stopped for.)
     Kick,
     /// The receiver is done for now, or for good.
     End(RxEnd),
@@ -580,7 +583,12 @@ pub(super) fn process(
                 if let Some(end) = on_segment_done(q, rx, c) {
                     return end.into();
                 }
-                if std::mem::take(&mut rx.kick) {
+                // Responses to requests that arrived together leave
+                // together: the transmitter runs once the staged input is
+                // used up (here, or by the driver before it reads more
+                // or returns), so a batch of Read Requests read in one
+                // system call is answered with one.
+                if rx.avail() == 0 && std::mem::take(&mut rx.kick) {
                     return Stop::Kick;
                 }
             }
