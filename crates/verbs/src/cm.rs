@@ -202,8 +202,7 @@ impl QueuePair {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| Error::inval("no address"))?;
-        let mut s = TcpStream::connect_timeout(&addr, params.timeout)?;
-        crate::tcp::tune_tcp(&s)?;
+        let mut s = crate::tcp::connect(addr, params.timeout)?;
         let v2 = (params.mpa_revision == 2).then_some(MpaV2 {
             ird: params.ird.min(mpa::IRD_ORD_MASK),
             ord: params.ord.min(mpa::IRD_ORD_MASK),
@@ -416,7 +415,7 @@ impl Device {
     /// Listens for connections on `addr` (e.g. "127.0.0.1:7174"; port 0
     /// picks one).
     pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
-        let listener = TcpListener::bind(addr)?;
+        let listener = crate::tcp::listen(addr)?;
         let local = listener.local_addr()?;
         let (tx, rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -478,7 +477,7 @@ fn accept_loop(
 /// Reads a connection's MPA request by `deadline`; `None` if it is not a
 /// valid one (refused or dropped, and logged).
 fn handshake(mut s: TcpStream, peer: SocketAddr, deadline: Duration) -> Option<ConnectRequest> {
-    crate::tcp::tune_tcp(&s).ok()?;
+    crate::tcp::tune_accepted(&s).ok()?;
     match read_frame(&mut s, deadline) {
         Ok(mut f) if f.kind == MpaKind::Request && !f.markers => {
             let (ext, same_host, rest) = mpa::ext::parse(&f.private_data);

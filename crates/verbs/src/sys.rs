@@ -157,6 +157,88 @@ unsafe impl Send for RawSpan {}
 // registration.
 unsafe impl Sync for RawSpan {}
 
+/// Most messages [`send_runs`] writes in one call.
+pub const MAX_RUNS: usize = 16;
+
+/// Whether `sendmmsg` may carry a stream's TCP segment runs: the kernel
+/// must honour a per-message `MSG_EOR` (Linux 4.7) and stop the batch at a
+/// message it wrote only in part (Linux 5.3, "sock: fix sendmmsg for
+/// partial sendmsg"): an older one went on with the next message, which on
+/// a stream socket tears the stream.
+pub fn sendmmsg_safe() -> bool {
+    static SAFE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAFE.get_or_init(|| {
+        // SAFETY: utsname is plain data; uname fills it.
+        let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+        // SAFETY: `u` is a valid utsname to write to.
+        if unsafe { libc::uname(&mut u) } != 0 {
+            return false;
+        }
+        let release: String = u
+            .release
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8 as char)
+            .collect();
+        kernel_at_least(&release, (5, 3))
+    })
+}
+
+/// Whether a kernel release string ("6.1.0-18-amd64") is at least `min`.
+pub fn kernel_at_least(release: &str, min: (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= min,
+        _ => false,
+    }
+}
+
+/// Several segment runs of a stream in one `sendmmsg`, non-blocking,
+/// without SIGPIPE: run `i` is `spans[runs[i].0..runs[i].1]`, ending with
+/// `MSG_EOR` when `runs[i].2` (see [`send_spans`]). Returns the bytes
+/// written: the runs before the first one written in part, and that part
+/// (the kernel stops there, [`sendmmsg_safe`]). At most [`MAX_RUNS`] runs
+/// and 64 spans.
+///
+/// # Safety
+/// Every span must be readable memory that stays valid during the call.
+pub unsafe fn send_runs(
+    fd: RawFd,
+    spans: &[RawSpan],
+    runs: &[(usize, usize, bool)],
+) -> io::Result<usize> {
+    assert!(runs.len() <= MAX_RUNS && spans.len() <= 64);
+    let mut iov: [libc::iovec; 64] = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 64];
+    for (i, s) in spans.iter().enumerate() {
+        iov[i] = libc::iovec {
+            iov_base: s.ptr as *mut libc::c_void,
+            iov_len: s.len,
+        };
+    }
+    // SAFETY: zeroed mmsghdrs are valid empty headers.
+    let mut msgs: [libc::mmsghdr; MAX_RUNS] = unsafe { std::mem::zeroed() };
+    for (m, &(a, b, eor)) in msgs.iter_mut().zip(runs) {
+        assert!(a <= b && b <= spans.len(), "a run within the spans");
+        // SAFETY: a <= spans.len() <= 64 keeps the pointer within `iov`.
+        m.msg_hdr.msg_iov = unsafe { iov.as_mut_ptr().add(a) };
+        m.msg_hdr.msg_iovlen = (b - a) as _;
+        m.msg_hdr.msg_flags = if eor { libc::MSG_EOR } else { 0 };
+    }
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    // SAFETY: `runs.len()` headers, each pointing at initialised iovecs in
+    // `iov`, all living across the call; the caller guarantees the spans.
+    let r = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), runs.len() as libc::c_uint, flags) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(msgs[..r as usize].iter().map(|m| m.msg_len as usize).sum())
+}
+
 /// `sendmsg` of a list of spans, non-blocking, without SIGPIPE. With `eor`
 /// the call passes `MSG_EOR`: TCP appends nothing further to the segment
 /// buffer that ends with these bytes, so the next write starts a new
@@ -584,4 +666,47 @@ pub fn tcp_congestion(fd: RawFd) -> Option<String> {
     let b = &buf[..(len as usize).min(buf.len())];
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8(b[..end].to_vec()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn kernel_releases_compare() {
+        assert!(kernel_at_least("6.1.0-18-amd64", (5, 3)));
+        assert!(kernel_at_least("5.3.0", (5, 3)));
+        assert!(kernel_at_least("5.10.0-28-cloud-amd64", (5, 3)));
+        assert!(!kernel_at_least("5.2.21", (5, 3)));
+        assert!(!kernel_at_least("4.19.0-26-amd64", (5, 3)));
+        assert!(!kernel_at_least("garbage", (5, 3)));
+    }
+
+    /// Runs written with `send_runs` arrive whole and in order, and the
+    /// count returned is what the peer reads.
+    #[test]
+    fn send_runs_keeps_the_stream_in_order() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let mut a: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let mut b: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        let mut h = *b"header";
+        let span = |v: &mut [u8]| RawSpan {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+        };
+        let spans = [span(&mut h), span(&mut a), span(&mut b), span(&mut h)];
+        // Three runs: [h a], [b], [h].
+        let runs = [(0, 2, true), (2, 3, true), (3, 4, false)];
+        // SAFETY: the spans are the live vectors and array above.
+        let n = unsafe { send_runs(c.as_raw_fd(), &spans, &runs) }.unwrap();
+        let want: Vec<u8> = [&h[..], &a, &b, &h].concat();
+        assert_eq!(n, want.len());
+        let mut got = vec![0u8; n];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(got, want);
+    }
 }

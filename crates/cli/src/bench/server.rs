@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use softrdma_verbs::*;
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,7 +59,7 @@ pub fn run(
         .listen(SocketAddr::new(bind, port))
         .with_context(|| format!("cannot listen on {bind}:{port}"))?;
     let addr = listener.local_addr()?;
-    let tcp_listener = TcpListener::bind(SocketAddr::new(bind, 0))
+    let tcp_listener = softrdma_verbs::tcp::listen(SocketAddr::new(bind, 0))
         .context("cannot open the TCP baseline listener")?;
     let tcp_port = tcp_listener.local_addr()?.port();
     std::thread::Builder::new()

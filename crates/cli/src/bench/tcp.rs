@@ -31,7 +31,7 @@ pub fn serve(l: TcpListener) {
 fn serve_one(mut s: TcpStream) -> Result<()> {
     // Like the engine's own sockets (TCP_NODELAY, the congestion control
     // of `softrdma_verbs::tcp`), so the baseline differs only in framing.
-    softrdma_verbs::tcp::tune_tcp(&s)?;
+    softrdma_verbs::tcp::tune_accepted(&s)?;
     let mut hdr = [0u8; 9];
     s.read_exact(&mut hdr)?;
     let size = u64::from_be_bytes(hdr[1..9].try_into().unwrap()) as usize;
@@ -106,8 +106,7 @@ pub fn pump(
     let handles: Vec<_> = (0..streams.max(1))
         .map(|_| {
             std::thread::spawn(move || -> Result<u64> {
-                let mut s = TcpStream::connect(addr)?;
-                softrdma_verbs::tcp::tune_tcp(&s)?;
+                let mut s = softrdma_verbs::tcp::connect(addr, Duration::from_secs(10))?;
                 let mut hdr = vec![PUMP];
                 hdr.extend_from_slice(&(size as u64).to_be_bytes());
                 s.write_all(&hdr)?;
@@ -154,8 +153,7 @@ pub fn pingpong(
     until: Option<Duration>,
     busy: bool,
 ) -> Result<Vec<u64>> {
-    let mut s = TcpStream::connect(addr)?;
-    softrdma_verbs::tcp::tune_tcp(&s)?;
+    let mut s = softrdma_verbs::tcp::connect(addr, Duration::from_secs(10))?;
     let mut hdr = vec![if busy { PINGPONG_BUSY } else { PINGPONG }];
     hdr.extend_from_slice(&(size as u64).to_be_bytes());
     s.write_all(&hdr)?;

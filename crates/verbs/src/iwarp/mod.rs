@@ -344,6 +344,44 @@ impl Conn {
         unsafe { self.recv_spans(&s) }
     }
 
+    /// Sends several segment runs (`spans[a..b]`, with `MSG_EOR` at its end
+    /// when the run's flag is set) in order, non-blocking; returns the
+    /// bytes written, which end inside a run only where the socket (or
+    /// ring) took no more. On a socket one `sendmmsg` where the kernel
+    /// allows it ([`sys::sendmmsg_safe`]), else one write per run.
+    ///
+    /// # Safety
+    /// Every span must be readable memory valid for the call.
+    pub unsafe fn send_runs(
+        &self,
+        spans: &[RawSpan],
+        runs: &[(usize, usize, bool)],
+    ) -> io::Result<usize> {
+        if let (Io::Tcp { fd, .. }, None) = (&self.io, self.ring_tx()) {
+            if runs.len() > 1 && sys::sendmmsg_safe() {
+                // SAFETY: the caller's contract.
+                return unsafe { sys::send_runs(*fd, spans, runs) };
+            }
+        }
+        let mut sent = 0;
+        for &(a, b, eor) in runs {
+            let want: usize = spans[a..b].iter().map(|s| s.len).sum();
+            // SAFETY: the caller's contract.
+            match unsafe { self.send_spans(&spans[a..b], eor) } {
+                Ok(n) => {
+                    sent += n;
+                    if n < want {
+                        break;
+                    }
+                }
+                // What was written stands; the next call meets the error.
+                Err(_) if sent > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sent)
+    }
+
     /// Sends `spans` (non-blocking): into the peer's ring in ring mode,
     /// else on the socket (`eor`: end of a TCP segment, see sys).
     ///

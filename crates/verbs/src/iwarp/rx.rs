@@ -238,7 +238,7 @@ impl Rx {
         self.kick = true;
     }
 
-    fn avail(&self) -> usize {
+    pub(super) fn avail(&self) -> usize {
         self.end - self.start
     }
 
