@@ -142,9 +142,10 @@ impl Conn {
         link: Option<crate::samehost::Link>,
     ) -> io::Result<Conn> {
         stream.set_nonblocking(true)?;
-        // Set up by the connection manager already (`crate::tcp::tune_tcp`,
-        // before the MPA exchange); no-delay again costs nothing and
-        // keeps a connection made some other way from waiting for ACKs.
+        // Set up by the connection manager already (`crate::tcp::connect`
+        // or `tune_accepted`, before the MPA exchange); no-delay again
+        // costs nothing and keeps a connection made some other way from
+        // waiting for ACKs.
         stream.set_nodelay(true)?;
         let fd = stream.as_raw_fd();
         let seg = if params.large_segments {
