@@ -442,9 +442,24 @@ fn worker(
     // Verify: every acknowledged object reads back exactly; deleted
     // pointers whose space was not reused read as freed.
     let live_addrs: std::collections::HashSet<u64> = live.iter().map(|l| l.ptr.addr).collect();
-    for l in &live {
+    for (k, l) in live.iter().enumerate() {
         match c.read(l.ptr) {
             Ok(d) if d == l.data => w.verified += 1,
+            // No node answered for the client's whole deadline: the group
+            // has no primary (both nodes lost, or a degraded primary lost:
+            // docs/store.md, "Durability, by policy"). Every object left
+            // is unverifiable; say so once instead of waiting a deadline
+            // per object.
+            Err(e @ ClientError::Unavailable(_)) => {
+                let left = (live.len() - k) as u64;
+                w.lost += left;
+                err(
+                    &mut w,
+                    format!("verify: {e}; {left} acknowledged objects could not be read"),
+                );
+                w.stats = c.stats();
+                return Ok(w);
+            }
             Ok(_) => {
                 w.lost += 1;
                 err(

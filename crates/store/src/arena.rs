@@ -9,9 +9,11 @@
 //!   `mmap(MAP_FIXED_NOREPLACE)`. If any part of the range is already mapped
 //!   it fails with [`ArenaError::AddressTaken`], naming the address; it never
 //!   relocates silently and never clobbers an existing mapping.
-//! * [`Arena::map_anywhere`] lets the kernel choose (no hint) and keeps that
-//!   mapping: this is how a primary *proposes* the address that its
-//!   secondaries then request with [`Arena::map_at`].
+//! * [`Arena::map_anywhere`] picks a random address in a band of the address
+//!   space that processes do not otherwise use ([`QUIET_BAND`]; the kernel
+//!   chooses only where that band does not exist) and keeps that mapping:
+//!   this is how a primary *proposes* the address that its secondaries, and
+//!   restarted nodes, then request with [`Arena::map_at`].
 //! * [`Arena::read`] / [`Arena::write`] copy bytes in and out at an offset with
 //!   bounds checks. No Rust reference into the mapping is ever handed out: the
 //!   RDMA engine reads (and, during recovery, writes) the same memory through
@@ -28,6 +30,21 @@ use std::ptr::NonNull;
 
 /// Size of a page; arena addresses and lengths must be multiples of it.
 pub const PAGE_SIZE: u64 = 4096;
+
+/// Where [`Arena::map_anywhere`] places arenas: 16 TiB to 48 TiB, below a
+/// position-independent executable and its heap (about 85 TiB on x86-64
+/// Linux) and the per-process randomised `mmap` area (from about 112 TiB
+/// up to the 128 TiB top of a 47-bit address space), above anything a
+/// process maps low.
+pub const QUIET_BAND: (u64, u64) = (16 << 40, 48 << 40);
+
+/// A random number (std's per-process random hash keys; no dependency).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    h.finish()
+}
 
 /// Whether an arena's pages may be shared with a child process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,11 +213,38 @@ impl Arena {
         Ok(Arena { base, len, kind })
     }
 
-    /// Maps `len` bytes wherever the kernel chooses and keeps the mapping;
-    /// [`base_addr`](Arena::base_addr) is then the address to propose to
-    /// the other nodes of the group.
+    /// Maps `len` bytes at an address of its choosing and keeps the
+    /// mapping; [`base_addr`](Arena::base_addr) is then the address to
+    /// propose to the other nodes of the group.
+    ///
+    /// The address is drawn at random (1 GiB aligned) from [`QUIET_BAND`],
+    /// a part of the address space that a process's own mappings do not
+    /// reach, and only if that fails (a smaller address space) does the
+    /// kernel choose. A kernel-chosen address lies where every process's
+    /// libraries, thread stacks and `malloc` arenas go (the top of the
+    /// address space, shifted at random per process), so a restarted node,
+    /// a new process, could find it taken and never rejoin (seen once in
+    /// the crash test: "already in use in this process").
     pub fn map_anywhere(len: u64, kind: ArenaKind) -> Result<Arena, ArenaError> {
         check_aligned(0, len)?;
+        const GIB: u64 = 1 << 30;
+        let (lo, hi) = QUIET_BAND;
+        if len < hi - lo {
+            let slots = (hi - lo - len) / GIB;
+            let mut r = random_u64();
+            for _ in 0..16 {
+                let addr = lo + (r % slots.max(1)) * GIB;
+                match Arena::map_at(addr, len, kind) {
+                    Ok(a) => return Ok(a),
+                    Err(ArenaError::AddressTaken { .. }) => {
+                        r = r.rotate_left(17).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ addr;
+                    }
+                    // Outside this machine's address space: let the kernel
+                    // choose.
+                    Err(_) => break,
+                }
+            }
+        }
         // SAFETY: a null hint without MAP_FIXED lets the kernel pick an unused
         // range; the result is checked before use.
         let got = unsafe {
@@ -385,6 +429,26 @@ mod tests {
         assert!(matches!(err, ArenaError::AddressTaken { .. }));
         a.read(100, &mut buf).unwrap();
         assert_eq!(&buf, b"hello");
+    }
+
+    /// A proposed address lies in the quiet band (on a 47-bit or larger
+    /// address space, which every x86-64 Linux has), and two proposals in
+    /// one process do not collide.
+    #[test]
+    fn proposed_addresses_lie_in_the_quiet_band() {
+        let a = Arena::map_anywhere(64 * MIB, ArenaKind::Private).unwrap();
+        let b = Arena::map_anywhere(64 * MIB, ArenaKind::Private).unwrap();
+        for x in [&a, &b] {
+            let at = x.base_addr();
+            if cfg!(target_arch = "x86_64") {
+                assert!(
+                    at >= QUIET_BAND.0 && at + x.len() <= QUIET_BAND.1,
+                    "{at:#x} outside the quiet band"
+                );
+                assert_eq!(at % (1 << 30), 0, "{at:#x} not 1 GiB aligned");
+            }
+        }
+        assert_ne!(a.base_addr(), b.base_addr());
     }
 
     #[test]
