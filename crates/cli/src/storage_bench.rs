@@ -397,6 +397,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
                                         0,
                                         Some(o.duration),
                                         1,
+                                        false,
                                     )?;
                                     let t = b as f64 / s / 1e9;
                                     tcp_gbps.insert(size, t);

@@ -76,6 +76,42 @@ fn bandwidth_tests_with_baseline() {
     }
 }
 
+/// `--baseline tcp,tcp-segments --repeat 3`: the pump written as the siw
+/// framing writes (a message per MSS) beside the plain pump, each with its
+/// ratio, and the plain pump's Gbit/s per run beside ours.
+#[test]
+fn segment_pump_baseline_and_baseline_runs() {
+    let lines = bench(&[
+        "--test",
+        "write_bw",
+        "--size",
+        "1M",
+        "--iters",
+        "200",
+        "--no-ext",
+        "--repeat",
+        "3",
+        "--baseline",
+        "tcp,tcp-segments",
+    ]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v = &lines[0];
+    let (g, s, r) = (
+        f(v, "gbps"),
+        f(v, "tcp_segments_gbps"),
+        f(v, "ratio_tcp_segments"),
+    );
+    assert!(s > 0.0, "{v}");
+    assert!((r - g / s).abs() < 0.01 * r.max(0.01) + 0.002, "{v}");
+    let runs = v["baseline_runs_gbps"].as_array().expect("baseline runs");
+    assert_eq!(runs.len(), 3, "{v}");
+    let b = f(v, "baseline_gbps");
+    let mut sorted: Vec<f64> = runs.iter().map(|x| x.as_f64().unwrap()).collect();
+    sorted.sort_by(f64::total_cmp);
+    assert!((sorted[1] - b).abs() < 0.01 * b, "the median baseline: {v}");
+    assert!(f(v, "baseline_runs_min_over_max") <= 1.0, "{v}");
+}
+
 #[test]
 fn latency_tests_with_baseline() {
     for test in ["write_lat", "read_lat", "send_lat"] {

@@ -170,6 +170,26 @@ pub fn congestion_of(s: &TcpStream) -> Option<String> {
     crate::sys::tcp_congestion(s.as_raw_fd())
 }
 
+/// Writes `buf` (bytes `pos..` of the stream) to `s` as the siw framing's
+/// transmitter writes a stream (`iwarp::Batch::write`): messages that end
+/// at every multiple of `seg` stream bytes, each with `MSG_EOR` so the
+/// next begins a TCP segment (as the transmitter packs FPDUs into whole
+/// segments), up to
+/// [`crate::sys::MAX_RUNS`] of them per `sendmmsg` (one `sendmsg` each on
+/// kernels before 5.3). Blocks until all is written. This is the bench's
+/// `--baseline tcp-segments` pump: what the kernel charges a sender that
+/// must start a segment every FPDU (MPA's 16-bit length caps an FPDU at
+/// 64 KiB), measured without any framing.
+pub fn write_segments(s: &TcpStream, buf: &[u8], seg: usize, pos: u64) -> std::io::Result<()> {
+    crate::sys::write_segments(s.as_raw_fd(), buf, seg, pos)
+}
+
+/// The segment size the siw framing cuts FPDUs to on `s`: its current
+/// MSS (`TCP_MAXSEG`), at most 65535 (MPA's length field).
+pub fn fpdu_segment(s: &TcpStream) -> Option<usize> {
+    crate::sys::tcp_mss(s.as_raw_fd()).map(|m| m.min(65535))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

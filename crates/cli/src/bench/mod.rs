@@ -130,6 +130,10 @@ pub struct Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Baseline {
     Tcp,
+    /// The TCP pump writing as the siw framing does (a message per MSS
+    /// with `MSG_EOR`): the kernel's cost of FPDU-aligned segments, for
+    /// bandwidth tests. Reported as `tcp_segments_gbps` beside `tcp`.
+    TcpSegments,
     Ucx,
 }
 
@@ -263,6 +267,8 @@ struct Record {
     baseline_gbps: Option<f64>,
     baseline_lat_us_p50: Option<f64>,
     ratio: Option<f64>,
+    /// `--baseline tcp-segments`: the pump in MSS-sized `MSG_EOR` messages.
+    seg_baseline_gbps: Option<f64>,
     rss_client_mib: Option<f64>,
     rss_server_mib: Option<f64>,
     /// The server's TCP baseline port (not printed).
@@ -279,6 +285,9 @@ struct Record {
     tcp_fallbacks: u64,
     /// With --repeat: every run's (Gbit/s, p50 us, p99 us), in run order.
     runs: Vec<(f64, f64, f64)>,
+    /// With --repeat and a TCP pump baseline: its Gbit/s per run, in run
+    /// order (how steady the machine itself was).
+    base_runs: Vec<f64>,
 }
 
 impl Record {
@@ -314,6 +323,10 @@ impl Record {
         if let Some(r) = self.ratio {
             m.insert("ratio".into(), round(r, 3).into());
         }
+        if let Some(b) = self.seg_baseline_gbps {
+            m.insert("tcp_segments_gbps".into(), round(b, 6).into());
+            m.insert("ratio_tcp_segments".into(), round(self.gbps / b, 3).into());
+        }
         if let Some(u) = &self.ucx {
             m.insert("ucx_tls".into(), a.ucx_tls.clone().into());
             m.insert("ucx_gbps".into(), round(u.gbps, 6).into());
@@ -338,6 +351,18 @@ impl Record {
             m.insert("runs_p99_over_p50".into(), tails.into());
             if hi > 0.0 {
                 m.insert("runs_min_over_max".into(), round(lo / hi, 3).into());
+            }
+            if self.base_runs.len() == self.runs.len() {
+                let lo = self.base_runs.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = self.base_runs.iter().copied().fold(0.0, f64::max);
+                let g: Vec<f64> = self.base_runs.iter().map(|&b| round(b, 3)).collect();
+                m.insert("baseline_runs_gbps".into(), g.into());
+                if hi > 0.0 {
+                    m.insert(
+                        "baseline_runs_min_over_max".into(),
+                        round(lo / hi, 3).into(),
+                    );
+                }
             }
         }
         if self.transport == "same-host" {
@@ -437,6 +462,15 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
             if a.baseline.contains(&Baseline::Tcp) && a.test != Test::IdleQps {
                 baseline(a, server, &mut r, size, iters)?;
             }
+            if a.baseline.contains(&Baseline::TcpSegments)
+                && !a.test.is_lat()
+                && a.test != Test::IdleQps
+            {
+                let addr = SocketAddr::new(server.ip(), r.tcp_port);
+                let until = a.duration.map(Duration::from_secs_f64);
+                let (bytes, secs) = tcp::pump(addr, size as usize, iters, until, a.qps, true)?;
+                r.seg_baseline_gbps = Some(bytes as f64 * 8.0 / secs / 1e9);
+            }
             if a.baseline.contains(&Baseline::Ucx) && a.test != Test::IdleQps {
                 let u = ucx::run(a.test, size, iters, &a.ucx_tls)?;
                 r.ucx_ratio = Some(if a.test.is_lat() {
@@ -477,6 +511,7 @@ fn median_run(mut runs: Vec<Record>, lat: bool) -> Record {
             (r.gbps, p50, p99)
         })
         .collect();
+    let base_runs: Vec<f64> = runs.iter().filter_map(|r| r.baseline_gbps).collect();
     let key = |r: &Record| {
         if lat {
             r.lat.map_or(0.0, |l| l.0)
@@ -488,6 +523,8 @@ fn median_run(mut runs: Vec<Record>, lat: bool) -> Record {
     let mid = runs.len() / 2;
     let mut base_g: Vec<f64> = runs.iter().filter_map(|r| r.baseline_gbps).collect();
     let mut base_l: Vec<f64> = runs.iter().filter_map(|r| r.baseline_lat_us_p50).collect();
+    let mut base_s: Vec<f64> = runs.iter().filter_map(|r| r.seg_baseline_gbps).collect();
+    base_s.sort_by(f64::total_cmp);
     base_g.sort_by(f64::total_cmp);
     base_l.sort_by(f64::total_cmp);
     let mut r = runs.swap_remove(mid);
@@ -496,12 +533,16 @@ fn median_run(mut runs: Vec<Record>, lat: bool) -> Record {
         r.baseline_gbps = Some(b);
         r.ratio = Some(r.gbps / b);
     }
+    if !base_s.is_empty() {
+        r.seg_baseline_gbps = Some(base_s[base_s.len() / 2]);
+    }
     if !base_l.is_empty() {
         let b = base_l[base_l.len() / 2];
         r.baseline_lat_us_p50 = Some(b);
         r.ratio = r.lat.map(|l| l.0 / b);
     }
     r.runs = all;
+    r.base_runs = base_runs;
     r
 }
 
@@ -589,7 +630,7 @@ fn baseline(a: &Args, server: SocketAddr, r: &mut Record, size: u64, iters: u64)
             r.ratio = Some(ours / p50);
         }
     } else {
-        let (bytes, secs) = tcp::pump(addr, size as usize, iters, until, a.qps)?;
+        let (bytes, secs) = tcp::pump(addr, size as usize, iters, until, a.qps, false)?;
         let g = bytes as f64 * 8.0 / secs / 1e9;
         r.baseline_gbps = Some(g);
         r.ratio = Some(r.gbps / g);

@@ -94,13 +94,17 @@ fn write_full(s: &mut TcpStream, buf: &[u8], busy: bool) -> Result<()> {
 }
 
 /// Pumps `count` messages of `size` bytes (or until `until`) over `streams`
-/// connections in parallel; returns (bytes, seconds).
+/// connections in parallel; returns (bytes, seconds). With `segments`,
+/// the stream is written as the siw framing writes it: a message ending
+/// with `MSG_EOR` at every MSS of the stream, 16 per `sendmmsg`
+/// (`softrdma_verbs::tcp::write_segments`), with no framing.
 pub fn pump(
     addr: SocketAddr,
     size: usize,
     count: u64,
     until: Option<Duration>,
     streams: usize,
+    segments: bool,
 ) -> Result<(u64, f64)> {
     let start = Instant::now();
     let handles: Vec<_> = (0..streams.max(1))
@@ -120,7 +124,13 @@ pub fn pump(
                         None if i >= count => break,
                         _ => {}
                     }
-                    s.write_all(&buf)?;
+                    if segments {
+                        let seg = softrdma_verbs::tcp::fpdu_segment(&s)
+                            .ok_or_else(|| anyhow::anyhow!("no MSS on the pump's socket"))?;
+                        softrdma_verbs::tcp::write_segments(&s, &buf, seg, sent)?;
+                    } else {
+                        s.write_all(&buf)?;
+                    }
                     sent += size as u64;
                     i += 1;
                 }

@@ -409,6 +409,9 @@ fn release(budget: &AtomicU64, n: u64) {
 /// The STag a ready-to-receive (RTR) message names: 1, as siw.
 pub(crate) const RTR_STAG: u32 = 1;
 
+/// The least payload worth an FPDU packed into a segment's tail.
+const PACK_MIN: usize = 256;
+
 /// Appends FPDUs of `m` to the batch until it is full or the message is
 /// done. Returns true when the whole message is composed.
 pub(super) fn compose(
@@ -423,8 +426,24 @@ pub(super) fn compose(
         let hl = m.hdr.len() + m.extra_len;
         // max_ulpdu >= 128 > the largest header (70).
         debug_assert!(max_ulpdu > hl);
-        let room = max_ulpdu.saturating_sub(hl).max(1) as u64;
         let rem = m.total - m.off;
+        let room = max_ulpdu.saturating_sub(hl).max(1) as u64;
+        // Packing: a message that needs more than one FPDU anyway starts
+        // in the room its predecessor left in the current segment, so
+        // every segment leaves full (a 64 KiB message at a 64 KiB MSS is
+        // otherwise a full segment and a tiny one, each its own `MSG_EOR`
+        // message). A message that fits one FPDU is not split for it.
+        let used = b.total - b.chunk_start;
+        let room = if rem > room && used > 0 && used < seg {
+            let fit = mpa::max_ulpdu_for(seg - used).min(max_ulpdu);
+            if fit >= hl + PACK_MIN {
+                (fit - hl) as u64
+            } else {
+                room
+            }
+        } else {
+            room
+        };
         // A streamed message: no further than its chunk.
         let chunk_left = m
             .backed
@@ -672,3 +691,7 @@ pub(super) fn fill_batch(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Fil
     }
     Filled::Idle
 }
+
+#[cfg(test)]
+#[path = "tx_tests.rs"]
+mod tests;
