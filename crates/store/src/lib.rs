@@ -7,6 +7,7 @@
 //! * [`arena`]: fixed-address mappings (all `unsafe` lives there).
 //! * [`alloc`]: deterministic allocator over arena offsets.
 //! * [`object`]: object header and torn-read detection.
+//! * [`index`]: the key index in the arena, read one-sided by clients.
 //! * [`ptr`]: remote pointers, their encodings and validation.
 //! * [`proto`]: messages (every one carries the sender's epoch) and codec.
 //! * [`node`]: the pure replication state machine of one node.
@@ -21,6 +22,7 @@ pub mod alloc;
 pub mod arena;
 pub mod config;
 pub mod coord;
+pub mod index;
 pub mod lincheck;
 pub mod net;
 pub mod node;
