@@ -121,16 +121,6 @@ impl Slot {
             generation: u(12),
         })
     }
-
-    /// The allocation length in bytes.
-    pub fn len(&self) -> u64 {
-        self.units as u64 * UNIT
-    }
-
-    /// Never true: an object occupies at least one unit.
-    pub fn is_empty(&self) -> bool {
-        self.units == 0
-    }
 }
 
 /// A bucket, decoded and checked.
@@ -160,16 +150,6 @@ impl Bucket {
             .iter()
             .enumerate()
             .filter_map(move |(i, s)| s.filter(|s| s.tag == tag).map(|s| (i, s)))
-    }
-
-    /// The first free slot.
-    pub fn free_slot(&self) -> Option<usize> {
-        self.slots.iter().position(|s| s.is_none())
-    }
-
-    /// Entries in use.
-    pub fn used(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
     }
 }
 
@@ -386,11 +366,6 @@ impl Meta {
         }
     }
 
-    /// The layout.
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-
     /// Rebuilds the index's state from an arena: `key_of(entry)` reads the
     /// key from the header of the object an entry names.
     pub fn from_memory(
@@ -425,21 +400,6 @@ impl Meta {
     /// Where `key` is.
     pub fn get(&self, key: &[u8]) -> Option<&Found> {
         self.keys.get(key)
-    }
-
-    /// Keys in the index.
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// Whether the index holds no key.
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    /// Every key with its entry (in no particular order).
-    pub fn iter(&self) -> impl Iterator<Item = (&Vec<u8>, &Found)> {
-        self.keys.iter()
     }
 
     fn free_slot(&self, no: u64) -> Option<u8> {

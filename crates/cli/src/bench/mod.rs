@@ -466,10 +466,7 @@ fn run_client(a: &Args, server: SocketAddr, server_pid: Option<u32>) -> Result<(
                 && !a.test.is_lat()
                 && a.test != Test::IdleQps
             {
-                let addr = SocketAddr::new(server.ip(), r.tcp_port);
-                let until = a.duration.map(Duration::from_secs_f64);
-                let (bytes, secs) = tcp::pump(addr, size as usize, iters, until, a.qps, true)?;
-                r.seg_baseline_gbps = Some(bytes as f64 * 8.0 / secs / 1e9);
+                r.seg_baseline_gbps = Some(pump_gbps(a, server, r.tcp_port, size, iters, true)?);
             }
             if a.baseline.contains(&Baseline::Ucx) && a.test != Test::IdleQps {
                 let u = ucx::run(a.test, size, iters, &a.ucx_tls)?;
@@ -521,7 +518,7 @@ fn median_run(mut runs: Vec<Record>, lat: bool) -> Record {
     };
     runs.sort_by(|x, y| key(x).total_cmp(&key(y)));
     let mid = runs.len() / 2;
-    let mut base_g: Vec<f64> = runs.iter().filter_map(|r| r.baseline_gbps).collect();
+    let mut base_g = base_runs.clone();
     let mut base_l: Vec<f64> = runs.iter().filter_map(|r| r.baseline_lat_us_p50).collect();
     let mut base_s: Vec<f64> = runs.iter().filter_map(|r| r.seg_baseline_gbps).collect();
     base_s.sort_by(f64::total_cmp);
@@ -630,12 +627,27 @@ fn baseline(a: &Args, server: SocketAddr, r: &mut Record, size: u64, iters: u64)
             r.ratio = Some(ours / p50);
         }
     } else {
-        let (bytes, secs) = tcp::pump(addr, size as usize, iters, until, a.qps, false)?;
-        let g = bytes as f64 * 8.0 / secs / 1e9;
+        let g = pump_gbps(a, server, r.tcp_port, size, iters, false)?;
         r.baseline_gbps = Some(g);
         r.ratio = Some(r.gbps / g);
     }
     Ok(())
+}
+
+/// The TCP pump to the server's baseline port (`segments`: written as
+/// the siw framing writes), in Gbit/s.
+fn pump_gbps(
+    a: &Args,
+    server: SocketAddr,
+    tcp_port: u16,
+    size: u64,
+    iters: u64,
+    segments: bool,
+) -> Result<f64> {
+    let addr = SocketAddr::new(server.ip(), tcp_port);
+    let until = a.duration.map(Duration::from_secs_f64);
+    let (bytes, secs) = tcp::pump(addr, size as usize, iters, until, a.qps, segments)?;
+    Ok(bytes as f64 * 8.0 / secs / 1e9)
 }
 
 fn percentiles(ns: &[u64]) -> (f64, f64, f64) {

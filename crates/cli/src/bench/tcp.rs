@@ -93,6 +93,9 @@ fn write_full(s: &mut TcpStream, buf: &[u8], busy: bool) -> Result<()> {
     Ok(())
 }
 
+/// How often the segment pump re-reads the MSS (as the transmitter does).
+const SEG_REFRESH: Duration = Duration::from_millis(50);
+
 /// Pumps `count` messages of `size` bytes (or until `until`) over `streams`
 /// connections in parallel; returns (bytes, seconds). With `segments`,
 /// the stream is written as the siw framing writes it: a message ending
@@ -118,6 +121,7 @@ pub fn pump(
                 let t0 = Instant::now();
                 let mut sent = 0u64;
                 let mut i = 0u64;
+                let (mut seg, mut seg_at) = (0usize, None);
                 loop {
                     match until {
                         Some(d) if t0.elapsed() >= d => break,
@@ -125,8 +129,15 @@ pub fn pump(
                         _ => {}
                     }
                     if segments {
-                        let seg = softrdma_verbs::tcp::fpdu_segment(&s)
-                            .ok_or_else(|| anyhow::anyhow!("no MSS on the pump's socket"))?;
+                        // The MSS, read again at most every 50 ms as the
+                        // transmitter does (`Conn::current_seg`), not per
+                        // message: the baseline pays no system call ours
+                        // does not.
+                        if seg_at.is_none_or(|t: Instant| t.elapsed() >= SEG_REFRESH) {
+                            seg = softrdma_verbs::tcp::fpdu_segment(&s)
+                                .ok_or_else(|| anyhow::anyhow!("no MSS on the pump's socket"))?;
+                            seg_at = Some(Instant::now());
+                        }
                         softrdma_verbs::tcp::write_segments(&s, &buf, seg, sent)?;
                     } else {
                         s.write_all(&buf)?;
