@@ -82,11 +82,13 @@ fn write_config(
     peer: SocketAddr,
     coord: SocketAddr,
     arena: &str,
+    resp: u16,
 ) -> Result<PathBuf> {
     let p = dir.join(format!("node{id}.toml"));
     let text = format!(
         "group = \"demo\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
-         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\n\
+         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\
+         resp = \"127.0.0.1:{resp}\"\n\n\
          [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
         if id == 1 { "primary" } else { "secondary" }
     );
@@ -186,14 +188,18 @@ pub fn run(a: Args) -> Result<()> {
     }
     println!("softrdma demo: HA remote memory store, failover under load");
     let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
-    let ports = crate::net::free_ports(2)?;
+    let ports = crate::net::free_ports(4)?;
     let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
     let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
-    let c1 = write_config(&dir, 1, n1, n2, coord.addr(), &a.arena)?;
-    let c2 = write_config(&dir, 2, n2, n1, coord.addr(), &a.arena)?;
+    let c1 = write_config(&dir, 1, n1, n2, coord.addr(), &a.arena, ports[2])?;
+    let c2 = write_config(&dir, 2, n2, n1, coord.addr(), &a.arena, ports[3])?;
     println!(
-        "  coordinator (embedded) at {}; nodes at {n1} and {n2}; logs in {}",
+        "  coordinator (embedded) at {}; nodes at {n1} and {n2} (Redis protocol on ports {} \
+         and {}: try redis-cli -p {}); logs in {}",
         coord.addr(),
+        ports[2],
+        ports[3],
+        ports[2],
         dir.display()
     );
     let mut nodes: Vec<Option<Proc>> = vec![Some(start_node(&dir, 1, &c1, "primary")?), None];
@@ -384,9 +390,23 @@ pub fn run(a: Args) -> Result<()> {
     println!();
     println!("summary");
     println!(
-        "  operations: {} in {:.1} s = {:.0} ops/s ({} clients, one-sided reads {}, torn reads retried {})",
-        s["ops"], s["secs"].as_f64().unwrap_or(0.0), s["ops_per_s"].as_f64().unwrap_or(0.0),
-        a.clients, s["one_sided_reads"], s["torn_reads"]
+        "  operations on keys: {} in {:.1} s = {:.0} ops/s ({} clients); gets by one-sided look-up {} \
+         ({} cache hits, {} restarts), by the node {} (raced {}, refused {})",
+        s["ops"],
+        s["secs"].as_f64().unwrap_or(0.0),
+        s["ops_per_s"].as_f64().unwrap_or(0.0),
+        a.clients,
+        s["keyed_one_sided"],
+        s["cache_hits"],
+        s["lookup_restarts"],
+        s["server_reads"],
+        s["fallback_raced"],
+        s["fallback_refused"]
+    );
+    println!(
+        "  delete-and-reuse steps that put another key in a removed key's space: {}; \
+         values returned for the wrong key: {}",
+        s["reuse_forced"], s["wrong_key"]
     );
     if let Some(l) = s["latency"].as_array() {
         for op in l {
@@ -410,9 +430,27 @@ pub fn run(a: Args) -> Result<()> {
         Some(r) => println!("  rejoin: the restarted node was back in sync after {r:.2} s"),
         None => println!("  rejoin: the restarted node did NOT get back in sync"),
     }
+    // The verification's look-ups: on the new primary (the former
+    // secondary's arena, under the same STag), every fallback explained.
+    let new_primary = killed.map(|(p, _)| if p == 1 { n2 } else { n1 });
+    let on_new = new_primary
+        .and_then(|a| s["verify_one_sided_by_node"][a.to_string()].as_u64())
+        .unwrap_or(0);
+    let (vraced, vrefused) = (
+        s["verify_fallback_raced"].as_u64().unwrap_or(u64::MAX),
+        s["verify_fallback_refused"].as_u64().unwrap_or(u64::MAX),
+    );
     println!(
-        "  verified at the end: {} objects read back exactly; errors: {}",
+        "  verified at the end: {} keys, each as last acknowledged (or absent if removed); errors: {}",
         s["verified"], s["errors"]
+    );
+    println!(
+        "  verification reads: {} one-sided, {on_new} of them on the new primary {}; \
+         {} by the node (look-up raced writes: {vraced}; one-sided read refused, first \
+         contact with a non-primary: {vrefused})",
+        s["verify_one_sided"],
+        new_primary.map(|a| a.to_string()).unwrap_or_default(),
+        s["verify_server_reads"],
     );
     if let Some(e) = s["first_error"].as_str() {
         println!("  first error: {e}");
@@ -423,8 +461,18 @@ pub fn run(a: Args) -> Result<()> {
     println!("lost writes: {lost}");
     println!("(took {:.1} s)", t_start.elapsed().as_secs_f64());
     std::io::stdout().flush()?;
+    // Each verifying client may find a secondary first (one refused
+    // read, then it follows the primary); nothing else may send a
+    // verification read to the node.
+    let verify_fallbacks_ok = vraced == 0 && vrefused <= a.clients as u64;
+    if !verify_fallbacks_ok {
+        println!("  FAILED: verification reads fell back to the node beyond first contact");
+    }
     let ok = lost == 0
         && resurrected == 0
+        && verify_fallbacks_ok
+        && on_new > 0
+        && s["wrong_key"].as_u64() == Some(0)
         && s["errors"].as_u64() == Some(0)
         && killed.is_some()
         && rejoined.is_some()

@@ -15,6 +15,7 @@ mod storage;
 mod storage_bench;
 mod store;
 mod store_bench;
+mod store_load;
 mod transfer;
 
 #[derive(Parser)]

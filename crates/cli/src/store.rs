@@ -2,15 +2,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args as ClapArgs, Subcommand};
-use hdrhistogram::Histogram;
 use softrdma_store::config::{Config, HexU64, RoleHint};
-use softrdma_store::net::client::{ClientConfig, ClientError, StoreClient};
+use softrdma_store::net::client::{ClientConfig, StoreClient};
 use softrdma_store::net::server;
-use softrdma_store::proto::StoreError;
+use softrdma_store::proto::Cond;
 use softrdma_store::ptr::RemotePtr;
 
 #[derive(ClapArgs)]
@@ -23,18 +21,29 @@ pub struct Args {
 enum Cmd {
     /// Run one node of a replica group.
     Serve(ServeArgs),
-    /// Insert a value; prints its remote pointer.
-    Put(OpArgs),
-    /// Read the value at a remote pointer (one-sided RDMA Read).
-    Get(OpArgs),
-    /// Replace the value at a remote pointer; prints the (new) pointer.
+    /// Store a value under a key (replicated before it is acknowledged).
+    Put(PutArgs),
+    /// Print a key's value (one-sided RDMA Reads of the index and the
+    /// object; exit status 1 if the key does not exist).
+    Get(KeyArgs),
+    /// Delete a key (exit status 1 if it did not exist).
+    Del(KeyArgs),
+    /// List the keys matching a glob pattern (`*`, `?`, `[...]`).
+    #[command(alias = "scan")]
+    Keys(KeysArgs),
+    /// Pointer API: insert a value without a key; prints its remote pointer.
+    Insert(OpArgs),
+    /// Pointer API: read the value at a remote pointer (one-sided).
+    Read(OpArgs),
+    /// Pointer API: replace the value at a remote pointer; prints the (new)
+    /// pointer.
     Update(OpArgs),
-    /// Delete the value at a remote pointer.
-    Del(OpArgs),
+    /// Pointer API: delete the value at a remote pointer.
+    Delete(OpArgs),
     /// Roles, epoch, arena use and redundancy of every node.
     Status(NodesArg),
     /// A verifying mixed workload (used by `softrdma demo` and the tests).
-    Load(LoadArgs),
+    Load(crate::store_load::LoadArgs),
     /// Throughput and latency of insert/update/one-sided read against Redis
     /// (primary + replica) at the same concurrency (own group and Redis).
     Bench(crate::store_bench::Args),
@@ -64,6 +73,9 @@ struct ServeArgs {
     /// Override `arena_addr` (hex).
     #[arg(long)]
     arena_addr: Option<String>,
+    /// Serve the Redis protocol (RESP) on this address (overrides `resp`).
+    #[arg(long)]
+    resp: Option<SocketAddr>,
 }
 
 #[derive(ClapArgs)]
@@ -87,37 +99,107 @@ struct OpArgs {
 }
 
 #[derive(ClapArgs)]
-pub struct LoadArgs {
+struct PutArgs {
     #[command(flatten)]
     nodes: NodesArg,
-    /// Seconds to run.
-    #[arg(long, default_value_t = 10.0)]
-    pub duration: f64,
-    /// Concurrent clients (threads, one connection each).
-    #[arg(long, default_value_t = 2)]
-    pub clients: usize,
-    /// Random seed.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Largest value in bytes (values are 16..=max).
-    #[arg(long, default_value_t = 512)]
-    pub max_value: usize,
-    /// Print a JSON progress line every 250 ms.
+    /// The key (1 to 1024 bytes).
+    key: String,
+    /// The value (or --file, or --stdin for binary data).
+    value: Option<String>,
+    /// Read the value from this file.
+    #[arg(long, conflicts_with_all = ["value", "stdin"])]
+    file: Option<PathBuf>,
+    /// Read the value from standard input.
+    #[arg(long, conflicts_with = "value")]
+    stdin: bool,
+    /// Only if the key does not exist (SET NX).
+    #[arg(long, conflicts_with = "xx")]
+    nx: bool,
+    /// Only if the key exists (SET XX).
     #[arg(long)]
-    pub progress: bool,
+    xx: bool,
+}
+
+#[derive(ClapArgs)]
+struct KeyArgs {
+    #[command(flatten)]
+    nodes: NodesArg,
+    /// The key.
+    key: String,
+    /// `get`: write the value's bytes unchanged (no newline) to standard
+    /// output, or to this file with --out.
+    #[arg(long)]
+    raw: bool,
+    /// `get`: write the value to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(ClapArgs)]
+struct KeysArgs {
+    #[command(flatten)]
+    nodes: NodesArg,
+    /// Glob pattern; all keys if omitted.
+    #[arg(default_value = "*")]
+    pattern: String,
+    /// Only keys starting with this prefix (a pattern of PREFIX*).
+    #[arg(long, conflicts_with = "pattern")]
+    prefix: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
     match a.cmd {
         Cmd::Serve(s) => serve(s),
         Cmd::Lincheck { file } => lincheck(&file),
-        Cmd::Put(o) => {
+        Cmd::Put(a) => put(a),
+        Cmd::Get(a) => {
+            let mut c = client(&a.nodes.nodes)?;
+            match c.get(a.key.as_bytes())? {
+                None => {
+                    eprintln!("(nil): no key {:?}", a.key);
+                    std::process::exit(1);
+                }
+                Some(v) => {
+                    if let Some(path) = &a.out {
+                        std::fs::write(path, &v).with_context(|| path.display().to_string())?;
+                    } else if a.raw {
+                        use std::io::Write;
+                        std::io::stdout().write_all(&v)?;
+                    } else {
+                        println!("{}", String::from_utf8_lossy(&v));
+                    }
+                    Ok(())
+                }
+            }
+        }
+        Cmd::Del(a) => {
+            let mut c = client(&a.nodes.nodes)?;
+            if c.remove(a.key.as_bytes())? {
+                println!("deleted {:?}", a.key);
+                Ok(())
+            } else {
+                eprintln!("no key {:?}", a.key);
+                std::process::exit(1);
+            }
+        }
+        Cmd::Keys(a) => {
+            let mut c = client(&a.nodes.nodes)?;
+            let pattern = match &a.prefix {
+                Some(p) => glob_escape(p) + "*",
+                None => a.pattern.clone(),
+            };
+            for k in c.scan(pattern.as_bytes())? {
+                println!("{}", String::from_utf8_lossy(&k));
+            }
+            Ok(())
+        }
+        Cmd::Insert(o) => {
             let mut c = client(&o.nodes.nodes)?;
             let p = c.insert(o.first.as_bytes())?;
             println!("{p}");
             Ok(())
         }
-        Cmd::Get(o) => {
+        Cmd::Read(o) => {
             let mut c = client(&o.nodes.nodes)?;
             let p: RemotePtr = o.first.parse().context("remote pointer")?;
             let v = c.read(p)?;
@@ -133,7 +215,7 @@ pub fn run(a: Args) -> Result<()> {
             println!("{}", c.update(p, v.as_bytes())?);
             Ok(())
         }
-        Cmd::Del(o) => {
+        Cmd::Delete(o) => {
             let mut c = client(&o.nodes.nodes)?;
             let p: RemotePtr = o.first.parse().context("remote pointer")?;
             c.delete(p)?;
@@ -142,14 +224,62 @@ pub fn run(a: Args) -> Result<()> {
         }
         Cmd::Status(n) => status(&n),
         Cmd::Load(l) => {
-            let r = load(&l)?;
+            let r = crate::store_load::load(&l)?;
             println!("{}", r.to_json());
-            if r.lost != 0 || r.errors != 0 {
+            if r.lost != 0 || r.errors != 0 || r.wrong_key != 0 || r.resurrected != 0 {
                 std::process::exit(3);
             }
             Ok(())
         }
         Cmd::Bench(b) => crate::store_bench::run(b),
+    }
+}
+
+/// A pattern that matches `s` literally.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+fn put(a: PutArgs) -> Result<()> {
+    let value = if let Some(path) = &a.file {
+        std::fs::read(path).with_context(|| path.display().to_string())?
+    } else if a.stdin {
+        use std::io::Read;
+        let mut v = Vec::new();
+        std::io::stdin().read_to_end(&mut v)?;
+        v
+    } else {
+        match a.value {
+            Some(v) => v.into_bytes(),
+            None => bail!("put needs KEY VALUE, or KEY with --file or --stdin"),
+        }
+    };
+    let cond = match (a.nx, a.xx) {
+        (true, _) => Cond::IfAbsent,
+        (_, true) => Cond::IfPresent,
+        _ => Cond::Always,
+    };
+    let mut c = client(&a.nodes.nodes)?;
+    match c.put_if(a.key.as_bytes(), &value, cond)? {
+        Some(p) => {
+            println!("OK {p}");
+            Ok(())
+        }
+        None => {
+            eprintln!(
+                "not stored: key {:?} {}",
+                a.key,
+                if a.nx { "exists" } else { "does not exist" }
+            );
+            std::process::exit(1);
+        }
     }
 }
 
@@ -172,6 +302,9 @@ fn serve(s: ServeArgs) -> Result<()> {
             "auto" => RoleHint::Auto,
             o => bail!("unknown role {o:?}"),
         };
+    }
+    if let Some(r) = s.resp {
+        cfg.resp = Some(r);
     }
     if let Some(a) = s.arena_addr {
         let t = a.trim_start_matches("0x").replace('_', "");
@@ -239,329 +372,6 @@ fn status(n: &NodesArg) -> Result<()> {
         bail!("no node answered");
     }
     Ok(())
-}
-
-/// Deterministic generator (splitmix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
-/// Result of a workload run.
-#[derive(Debug, Default, Clone)]
-pub struct LoadReport {
-    pub ops: u64,
-    pub secs: f64,
-    pub errors: u64,
-    pub lost: u64,
-    pub resurrected: u64,
-    pub verified: u64,
-    pub max_gap_ms: f64,
-    pub retries: u64,
-    pub one_sided: u64,
-    pub torn: u64,
-    /// (op, count, p50 us, p99 us)
-    pub lat: Vec<(String, u64, f64, f64)>,
-    pub first_error: Option<String>,
-}
-
-impl LoadReport {
-    pub fn to_json(&self) -> String {
-        let lat: Vec<_> = self
-            .lat
-            .iter()
-            .map(|(op, n, p50, p99)| serde_json::json!({"op": op, "count": n, "p50_us": p50, "p99_us": p99}))
-            .collect();
-        serde_json::json!({
-            "type": "summary", "ops": self.ops, "secs": self.secs,
-            "ops_per_s": self.ops as f64 / self.secs.max(1e-9),
-            "errors": self.errors, "lost_writes": self.lost, "resurrected": self.resurrected,
-            "verified": self.verified, "max_gap_ms": self.max_gap_ms, "retries": self.retries,
-            "one_sided_reads": self.one_sided, "torn_reads": self.torn, "latency": lat,
-            "first_error": self.first_error,
-        })
-        .to_string()
-    }
-}
-
-const OPS: [&str; 4] = ["insert", "update", "read", "delete"];
-
-struct Live {
-    ptr: RemotePtr,
-    data: Vec<u8>,
-}
-
-struct Worker {
-    ops: u64,
-    errors: u64,
-    lost: u64,
-    resurrected: u64,
-    verified: u64,
-    max_gap: Duration,
-    hist: Vec<Histogram<u64>>,
-    first_error: Option<String>,
-    stats: softrdma_store::net::client::ClientStats,
-}
-
-fn value(rng: &mut Rng, id: u64, n: u64, max: usize) -> Vec<u8> {
-    let len = rng.range(16, max.max(16) as u64) as usize;
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&id.to_le_bytes());
-    v.extend_from_slice(&n.to_le_bytes());
-    while v.len() < len {
-        v.push(rng.next() as u8);
-    }
-    v
-}
-
-fn worker(
-    nodes: Vec<SocketAddr>,
-    seed: u64,
-    until: Instant,
-    max_value: usize,
-    done: &std::sync::atomic::AtomicU64,
-) -> Result<Worker> {
-    let mut c = client(&nodes)?;
-    let mut rng = Rng(seed);
-    let mut live: Vec<Live> = Vec::new();
-    let mut deleted: Vec<(RemotePtr, Vec<u8>)> = Vec::new();
-    let mut w = Worker {
-        ops: 0,
-        errors: 0,
-        lost: 0,
-        resurrected: 0,
-        verified: 0,
-        max_gap: Duration::ZERO,
-        hist: (0..4)
-            .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"))
-            .collect(),
-        first_error: None,
-        stats: Default::default(),
-    };
-    let mut last_ok = Instant::now();
-    let mut n = 0u64;
-    let err = |w: &mut Worker, what: String| {
-        w.errors += 1;
-        if w.first_error.is_none() {
-            w.first_error = Some(what);
-        }
-    };
-    while Instant::now() < until {
-        n += 1;
-        let dice = rng.range(0, 99);
-        let kind = if live.is_empty() || (dice < 35 && live.len() < 2000) {
-            0
-        } else if dice < 60 {
-            1
-        } else if dice < 90 {
-            2
-        } else {
-            3
-        };
-        let t = Instant::now();
-        let ok = match kind {
-            0 => {
-                let v = value(&mut rng, c.id(), n, max_value);
-                match c.insert(&v) {
-                    Ok(p) => {
-                        live.push(Live { ptr: p, data: v });
-                        true
-                    }
-                    Err(e) => {
-                        err(&mut w, format!("insert: {e}"));
-                        false
-                    }
-                }
-            }
-            1 => {
-                let i = rng.range(0, live.len() as u64 - 1) as usize;
-                let v = value(&mut rng, c.id(), n, max_value);
-                match c.update(live[i].ptr, &v) {
-                    Ok(p) => {
-                        live[i] = Live { ptr: p, data: v };
-                        true
-                    }
-                    Err(e) => {
-                        err(&mut w, format!("update {}: {e}", live[i].ptr));
-                        false
-                    }
-                }
-            }
-            2 => {
-                let i = rng.range(0, live.len() as u64 - 1) as usize;
-                match c.read(live[i].ptr) {
-                    Ok(d) if d == live[i].data => true,
-                    Ok(_) => {
-                        w.lost += 1;
-                        err(
-                            &mut w,
-                            format!("read {}: other bytes than acknowledged", live[i].ptr),
-                        );
-                        false
-                    }
-                    Err(e) => {
-                        w.lost += 1;
-                        err(&mut w, format!("read {}: {e}", live[i].ptr));
-                        false
-                    }
-                }
-            }
-            _ => {
-                let i = rng.range(0, live.len() as u64 - 1) as usize;
-                let o = live.swap_remove(i);
-                match c.delete(o.ptr) {
-                    Ok(()) => {
-                        deleted.push((o.ptr, o.data));
-                        true
-                    }
-                    Err(e) => {
-                        err(&mut w, format!("delete {}: {e}", o.ptr));
-                        false
-                    }
-                }
-            }
-        };
-        let el = t.elapsed();
-        if ok {
-            let _ = w.hist[kind].record((el.as_micros() as u64).max(1));
-            w.ops += 1;
-            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            w.max_gap = w.max_gap.max(last_ok.elapsed());
-            last_ok = Instant::now();
-        }
-    }
-    // Verify: every acknowledged object reads back exactly; deleted
-    // pointers whose space was not reused read as freed.
-    let live_addrs: std::collections::HashSet<u64> = live.iter().map(|l| l.ptr.addr).collect();
-    for (k, l) in live.iter().enumerate() {
-        match c.read(l.ptr) {
-            Ok(d) if d == l.data => w.verified += 1,
-            // No node answered for the client's whole deadline: the group
-            // has no primary (both nodes lost, or a degraded primary lost:
-            // docs/store.md, "Durability, by policy"). Every object left
-            // is unverifiable; say so once instead of waiting a deadline
-            // per object.
-            Err(e @ ClientError::Unavailable(_)) => {
-                let left = (live.len() - k) as u64;
-                w.lost += left;
-                err(
-                    &mut w,
-                    format!("verify: {e}; {left} acknowledged objects could not be read"),
-                );
-                w.stats = c.stats();
-                return Ok(w);
-            }
-            Ok(_) => {
-                w.lost += 1;
-                err(
-                    &mut w,
-                    format!("verify {}: other bytes than acknowledged", l.ptr),
-                );
-            }
-            Err(e) => {
-                w.lost += 1;
-                err(&mut w, format!("verify {}: {e}", l.ptr));
-            }
-        }
-    }
-    for (p, data) in deleted
-        .iter()
-        .filter(|(p, _)| !live_addrs.contains(&p.addr))
-        .take(200)
-    {
-        match c.read_server(*p) {
-            Err(ClientError::Store(
-                StoreError::Freed | StoreError::NotAllocated | StoreError::OutOfArena,
-            )) => {}
-            Err(e) => err(&mut w, format!("verify deleted {p}: {e}")),
-            // The space may hold another client's newer object; only the
-            // deleted bytes themselves coming back is a resurrection.
-            Ok(d) if &d == data => {
-                w.resurrected += 1;
-                err(&mut w, format!("deleted object {p} came back"));
-            }
-            Ok(_) => {}
-        }
-    }
-    w.stats = c.stats();
-    Ok(w)
-}
-
-/// Runs the verifying workload.
-pub fn load(l: &LoadArgs) -> Result<LoadReport> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let t0 = Instant::now();
-    let until = t0 + Duration::from_secs_f64(l.duration);
-    let done = std::sync::Arc::new(AtomicU64::new(0));
-    let mut hs = Vec::new();
-    for i in 0..l.clients.max(1) {
-        let nodes = l.nodes.nodes.clone();
-        let seed = l.seed.wrapping_mul(1000).wrapping_add(i as u64);
-        let max_value = l.max_value;
-        let done = done.clone();
-        hs.push(std::thread::spawn(move || {
-            worker(nodes, seed, until, max_value, &done)
-        }));
-    }
-    if l.progress {
-        let mut last = (Instant::now(), 0u64);
-        while hs.iter().any(|h| !h.is_finished()) {
-            std::thread::sleep(Duration::from_millis(250));
-            let d = done.load(Ordering::Relaxed);
-            let now = Instant::now();
-            let rate = (d - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
-            last = (now, d);
-            println!(
-                "{}",
-                serde_json::json!({"type": "progress", "t": t0.elapsed().as_secs_f64(), "ops": d, "ops_per_s": rate})
-            );
-        }
-    }
-    let mut r = LoadReport::default();
-    let mut hist: Vec<Histogram<u64>> = (0..4)
-        .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"))
-        .collect();
-    for h in hs {
-        let w = h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??;
-        r.ops += w.ops;
-        r.errors += w.errors;
-        r.lost += w.lost;
-        r.resurrected += w.resurrected;
-        r.verified += w.verified;
-        r.max_gap_ms = r.max_gap_ms.max(w.max_gap.as_secs_f64() * 1e3);
-        r.retries += w.stats.retries;
-        r.one_sided += w.stats.one_sided_reads;
-        r.torn += w.stats.torn_reads;
-        if r.first_error.is_none() {
-            r.first_error = w.first_error;
-        }
-        for (a, b) in hist.iter_mut().zip(&w.hist) {
-            a.add(b).expect("same bounds");
-        }
-    }
-    r.secs = l.duration;
-    r.lat = OPS
-        .iter()
-        .zip(&hist)
-        .map(|(op, h)| {
-            (
-                op.to_string(),
-                h.len(),
-                h.value_at_quantile(0.5) as f64,
-                h.value_at_quantile(0.99) as f64,
-            )
-        })
-        .collect();
-    Ok(r)
 }
 
 /// `softrdma store lincheck FILE`.

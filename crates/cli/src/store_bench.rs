@@ -113,11 +113,13 @@ fn write_config(
     peer: SocketAddr,
     coord: SocketAddr,
     arena: &str,
+    resp: u16,
 ) -> Result<PathBuf> {
     let p = dir.join(format!("node{id}.toml"));
     let text = format!(
         "group = \"bench\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
-         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\n\
+         arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\
+         resp = \"127.0.0.1:{resp}\"\n\n\
          [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
         if id == 1 { "primary" } else { "secondary" }
     );
@@ -159,21 +161,24 @@ fn start_node(dir: &Path, id: u32, cfg: &Path, role: &str) -> Result<Proc> {
 /// The store's group: coordinator and two nodes, stopped when dropped.
 struct Group {
     nodes: Vec<SocketAddr>,
+    /// The primary's RESP front door.
+    resp: u16,
     procs: Vec<Proc>,
     _coord: EmbeddedServer,
 }
 
 fn start_group(dir: &Path, arena: &str) -> Result<Group> {
     let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
-    let ports = crate::net::free_ports(2)?;
+    let ports = crate::net::free_ports(4)?;
     let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
     let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
-    let c1 = write_config(dir, 1, n1, n2, coord.addr(), arena)?;
-    let c2 = write_config(dir, 2, n2, n1, coord.addr(), arena)?;
+    let c1 = write_config(dir, 1, n1, n2, coord.addr(), arena, ports[2])?;
+    let c2 = write_config(dir, 2, n2, n1, coord.addr(), arena, ports[3])?;
     let mut procs = vec![start_node(dir, 1, &c1, "primary")?];
     procs.push(start_node(dir, 2, &c2, "secondary")?);
     let group = Group {
         nodes: vec![n1, n2],
+        resp: ports[2],
         procs,
         _coord: coord,
     };
@@ -207,7 +212,17 @@ fn start_group(dir: &Path, arena: &str) -> Result<Group> {
 // ---------------------------------------------------------------------------
 // The store's measurements.
 
-const OPS: [&str; 4] = ["insert", "update", "read", "read_many"];
+const OPS: [&str; 7] = [
+    "insert",
+    "update",
+    "read",
+    "read_many",
+    "put",
+    "get",
+    "get_uncached",
+];
+/// Phases of `OPS` by index.
+const NOPS: usize = OPS.len();
 /// Reads per `read_many` call ([`StoreClient::read_many`], one batch of
 /// RDMA Reads in flight); Redis's baseline is GET pipelined as deep
 /// (`redis-benchmark -P`).
@@ -216,11 +231,11 @@ const READ_MANY: usize = softrdma_store::net::link::READ_BATCH;
 /// What one client thread measured.
 struct ThreadResult {
     /// Per op: completed operations, measured time, latency (ns).
-    ops: [u64; 4],
-    elapsed: [Duration; 4],
-    hist: [Histogram<u64>; 4],
+    ops: [u64; NOPS],
+    elapsed: [Duration; NOPS],
+    hist: [Histogram<u64>; NOPS],
     /// Per op: client counters during that op.
-    stats: [ClientStats; 4],
+    stats: [ClientStats; NOPS],
     /// The arena filled up during the insert phase (which then ended early
     /// for this client).
     arena_full: bool,
@@ -271,6 +286,14 @@ fn delta(a: ClientStats, b: ClientStats) -> ClientStats {
         one_sided_reads: b.one_sided_reads - a.one_sided_reads,
         torn_reads: b.torn_reads - a.torn_reads,
         server_reads: b.server_reads - a.server_reads,
+        keyed_one_sided: b.keyed_one_sided - a.keyed_one_sided,
+        keyed_one_sided_at: std::array::from_fn(|i| {
+            b.keyed_one_sided_at[i] - a.keyed_one_sided_at[i]
+        }),
+        cache_hits: b.cache_hits - a.cache_hits,
+        lookup_restarts: b.lookup_restarts - a.lookup_restarts,
+        keyed_fallback_raced: b.keyed_fallback_raced - a.keyed_fallback_raced,
+        keyed_fallback_refused: b.keyed_fallback_refused - a.keyed_fallback_refused,
     }
 }
 
@@ -287,9 +310,9 @@ fn client_thread(
     idx: u64,
 ) -> ThreadResult {
     let mut r = ThreadResult {
-        ops: [0; 4],
-        elapsed: [Duration::ZERO; 4],
-        hist: [hist(), hist(), hist(), hist()],
+        ops: [0; NOPS],
+        elapsed: [Duration::ZERO; NOPS],
+        hist: std::array::from_fn(|_| hist()),
         stats: Default::default(),
         arena_full: false,
         error: None,
@@ -300,6 +323,8 @@ fn client_thread(
         *b = (i as u64 ^ idx) as u8;
     }
     let mut ptrs: Vec<RemotePtr> = Vec::new();
+    // Keys this client put (`b<idx>:<n>`).
+    let mut keys: Vec<Vec<u8>> = Vec::new();
     // Connect and learn the arena before the clock starts.
     let mut client = match StoreClient::new(ClientConfig::new(nodes)) {
         Ok(mut c) => match c.insert(&value) {
@@ -359,6 +384,29 @@ fn client_thread(
                     c.update(ptrs[at], &value).map(|p| ptrs[at] = p)
                 }
                 2 => c.read(ptrs[i % ptrs.len()]).and_then(check_len),
+                4 => {
+                    // New keys (an insert and its index slot).
+                    value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
+                    let key = format!("b{idx}:{n}").into_bytes();
+                    let r = c.put(&key, &value).map(|_| ());
+                    keys.push(key);
+                    r
+                }
+                5 | 6 if keys.is_empty() => Ok(()),
+                5 => match c.get(&keys[i % keys.len()]) {
+                    Ok(Some(d)) => check_len(d),
+                    Ok(None) => Err(ClientError::Protocol("a key put is missing".into())),
+                    Err(e) => Err(e),
+                },
+                6 => {
+                    // A client that keeps no pointers: bucket, then object.
+                    c.clear_cache();
+                    match c.get(&keys[i % keys.len()]) {
+                        Ok(Some(d)) => check_len(d),
+                        Ok(None) => Err(ClientError::Protocol("a key put is missing".into())),
+                        Err(e) => Err(e),
+                    }
+                }
                 _ => {
                     let batch: Vec<RemotePtr> =
                         (0..READ_MANY).map(|j| ptrs[(i + j) % ptrs.len()]).collect();
@@ -395,6 +443,12 @@ fn client_thread(
         for p in ptrs {
             if let Err(e) = c.delete(p) {
                 r.error.get_or_insert(format!("client {idx}: delete: {e}"));
+                break;
+            }
+        }
+        for k in keys {
+            if let Err(e) = c.remove(&k) {
+                r.error.get_or_insert(format!("client {idx}: remove: {e}"));
                 break;
             }
         }
@@ -459,6 +513,11 @@ fn measure_store(
                 stats.one_sided_reads += r.stats[k].one_sided_reads;
                 stats.torn_reads += r.stats[k].torn_reads;
                 stats.server_reads += r.stats[k].server_reads;
+                stats.keyed_one_sided += r.stats[k].keyed_one_sided;
+                stats.cache_hits += r.stats[k].cache_hits;
+                stats.lookup_restarts += r.stats[k].lookup_restarts;
+                stats.keyed_fallback_raced += r.stats[k].keyed_fallback_raced;
+                stats.keyed_fallback_refused += r.stats[k].keyed_fallback_refused;
             }
             Measured {
                 ops,
@@ -650,9 +709,23 @@ fn measure_redis(
     secs: f64,
     pipeline: usize,
 ) -> Result<(RedisResult, RedisResult)> {
+    let out = measure_resp(redis.port, size, clients, secs, pipeline)?;
+    redis_cli(redis.port, &["flushall"])?;
+    Ok(out)
+}
+
+/// `redis-benchmark -t set,get` against any RESP server at `port` (Redis,
+/// or the store's front door).
+fn measure_resp(
+    port: u16,
+    size: usize,
+    clients: usize,
+    secs: f64,
+    pipeline: usize,
+) -> Result<(RedisResult, RedisResult)> {
     let cal_n = 2000.max(1000 * clients as u64) * pipeline as u64;
     let cal = parse_csv(&redis_benchmark(
-        redis.port, "set", size, clients, cal_n, pipeline,
+        port, "set", size, clients, cal_n, pipeline,
     )?);
     let rate = cal
         .iter()
@@ -660,7 +733,7 @@ fn measure_redis(
         .map(|(_, r)| r.ops_per_s)
         .context("redis-benchmark printed no SET result")?;
     let n = ((rate * secs) as u64).clamp(1000, 10_000_000);
-    let text = redis_benchmark(redis.port, "set,get", size, clients, n, pipeline)?;
+    let text = redis_benchmark(port, "set,get", size, clients, n, pipeline)?;
     let res = parse_csv(&text);
     let get = |t: &str| {
         res.iter()
@@ -668,9 +741,7 @@ fn measure_redis(
             .map(|(_, r)| *r)
             .with_context(|| format!("redis-benchmark printed no {t} result: {text:?}"))
     };
-    let out = (get("SET")?, get("GET")?);
-    redis_cli(redis.port, &["flushall"])?;
-    Ok(out)
+    Ok((get("SET")?, get("GET")?))
 }
 
 // ---------------------------------------------------------------------------
@@ -714,6 +785,11 @@ impl Row {
             "one_sided_reads": self.ours.stats.one_sided_reads,
             "torn_reads": self.ours.stats.torn_reads,
             "server_reads": self.ours.stats.server_reads,
+            "keyed_one_sided": self.ours.stats.keyed_one_sided,
+            "cache_hits": self.ours.stats.cache_hits,
+            "lookup_restarts": self.ours.stats.lookup_restarts,
+            "keyed_fallbacks": self.ours.stats.keyed_fallback_raced
+                + self.ours.stats.keyed_fallback_refused,
             "redis_set_wait_ops_per_s": self.set_wait.map(|w| r(w.ops_per_s)),
             "redis_set_wait_p50_us": self.set_wait.map(|w| r(w.p50_us)),
             "redis_set_wait_p99_us": self.set_wait.map(|w| r(w.p99_us)),
@@ -853,6 +929,19 @@ pub fn run(a: Args) -> Result<()> {
             let (set, get) = measure_redis(&redis, size, clients, a.secs, 1)?;
             let (_, get_many) = measure_redis(&redis, size, clients, a.secs, READ_MANY)?;
             say(format!(
+                "store RESP front door (redis-benchmark): {size} B values, {clients} clients"
+            ));
+            let k0 = crate::bench::children_cpu_secs();
+            let c0 = CpuSample::now(&pids);
+            let (resp_set, resp_get) = measure_resp(group.resp, size, clients, a.secs, 1)?;
+            let c1 = CpuSample::now(&pids);
+            let mut resp_cpu = c0.until(&c1);
+            // The clients are redis-benchmark's (waited-for children).
+            resp_cpu[0] = match (k0, crate::bench::children_cpu_secs()) {
+                (Some(a), Some(b)) => Some((b - a) / c1.at.duration_since(c0.at).as_secs_f64()),
+                _ => None,
+            };
+            say(format!(
                 "redis SET+WAIT: {size} B values, {clients} clients"
             ));
             let redis_pids: Vec<u32> = redis.procs.iter().map(|p| p.child.id()).collect();
@@ -873,14 +962,39 @@ pub fn run(a: Args) -> Result<()> {
             } else {
                 1.0
             };
-            for (k, m) in ours.into_iter().enumerate() {
-                let (redis_op, redis, target, set_wait) = match OPS[k] {
-                    "read" => ("GET", get, read_target, None),
+            // The keyed one-sided get: at least Redis's GET over TCP, five
+            // times it on one host (issue 18).
+            let get_target = if softrdma_verbs::same_host_default() {
+                5.0
+            } else {
+                1.0
+            };
+            // The front door's rows: redis-benchmark's figures for ours (the
+            // clients are redis-benchmark's; CPU is the nodes' over SET and
+            // GET together).
+            let resp_row = |r: RedisResult| Measured {
+                ops: 0,
+                ops_per_s: r.ops_per_s,
+                p50_us: r.p50_us.unwrap_or(0.0),
+                p99_us: r.p99_us.unwrap_or(0.0),
+                stats: ClientStats::default(),
+                arena_full: false,
+                cpu: resp_cpu,
+            };
+            let resp_rows = [
+                ("resp_set", resp_row(resp_set)),
+                ("resp_get", resp_row(resp_get)),
+            ];
+            let rows = OPS.iter().copied().zip(ours).chain(resp_rows);
+            for (op, m) in rows {
+                let (redis_op, redis, target, set_wait) = match op {
+                    "read" | "resp_get" => ("GET", get, read_target, None),
+                    "get" | "get_uncached" => ("GET", get, get_target, None),
                     "read_many" => ("GET-P16", get_many, read_target, None),
                     _ => ("SET", set, 1.0, Some(set_wait)),
                 };
                 let row = Row {
-                    op: OPS[k],
+                    op,
                     size,
                     clients,
                     ours: m,

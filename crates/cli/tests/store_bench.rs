@@ -58,12 +58,28 @@ fn bench_json_one_point() {
             // Writes also stand beside Redis's replicated write (SET then
             // WAIT 1 0); reads have no such baseline.
             let wait = v["redis_set_wait_ops_per_s"].as_f64();
-            if v["op"].as_str().is_some_and(|o| o.starts_with("read")) {
+            let op = v["op"].as_str().unwrap_or_default();
+            if op.starts_with("read") || op.starts_with("get") {
                 assert!(wait.is_none(), "{l}");
                 // Every read one-sided (nothing was torn or missing).
                 assert!(v["one_sided_reads"].as_u64() == v["ops"].as_u64(), "{l}");
-                let redis = if v["op"] == "read" { "GET" } else { "GET-P16" };
+                let redis = if op == "read_many" { "GET-P16" } else { "GET" };
                 assert_eq!(v["redis_op"], redis, "{l}");
+                if op.starts_with("get") {
+                    // Keyed: every get a one-sided look-up, none sent to
+                    // the node; cached ones cost one Read.
+                    assert_eq!(v["keyed_one_sided"], v["ops"], "{l}");
+                    assert_eq!(v["keyed_fallbacks"], 0, "{l}");
+                    let hits = v["cache_hits"].as_u64().unwrap();
+                    let ops = v["ops"].as_u64().unwrap();
+                    if op == "get" {
+                        assert!(hits * 10 >= ops * 9, "{l}");
+                    } else {
+                        assert_eq!(hits, 0, "{l}");
+                    }
+                }
+            } else if op == "resp_get" {
+                assert_eq!(v["redis_op"], "GET", "{l}");
             } else {
                 assert!(wait.is_some_and(|x| x > 0.0), "no SET+WAIT rate: {l}");
                 assert!(v["ratio_set_wait"].as_f64().is_some(), "{l}");
@@ -79,7 +95,17 @@ fn bench_json_one_point() {
         .collect();
     assert_eq!(
         ops,
-        ["insert", "update", "read", "read_many"],
+        [
+            "insert",
+            "update",
+            "read",
+            "read_many",
+            "put",
+            "get",
+            "get_uncached",
+            "resp_set",
+            "resp_get"
+        ],
         "stdout:\n{stdout}"
     );
     assert!(

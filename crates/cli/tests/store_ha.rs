@@ -1,11 +1,14 @@
 //! The HA store end to end: real processes (`softrdma store serve`), real
 //! RDMA links over loopback TCP, the embedded coordinator, SIGKILL.
 //!
-//! * `crash_primary_20_times`: 20 rounds, each a verifying mixed
-//!   insert/update/read/delete load (`softrdma store load`, its own seed)
-//!   during which the primary is killed with SIGKILL and restarted to rejoin;
-//!   every round's load must end with no acknowledged write lost or altered,
-//!   no deleted object back and no torn read.
+//! * `crash_primary_20_times`: 20 rounds, each a verifying mixed keyed
+//!   put/get/remove load with delete-and-reuse of cached pointers
+//!   (`softrdma store load`, its own seed) during which the primary is
+//!   killed with SIGKILL and restarted to rejoin; every round's load must
+//!   end with no acknowledged key lost or altered, no removed key back, no
+//!   value returned for another key, and its verification read one-sided
+//!   from the new primary; over the rounds both nodes served one-sided
+//!   look-ups and stale cached pointers were forced.
 //! * `secondary_loss_and_resync`: the secondary dies, the primary keeps
 //!   serving (degraded, reported by status), a replacement re-syncs and the
 //!   group is redundant again with every object intact.
@@ -151,6 +154,16 @@ impl Group {
 
     /// `extra`: more lines for both nodes' configuration files.
     fn with_config(name: &str, arena: &str, etcd: Option<&str>, extra: &str) -> Group {
+        Group::with_node_config(name, arena, etcd, &|_| extra.to_string())
+    }
+
+    /// `extra(i)`: more lines for node `i + 1`'s configuration file.
+    fn with_node_config(
+        name: &str,
+        arena: &str,
+        etcd: Option<&str>,
+        extra: &dyn Fn(usize) -> String,
+    ) -> Group {
         // `free_ports` hands out ports that were free a moment ago; another
         // test's connection may take one before the node binds it. That
         // (and only that) is worth another try with new ports.
@@ -170,7 +183,7 @@ impl Group {
         name: &str,
         arena: &str,
         etcd: Option<&str>,
-        extra: &str,
+        extra: &dyn Fn(usize) -> String,
     ) -> Result<Group, String> {
         let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -188,10 +201,11 @@ impl Group {
                 format!(
                     "group = \"{name}\"\nnode_id = {}\nlisten = \"{}\"\npeers = [\"{}\"]\n\
                      arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\n\
-                     lease_ttl_ms = 300\n{extra}\n[coordinator]\n{}\n",
+                     lease_ttl_ms = 300\n{}\n[coordinator]\n{}\n",
                     i + 1,
                     addrs[i],
                     addrs[1 - i],
+                    extra(i),
                     match etcd {
                         None => format!("kind = \"embedded\"\naddr = \"{}\"", coord.addr()),
                         Some(url) => format!("kind = \"etcd\"\nendpoints = [\"{url}\"]"),
@@ -340,6 +354,8 @@ fn crash_primary_20_times() {
         .unwrap_or(20);
     let mut total_ops = 0;
     let mut worst_gap: f64 = 0.0;
+    let mut one_sided_at = std::collections::BTreeMap::new();
+    let mut reuse_forced = 0;
     for seed in 1..=rounds {
         let (child, rx) = start_load(&g, seed, 2.0);
         wait_progress(&rx, 0.5 + (seed % 5) as f64 * 0.2);
@@ -359,8 +375,24 @@ fn crash_primary_20_times() {
         let s = finish_load(child, rx);
         assert_eq!(s["lost_writes"], 0, "round {seed}: {s}");
         assert_eq!(s["resurrected"], 0, "round {seed}: {s}");
+        assert_eq!(s["wrong_key"], 0, "round {seed}: {s}");
         assert_eq!(s["errors"], 0, "round {seed}: {s}");
         assert!(s["verified"].as_u64().unwrap() > 0, "round {seed}: {s}");
+        // The verification read the keys one-sided from the new primary
+        // (the killed node's former secondary), under the same STag.
+        let np_addr = g.addrs[(2 - p) as usize].to_string();
+        let on_new = s["verify_one_sided_by_node"][&np_addr]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(
+            on_new > 0,
+            "round {seed}: no one-sided read on the new primary: {s}"
+        );
+        assert_eq!(s["verify_fallback_raced"], 0, "round {seed}: {s}");
+        for (a, n) in s["keyed_one_sided_by_node"].as_object().unwrap() {
+            *one_sided_at.entry(a.clone()).or_insert(0) += n.as_u64().unwrap();
+        }
+        reuse_forced += s["reuse_forced"].as_u64().unwrap();
         total_ops += s["ops"].as_u64().unwrap();
         worst_gap = worst_gap.max(s["max_gap_ms"].as_f64().unwrap());
         let np = g.wait_redundant(Duration::from_secs(30), e);
@@ -369,7 +401,21 @@ fn crash_primary_20_times() {
             "round {seed}: the killed node cannot be primary again yet"
         );
     }
-    println!("{rounds} primary crashes: {total_ops} acknowledged ops verified, worst gap {worst_gap:.0} ms");
+    println!(
+        "{rounds} primary crashes: {total_ops} acknowledged ops verified, worst gap \
+         {worst_gap:.0} ms; keyed one-sided look-ups by node {one_sided_at:?}; \
+         {reuse_forced} stale cached pointers forced"
+    );
+    // Both nodes served one-sided look-ups (a broken STag on either would
+    // show here, not hide behind the server-side fallback), and the
+    // delete-and-reuse case happened.
+    for a in &g.addrs {
+        assert!(
+            one_sided_at.get(&a.to_string()).copied().unwrap_or(0) > 0,
+            "no one-sided look-up served by {a}: {one_sided_at:?}"
+        );
+    }
+    assert!(reuse_forced > 0, "no stale cached pointer was forced");
     let _ = std::fs::remove_dir_all(&g.dir);
 }
 
@@ -772,8 +818,9 @@ fn a_garbage_server_is_refused_at_once_and_quietly() {
         }
     });
     for args in [
-        vec!["store", "get", "0x7f0000001000:0x00012345:64"],
-        vec!["store", "put", "hello"],
+        vec!["store", "read", "0x7f0000001000:0x00012345:64"],
+        vec!["store", "put", "greeting", "hello"],
+        vec!["store", "get", "greeting"],
         vec!["store", "status"],
     ] {
         let t0 = Instant::now();
@@ -966,4 +1013,277 @@ fn min_in_sync_replicas_refuses_writes_held_by_one_node() {
         c.update(p, b"redundant again").unwrap();
         assert_eq!(c.read(p).unwrap(), b"redundant again");
     }
+}
+
+/// Issue 18: named keys end to end. Keys written by one client are found
+/// by another with one-sided look-ups alone (no fallback); a stale cached
+/// pointer whose space now holds another key is detected; conditional
+/// puts, scans and batched gets; after the primary is killed, every key is
+/// found one-sided **on the new primary** (the former secondary's arena
+/// under the same STag); the CLI's key forms.
+#[test]
+fn keys_are_found_one_sided_on_both_nodes() {
+    let mut g = Group::new("keys", "16MiB");
+    let before = g.wait_redundant(Duration::from_secs(20), 0);
+    assert!(before > 0);
+    let mut a = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let key = |i: u32| format!("key-{i}").into_bytes();
+    let val = |i: u32, round: u32| -> Vec<u8> {
+        (0..(i * 37 % 500 + 1))
+            .map(|k| (k ^ i ^ round) as u8)
+            .collect()
+    };
+    for i in 0..200 {
+        a.put(&key(i), &val(i, 0)).unwrap();
+    }
+    use softrdma_store::proto::Cond;
+    assert_eq!(a.put_if(&key(3), b"x", Cond::IfAbsent).unwrap(), None);
+    assert_eq!(a.put_if(b"nope", b"x", Cond::IfPresent).unwrap(), None);
+    assert!(a.put_if(b"fresh", b"x", Cond::IfAbsent).unwrap().is_some());
+    assert!(a.remove(b"fresh").unwrap());
+    assert!(!a.remove(b"fresh").unwrap());
+    let st = g.status();
+    assert!(st.iter().all(|s| s.keys == 200), "{st:?}");
+
+    // Another client, knowing nothing: every key by RDMA Reads alone.
+    let mut b = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    for i in 0..200 {
+        assert_eq!(b.get(&key(i)).unwrap(), Some(val(i, 0)), "key {i}");
+    }
+    assert_eq!(b.get(b"missing").unwrap(), None);
+    let s = b.stats();
+    assert_eq!(s.keyed_one_sided, 201, "{s:?}");
+    assert_eq!(
+        (
+            s.server_reads,
+            s.keyed_fallback_raced,
+            s.keyed_fallback_refused
+        ),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    // Cached: one Read each.
+    for i in 0..200 {
+        assert_eq!(b.get(&key(i)).unwrap(), Some(val(i, 0)));
+    }
+    assert_eq!(b.stats().cache_hits - s.cache_hits, 200);
+
+    // Delete and reuse: b's cached pointer for key-7 now names space that
+    // holds another key's object of the same size.
+    let old = a.put(&key(7), &val(7, 0)).unwrap();
+    assert!(a.remove(&key(7)).unwrap());
+    let reused = a.put(b"usurper", &val(7, 0)).unwrap();
+    assert_eq!(reused, old, "the test must force reuse of the same space");
+    let s = b.stats();
+    assert_eq!(
+        b.get(&key(7)).unwrap(),
+        None,
+        "another key's value returned"
+    );
+    assert_eq!(
+        b.stats().cache_hits,
+        s.cache_hits,
+        "the stale hit was detected"
+    );
+    assert_eq!(b.get(b"usurper").unwrap(), Some(val(7, 0)));
+    // An update that moves the object: the cached pointer is stale, the
+    // look-up finds the new one.
+    let big = vec![9u8; 3000];
+    a.put(&key(8), &big).unwrap();
+    assert_eq!(b.get(&key(8)).unwrap(), Some(big.clone()));
+
+    // Batched gets, a missing key among them.
+    let names: Vec<Vec<u8>> = (100..150).map(key).chain([b"none".to_vec()]).collect();
+    let refs: Vec<&[u8]> = names.iter().map(|k| k.as_slice()).collect();
+    let got = b.get_many(&refs);
+    for (i, r) in (100..150).zip(&got) {
+        assert_eq!(r.as_ref().unwrap().as_ref(), Some(&val(i, 0)), "key {i}");
+    }
+    assert_eq!(got[50].as_ref().unwrap(), &None);
+    // Scan with a pattern.
+    let mut found = b.scan(b"key-1?").unwrap();
+    found.sort();
+    let mut want: Vec<Vec<u8>> = (10..20).map(key).collect();
+    want.sort();
+    assert_eq!(found, want);
+    assert_eq!(b.scan(b"").unwrap().len(), 200);
+
+    // Failover: the new primary serves the same look-ups.
+    let epoch = g.epoch();
+    let pr = g.primary();
+    g.nodes[(pr - 1) as usize].kill();
+    let np = loop {
+        let p = g.primary();
+        if p != pr {
+            break p;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_ne!(np, pr);
+    let s = b.stats();
+    for i in (0..200).filter(|&i| i != 7 && i != 8) {
+        assert_eq!(
+            b.get(&key(i)).unwrap(),
+            Some(val(i, 0)),
+            "key {i} after failover"
+        );
+    }
+    assert_eq!(b.get(&key(8)).unwrap(), Some(big));
+    assert_eq!(b.get(&key(7)).unwrap(), None);
+    let d = b.stats();
+    let one_sided = d.keyed_one_sided - s.keyed_one_sided;
+    let refused = d.keyed_fallback_refused - s.keyed_fallback_refused;
+    // The first get finds the old primary gone and asks the new one (the
+    // client learns it); the rest are one-sided reads of its arena.
+    assert!(refused <= 2 && one_sided >= 198, "{s:?} -> {d:?}");
+    assert!(g.epoch() > epoch);
+    // A new client on the new primary, the same.
+    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    for i in 0..20 {
+        assert_eq!(c.get(&key(i + 20)).unwrap(), Some(val(i + 20, 0)));
+    }
+    assert!(c.stats().keyed_one_sided >= 19, "{:?}", c.stats());
+
+    // The CLI's key forms.
+    let cli = |args: &[&str]| {
+        let out = Command::new(SOFTRDMA)
+            .args(["store"])
+            .args(args)
+            .args(["--nodes", &g.nodes_arg()])
+            .output()
+            .unwrap();
+        (out.status.code(), out.stdout)
+    };
+    assert_eq!(cli(&["put", "greeting", "hello world"]).0, Some(0));
+    assert_eq!(
+        cli(&["get", "greeting"]),
+        (Some(0), b"hello world\n".to_vec())
+    );
+    assert_eq!(cli(&["put", "--nx", "greeting", "again"]).0, Some(1));
+    let file = g.dir.join("value.bin");
+    std::fs::write(&file, [0u8, 255, 10, 13]).unwrap();
+    assert_eq!(
+        cli(&["put", "bin", "--file", file.to_str().unwrap()]).0,
+        Some(0)
+    );
+    assert_eq!(
+        cli(&["get", "bin", "--raw"]),
+        (Some(0), vec![0u8, 255, 10, 13])
+    );
+    assert_eq!(cli(&["keys", "gree*"]), (Some(0), b"greeting\n".to_vec()));
+    assert_eq!(cli(&["del", "greeting"]).0, Some(0));
+    assert_eq!(cli(&["get", "greeting"]).0, Some(1));
+    assert_eq!(cli(&["del", "greeting"]).0, Some(1));
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+/// Issue 18: the RESP front door. `redis-cli` and `redis-benchmark`
+/// against both nodes: commands answered as Redis answers them, a write on
+/// the secondary redirected to the primary (`redis-cli -c` follows), and a
+/// RESP write taking the replication path (it survives `kill -9` of the
+/// primary it was written to).
+#[test]
+fn redis_tools_work_against_the_resp_front_door() {
+    let ports = free_ports(2);
+    let mut g = Group::with_node_config("resp", "16MiB", None, &|i| {
+        format!("resp = \"127.0.0.1:{}\"", ports[i])
+    });
+    let pr = g.primary();
+    let (p, s) = (ports[pr as usize - 1], ports[2 - pr as usize]);
+    let cli = |port: u16, args: &[&str]| -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli (Debian redis-tools)");
+        assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+    };
+    assert_eq!(cli(p, &["ping"]), "PONG");
+    assert_eq!(cli(p, &["set", "a", "b"]), "OK");
+    assert_eq!(cli(p, &["get", "a"]), "b");
+    assert_eq!(cli(p, &["set", "a", "c", "nx"]), "");
+    assert_eq!(cli(p, &["set", "z", "c", "xx"]), "");
+    assert_eq!(cli(p, &["get", "z"]), "");
+    assert_eq!(cli(p, &["setnx", "a", "d"]), "0");
+    assert_eq!(cli(p, &["mset", "k1", "v1", "k2", "v2"]), "OK");
+    assert_eq!(cli(p, &["mget", "k1", "nope", "k2"]), "v1\n\nv2");
+    assert_eq!(cli(p, &["exists", "k1", "k2", "nope"]), "2");
+    assert_eq!(cli(p, &["dbsize"]), "3");
+    assert_eq!(cli(p, &["del", "k2", "nope"]), "1");
+    assert_eq!(cli(p, &["keys", "k*"]), "k1");
+    assert_eq!(cli(p, &["wait", "1", "0"]), "1");
+    let info = cli(p, &["info"]);
+    assert!(
+        info.contains("role:master") && info.contains("db0:keys=2"),
+        "{info}"
+    );
+    assert!(info.contains("redundant:1"), "{info}");
+    assert_eq!(
+        cli(p, &["flushall"]),
+        "ERR unknown command 'flushall', with args beginning with:"
+    );
+    assert!(cli(p, &["set", "t", "v", "ex", "10"]).contains("TTLs are not supported"));
+    assert!(cli(p, &["get"]).contains("wrong number of arguments"));
+    // The secondary: a write names the primary; redis-cli -c follows.
+    assert_eq!(cli(s, &["set", "x", "y"]), format!("MOVED 0 127.0.0.1:{p}"));
+    assert_eq!(cli(s, &["-c", "set", "x", "y"]), "OK");
+    assert_eq!(cli(s, &["get", "x"]), "y");
+    assert!(cli(s, &["info", "replication"]).contains("role:slave"));
+    // A protocol error ends the connection with a clear error.
+    {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+        c.write_all(b"*1\r\n:oops\r\n").unwrap();
+        let mut r = String::new();
+        c.read_to_string(&mut r).unwrap();
+        assert!(r.starts_with("-ERR Protocol error"), "{r}");
+    }
+    // redis-benchmark completes against the primary (whose writes are
+    // replicated to the secondary) and reads through the secondary; its
+    // SETs on the secondary stop at the redirection, as they stop at
+    // -READONLY against a Redis replica.
+    let bench = |port: u16, tests: &str| {
+        Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-t",
+                tests,
+                "-n",
+                "2000",
+                "-c",
+                "4",
+            ])
+            .args(["-d", "64", "-q"])
+            .output()
+            .expect("redis-benchmark")
+    };
+    let out = bench(p, "set,get");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("SET:") && text.contains("GET:"), "{text}");
+    let out = bench(s, "get");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("GET:"),
+        "{out:?}"
+    );
+    let out = bench(s, "set");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("MOVED 0 127.0.0.1:{p}")),
+        "{out:?}"
+    );
+    // The RESP write was replicated: it survives its primary.
+    let epoch = g.epoch();
+    g.nodes[pr as usize - 1].kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while g.epoch() <= epoch || g.primary() == pr {
+        assert!(Instant::now() < deadline, "no failover");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(cli(s, &["get", "a"]), "b");
+    assert_eq!(cli(s, &["get", "x"]), "y");
+    assert!(cli(s, &["info"]).contains("role:master"));
+    let _ = std::fs::remove_dir_all(&g.dir);
 }

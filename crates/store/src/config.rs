@@ -13,6 +13,8 @@
 //! heartbeat_timeout_ms = 250
 //! min_in_sync_replicas = 0         # 1: refuse writes while no secondary is in sync
 //! clock_drift_permille = 50        # lease margin for clocks that run slow
+//! index_buckets = 0                # key index size of a new group (0: one per 16 KiB of arena)
+//! resp = "127.0.0.1:6380"          # optional: serve the Redis protocol here
 //!
 //! [coordinator]
 //! kind = "embedded"                # or "etcd"
@@ -181,6 +183,15 @@ pub struct Config {
     /// lease early.
     #[serde(default = "default_drift")]
     pub clock_drift_permille: u64,
+    /// Buckets of the key index (31 keys each) a new group's arena gets;
+    /// 0 (default): one per 16 KiB of arena. A joining node takes the
+    /// group's, whatever it is configured with.
+    #[serde(default)]
+    pub index_buckets: u64,
+    /// Where to serve the Redis protocol (RESP), if anywhere
+    /// (`net::resp`).
+    #[serde(default)]
+    pub resp: Option<SocketAddr>,
     /// Coordinator.
     pub coordinator: CoordinatorConfig,
 }
@@ -275,6 +286,13 @@ impl Config {
             return bad(format!(
                 "clock_drift_permille ({}) must be below 500",
                 self.clock_drift_permille
+            ));
+        }
+        let most = (self.arena_size.0 / 4) / crate::index::BUCKET_LEN as u64;
+        if self.index_buckets > most {
+            return bad(format!(
+                "index_buckets ({}) would take more than a quarter of the arena (at most {most})",
+                self.index_buckets
             ));
         }
         if self.peers.contains(&self.listen) {

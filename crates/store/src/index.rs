@@ -185,6 +185,11 @@ pub fn decode_bucket(no: u64, bytes: &[u8]) -> Result<Bucket, IndexError> {
     if checksum(no, bytes) != want || bytes[4] > 1 || bytes[5..8] != [0, 0, 0] {
         return Err(torn);
     }
+    Ok(decode_fields(bytes))
+}
+
+/// The fields of a bucket's bytes, unchecked.
+fn decode_fields(bytes: &[u8]) -> Bucket {
     let mut b = Bucket::empty();
     b.spill = bytes[4] == 1;
     b.version = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
@@ -192,8 +197,13 @@ pub fn decode_bucket(no: u64, bytes: &[u8]) -> Result<Bucket, IndexError> {
         let at = SLOTS_AT + i * SLOT_LEN;
         *s = Slot::decode(&bytes[at..at + SLOT_LEN]);
     }
-    Ok(b)
+    b
 }
+
+/// Bytes of the superblock at arena offset 0, which describes the index.
+pub const SUPERBLOCK_LEN: u64 = 64;
+/// The superblock's magic, "SRIX" read as a little-endian u32.
+pub const SUPERBLOCK_MAGIC: u32 = u32::from_le_bytes(*b"SRIX");
 
 /// Where the index lies in the arena and how many buckets it hashes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,8 +268,71 @@ impl Layout {
         self.offset + no * BUCKET_LEN as u64
     }
 
-    /// Writes every bucket empty (a new group's arena).
+    /// The layout a new group's arena gets: the superblock at offset 0,
+    /// then the buckets. `buckets`: 0 chooses one per 16 KiB of arena (a
+    /// region of about 3% of it; 31 slots per bucket hold an object per
+    /// 528 bytes of arena when full).
+    pub fn for_arena(arena_len: u64, buckets: u64) -> Layout {
+        let buckets = if buckets == 0 {
+            (arena_len / (16 << 10)).max(1)
+        } else {
+            buckets
+        };
+        Layout::new(SUPERBLOCK_LEN, buckets)
+    }
+
+    /// Bytes of the arena the superblock and the region take from offset
+    /// 0 (the allocation the index holds).
+    pub fn reserved_len(&self) -> u64 {
+        self.offset + self.region_len()
+    }
+
+    /// The superblock describing this layout (written once, at offset 0,
+    /// when a group's arena is formatted; a client reads it once).
+    pub fn superblock(&self) -> [u8; SUPERBLOCK_LEN as usize] {
+        let mut b = [0u8; SUPERBLOCK_LEN as usize];
+        b[0..4].copy_from_slice(&SUPERBLOCK_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&1u32.to_le_bytes());
+        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        b[16..24].copy_from_slice(&self.buckets.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes a superblock read from arena offset 0 of an arena of
+    /// `arena_len` bytes.
+    pub fn from_superblock(b: &[u8], arena_len: u64) -> Result<Layout, String> {
+        if b.len() < SUPERBLOCK_LEN as usize {
+            return Err(format!("superblock of {} bytes", b.len()));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        if u32_at(0) != SUPERBLOCK_MAGIC || u32_at(4) != 1 {
+            return Err("the arena holds no key index (no superblock at offset 0)".into());
+        }
+        if crc32c::crc32c(&b[..60]) != u32_at(60) {
+            return Err("the arena's superblock fails its checksum".into());
+        }
+        let (offset, buckets) = (u64_at(8), u64_at(16));
+        let l = Layout { offset, buckets };
+        if buckets == 0
+            || offset < SUPERBLOCK_LEN
+            || buckets > arena_len / BUCKET_LEN as u64
+            || l.reserved_len() > arena_len
+        {
+            return Err(format!(
+                "superblock names an index ({buckets} buckets at {offset}) outside the arena"
+            ));
+        }
+        Ok(l)
+    }
+
+    /// Writes the superblock and every bucket empty (a new group's arena).
     pub fn format(&self, mem: &mut impl Memory) -> Result<(), IndexError> {
+        if self.offset >= SUPERBLOCK_LEN {
+            mem.write(0, &self.superblock())?;
+        }
         for no in 0..=self.buckets {
             mem.write(self.bucket_offset(no), &encode_bucket(no, &Bucket::empty()))?;
         }
@@ -307,10 +380,45 @@ impl Layout {
         edit: &Edit,
         version: u64,
     ) -> Result<(), IndexError> {
+        self.apply_as(mem, edit, version, true)
+    }
+
+    /// [`Self::apply`] onto a bucket that may be torn: a secondary's copy
+    /// of the arena is fuzzy (a bucket read while the primary rewrote it
+    /// mixes two versions), but every slot that changed since the copy
+    /// began is set again by a write the secondary replays, and the bytes
+    /// of the slots that did not change are the same in either version. So
+    /// the replay decodes without the checksum and rewrites the bucket
+    /// whole, which leaves it exactly as on the primary.
+    pub fn apply_over_copy(
+        &self,
+        mem: &mut impl Memory,
+        edit: &Edit,
+        version: u64,
+    ) -> Result<(), IndexError> {
+        self.apply_as(mem, edit, version, false)
+    }
+
+    fn apply_as(
+        &self,
+        mem: &mut impl Memory,
+        edit: &Edit,
+        version: u64,
+        checked: bool,
+    ) -> Result<(), IndexError> {
         let no = match *edit {
             Edit::Slot { bucket, .. } | Edit::Spill { bucket } => bucket,
         };
-        let mut b = self.bucket(mem, no)?;
+        if no > self.buckets {
+            return Err(IndexError::Torn { bucket: no });
+        }
+        let mut b = if checked {
+            self.bucket(mem, no)?
+        } else {
+            let mut raw = [0u8; BUCKET_LEN];
+            mem.read(self.bucket_offset(no), &mut raw)?;
+            decode_fields(&raw)
+        };
         match *edit {
             Edit::Slot { slot, entry, .. } => b.slots[slot as usize] = entry,
             Edit::Spill { .. } => b.spill = true,
@@ -351,7 +459,10 @@ pub struct Meta {
     /// Per bucket: bit `i` set when slot `i` is taken.
     used: Vec<u32>,
     spill: Vec<bool>,
-    keys: std::collections::HashMap<Vec<u8>, Found>,
+    /// Per key: its entry and its object's whole generation.
+    keys: std::collections::HashMap<Vec<u8>, (Found, u64)>,
+    /// Arena offsets of the objects that belong to a key.
+    owned: std::collections::HashSet<u64>,
 }
 
 impl Meta {
@@ -363,15 +474,16 @@ impl Meta {
             used: vec![0; n],
             spill: vec![false; n],
             keys: std::collections::HashMap::new(),
+            owned: std::collections::HashSet::new(),
         }
     }
 
     /// Rebuilds the index's state from an arena: `key_of(entry)` reads the
-    /// key from the header of the object an entry names.
+    /// key and generation from the header of the object an entry names.
     pub fn from_memory(
         layout: Layout,
         mem: &impl Memory,
-        mut key_of: impl FnMut(&Slot) -> Option<Vec<u8>>,
+        mut key_of: impl FnMut(&Slot) -> Option<(Vec<u8>, u64)>,
     ) -> Result<Meta, String> {
         let mut m = Meta::new(layout);
         for no in 0..=layout.buckets {
@@ -379,17 +491,28 @@ impl Meta {
             m.spill[no as usize] = b.spill;
             for (i, s) in b.slots.iter().enumerate() {
                 let Some(entry) = s else { continue };
-                let key = key_of(entry)
+                let (key, generation) = key_of(entry)
                     .ok_or_else(|| format!("index bucket {no} slot {i} names no keyed object"))?;
+                if generation as u32 != entry.generation || tag_of(key_hash(&key)) != entry.tag {
+                    return Err(format!(
+                        "index bucket {no} slot {i} does not match its object's key or generation"
+                    ));
+                }
                 m.used[no as usize] |= 1 << i;
                 let f = Found {
                     bucket: no,
                     slot: i as u8,
                     entry: *entry,
                 };
-                if m.keys.insert(key, f).is_some() {
+                if m.keys.insert(key, (f, generation)).is_some() {
                     return Err(format!(
                         "a key has two index entries (bucket {no} slot {i})"
+                    ));
+                }
+                if !m.owned.insert(entry.offset) {
+                    return Err(format!(
+                        "two index entries name the object at {} (bucket {no} slot {i})",
+                        entry.offset
                     ));
                 }
             }
@@ -399,7 +522,27 @@ impl Meta {
 
     /// Where `key` is.
     pub fn get(&self, key: &[u8]) -> Option<&Found> {
-        self.keys.get(key)
+        self.keys.get(key).map(|(f, _)| f)
+    }
+
+    /// The whole generation of `key`'s object.
+    pub fn generation(&self, key: &[u8]) -> Option<u64> {
+        self.keys.get(key).map(|&(_, g)| g)
+    }
+
+    /// Whether the object at arena offset `offset` belongs to a key.
+    pub fn owns(&self, offset: u64) -> bool {
+        self.owned.contains(&offset)
+    }
+
+    /// Keys in the index.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the index holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
     }
 
     fn free_slot(&self, no: u64) -> Option<u8> {
@@ -411,7 +554,7 @@ impl Meta {
     /// in the index, else a free slot of its home bucket, else of the next
     /// (marking the home spilled).
     pub fn plan_put(&self, key: &[u8], entry: Slot) -> Result<Vec<Edit>, IndexError> {
-        if let Some(f) = self.keys.get(key) {
+        if let Some(f) = self.get(key) {
             return Ok(vec![Edit::Slot {
                 bucket: f.bucket,
                 slot: f.slot,
@@ -443,16 +586,17 @@ impl Meta {
 
     /// The edit that removes `key`, if it is in the index.
     pub fn plan_delete(&self, key: &[u8]) -> Option<Edit> {
-        self.keys.get(key).map(|f| Edit::Slot {
+        self.get(key).map(|f| Edit::Slot {
             bucket: f.bucket,
             slot: f.slot,
             entry: None,
         })
     }
 
-    /// Applies an edit of `key` (checked: an edit that does not fit the
-    /// state is a divergence, reported, nothing changed).
-    pub fn apply(&mut self, edit: &Edit, key: &[u8]) -> Result<(), String> {
+    /// Applies an edit of `key`, whose object has generation `generation`
+    /// (checked: an edit that does not fit the state is a divergence,
+    /// reported, nothing changed).
+    pub fn apply(&mut self, edit: &Edit, key: &[u8], generation: u64) -> Result<(), String> {
         match *edit {
             Edit::Spill { bucket } => {
                 if bucket >= self.layout.buckets {
@@ -470,26 +614,42 @@ impl Meta {
                 }
                 let bit = 1u32 << slot;
                 let taken = self.used[bucket as usize] & bit != 0;
-                let mine = self
-                    .keys
-                    .get(key)
-                    .is_some_and(|f| f.bucket == bucket && f.slot == slot);
+                let old = self.keys.get(key).map(|&(f, _)| f);
+                let mine = old.is_some_and(|f| f.bucket == bucket && f.slot == slot);
                 match entry {
                     Some(entry) => {
                         if taken && !mine {
                             return Err(format!("index slot {bucket}/{slot} is another key's"));
                         }
-                        if !taken && self.keys.contains_key(key) {
+                        if !taken && old.is_some() {
                             return Err(format!("key already has an index slot ({bucket}/{slot})"));
+                        }
+                        if entry.generation != generation as u32 {
+                            return Err(format!(
+                                "index slot {bucket}/{slot} set for generation {generation} with {}",
+                                entry.generation
+                            ));
+                        }
+                        if let Some(f) = old {
+                            self.owned.remove(&f.entry.offset);
+                        }
+                        if !self.owned.insert(entry.offset) {
+                            return Err(format!(
+                                "the object at {} already belongs to a key",
+                                entry.offset
+                            ));
                         }
                         self.used[bucket as usize] |= bit;
                         self.keys.insert(
                             key.to_vec(),
-                            Found {
-                                bucket,
-                                slot,
-                                entry,
-                            },
+                            (
+                                Found {
+                                    bucket,
+                                    slot,
+                                    entry,
+                                },
+                                generation,
+                            ),
                         );
                     }
                     None => {
@@ -497,7 +657,9 @@ impl Meta {
                             return Err(format!("index slot {bucket}/{slot} is not the key's"));
                         }
                         self.used[bucket as usize] &= !bit;
-                        self.keys.remove(key);
+                        if let Some((f, _)) = self.keys.remove(key) {
+                            self.owned.remove(&f.entry.offset);
+                        }
                     }
                 }
             }

@@ -111,11 +111,11 @@ impl World {
 
     /// Replication: the primary planned `edits`; both nodes apply them in
     /// sequence order, to their metas and to their arena bytes.
-    fn commit(&mut self, key: &[u8], edits: &[Edit]) {
+    fn commit(&mut self, key: &[u8], edits: &[Edit], generation: u64) {
         self.seq += 1;
         for n in 0..2 {
             for e in edits {
-                self.meta[n].apply(e, key).unwrap();
+                self.meta[n].apply(e, key, generation).unwrap();
                 self.layout.apply(&mut self.mem[n], e, self.seq).unwrap();
             }
         }
@@ -137,7 +137,7 @@ impl World {
             self.objects.remove(&f.entry.offset);
         }
         self.objects.insert(offset, key.to_vec());
-        self.commit(key, &edits);
+        self.commit(key, &edits, entry.generation as u64);
         Ok(())
     }
 
@@ -146,7 +146,7 @@ impl World {
             return false;
         };
         let off = self.meta[self.primary].get(key).unwrap().entry.offset;
-        self.commit(key, &[e]);
+        self.commit(key, &[e], 0);
         self.objects.remove(&off);
         true
     }
@@ -180,7 +180,9 @@ fn run(buckets: u64, keys: u8, steps: &[Step]) -> Result<(), TestCaseError> {
                 w.primary = 1 - w.primary;
                 let objects = &w.objects;
                 let rebuilt = Meta::from_memory(w.layout, &w.mem[w.primary], |s| {
-                    objects.get(&s.offset).cloned()
+                    objects
+                        .get(&s.offset)
+                        .map(|k| (k.clone(), s.generation as u64))
                 })
                 .unwrap();
                 prop_assert!(rebuilt == w.meta[w.primary], "rebuilt index differs");
@@ -297,4 +299,85 @@ fn same_tag_keys_are_told_apart_by_the_object() {
         .unwrap()
         .is_none());
     assert_eq!(layout.bucket(&mem, 0).unwrap().version, 2);
+}
+
+proptest! {
+    /// A joining secondary's fuzzy copy: the bucket it copied mixes the
+    /// bytes of the versions the primary wrote while it was read (any
+    /// version from the copy's start on, cut anywhere). Replaying every
+    /// edit since the start with `apply_over_copy` leaves exactly the
+    /// primary's bytes; the checked `apply` refuses the torn bucket.
+    #[test]
+    fn replay_over_a_torn_copy_is_exact(
+        before in prop::collection::vec((0u8..SLOTS as u8, any::<bool>()), 0..20),
+        after in prop::collection::vec((0u8..SLOTS as u8, any::<bool>()), 1..20),
+        which in any::<prop::sample::Index>(),
+        cut in 0usize..BUCKET_LEN,
+        cut2 in 0usize..BUCKET_LEN,
+    ) {
+        let layout = Layout::new(0, 1);
+        let mut primary = HeapMemory::new(layout.region_len());
+        layout.format(&mut primary).unwrap();
+        let edit = |(slot, set): (u8, bool), i: usize| Edit::Slot {
+            bucket: 0,
+            slot,
+            entry: set.then(|| Slot {
+                tag: 3 + 2 * i as u32,
+                offset: 64 * (i as u64 + 1),
+                units: 1,
+                generation: i as u32,
+            }),
+        };
+        let mut seq = 0;
+        for (i, &e) in before.iter().enumerate() {
+            seq += 1;
+            layout.apply(&mut primary, &edit(e, i), seq).unwrap();
+        }
+        let start_seq = seq;
+        let mut versions = vec![primary.clone()];
+        for (i, &e) in after.iter().enumerate() {
+            seq += 1;
+            layout.apply(&mut primary, &edit(e, 100 + i), seq).unwrap();
+            versions.push(primary.clone());
+        }
+        // The copy: bytes [lo, hi) of one version, the rest of the start.
+        let (lo, hi) = (cut.min(cut2), cut.max(cut2));
+        let mut copy = versions[0].clone();
+        let mut mid = [0u8; BUCKET_LEN];
+        versions[which.index(versions.len())].read(0, &mut mid).unwrap();
+        copy.write(lo as u64, &mid[lo..hi]).unwrap();
+        let mut seq = start_seq;
+        for (i, &e) in after.iter().enumerate() {
+            seq += 1;
+            layout.apply_over_copy(&mut copy, &edit(e, 100 + i), seq).unwrap();
+        }
+        prop_assert!(copy == primary, "the replayed copy differs from the primary");
+    }
+}
+
+#[test]
+fn the_superblock_describes_the_layout_and_is_checked() {
+    let l = Layout::for_arena(64 << 20, 0);
+    assert_eq!(l.offset, SUPERBLOCK_LEN);
+    assert_eq!(l.buckets, 4096);
+    assert_eq!(Layout::for_arena(4096, 0).buckets, 1);
+    assert_eq!(Layout::for_arena(64 << 20, 10).buckets, 10);
+    let sb = l.superblock();
+    assert_eq!(Layout::from_superblock(&sb, 64 << 20), Ok(l));
+    // Too small an arena for the index it names, a flipped bit, no index.
+    assert!(Layout::from_superblock(&sb, 1 << 20).is_err());
+    for i in 0..SUPERBLOCK_LEN as usize {
+        let mut t = sb;
+        t[i] ^= 1;
+        assert!(Layout::from_superblock(&t, 64 << 20).is_err(), "byte {i}");
+    }
+    assert!(Layout::from_superblock(&[0u8; 64], 64 << 20).is_err());
+    // format writes it at offset 0.
+    let mut mem = HeapMemory::new(1 << 20);
+    let l = Layout::for_arena(1 << 20, 0);
+    l.format(&mut mem).unwrap();
+    let mut b = [0u8; SUPERBLOCK_LEN as usize];
+    mem.read(0, &mut b).unwrap();
+    assert_eq!(Layout::from_superblock(&b, 1 << 20), Ok(l));
+    assert!(l.bucket(&mem, l.buckets).is_ok());
 }

@@ -8,7 +8,10 @@
 //! * [`alloc`]: deterministic allocator over arena offsets.
 //! * [`object`]: object header and torn-read detection.
 //! * [`index`]: the key index in the arena, read one-sided by clients.
+//! * [`lookup`]: a key's one-sided look-up, as a pure state machine.
+//! * [`glob`]: glob patterns over keys (`scan`, `KEYS`).
 //! * [`ptr`]: remote pointers, their encodings and validation.
+//! * [`resp`]: the Redis protocol (RESP2) as a pure codec.
 //! * [`proto`]: messages (every one carries the sender's epoch) and codec.
 //! * [`node`]: the pure replication state machine of one node.
 //! * [`coord`]: coordinators (rules, embedded TCP server, etcd).
@@ -22,11 +25,14 @@ pub mod alloc;
 pub mod arena;
 pub mod config;
 pub mod coord;
+pub mod glob;
 pub mod index;
 pub mod lincheck;
+pub mod lookup;
 pub mod net;
 pub mod node;
 pub mod object;
 pub mod proto;
 pub mod ptr;
+pub mod resp;
 pub mod sim;

@@ -40,9 +40,10 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::alloc::{AllocError, Allocator};
 use crate::arena::Memory;
 use crate::coord::{Campaign, GroupRecord};
+use crate::index::{self, Layout, Meta};
 use crate::object::{self, HEADER_LEN};
 use crate::proto::{
-    self, Body, DedupEntry, Effect, Envelope, Member, NodeId, Op, RepOp, Reply, StatusInfo,
+    self, Body, Cond, DedupEntry, Effect, Envelope, Member, NodeId, Op, RepOp, Reply, StatusInfo,
     StoreError,
 };
 use crate::ptr::{ArenaRef, PtrError, RemotePtr};
@@ -77,6 +78,12 @@ pub struct NodeConfig {
     /// coordinator's, in parts per thousand: the primary counts its lease
     /// as `lease_ttl` less this share.
     pub clock_drift_permille: u64,
+    /// Buckets of the key index a new group's arena gets (0: one per 16
+    /// KiB of arena; `index::Layout::for_arena`). A joining node takes the
+    /// group's from the arena it copies.
+    pub index_buckets: u64,
+    /// The port of this node's RESP front door (0: none), for `status`.
+    pub resp_port: u16,
 }
 
 /// A party: a node of the group or a client.
@@ -321,7 +328,16 @@ pub struct Node<M: Memory> {
     resend_asked: Option<(u64, Micros)>,
     /// When this node (as a secondary) last campaigned.
     last_campaign: Micros,
+    /// The key index's place in the arena: known once the arena holds a
+    /// group's data (formatted by a new group's first primary, or copied).
+    layout: Option<Layout>,
+    /// The key index as planned with (including unexposed writes); `None`
+    /// while the node has no data or is still replaying its copy.
+    index: Option<Meta>,
 }
+
+#[path = "node_keys.rs"]
+mod keys;
 
 fn ptr_error(e: PtrError) -> StoreError {
     match e {
@@ -361,6 +377,8 @@ impl<M: Memory> Node<M> {
             unexposed: VecDeque::new(),
             resend_asked: None,
             last_campaign: 0,
+            layout: None,
+            index: None,
         }
     }
 
@@ -403,6 +421,16 @@ impl<M: Memory> Node<M> {
     /// The allocator.
     pub fn allocator(&self) -> &Allocator {
         &self.alloc
+    }
+
+    /// The key index's layout, once the node holds a group's data.
+    pub fn index_layout(&self) -> Option<Layout> {
+        self.layout
+    }
+
+    /// The key index's planning state, once the node holds a group's data.
+    pub fn index_meta(&self) -> Option<&Meta> {
+        self.index.as_ref()
     }
     /// Highest applied write.
     pub fn applied_seq(&self) -> u64 {
@@ -521,9 +549,12 @@ impl<M: Memory> Node<M> {
             arena_len: self.cfg.arena.len,
             stag: self.cfg.arena.stag,
             allocated: u.allocated,
-            objects: u.allocations,
+            // The index's region is an allocation, no object.
+            objects: u.allocations - self.alloc.allocation_at(0).is_some() as u64,
             redundant: self.is_redundant(),
             applied_seq: self.applied_seq,
+            keys: self.index.as_ref().map_or(0, |m| m.len() as u64),
+            resp_port: self.cfg.resp_port,
         }
     }
 
@@ -620,6 +651,8 @@ impl<M: Memory> Node<M> {
         self.dedup.clear();
         self.applied_seq = 0;
         self.unexposed.clear();
+        self.layout = None;
+        self.index = None;
         self.state = State::Joining {
             join_sent: None,
             asked: None,
@@ -657,6 +690,21 @@ impl<M: Memory> Node<M> {
             return;
         }
         self.epoch = epoch;
+        if self.layout.is_none() {
+            // A new group's first primary: its arena holds nothing yet
+            // (a node with data always knows its layout). Reserve and
+            // format the key index at offset 0.
+            assert_eq!(self.applied_seq, 0, "a node with data knows its index");
+            let layout = Layout::for_arena(self.cfg.arena.len, self.cfg.index_buckets);
+            self.alloc
+                .alloc_at(0, layout.reserved_len())
+                .expect("the index fits an empty arena");
+            layout
+                .format(&mut self.mem)
+                .expect("the index lies inside the arena");
+            self.layout = Some(layout);
+            self.index = Some(Meta::new(layout));
+        }
         // The lease began at the coordinator some time before this reply:
         // count it as expired until a renewal sent from now on succeeds.
         let id = self.coord(CoordRequest::KeepAlive { epoch: self.epoch });
@@ -876,7 +924,7 @@ impl<M: Memory> Node<M> {
             );
             return;
         }
-        if let Op::Read { ptr } = op {
+        if matches!(op, Op::Read { .. } | Op::Get { .. } | Op::Scan { .. }) {
             // A primary whose lease may have run out (cut off from the
             // coordinator, possibly replaced) must not answer reads either.
             if !self.serves_reads(self.now) {
@@ -889,7 +937,16 @@ impl<M: Memory> Node<M> {
                 );
                 return;
             }
-            let result = self.read(ptr);
+            let result = match op {
+                Op::Read { ptr } => self.read(ptr),
+                Op::Get { key } => self.get_key(&key),
+                Op::Scan {
+                    cursor,
+                    count,
+                    pattern,
+                } => self.scan(cursor, count, &pattern),
+                _ => unreachable!(),
+            };
             self.send(from, Body::Response { req_id, result });
             return;
         }
@@ -972,7 +1029,10 @@ impl<M: Memory> Node<M> {
             .validate(&self.cfg.arena, &self.alloc)
             .map_err(ptr_error)?;
         match object::read_object(&self.mem, off, ptr.len as u64) {
-            Ok((version, data)) => Ok(Reply::Data { version, data }),
+            Ok(o) => Ok(Reply::Data {
+                version: o.version,
+                data: o.data,
+            }),
             Err(object::ObjectError::Torn) => Err(StoreError::Torn),
             Err(e) => Err(StoreError::Other(e.to_string())),
         }
@@ -989,93 +1049,111 @@ impl<M: Memory> Node<M> {
         }
     }
 
+    /// A new allocation for `need` bytes of object: its offset and length.
+    fn new_allocation(&self, need: usize, value_len: usize) -> Result<(u64, u64), StoreError> {
+        if need as u64 > u32::MAX as u64 {
+            return Err(StoreError::TooLarge {
+                len: value_len as u64,
+                max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
+            });
+        }
+        let off = self
+            .alloc
+            .find_fit(need as u64)
+            .map_err(|e| self.alloc_error(e, value_len))?;
+        Ok((off, crate::alloc::round_up(need as u64).unwrap()))
+    }
+
+    fn ptr_at(&self, off: u64, len: u64) -> RemotePtr {
+        RemotePtr {
+            addr: self.cfg.arena.base + off,
+            stag: self.cfg.arena.stag,
+            len: len as u32,
+        }
+    }
+
+    /// The arena offset a pointer names, for a write of the pointer API:
+    /// objects that belong to a key change only through the key.
+    fn unkeyed_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
+        let off = ptr
+            .validate(&self.cfg.arena, &self.alloc)
+            .map_err(ptr_error)?;
+        let keyed = self.index.as_ref().is_some_and(|m| m.owns(off));
+        if keyed || self.layout.is_some_and(|l| off < l.reserved_len()) {
+            return Err(StoreError::Keyed);
+        }
+        Ok(off)
+    }
+
     /// Decides a write's effects without changing anything.
     fn plan(&self, op: &Op) -> Result<(Vec<Effect>, Reply), StoreError> {
-        let arena = self.cfg.arena;
-        let new_object = |data: &[u8]| -> Result<(u64, u64), StoreError> {
-            let need = object::encoded_len(data.len()) as u64;
-            if need > u32::MAX as u64 {
-                return Err(StoreError::TooLarge {
-                    len: data.len() as u64,
-                    max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
-                });
-            }
-            let off = self
-                .alloc
-                .find_fit(need)
-                .map_err(|e| self.alloc_error(e, data.len()))?;
-            Ok((off, crate::alloc::round_up(need).unwrap()))
-        };
         let seq = self.applied_seq + 1;
-        let ptr_at = |off: u64, len: u64| RemotePtr {
-            addr: arena.base + off,
-            stag: arena.stag,
-            len: len as u32,
+        let write = |offset: u64, data: &[u8]| Effect::Write {
+            offset,
+            version: seq,
+            generation: seq,
+            key: Vec::new(),
+            data: data.to_vec(),
         };
         match op {
             Op::Insert { data } => {
-                let (off, len) = new_object(data)?;
+                let (off, len) =
+                    self.new_allocation(object::encoded_len(0, data.len()), data.len())?;
                 Ok((
-                    vec![
-                        Effect::Alloc { offset: off, len },
-                        Effect::Write {
-                            offset: off,
-                            version: seq,
-                            data: data.clone(),
-                        },
-                    ],
-                    Reply::Inserted(ptr_at(off, len)),
+                    vec![Effect::Alloc { offset: off, len }, write(off, data)],
+                    Reply::Inserted(self.ptr_at(off, len)),
                 ))
             }
             Op::Update { ptr, data } => {
-                let off = ptr.validate(&arena, &self.alloc).map_err(ptr_error)?;
-                if object::encoded_len(data.len()) as u64 <= ptr.len as u64 {
-                    return Ok((
-                        vec![Effect::Write {
-                            offset: off,
-                            version: seq,
-                            data: data.clone(),
-                        }],
-                        Reply::Updated(*ptr),
-                    ));
+                let off = self.unkeyed_offset(ptr)?;
+                let need = object::encoded_len(0, data.len());
+                if need as u64 <= ptr.len as u64 {
+                    return Ok((vec![write(off, data)], Reply::Updated(*ptr)));
                 }
-                let (new_off, len) = new_object(data)?;
+                let (new_off, len) = self.new_allocation(need, data.len())?;
                 Ok((
                     vec![
                         Effect::Alloc {
                             offset: new_off,
                             len,
                         },
-                        Effect::Write {
-                            offset: new_off,
-                            version: seq,
-                            data: data.clone(),
-                        },
+                        write(new_off, data),
                         Effect::Free { offset: off },
                     ],
-                    Reply::Updated(ptr_at(new_off, len)),
+                    Reply::Updated(self.ptr_at(new_off, len)),
                 ))
             }
             Op::Delete { ptr } => {
-                let off = ptr.validate(&arena, &self.alloc).map_err(ptr_error)?;
+                let off = self.unkeyed_offset(ptr)?;
                 Ok((vec![Effect::Free { offset: off }], Reply::Deleted))
             }
-            Op::Read { .. } | Op::Status => unreachable!("not a write"),
+            Op::Put { key, data, cond } => self.plan_put(seq, key, data, *cond),
+            Op::Remove { key } => self.plan_remove(key),
+            Op::Read { .. } | Op::Get { .. } | Op::Scan { .. } | Op::Status => {
+                unreachable!("not a write")
+            }
         }
     }
 
     /// Applies a write's effects, allocator and arena bytes; identical on
-    /// every replica.
-    fn apply(&mut self, seq: u64, op: &RepOp) -> Result<(), String> {
+    /// every replica. `over_copy`: a write replayed over a fuzzy copy of
+    /// the arena (its index buckets may be torn; `Layout::apply_over_copy`).
+    fn apply(&mut self, seq: u64, op: &RepOp, over_copy: bool) -> Result<(), String> {
         let caps = self.apply_meta(seq, op)?;
-        self.apply_bytes(op, &caps)
+        self.apply_bytes(seq, op, &caps, over_copy)
     }
 
-    /// The bytes of a write whose allocator effects [`Self::apply_meta`]
+    /// The bytes of write `seq` whose allocator effects [`Self::apply_meta`]
     /// already applied (checked there: they cannot fail on a well-formed
     /// arena); `caps`: the allocation of each `Write` effect, in order, as
     /// `apply_meta` found them.
-    fn apply_bytes(&mut self, op: &RepOp, caps: &[u64]) -> Result<(), String> {
+    fn apply_bytes(
+        &mut self,
+        seq: u64,
+        op: &RepOp,
+        caps: &[u64],
+        over_copy: bool,
+    ) -> Result<(), String> {
         let mut caps = caps.iter();
         for e in &op.effects {
             match e {
@@ -1083,23 +1161,41 @@ impl<M: Memory> Node<M> {
                 Effect::Write {
                     offset,
                     version,
+                    generation,
+                    key,
                     data,
                 } => {
                     let cap = *caps.next().ok_or("allocation of a write unknown")?;
-                    object::write_object(&mut self.mem, *offset, cap, *version, data)
+                    let f = object::Fields {
+                        version: *version,
+                        generation: *generation,
+                        key,
+                        data,
+                    };
+                    object::write_object(&mut self.mem, *offset, cap, &f)
                         .map_err(|e| e.to_string())?;
                 }
                 Effect::Free { offset } => {
                     object::scrub(&mut self.mem, *offset).map_err(|e| e.to_string())?;
+                }
+                Effect::Index { edit, .. } => {
+                    let layout = self.layout.ok_or("an index edit before the index")?;
+                    if over_copy {
+                        layout.apply_over_copy(&mut self.mem, edit, seq)
+                    } else {
+                        layout.apply(&mut self.mem, edit, seq)
+                    }
+                    .map_err(|e| e.to_string())?;
                 }
             }
         }
         Ok(())
     }
 
-    /// A write's effects on the allocator and the retry table, with every
-    /// check of its bytes' effects (so [`Self::apply_bytes`] cannot fail);
-    /// returns the allocation of each `Write` effect.
+    /// A write's effects on the allocator, the key index's state and the
+    /// retry table, with every check of its bytes' effects (so
+    /// [`Self::apply_bytes`] cannot fail); returns the allocation of each
+    /// `Write` effect.
     fn apply_meta(&mut self, seq: u64, op: &RepOp) -> Result<Vec<u64>, String> {
         if seq != self.applied_seq + 1 {
             return Err(format!(
@@ -1114,21 +1210,38 @@ impl<M: Memory> Node<M> {
                     .alloc
                     .alloc_at(*offset, *len)
                     .map_err(|e| e.to_string())?,
-                Effect::Write { offset, data, .. } => {
+                Effect::Write {
+                    offset, key, data, ..
+                } => {
                     let cap = self
                         .alloc
                         .allocation_at(*offset)
                         .ok_or_else(|| format!("write to unallocated offset {offset}"))?;
-                    if object::encoded_len(data.len()) as u64 > cap {
+                    if object::encoded_len(key.len(), data.len()) as u64 > cap
+                        || key.len() > object::MAX_KEY_LEN
+                    {
                         return Err(format!(
                             "write of {} bytes into an allocation of {cap} at {offset}",
-                            data.len()
+                            key.len() + data.len()
                         ));
                     }
                     caps.push(cap);
                 }
                 Effect::Free { offset } => {
                     self.alloc.free(*offset).map_err(|e| e.to_string())?;
+                }
+                Effect::Index {
+                    key,
+                    generation,
+                    edit,
+                } => {
+                    if self.layout.is_none() {
+                        return Err("an index edit before the index".into());
+                    }
+                    // (`None` while replaying a copy: rebuilt afterwards.)
+                    if let Some(m) = &mut self.index {
+                        m.apply(edit, key, *generation)?;
+                    }
                 }
             }
         }
@@ -1149,8 +1262,8 @@ impl<M: Memory> Node<M> {
     /// arena, in order.
     fn expose(&mut self, seq: u64) {
         while self.unexposed.front().is_some_and(|w| w.0 <= seq) {
-            let (_, op, caps) = self.unexposed.pop_front().expect("front");
-            self.apply_bytes(&op, &caps)
+            let (seq, op, caps) = self.unexposed.pop_front().expect("front");
+            self.apply_bytes(seq, &op, &caps, false)
                 .expect("apply_meta checked every effect");
         }
     }
@@ -1267,7 +1380,7 @@ impl<M: Memory> Node<M> {
             let seq = self.applied_seq;
             return self.send(Addr::Node(primary), Body::ReplicateAck { seq });
         }
-        match self.apply(seq, &op) {
+        match self.apply(seq, &op, false) {
             Ok(()) => self.send(Addr::Node(primary), Body::ReplicateAck { seq }),
             Err(e) => {
                 self.diverged(e);
@@ -1452,6 +1565,8 @@ impl<M: Memory> Node<M> {
             return self.become_joining(None);
         }
         self.alloc = a;
+        self.layout = None;
+        self.index = None;
         self.dedup = dedup.into_iter().map(|d| (d.client, d)).collect();
         self.applied_seq = start_seq - 1;
         self.state = State::Secondary {
@@ -1517,6 +1632,22 @@ impl<M: Memory> Node<M> {
         let primary = *primary;
         let c = copy.take().expect("copying");
         let session = c.session;
+        // The arena describes its index (the superblock never changes after
+        // the group's first primary wrote it, so the copy holds it whole).
+        let mut sb = [0u8; index::SUPERBLOCK_LEN as usize];
+        let layout = self
+            .mem
+            .read(0, &mut sb)
+            .map_err(|e| e.to_string())
+            .and_then(|()| Layout::from_superblock(&sb, self.cfg.arena.len));
+        match layout {
+            Ok(l) => self.layout = Some(l),
+            Err(e) => {
+                self.diverged(format!("copied arena: {e}"));
+                return self.become_joining(Some(primary));
+            }
+        }
+        self.index = None;
         for (seq, op) in c.buffered {
             if seq > self.applied_seq + 1 {
                 // A write forwarded during the copy was lost: the primary
@@ -1530,8 +1661,19 @@ impl<M: Memory> Node<M> {
                 self.lost_replicates += 1;
                 return self.become_joining(Some(primary));
             }
-            if let Err(e) = self.apply(seq, &op) {
+            if let Err(e) = self.apply(seq, &op, true) {
                 self.diverged(e);
+                return self.become_joining(Some(primary));
+            }
+        }
+        // The bytes are now exactly the primary's at `applied_seq`: the
+        // index's state is rebuilt from them.
+        let layout = self.layout.expect("set above");
+        let mem = &self.mem;
+        match Meta::from_memory(layout, mem, |s| object::read_key(mem, s.offset).ok()) {
+            Ok(m) => self.index = Some(m),
+            Err(e) => {
+                self.diverged(format!("copied index: {e}"));
                 return self.become_joining(Some(primary));
             }
         }
@@ -2059,6 +2201,8 @@ mod tests {
                     sync_window: 4,
                     min_in_sync: 0,
                     clock_drift_permille: 50,
+                    index_buckets: 0,
+                    resp_port: 0,
                 };
                 nodes.insert(n, Node::new(cfg, HeapMemory::new(ARENA.len)));
             }

@@ -1,22 +1,35 @@
 //! In-arena object layout, readable by a one-sided RDMA Read.
 //!
-//! Every allocation holds one object: a fixed 24-byte header followed by the
-//! data. All integers are little-endian.
+//! Every allocation holds one object: a fixed 48-byte header, the key (empty
+//! for an object of the pointer API), then the value. All integers are
+//! little-endian.
 //!
 //! ```text
 //! offset  size  field
-//!      0     4  magic    "SRO1" (0x314f5253 LE); zero once freed
-//!      4     4  length   data length in bytes
-//!      8     8  version  write sequence number that produced this object
-//!     16     4  checksum CRC32c over bytes 0..16, 20..24 and the data
-//!     20     4  units    the allocation's length in 64-byte units
-//!     24     n  data
+//!      0     4  magic       "SRO2" (0x324f5253 LE); zero once freed
+//!      4     4  length      value length in bytes
+//!      8     8  version     sequence number of the write that produced it
+//!     16     4  checksum    CRC32c over every other header byte, the key and
+//!                           the value
+//!     20     4  units       the allocation's length in 64-byte units
+//!     24     8  generation  sequence number of the write that created the
+//!                           key's object (kept by updates, also when an
+//!                           update moves it); for the pointer API, of the
+//!                           write that stored these bytes
+//!     32     8  key hash    `index::key_hash(key)`; 0 without a key
+//!     40     2  key length  at most `MAX_KEY_LEN`
+//!     42     6  zero
+//!     48     k  key
+//!   48+k     n  value
 //! ```
 //!
 //! The allocation length lets a reader check that its pointer names exactly
 //! this allocation ([`decode_exact`]): a pointer whose length is not the
 //! allocation's is refused as it is by the node, never answered with the
-//! object.
+//! object. The key and generation let a reader that reached the object
+//! through a cached pointer or an index slot check that it is the object it
+//! was looking for: space freed and reused by another key is recognised by
+//! its key, and a slot names the generation it was written for.
 //!
 //! A client reads the whole allocation with one RDMA Read, without the
 //! server's CPU. An update may be overwriting the object in place at the same
@@ -32,9 +45,11 @@
 use crate::arena::{ArenaError, Memory};
 
 /// Header size in bytes.
-pub const HEADER_LEN: usize = 24;
-/// Header magic, "SRO1" read as a little-endian u32.
-pub const MAGIC: u32 = u32::from_le_bytes(*b"SRO1");
+pub const HEADER_LEN: usize = 48;
+/// Header magic, "SRO2" read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"SRO2");
+/// The longest key, in bytes (memcached allows 250, this allows more).
+pub const MAX_KEY_LEN: usize = 1024;
 
 /// Why bytes could not be decoded as an object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,9 +69,9 @@ pub enum ObjectError {
     /// The data does not fit the space given.
     #[error("object of {len} bytes does not fit {capacity} bytes of space")]
     TooBig {
-        /// Data length.
+        /// Key and value length.
         len: usize,
-        /// Space for data.
+        /// Space for key and value.
         capacity: usize,
     },
     /// The bytes read are not the object's whole allocation (the pointer's
@@ -73,66 +88,125 @@ pub enum ObjectError {
     Arena(#[from] ArenaError),
 }
 
+/// What an object holds, to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields<'a> {
+    /// Version (the write's sequence number).
+    pub version: u64,
+    /// Generation (see the module docs).
+    pub generation: u64,
+    /// The key; empty for the pointer API.
+    pub key: &'a [u8],
+    /// The value.
+    pub data: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    /// An object of the pointer API (no key) whose generation is its
+    /// version.
+    pub fn unkeyed(version: u64, data: &'a [u8]) -> Fields<'a> {
+        Fields {
+            version,
+            generation: version,
+            key: &[],
+            data,
+        }
+    }
+}
+
 /// A decoded object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Object<'a> {
     /// Version (the write sequence number).
     pub version: u64,
+    /// Generation.
+    pub generation: u64,
+    /// The key (empty for the pointer API).
+    pub key: &'a [u8],
     /// The data.
     pub data: &'a [u8],
     /// The allocation's length in bytes.
     pub allocation: u64,
 }
 
-/// Bytes needed to store `data_len` bytes of data.
-pub fn encoded_len(data_len: usize) -> usize {
-    HEADER_LEN + data_len
+/// An object read out of memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owned {
+    /// Version.
+    pub version: u64,
+    /// Generation.
+    pub generation: u64,
+    /// Key.
+    pub key: Vec<u8>,
+    /// Value.
+    pub data: Vec<u8>,
 }
 
-fn checksum(head: &[u8], data: &[u8]) -> u32 {
+/// Bytes needed to store a key of `key_len` bytes and `data_len` bytes of
+/// value.
+pub fn encoded_len(key_len: usize, data_len: usize) -> usize {
+    HEADER_LEN + key_len + data_len
+}
+
+fn checksum(head: &[u8], key: &[u8], data: &[u8]) -> u32 {
     let c = crc32c::crc32c(&head[0..16]);
-    let c = crc32c::crc32c_append(c, &head[20..24]);
+    let c = crc32c::crc32c_append(c, &head[20..HEADER_LEN]);
+    let c = crc32c::crc32c_append(c, key);
     crc32c::crc32c_append(c, data)
 }
 
 /// Allocations are multiples of this many bytes.
 pub const UNIT: u64 = 64;
 
-/// The header for `data` at `version` in an allocation of `allocation`
-/// bytes (a multiple of [`UNIT`]).
-pub fn header(version: u64, data: &[u8], allocation: u64) -> [u8; HEADER_LEN] {
-    let len = u32::try_from(data.len()).expect("object data must be below 4 GiB");
+/// The header for `f` in an allocation of `allocation` bytes (a multiple
+/// of [`UNIT`]).
+pub fn header(f: &Fields<'_>, allocation: u64) -> [u8; HEADER_LEN] {
+    let len = u32::try_from(f.data.len()).expect("object data must be below 4 GiB");
     let units = u32::try_from(allocation / UNIT).expect("allocations below 256 GiB");
+    assert!(
+        f.key.len() <= MAX_KEY_LEN,
+        "keys are at most {MAX_KEY_LEN} bytes"
+    );
+    let hash = if f.key.is_empty() {
+        0
+    } else {
+        crate::index::key_hash(f.key)
+    };
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     h[4..8].copy_from_slice(&len.to_le_bytes());
-    h[8..16].copy_from_slice(&version.to_le_bytes());
+    h[8..16].copy_from_slice(&f.version.to_le_bytes());
     h[20..24].copy_from_slice(&units.to_le_bytes());
-    let crc = checksum(&h, data);
+    h[24..32].copy_from_slice(&f.generation.to_le_bytes());
+    h[32..40].copy_from_slice(&hash.to_le_bytes());
+    h[40..42].copy_from_slice(&(f.key.len() as u16).to_le_bytes());
+    let crc = checksum(&h, f.key, f.data);
     h[16..20].copy_from_slice(&crc.to_le_bytes());
     h
 }
 
 /// Encodes an object into `dst`, the whole allocation (its length a
 /// multiple of [`UNIT`] holding at least [`encoded_len`] bytes).
-pub fn encode_into(dst: &mut [u8], version: u64, data: &[u8]) -> Result<(), ObjectError> {
-    if dst.len() < encoded_len(data.len()) {
+pub fn encode_into(dst: &mut [u8], f: &Fields<'_>) -> Result<(), ObjectError> {
+    let need = encoded_len(f.key.len(), f.data.len());
+    if dst.len() < need {
         return Err(ObjectError::TooBig {
-            len: data.len(),
+            len: f.key.len() + f.data.len(),
             capacity: dst.len().saturating_sub(HEADER_LEN),
         });
     }
-    let h = header(version, data, dst.len() as u64);
+    let h = header(f, dst.len() as u64);
     dst[..HEADER_LEN].copy_from_slice(&h);
-    dst[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
+    dst[HEADER_LEN..HEADER_LEN + f.key.len()].copy_from_slice(f.key);
+    dst[HEADER_LEN + f.key.len()..need].copy_from_slice(f.data);
     Ok(())
 }
 
 /// Encodes an object into a new buffer, the smallest allocation for it.
-pub fn encode(version: u64, data: &[u8]) -> Vec<u8> {
-    let n = (encoded_len(data.len()) as u64).div_ceil(UNIT) * UNIT;
+pub fn encode(f: &Fields<'_>) -> Vec<u8> {
+    let n = (encoded_len(f.key.len(), f.data.len()) as u64).div_ceil(UNIT) * UNIT;
     let mut v = vec![0; n as usize];
-    encode_into(&mut v, version, data).expect("buffer sized for the object");
+    encode_into(&mut v, f).expect("buffer sized for the object");
     v
 }
 
@@ -143,6 +217,7 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
         return Err(ObjectError::Short { len: buf.len() });
     }
     let u32_at = |i: usize| u32::from_le_bytes(buf[i..i + 4].try_into().unwrap());
+    let u64_at = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().unwrap());
     let magic = u32_at(0);
     if magic == 0 {
         return Err(ObjectError::Empty);
@@ -152,19 +227,24 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
         return Err(ObjectError::Torn);
     }
     let len = u32_at(4) as usize;
-    let version = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    let version = u64_at(8);
     let crc = u32_at(16);
     let allocation = u32_at(20) as u64 * UNIT;
-    if len > buf.len() - HEADER_LEN {
+    let generation = u64_at(24);
+    let key_len = u16::from_le_bytes(buf[40..42].try_into().unwrap()) as usize;
+    if key_len > MAX_KEY_LEN || key_len + len > buf.len() - HEADER_LEN {
         // A length that cannot be right for this allocation: torn header.
         return Err(ObjectError::Torn);
     }
-    let data = &buf[HEADER_LEN..HEADER_LEN + len];
-    if checksum(&buf[..HEADER_LEN], data) != crc {
+    let key = &buf[HEADER_LEN..HEADER_LEN + key_len];
+    let data = &buf[HEADER_LEN + key_len..HEADER_LEN + key_len + len];
+    if checksum(&buf[..HEADER_LEN], key, data) != crc {
         return Err(ObjectError::Torn);
     }
     Ok(Object {
         version,
+        generation,
+        key,
         data,
         allocation,
     })
@@ -189,24 +269,25 @@ pub fn decode_exact(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
 }
 
 /// Writes an object in place at `offset`, in an allocation of `capacity`
-/// bytes. The data goes first and the header last, so a reader that sees
-/// the new header has a good chance of seeing the new data; the checksum
-/// catches the rest.
+/// bytes. Key and value go first and the header last, so a reader that
+/// sees the new header has a good chance of seeing the new data; the
+/// checksum catches the rest.
 pub fn write_object<M: Memory + ?Sized>(
     mem: &mut M,
     offset: u64,
     capacity: u64,
-    version: u64,
-    data: &[u8],
+    f: &Fields<'_>,
 ) -> Result<(), ObjectError> {
-    if encoded_len(data.len()) as u64 > capacity {
+    if encoded_len(f.key.len(), f.data.len()) as u64 > capacity {
         return Err(ObjectError::TooBig {
-            len: data.len(),
+            len: f.key.len() + f.data.len(),
             capacity: (capacity as usize).saturating_sub(HEADER_LEN),
         });
     }
-    mem.write(offset + HEADER_LEN as u64, data)?;
-    mem.write(offset, &header(version, data, capacity))?;
+    let body = offset + HEADER_LEN as u64;
+    mem.write(body, f.key)?;
+    mem.write(body + f.key.len() as u64, f.data)?;
+    mem.write(offset, &header(f, capacity))?;
     Ok(())
 }
 
@@ -216,17 +297,40 @@ pub fn scrub<M: Memory + ?Sized>(mem: &mut M, offset: u64) -> Result<(), ObjectE
     Ok(())
 }
 
-/// Reads and decodes the object in the allocation `[offset, offset + capacity)`;
-/// returns `(version, data)`.
+/// Reads and decodes the object in the allocation `[offset, offset + capacity)`.
 pub fn read_object<M: Memory + ?Sized>(
     mem: &M,
     offset: u64,
     capacity: u64,
-) -> Result<(u64, Vec<u8>), ObjectError> {
+) -> Result<Owned, ObjectError> {
     let mut buf = vec![0u8; capacity as usize];
     mem.read(offset, &mut buf)?;
     let o = decode(&buf)?;
-    Ok((o.version, o.data.to_vec()))
+    Ok(Owned {
+        version: o.version,
+        generation: o.generation,
+        key: o.key.to_vec(),
+        data: o.data.to_vec(),
+    })
+}
+
+/// Reads only the key and generation of the object at `offset` (a header
+/// and at most [`MAX_KEY_LEN`] bytes), checking nothing but the lengths:
+/// for a node rebuilding its index from its own, quiescent memory.
+pub fn read_key<M: Memory + ?Sized>(mem: &M, offset: u64) -> Result<(Vec<u8>, u64), ObjectError> {
+    let mut h = [0u8; HEADER_LEN];
+    mem.read(offset, &mut h)?;
+    if u32::from_le_bytes(h[0..4].try_into().unwrap()) != MAGIC {
+        return Err(ObjectError::Empty);
+    }
+    let generation = u64::from_le_bytes(h[24..32].try_into().unwrap());
+    let key_len = u16::from_le_bytes(h[40..42].try_into().unwrap()) as usize;
+    if key_len > MAX_KEY_LEN {
+        return Err(ObjectError::Torn);
+    }
+    let mut key = vec![0u8; key_len];
+    mem.read(offset + HEADER_LEN as u64, &mut key)?;
+    Ok((key, generation))
 }
 
 #[cfg(test)]
@@ -238,19 +342,18 @@ mod tests {
     #[test]
     fn round_trip_in_memory() {
         let mut m = HeapMemory::new(256);
-        write_object(&mut m, 64, 128, 7, b"hello world").unwrap();
-        assert_eq!(
-            read_object(&m, 64, 128).unwrap(),
-            (7, b"hello world".to_vec())
-        );
+        write_object(&mut m, 64, 128, &Fields::unkeyed(7, b"hello world")).unwrap();
+        let o = read_object(&m, 64, 128).unwrap();
+        assert_eq!((o.version, o.data), (7, b"hello world".to_vec()));
         // Overwrite in place with shorter data.
-        write_object(&mut m, 64, 128, 8, b"bye").unwrap();
-        assert_eq!(read_object(&m, 64, 128).unwrap(), (8, b"bye".to_vec()));
+        write_object(&mut m, 64, 128, &Fields::unkeyed(8, b"bye")).unwrap();
+        let o = read_object(&m, 64, 128).unwrap();
+        assert_eq!((o.version, o.data), (8, b"bye".to_vec()));
         assert!(matches!(
-            write_object(&mut m, 64, 128, 9, &[0; 105]),
+            write_object(&mut m, 64, 128, &Fields::unkeyed(9, &[0; 81])),
             Err(ObjectError::TooBig {
-                len: 105,
-                capacity: 104
+                len: 81,
+                capacity: 80
             })
         ));
         scrub(&mut m, 64).unwrap();
@@ -261,8 +364,8 @@ mod tests {
     #[test]
     fn a_read_of_another_length_than_the_allocation_is_refused() {
         let mut m = HeapMemory::new(512);
-        write_object(&mut m, 0, 128, 4, b"hello").unwrap();
-        write_object(&mut m, 128, 64, 5, b"next").unwrap();
+        write_object(&mut m, 0, 128, &Fields::unkeyed(4, b"hello")).unwrap();
+        write_object(&mut m, 128, 64, &Fields::unkeyed(5, b"next")).unwrap();
         let mut buf = vec![0; 512];
         m.read(0, &mut buf).unwrap();
         assert_eq!(decode_exact(&buf[..128]).unwrap().data, b"hello");
@@ -282,10 +385,16 @@ mod tests {
 
     #[test]
     fn single_bit_flips_are_detected() {
-        let enc = encode(3, b"some payload");
+        let f = Fields {
+            version: 3,
+            generation: 2,
+            key: b"a key",
+            data: b"some payload",
+        };
+        let enc = encode(&f);
         // The header and the data (the rest of the allocation is no part of
         // the object).
-        for byte in 0..encoded_len(b"some payload".len()) {
+        for byte in 0..encoded_len(f.key.len(), f.data.len()) {
             for bit in 0..8 {
                 let mut b = enc.clone();
                 b[byte] ^= 1 << bit;
@@ -304,12 +413,12 @@ mod tests {
         // overwrites it (data first, then header). Model every interleaving:
         // the reader has copied `k` bytes before the writer runs to its
         // `w`-th step, then copies the rest afterwards.
-        let cap = 96usize;
+        let cap = 128usize;
         let mut old = vec![0; cap];
-        encode_into(&mut old, 1, &[0xAA; 60]).unwrap();
+        encode_into(&mut old, &Fields::unkeyed(1, &[0xAA; 60])).unwrap();
         let mut new = vec![0; cap];
-        encode_into(&mut new, 2, &[0x55; 70]).unwrap();
-        let new = &new[..encoded_len(70)];
+        encode_into(&mut new, &Fields::unkeyed(2, &[0x55; 70])).unwrap();
+        let new = &new[..encoded_len(0, 70)];
         let mut mem = HeapMemory::new(cap as u64);
         mem.write(0, &old).unwrap();
         let steps = [(HEADER_LEN, &new[HEADER_LEN..]), (0, &new[..HEADER_LEN])];
@@ -340,23 +449,26 @@ mod tests {
     proptest! {
         #[test]
         fn any_mix_of_two_versions_is_whole_or_torn(
-            a in prop::collection::vec(any::<u8>(), 0..200),
-            b in prop::collection::vec(any::<u8>(), 0..200),
+            a in prop::collection::vec(any::<u8>(), 0..150),
+            b in prop::collection::vec(any::<u8>(), 0..150),
+            ka in prop::collection::vec(any::<u8>(), 0..8),
+            kb in prop::collection::vec(any::<u8>(), 0..8),
             cut in 0usize..256,
             cut2 in 0usize..256,
         ) {
             let cap = 256;
             let mut ea = vec![0; cap];
-            encode_into(&mut ea, 10, &a).unwrap();
+            encode_into(&mut ea, &Fields { version: 10, generation: 1, key: &ka, data: &a }).unwrap();
             let mut eb = vec![0; cap];
-            encode_into(&mut eb, 11, &b).unwrap();
+            encode_into(&mut eb, &Fields { version: 11, generation: 2, key: &kb, data: &b }).unwrap();
             let (lo, hi) = (cut.min(cut2), cut.max(cut2));
             // bytes [lo, hi) from b, the rest from a
             let mut mix = ea.clone();
             mix[lo..hi].copy_from_slice(&eb[lo..hi]);
             match decode(&mix) {
                 Ok(o) => prop_assert!(
-                    (o.version == 10 && o.data == &a[..]) || (o.version == 11 && o.data == &b[..])
+                    (o.version == 10 && o.generation == 1 && o.key == &ka[..] && o.data == &a[..])
+                        || (o.version == 11 && o.generation == 2 && o.key == &kb[..] && o.data == &b[..])
                 ),
                 Err(ObjectError::Torn) => {}
                 Err(e) => prop_assert!(false, "unexpected {}", e),

@@ -176,6 +176,48 @@ pub enum Op {
     },
     /// Report the node's state.
     Status,
+    /// Store `data` under `key` (see [`Cond`]); answered
+    /// [`Reply::Stored`] or, when the condition fails, [`Reply::NotStored`].
+    Put {
+        /// The key (1 to [`crate::object::MAX_KEY_LEN`] bytes).
+        key: Vec<u8>,
+        /// The value.
+        data: Vec<u8>,
+        /// When to store.
+        cond: Cond,
+    },
+    /// Server-side read of a key (the fallback of the one-sided look-up):
+    /// [`Reply::Value`] or [`Reply::NoKey`].
+    Get {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// Delete a key: [`Reply::Removed`].
+    Remove {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// List keys, index bucket by bucket: [`Reply::Keys`].
+    Scan {
+        /// Bucket to start at (0 first, then the reply's `next`).
+        cursor: u64,
+        /// Stop after the bucket in which this many keys were seen.
+        count: u32,
+        /// Only keys matching this glob pattern (`*`, `?`, `[...]`, `\`);
+        /// empty: all.
+        pattern: Vec<u8>,
+    },
+}
+
+/// When a [`Op::Put`] stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cond {
+    /// Always (Redis `SET`).
+    Always,
+    /// Only if the key does not exist (`SET NX`, insert).
+    IfAbsent,
+    /// Only if the key exists (`SET XX`, update).
+    IfPresent,
 }
 
 /// Successful outcomes.
@@ -196,6 +238,42 @@ pub enum Reply {
     Deleted,
     /// Status.
     Status(StatusInfo),
+    /// Put: stored; where the key's object is now.
+    Stored {
+        /// The object.
+        ptr: RemotePtr,
+        /// Its generation.
+        generation: u64,
+        /// Whether the key was created (it did not exist).
+        created: bool,
+    },
+    /// Put: the condition failed, nothing changed.
+    NotStored,
+    /// Get: the key's value.
+    Value {
+        /// The object.
+        ptr: RemotePtr,
+        /// Its generation.
+        generation: u64,
+        /// Its version.
+        version: u64,
+        /// The value.
+        data: Vec<u8>,
+    },
+    /// Get: no such key.
+    NoKey,
+    /// Remove: done; whether the key existed.
+    Removed {
+        /// The key existed.
+        existed: bool,
+    },
+    /// Scan: keys, and the cursor to continue at (0: done).
+    Keys {
+        /// Keys found.
+        keys: Vec<Vec<u8>>,
+        /// Next cursor; 0 when the scan is complete.
+        next: u64,
+    },
 }
 
 /// [`StatusInfo::role`]: no data yet.
@@ -249,6 +327,10 @@ pub struct StatusInfo {
     pub redundant: bool,
     /// Highest applied write.
     pub applied_seq: u64,
+    /// Keys in the index.
+    pub keys: u64,
+    /// The node's RESP front door port (0: none), on the node's host.
+    pub resp_port: u16,
 }
 
 /// One effect of a write, applied identically on every replica.
@@ -261,12 +343,16 @@ pub enum Effect {
         /// Rounded length.
         len: u64,
     },
-    /// Write an object (header + data) at `offset`.
+    /// Write an object (header, key, data) at `offset`.
     Write {
         /// Arena offset.
         offset: u64,
         /// Object version.
         version: u64,
+        /// Object generation.
+        generation: u64,
+        /// Key (empty for the pointer API).
+        key: Vec<u8>,
         /// Data.
         data: Vec<u8>,
     },
@@ -274,6 +360,15 @@ pub enum Effect {
     Free {
         /// Arena offset.
         offset: u64,
+    },
+    /// Change the key index (`crate::index`).
+    Index {
+        /// The key the edit is about.
+        key: Vec<u8>,
+        /// The generation of the key's object (of a set slot).
+        generation: u64,
+        /// The edit.
+        edit: crate::index::Edit,
     },
 }
 
@@ -360,6 +455,26 @@ pub enum StoreError {
     /// redundant again.
     #[error("write refused: no secondary in sync (min_in_sync_replicas = 1); nothing was changed")]
     NotEnoughReplicas,
+    /// A key that is empty or too long.
+    #[error("key of {len} bytes: keys are 1 to {max} bytes")]
+    BadKey {
+        /// Key length.
+        len: u64,
+        /// Longest key.
+        max: u64,
+    },
+    /// The key index has no free slot for a new key near its home.
+    #[error(
+        "the key index is full around bucket {bucket}: configure more index buckets \
+         (index_buckets) for a new group"
+    )]
+    IndexFull {
+        /// The key's home bucket.
+        bucket: u64,
+    },
+    /// A pointer-API write to an object that belongs to a key.
+    #[error("the object belongs to a key; change it through the key")]
+    Keyed,
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -568,6 +683,34 @@ fn enc_op(w: &mut W, op: &Op) {
             w.ptr(ptr);
         }
         Op::Status => w.u8(5),
+        Op::Put { key, data, cond } => {
+            w.u8(6);
+            w.bytes(key);
+            w.bytes(data);
+            w.u8(match cond {
+                Cond::Always => 0,
+                Cond::IfAbsent => 1,
+                Cond::IfPresent => 2,
+            });
+        }
+        Op::Get { key } => {
+            w.u8(7);
+            w.bytes(key);
+        }
+        Op::Remove { key } => {
+            w.u8(8);
+            w.bytes(key);
+        }
+        Op::Scan {
+            cursor,
+            count,
+            pattern,
+        } => {
+            w.u8(9);
+            w.u64(*cursor);
+            w.u32(*count);
+            w.bytes(pattern);
+        }
     }
 }
 
@@ -599,6 +742,44 @@ fn enc_reply(w: &mut W, r: &Reply) {
             w.u64(s.objects);
             w.bool(s.redundant);
             w.u64(s.applied_seq);
+            w.u64(s.keys);
+            w.0.extend_from_slice(&s.resp_port.to_le_bytes());
+        }
+        Reply::Stored {
+            ptr,
+            generation,
+            created,
+        } => {
+            w.u8(6);
+            w.ptr(ptr);
+            w.u64(*generation);
+            w.bool(*created);
+        }
+        Reply::NotStored => w.u8(7),
+        Reply::Value {
+            ptr,
+            generation,
+            version,
+            data,
+        } => {
+            w.u8(8);
+            w.ptr(ptr);
+            w.u64(*generation);
+            w.u64(*version);
+            w.bytes(data);
+        }
+        Reply::NoKey => w.u8(9),
+        Reply::Removed { existed } => {
+            w.u8(10);
+            w.bool(*existed);
+        }
+        Reply::Keys { keys, next } => {
+            w.u8(11);
+            w.len(keys.len());
+            for k in keys {
+                w.bytes(k);
+            }
+            w.u64(*next);
         }
     }
 }
@@ -613,16 +794,54 @@ fn enc_effect(w: &mut W, e: &Effect) {
         Effect::Write {
             offset,
             version,
+            generation,
+            key,
             data,
         } => {
             w.u8(2);
             w.u64(*offset);
             w.u64(*version);
+            w.u64(*generation);
+            w.bytes(key);
             w.bytes(data);
         }
         Effect::Free { offset } => {
             w.u8(3);
             w.u64(*offset);
+        }
+        Effect::Index {
+            key,
+            generation,
+            edit,
+        } => {
+            w.u8(4);
+            w.bytes(key);
+            w.u64(*generation);
+            match edit {
+                crate::index::Edit::Slot {
+                    bucket,
+                    slot,
+                    entry,
+                } => {
+                    w.u8(1);
+                    w.u64(*bucket);
+                    w.u8(*slot);
+                    match entry {
+                        None => w.u8(0),
+                        Some(e) => {
+                            w.u8(1);
+                            w.u32(e.tag);
+                            w.u64(e.offset);
+                            w.u32(e.units);
+                            w.u32(e.generation);
+                        }
+                    }
+                }
+                crate::index::Edit::Spill { bucket } => {
+                    w.u8(2);
+                    w.u64(*bucket);
+                }
+            }
         }
     }
 }
@@ -666,6 +885,16 @@ fn enc_error(w: &mut W, e: &StoreError) {
             w.bytes(s.as_bytes());
         }
         StoreError::NotEnoughReplicas => w.u8(11),
+        StoreError::BadKey { len, max } => {
+            w.u8(12);
+            w.u64(*len);
+            w.u64(*max);
+        }
+        StoreError::IndexFull { bucket } => {
+            w.u8(13);
+            w.u64(*bucket);
+        }
+        StoreError::Keyed => w.u8(14),
     }
 }
 
@@ -865,6 +1094,23 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
         3 => Op::Read { ptr: r.ptr()? },
         4 => Op::Delete { ptr: r.ptr()? },
         5 => Op::Status,
+        6 => Op::Put {
+            key: r.bytes()?,
+            data: r.bytes()?,
+            cond: match r.u8()? {
+                0 => Cond::Always,
+                1 => Cond::IfAbsent,
+                2 => Cond::IfPresent,
+                tag => return Err(DecodeError::BadTag { what: "cond", tag }),
+            },
+        },
+        7 => Op::Get { key: r.bytes()? },
+        8 => Op::Remove { key: r.bytes()? },
+        9 => Op::Scan {
+            cursor: r.u64()?,
+            count: r.u32()?,
+            pattern: r.bytes()?,
+        },
         tag => return Err(DecodeError::BadTag { what: "op", tag }),
     })
 }
@@ -889,7 +1135,34 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
             objects: r.u64()?,
             redundant: r.bool()?,
             applied_seq: r.u64()?,
+            keys: r.u64()?,
+            resp_port: u16::from_le_bytes(r.take(2)?.try_into().unwrap()),
         }),
+        6 => Reply::Stored {
+            ptr: r.ptr()?,
+            generation: r.u64()?,
+            created: r.bool()?,
+        },
+        7 => Reply::NotStored,
+        8 => Reply::Value {
+            ptr: r.ptr()?,
+            generation: r.u64()?,
+            version: r.u64()?,
+            data: r.bytes()?,
+        },
+        9 => Reply::NoKey,
+        10 => Reply::Removed { existed: r.bool()? },
+        11 => {
+            let n = r.count(4)?;
+            let mut keys = Vec::with_capacity(n);
+            for _ in 0..n {
+                keys.push(r.bytes()?);
+            }
+            Reply::Keys {
+                keys,
+                next: r.u64()?,
+            }
+        }
         tag => return Err(DecodeError::BadTag { what: "reply", tag }),
     })
 }
@@ -903,9 +1176,38 @@ fn dec_effect(r: &mut R<'_>) -> Result<Effect, DecodeError> {
         2 => Effect::Write {
             offset: r.u64()?,
             version: r.u64()?,
+            generation: r.u64()?,
+            key: r.bytes()?,
             data: r.bytes()?,
         },
         3 => Effect::Free { offset: r.u64()? },
+        4 => {
+            let key = r.bytes()?;
+            let generation = r.u64()?;
+            let edit = match r.u8()? {
+                1 => crate::index::Edit::Slot {
+                    bucket: r.u64()?,
+                    slot: r.u8()?,
+                    entry: if r.bool()? {
+                        Some(crate::index::Slot {
+                            tag: r.u32()?,
+                            offset: r.u64()?,
+                            units: r.u32()?,
+                            generation: r.u32()?,
+                        })
+                    } else {
+                        None
+                    },
+                },
+                2 => crate::index::Edit::Spill { bucket: r.u64()? },
+                tag => return Err(DecodeError::BadTag { what: "edit", tag }),
+            };
+            Effect::Index {
+                key,
+                generation,
+                edit,
+            }
+        }
         tag => {
             return Err(DecodeError::BadTag {
                 what: "effect",
@@ -938,6 +1240,12 @@ fn dec_error(r: &mut R<'_>) -> Result<StoreError, DecodeError> {
         9 => StoreError::Torn,
         10 => StoreError::Other(r.string()?),
         11 => StoreError::NotEnoughReplicas,
+        12 => StoreError::BadKey {
+            len: r.u64()?,
+            max: r.u64()?,
+        },
+        13 => StoreError::IndexFull { bucket: r.u64()? },
+        14 => StoreError::Keyed,
         tag => return Err(DecodeError::BadTag { what: "error", tag }),
     })
 }
@@ -984,8 +1292,30 @@ mod tests {
                         objects: x / 7,
                         redundant,
                         applied_seq: x / 11,
+                        keys: x / 13,
+                        resp_port: node as u16,
                     }
                 )),
+            (ptr(), any::<u64>(), any::<bool>()).prop_map(|(ptr, generation, created)| {
+                Reply::Stored {
+                    ptr,
+                    generation,
+                    created,
+                }
+            }),
+            Just(Reply::NotStored),
+            (ptr(), any::<u64>(), any::<u64>(), bytes()).prop_map(
+                |(ptr, generation, version, data)| Reply::Value {
+                    ptr,
+                    generation,
+                    version,
+                    data,
+                }
+            ),
+            Just(Reply::NoKey),
+            any::<bool>().prop_map(|existed| Reply::Removed { existed }),
+            (prop::collection::vec(bytes(), 0..4), any::<u64>())
+                .prop_map(|(keys, next)| Reply::Keys { keys, next }),
         ]
     }
 
@@ -1002,6 +1332,9 @@ mod tests {
             any::<u64>().prop_map(|largest_free| StoreError::Full { largest_free }),
             Just(StoreError::Torn),
             Just(StoreError::NotEnoughReplicas),
+            (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::BadKey { len, max }),
+            any::<u64>().prop_map(|bucket| StoreError::IndexFull { bucket }),
+            Just(StoreError::Keyed),
             "[a-z é]{0,12}".prop_map(StoreError::Other),
         ]
     }
@@ -1013,20 +1346,64 @@ mod tests {
             ptr().prop_map(|ptr| Op::Read { ptr }),
             ptr().prop_map(|ptr| Op::Delete { ptr }),
             Just(Op::Status),
+            (
+                bytes(),
+                bytes(),
+                prop_oneof![
+                    Just(Cond::Always),
+                    Just(Cond::IfAbsent),
+                    Just(Cond::IfPresent)
+                ]
+            )
+                .prop_map(|(key, data, cond)| Op::Put { key, data, cond }),
+            bytes().prop_map(|key| Op::Get { key }),
+            bytes().prop_map(|key| Op::Remove { key }),
+            (any::<u64>(), any::<u32>(), bytes()).prop_map(|(cursor, count, pattern)| Op::Scan {
+                cursor,
+                count,
+                pattern
+            }),
         ]
     }
 
     fn effect() -> impl Strategy<Value = Effect> {
         prop_oneof![
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Effect::Alloc { offset, len }),
-            (any::<u64>(), any::<u64>(), bytes()).prop_map(|(offset, version, data)| {
-                Effect::Write {
+            (any::<u64>(), any::<u64>(), bytes(), bytes()).prop_map(
+                |(offset, version, key, data)| Effect::Write {
                     offset,
                     version,
+                    generation: version / 3,
+                    key,
                     data,
                 }
-            }),
+            ),
             any::<u64>().prop_map(|offset| Effect::Free { offset }),
+            (
+                bytes(),
+                any::<u64>(),
+                any::<u8>(),
+                any::<Option<(u32, u32)>>()
+            )
+                .prop_map(|(key, generation, slot, e)| Effect::Index {
+                    key,
+                    generation,
+                    edit: crate::index::Edit::Slot {
+                        bucket: generation / 7,
+                        slot,
+                        entry: e.map(|(tag, units)| crate::index::Slot {
+                            tag,
+                            offset: generation,
+                            units,
+                            generation: tag ^ units,
+                        }),
+                    },
+                }),
+            (bytes(), any::<u64>()).prop_map(|(key, bucket)| Effect::Index {
+                key,
+                generation: 0,
+                edit: crate::index::Edit::Spill { bucket },
+            }),
         ]
     }
 

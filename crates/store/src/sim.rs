@@ -47,11 +47,14 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::arena::HeapMemory;
+use crate::arena::Memory;
 use crate::coord::LeaseTable;
+use crate::index::{self, Layout, Meta};
 use crate::lincheck::{self, Kind};
+use crate::lookup::{Lookup, Outcome, Step};
 use crate::node::{Addr, CoordReply, CoordRequest, Input, Micros, Node, NodeConfig, Output, Role};
 use crate::object;
-use crate::proto::{self, Body, Envelope, Member, NodeId, Op, Reply, StoreError};
+use crate::proto::{self, Body, Cond, Envelope, Member, NodeId, Op, Reply, StoreError};
 use crate::ptr::{ArenaRef, RemotePtr};
 
 /// SplitMix64: tiny, seedable, portable.
@@ -121,6 +124,14 @@ pub struct SimConfig {
     pub one_sided_reads: bool,
     /// The nodes' `min_in_sync` policy.
     pub min_in_sync: u8,
+    /// Percent of operations on named keys (shared by all clients).
+    pub keyed_percent: u64,
+    /// Keys the keyed operations choose from.
+    pub keys: u64,
+    /// Index buckets of the group (1: every key's home is bucket 0, which
+    /// spills into bucket 1; each keyed write rewrites one of the two
+    /// buckets every keyed reader reads).
+    pub index_buckets: u64,
 }
 
 impl Default for SimConfig {
@@ -141,6 +152,9 @@ impl Default for SimConfig {
             shared_reads_percent: 20,
             one_sided_reads: true,
             min_in_sync: 0,
+            keyed_percent: 40,
+            keys: 40,
+            index_buckets: 1,
         }
     }
 }
@@ -179,6 +193,15 @@ pub struct SimReport {
     pub history_ops: u64,
     /// Writes refused for want of an in-sync secondary (`min_in_sync` 1).
     pub refused_writes: u64,
+    /// Keyed gets answered by one-sided look-ups.
+    pub keyed_one_sided: u64,
+    /// Keyed gets whose look-up gave up (kept racing writes) and asked the
+    /// node.
+    pub lookup_fallbacks: u64,
+    /// Look-up restarts (a slot changed under the reader, a torn read).
+    pub lookup_restarts: u64,
+    /// Keyed gets that used a cached pointer and found the key there.
+    pub cache_hits: u64,
 }
 
 const HEARTBEAT: Micros = 5_000;
@@ -215,10 +238,9 @@ enum Payload {
 /// What a one-sided read found.
 #[derive(Debug)]
 enum OneSided {
-    Data(Vec<u8>),
-    Torn,
-    /// The STag refused it (deadline passed), the bytes were no object, or
-    /// the connection was gone.
+    /// The bytes read.
+    Bytes(Vec<u8>),
+    /// The STag refused it (deadline passed) or the connection was gone.
     Refused,
 }
 
@@ -241,7 +263,8 @@ enum Event {
         n: NodeId,
         gens: (u64, u64),
         token: u64,
-        ptr: RemotePtr,
+        /// Arena offset and length.
+        at: (u64, u32),
     },
     /// Its outcome reaches the client.
     ReadDone {
@@ -273,6 +296,19 @@ struct Inflight {
     one_sided: bool,
     /// Torn one-sided reads so far.
     torn: u32,
+    /// A keyed get: its key's number.
+    key_no: Option<u64>,
+    /// A keyed get's one-sided look-up in progress, and its next read.
+    lookup: Option<(Lookup, (u64, u32))>,
+    /// A keyed get that started from a cached pointer.
+    cached: bool,
+}
+
+/// The history's register of key number `k` (apart from objects' ids).
+const KEY_OID: u64 = 1 << 40;
+
+fn key_name(k: u64) -> Vec<u8> {
+    format!("key-{k}").into_bytes()
 }
 
 /// A value's tag in the history: the writer's id and request number,
@@ -294,6 +330,9 @@ struct Client {
     objects: Vec<Obj>,
     deleted: Vec<(RemotePtr, Vec<u8>)>,
     token: u64,
+    /// Key number -> (arena offset, allocation length) of its object, as
+    /// last seen.
+    cache: BTreeMap<u64, (u64, u32)>,
 }
 
 struct Sim {
@@ -438,6 +477,8 @@ impl Sim {
             sync_window: 4,
             min_in_sync: self.cfg.min_in_sync,
             clock_drift_permille: 50,
+            index_buckets: self.cfg.index_buckets,
+            resp_port: 0,
         }
     }
 
@@ -650,6 +691,63 @@ impl Sim {
         }
         let n = cl.objects.len();
         let dice = rng.range(0, 100);
+        let keyed = !shared_read && rng.range(0, 100) < self.cfg.keyed_percent;
+        if keyed {
+            let k = rng.range(0, self.cfg.keys);
+            let key = key_name(k);
+            let op = match dice {
+                0..40 => Op::Put {
+                    key,
+                    data: value,
+                    cond: Cond::Always,
+                },
+                40..50 => Op::Put {
+                    key,
+                    data: value,
+                    cond: Cond::IfAbsent,
+                },
+                50..60 => Op::Put {
+                    key,
+                    data: value,
+                    cond: Cond::IfPresent,
+                },
+                60..72 => Op::Remove { key },
+                _ => Op::Get { key },
+            };
+            if let Op::Put { data, .. } = &op {
+                if let Some(t) = tag_of(data) {
+                    self.tag_key.insert(t, KEY_OID + k);
+                }
+            }
+            let cached = self.clients[c].cache.get(&k).copied();
+            let one_sided = matches!(op, Op::Get { .. }) && self.cfg.one_sided_reads;
+            let lookup = one_sided.then(|| {
+                let layout = Layout::for_arena(self.arena.len, self.cfg.index_buckets);
+                match Lookup::start(&key_name(k), layout, cached) {
+                    (l, Step::Read { offset, len }) => (l, (offset, len)),
+                    (_, Step::Done(_)) => unreachable!("a look-up starts with a read"),
+                }
+            });
+            self.clients[c].inflight = Some(Inflight {
+                req_id,
+                op,
+                obj: None,
+                switch_on_wake: true,
+                call: now,
+                read_oid: None,
+                one_sided,
+                torn: 0,
+                key_no: Some(k),
+                lookup,
+                cached: cached.is_some(),
+            });
+            if one_sided {
+                self.read_one_sided(c);
+            } else {
+                self.client_send(c);
+            }
+            return;
+        }
         let (op, obj, read_oid) = if let Some((ptr, oid)) = foreign {
             (Op::Read { ptr }, None, Some(oid))
         } else if n == 0 || (dice < 35 && n < max_objects) {
@@ -661,7 +759,7 @@ impl Sim {
                 if let Some(t) = tag_of(&value) {
                     self.tag_key.insert(t, oid);
                 }
-                if object::encoded_len(value.len()) as u64 > ptr.len as u64 {
+                if object::encoded_len(0, value.len()) as u64 > ptr.len as u64 {
                     let u = self.unstable.entry(oid).or_insert(now);
                     *u = (*u).min(now);
                 }
@@ -685,6 +783,9 @@ impl Sim {
             read_oid,
             one_sided,
             torn: 0,
+            key_no: None,
+            lookup: None,
+            cached: false,
         });
         if one_sided {
             self.read_one_sided(c);
@@ -696,9 +797,18 @@ impl Sim {
     /// Sends the in-flight read of client `c` as a one-sided RDMA Read to
     /// its target node.
     fn read_one_sided(&mut self, c: usize) {
+        let base = self.arena.base;
         let cl = &mut self.clients[c];
-        let Some(Op::Read { ptr }) = cl.inflight.as_ref().map(|i| i.op.clone()) else {
-            unreachable!("a read in flight")
+        let read = match cl.inflight.as_ref() {
+            Some(Inflight {
+                op: Op::Read { ptr },
+                ..
+            }) => (ptr.addr - base, ptr.len),
+            Some(Inflight {
+                lookup: Some((_, at)),
+                ..
+            }) => *at,
+            _ => unreachable!("a one-sided read in flight"),
         };
         cl.token += 1;
         let (token, mut n) = (cl.token, cl.target);
@@ -721,7 +831,7 @@ impl Sim {
                 n,
                 gens,
                 token,
-                ptr,
+                at: read,
             },
         );
         self.schedule(self.now + CLIENT_TIMEOUT, Event::ClientWake(c, token));
@@ -729,7 +839,7 @@ impl Sim {
 
     /// A one-sided read at node `n`: the engine serves it from the node's
     /// memory while the node's deadline (on the node's clock) allows.
-    fn read_arrive(&mut self, c: usize, n: NodeId, gens: (u64, u64), token: u64, ptr: RemotePtr) {
+    fn read_arrive(&mut self, c: usize, n: NodeId, gens: (u64, u64), token: u64, read: (u64, u32)) {
         let alive = self.nodes.contains_key(&n) && gens.1 == self.gen_of(Ent::Node(n));
         let valid = alive
             && self
@@ -741,12 +851,12 @@ impl Sim {
         let outcome = if !valid {
             OneSided::Refused
         } else {
+            // The engine refuses a read outside the registered arena.
             let mem = self.nodes[&n].memory().bytes();
-            let off = (ptr.addr - self.arena.base) as usize;
-            match object::decode_exact(&mem[off..off + ptr.len as usize]) {
-                Ok(o) => OneSided::Data(o.data.to_vec()),
-                Err(object::ObjectError::Torn) => OneSided::Torn,
-                Err(_) => OneSided::Refused,
+            let (off, len) = (read.0 as usize, read.1 as usize);
+            match mem.get(off..off.saturating_add(len)) {
+                Some(b) => OneSided::Bytes(b.to_vec()),
+                None => OneSided::Refused,
             }
         };
         let at = self.now + self.delay();
@@ -761,12 +871,19 @@ impl Sim {
         let Some(inf) = cl.inflight.clone() else {
             return;
         };
-        match outcome {
-            OneSided::Data(data) => {
+        if let (Some((mut l, _)), OneSided::Bytes(bytes)) = (inf.lookup.clone(), &outcome) {
+            return self.lookup_step(c, inf, &mut l, bytes);
+        }
+        let decoded = match &outcome {
+            OneSided::Bytes(b) => Some(object::decode_exact(b).map(|o| o.data.to_vec())),
+            OneSided::Refused => None,
+        };
+        match decoded {
+            Some(Ok(data)) => {
                 self.report.one_sided_reads += 1;
                 self.complete(c, &inf, Ok(Reply::Data { version: 0, data }));
             }
-            OneSided::Torn if inf.torn < 3 => {
+            Some(Err(object::ObjectError::Torn)) if inf.torn < 3 => {
                 if let Some(i) = self.clients[c].inflight.as_mut() {
                     i.torn += 1;
                 }
@@ -777,6 +894,68 @@ impl Sim {
                 self.report.refused_reads += 1;
                 if let Some(i) = self.clients[c].inflight.as_mut() {
                     i.one_sided = false;
+                    i.lookup = None;
+                }
+                self.client_send(c);
+            }
+        }
+    }
+
+    /// A keyed get's look-up got the bytes of its last read.
+    fn lookup_step(&mut self, c: usize, inf: Inflight, l: &mut Lookup, bytes: &[u8]) {
+        let k = inf.key_no.expect("a keyed get");
+        let restarts = l.restarts();
+        let step = l.on_read(bytes);
+        self.report.lookup_restarts += (l.restarts() - restarts) as u64;
+        let base = self.arena.base;
+        let stag = self.arena.stag;
+        match step {
+            Step::Read { offset, len } => {
+                if let Some(i) = self.clients[c].inflight.as_mut() {
+                    i.lookup = Some((l.clone(), (offset, len)));
+                }
+                self.read_one_sided(c);
+            }
+            Step::Done(Outcome::Found {
+                offset,
+                len,
+                generation,
+                version,
+                data,
+            }) => {
+                self.report.one_sided_reads += 1;
+                self.report.keyed_one_sided += 1;
+                if inf.cached && l.reads() == 1 {
+                    self.report.cache_hits += 1;
+                }
+                self.clients[c].cache.insert(k, (offset, len));
+                let ptr = RemotePtr {
+                    addr: base + offset,
+                    stag,
+                    len,
+                };
+                self.complete(
+                    c,
+                    &inf,
+                    Ok(Reply::Value {
+                        ptr,
+                        generation,
+                        version,
+                        data,
+                    }),
+                );
+            }
+            Step::Done(Outcome::Absent) => {
+                self.report.one_sided_reads += 1;
+                self.report.keyed_one_sided += 1;
+                self.clients[c].cache.remove(&k);
+                self.complete(c, &inf, Ok(Reply::NoKey));
+            }
+            Step::Done(Outcome::GaveUp) => {
+                self.report.lookup_fallbacks += 1;
+                if let Some(i) = self.clients[c].inflight.as_mut() {
+                    i.one_sided = false;
+                    i.lookup = None;
                 }
                 self.client_send(c);
             }
@@ -795,6 +974,7 @@ impl Sim {
                     cl.target = other(cl.target);
                 }
                 i.one_sided = false;
+                i.lookup = None;
                 self.report.retries += 1;
                 self.client_send(c);
             }
@@ -888,6 +1068,18 @@ impl Sim {
                 let o = &self.clients[c].objects[inf.obj.unwrap()];
                 (o.oid, Kind::Write(None))
             }
+            (Op::Put { data, .. }, Ok(Reply::Stored { .. })) => {
+                (KEY_OID + inf.key_no.unwrap(), Kind::Write(tag_of(data)))
+            }
+            (Op::Remove { .. }, Ok(Reply::Removed { .. })) => {
+                // Removing an absent key leaves it absent: a write of
+                // "absent" either way.
+                (KEY_OID + inf.key_no.unwrap(), Kind::Write(None))
+            }
+            (Op::Get { .. }, Ok(Reply::Value { data, .. })) => {
+                (KEY_OID + inf.key_no.unwrap(), Kind::Read(tag_of(data)))
+            }
+            (Op::Get { .. }, Ok(Reply::NoKey)) => (KEY_OID + inf.key_no.unwrap(), Kind::Read(None)),
             (Op::Read { .. }, r) => {
                 let oid = inf.read_oid.expect("reads name their object");
                 let seen = match r {
@@ -933,6 +1125,17 @@ impl Sim {
                 cl.deleted.push((o.ptr, o.data));
             }
             (Op::Read { .. }, Reply::Data { .. }) => {}
+            (Op::Put { .. }, Reply::Stored { ptr, .. }) => {
+                let k = inf.key_no.unwrap();
+                cl.cache.insert(k, (ptr.addr - self.arena.base, ptr.len));
+            }
+            (Op::Get { .. }, Reply::Value { ptr, .. }) => {
+                let k = inf.key_no.unwrap();
+                cl.cache.insert(k, (ptr.addr - self.arena.base, ptr.len));
+            }
+            (Op::Put { .. }, Reply::NotStored)
+            | (Op::Remove { .. }, Reply::Removed { .. })
+            | (Op::Get { .. }, Reply::NoKey) => {}
             (op, r) => self
                 .violations
                 .push(format!("client {c}: {op:?} answered with {r:?}")),
@@ -1055,18 +1258,18 @@ impl Sim {
                     other => v.push(format!("client {c}: object {} lost ({other:?})", o.ptr)),
                 }
                 match object::read_object(p.memory(), off, o.ptr.len as u64) {
-                    Ok((_, d)) if d == o.data => {}
+                    Ok(d) if d.data == o.data => {}
                     r => v.push(format!(
                         "client {c}: object {} altered: {:?}",
                         o.ptr,
-                        r.map(|(ver, d)| (ver, d.len()))
+                        r.map(|d| (d.version, d.data.len()))
                     )),
                 }
             }
             for (ptr, data) in &cl.deleted {
                 let off = ptr.addr - self.arena.base;
-                if let Ok((_, d)) = object::read_object(p.memory(), off, ptr.len as u64) {
-                    if &d == data {
+                if let Ok(d) = object::read_object(p.memory(), off, ptr.len as u64) {
+                    if &d.data == data {
                         v.push(format!("client {c}: deleted object {ptr} resurrected"));
                     }
                 }
@@ -1078,11 +1281,14 @@ impl Sim {
         for (c, cl) in self.clients.iter().enumerate() {
             if let Some(inf) = &cl.inflight {
                 let kind = match &inf.op {
-                    Op::Update { data, .. } => Kind::Write(tag_of(data)),
-                    Op::Delete { .. } => Kind::Write(None),
+                    Op::Update { data, .. } | Op::Put { data, .. } => Kind::Write(tag_of(data)),
+                    Op::Delete { .. } | Op::Remove { .. } => Kind::Write(None),
                     _ => continue,
                 };
-                let oid = cl.objects[inf.obj.unwrap()].oid;
+                let oid = match inf.key_no {
+                    Some(k) => KEY_OID + k,
+                    None => cl.objects[inf.obj.unwrap()].oid,
+                };
                 h.push(lincheck::Op {
                     key: oid,
                     client: c as u64,
@@ -1100,10 +1306,33 @@ impl Sim {
                 lincheck::report(&bad[..bad.len().min(3)])
             ));
         }
-        let allocs = p.allocator().usage().allocations;
-        if allocs != live {
+        // The key index: the same state on both nodes, and what the
+        // primary's bytes say (rebuilt as a node that copied them would).
+        let (pm, sm) = (p.index_meta(), s.index_meta());
+        if pm != sm {
+            v.push("the nodes' key indexes differ".into());
+        }
+        let layout = Layout::for_arena(self.arena.len, self.cfg.index_buckets);
+        let mut sb = [0u8; index::SUPERBLOCK_LEN as usize];
+        p.memory().read(0, &mut sb).expect("in the arena");
+        if Layout::from_superblock(&sb, self.arena.len) != Ok(layout) {
+            v.push("the arena's superblock does not describe its index".into());
+        }
+        let rebuilt = Meta::from_memory(layout, p.memory(), |s| {
+            object::read_key(p.memory(), s.offset).ok()
+        });
+        if rebuilt.as_ref().ok() != pm {
             v.push(format!(
-                "{allocs} allocations but {live} live objects (a retried write applied twice?)"
+                "the index bytes disagree with its state: {rebuilt:?}"
+            ));
+        }
+        let keys = pm.map_or(0, |m| m.len() as u64);
+        // Objects of the pointer API, keys' objects, and the index.
+        let allocs = p.allocator().usage().allocations;
+        if allocs != live + keys + 1 {
+            v.push(format!(
+                "{allocs} allocations but {live} live objects, {keys} keys and the index \
+                 (a retried write applied twice?)"
             ));
         }
         let div = self.divergences + p.divergences() + s.divergences();
@@ -1166,6 +1395,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
             objects: Vec::new(),
             deleted: Vec::new(),
             token: 0,
+            cache: BTreeMap::new(),
         });
         let at = sim.rng.range(0, 10_000);
         sim.schedule(at, Event::ClientWake(i, 0));
@@ -1281,8 +1511,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
                 n,
                 gens,
                 token,
-                ptr,
-            } => sim.read_arrive(c, n, gens, token, ptr),
+                at,
+            } => sim.read_arrive(c, n, gens, token, at),
             Event::ReadDone { c, token, outcome } => sim.read_done(c, token, outcome),
         }
     }
@@ -1460,13 +1690,18 @@ mod fault_tests {
                     total.refused_reads += r.refused_reads;
                     total.elections += r.elections;
                     total.history_ops += r.history_ops;
+                    total.keyed_one_sided += r.keyed_one_sided;
+                    total.cache_hits += r.cache_hits;
+                    total.lookup_restarts += r.lookup_restarts;
+                    total.lookup_fallbacks += r.lookup_fallbacks;
                 }
                 Err(e) => failures.push(e),
             }
         }
         eprintln!(
             "sim: {n} seeds, {} crashes, {} pauses, {} coordinator losses, {} elections, \
-             {} one-sided reads ({} refused), {} ops checked; {} failed",
+             {} one-sided reads ({} refused), {} ops checked; keyed gets one-sided {} \
+             ({} cache hits, {} restarts, {} gave up); {} failed",
             total.crashes,
             total.pauses,
             total.coord_losses,
@@ -1474,6 +1709,10 @@ mod fault_tests {
             total.one_sided_reads,
             total.refused_reads,
             total.history_ops,
+            total.keyed_one_sided,
+            total.cache_hits,
+            total.lookup_restarts,
+            total.lookup_fallbacks,
             failures.len()
         );
         for f in failures.iter().take(5) {
@@ -1486,6 +1725,10 @@ mod fault_tests {
             failures[0]
         );
         assert!(total.pauses > n && total.coord_losses > n / 2 && total.crashes > n);
+        // Keys are exercised: one-sided look-ups, cache hits, and look-ups
+        // that raced writes.
+        assert!(total.keyed_one_sided > 10 * n && total.cache_hits > n);
+        assert!(total.lookup_restarts > 0);
     }
 
     /// The same faults with `min_in_sync` 1: a primary left alone refuses

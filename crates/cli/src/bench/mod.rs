@@ -399,6 +399,18 @@ pub(crate) fn cpu_secs(pid: Option<u32>) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// CPU seconds (user + system) of this process's children that have
+/// exited and been waited for (`cutime` + `cstime`): a child command's
+/// CPU is the difference across its run.
+pub(crate) fn children_cpu_secs() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 16 and 17: cutime and cstime.
+    let ticks: u64 = f.get(13)?.parse::<u64>().ok()? + f.get(14)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 fn rss_mib(pid: Option<u32>) -> Option<f64> {
     let path = match pid {
         Some(p) => format!("/proc/{p}/status"),

@@ -1,14 +1,18 @@
 //! The store's client library.
 //!
 //! A [`StoreClient`] talks to the nodes of one replica group. Writes
-//! (`insert`, `update`, `delete`) are requests to the primary; the primary
+//! (`put`, `remove` of keys; `insert`, `update`, `delete` of the pointer
+//! API) are requests to the primary; the primary
 //! answers once the write exists on both nodes (or on itself alone after
 //! the coordinator recorded that the group is degraded). Reads are
 //! **one-sided RDMA Reads** of the object at its remote pointer, with no
 //! server CPU on the path; the object header's checksum detects a read that
 //! raced an update, which is retried; after a few torn reads, or when the
 //! bytes are not an object (freed space), the client falls back to a
-//! server-side read, which also gives the precise error.
+//! server-side read, which also gives the precise error. A key is read
+//! the same way after a look-up in the arena's index, also by RDMA Reads
+//! ([`crate::lookup`]; a cached pointer makes it one Read), with the
+//! node's `get` as the counted fallback ([`ClientStats`]).
 //!
 //! Failover: each request carries the client's epoch and a request id; when
 //! the primary does not answer within the per-attempt timeout, or answers
@@ -25,8 +29,10 @@ use softrdma_verbs::{Access, MemoryRegion};
 
 use super::link::{Endpoint, Link, LinkError, LinkEvent, MAX_VALUE, READ_BATCH};
 use super::{parse_accept, random_u64, Hello, CONNECT_TIMEOUT};
+use crate::index::Layout;
+use crate::lookup::{Lookup, Outcome, Step};
 use crate::object::{self, ObjectError};
-use crate::proto::{self, Body, Envelope, NodeId, Op, Reply, StatusInfo, StoreError};
+use crate::proto::{self, Body, Cond, Envelope, NodeId, Op, Reply, StatusInfo, StoreError};
 use crate::ptr::{ArenaRef, RemotePtr};
 
 /// Client errors.
@@ -65,6 +71,9 @@ pub struct ClientConfig {
     pub deadline: Duration,
     /// Torn one-sided reads retried before the server-side fallback.
     pub torn_retries: u32,
+    /// The client's id (its requests' identity in the nodes'
+    /// de-duplication table); `None`: a random one.
+    pub id: Option<u64>,
 }
 
 impl ClientConfig {
@@ -75,6 +84,7 @@ impl ClientConfig {
             attempt_timeout: Duration::from_millis(300),
             deadline: Duration::from_secs(15),
             torn_retries: 8,
+            id: None,
         }
     }
 }
@@ -90,6 +100,22 @@ pub struct ClientStats {
     pub torn_reads: u64,
     /// Reads served by a node instead.
     pub server_reads: u64,
+    /// Keyed gets answered by a one-sided look-up (found or absent).
+    pub keyed_one_sided: u64,
+    /// The same, by the node that served them (its index in the
+    /// configured node list; the fourth and later share the last).
+    pub keyed_one_sided_at: [u64; 4],
+    /// Of those, answered by the cached pointer alone (one Read).
+    pub cache_hits: u64,
+    /// Look-up restarts (a slot changed under the reader, a torn read).
+    pub lookup_restarts: u64,
+    /// Keyed gets answered by the node because the look-up kept racing
+    /// writes (it gave up after `lookup::MAX_RESTARTS`).
+    pub keyed_fallback_raced: u64,
+    /// Keyed gets answered by the node because a one-sided Read failed
+    /// (the node is no primary now, the link broke, the arena or its
+    /// index is not known yet).
+    pub keyed_fallback_refused: u64,
 }
 
 struct Slot {
@@ -115,8 +141,12 @@ pub struct StoreClient {
     next_req: u64,
     arena: Option<ArenaRef>,
     read_mr: Option<MemoryRegion>,
-    /// User key -> pointer, for `put`/`get`/`remove`.
-    keys: HashMap<String, RemotePtr>,
+    /// Key -> (arena offset, allocation length) of its object as last
+    /// seen: a hit costs one Read; a stale entry is detected by the key in
+    /// the object's header (`lookup`).
+    cache: HashMap<Vec<u8>, (u64, u32)>,
+    /// The key index's layout, read once from the arena's superblock.
+    layout: Option<Layout>,
     stats: ClientStats,
 }
 
@@ -140,6 +170,7 @@ impl StoreClient {
                 node: None,
             })
             .collect();
+        let id = cfg.id.unwrap_or_else(random_u64);
         Ok(StoreClient {
             cfg,
             ep,
@@ -147,11 +178,12 @@ impl StoreClient {
             slots,
             target: 0,
             epoch: 0,
-            id: random_u64(),
+            id,
             next_req: 0,
             arena: None,
             read_mr: None,
-            keys: HashMap::new(),
+            cache: HashMap::new(),
+            layout: None,
             stats: ClientStats::default(),
         })
     }
@@ -220,8 +252,28 @@ impl StoreClient {
     /// Sends `op` to the primary, failing over as needed, until it is
     /// answered or the deadline passes.
     pub fn request(&mut self, op: Op) -> Result<Reply, ClientError> {
+        let req_id = self.next_req_id();
+        self.request_as(req_id, op)
+    }
+
+    /// Request ids from now on are above `used` (ids another path of the
+    /// same client id already used).
+    pub fn skip_req_ids(&mut self, used: u64) {
+        self.next_req = self.next_req.max(used);
+    }
+
+    /// A new request id of this client (for a request made another way
+    /// first, such as the RESP front door's in-process path, and retried
+    /// with [`Self::request_as`]).
+    pub fn next_req_id(&mut self) -> u64 {
         self.next_req += 1;
-        let req_id = self.next_req;
+        self.next_req
+    }
+
+    /// [`Self::request`] under request id `req_id`: a retry of a request
+    /// that may have been applied already takes effect once (the nodes'
+    /// replicated de-duplication table answers it as before).
+    pub fn request_as(&mut self, req_id: u64, op: Op) -> Result<Reply, ClientError> {
         let deadline = Instant::now() + self.cfg.deadline;
         let mut last_err = String::from("no attempt made");
         // Nodes that answered with something other than a store node's
@@ -506,6 +558,19 @@ impl StoreClient {
         out
     }
 
+    /// Status of node `i` of the configured list (no failover).
+    pub fn status_of(&mut self, i: usize) -> Result<StatusInfo, ClientError> {
+        let saved = self.cfg.deadline;
+        self.cfg.deadline = self.cfg.attempt_timeout * 2;
+        let r = match self.request_at(i, Op::Status) {
+            Ok(Reply::Status(s)) => Ok(s),
+            Ok(r) => Err(ClientError::Protocol(format!("status answered {r:?}"))),
+            Err(e) => Err(e),
+        };
+        self.cfg.deadline = saved;
+        r
+    }
+
     /// Node `i` only (no failover); a stale epoch is adopted and retried.
     fn request_at(&mut self, i: usize, op: Op) -> Result<Reply, ClientError> {
         let mut tries = 0;
@@ -596,35 +661,309 @@ impl StoreClient {
         }
     }
 
-    /// Stores `data` under a user key (insert, or update of the key's
-    /// object); the key -> pointer map lives in this client.
-    pub fn put(&mut self, key: &str, data: &[u8]) -> Result<RemotePtr, ClientError> {
-        let p = match self.keys.get(key) {
-            Some(&p) => self.update(p, data)?,
-            None => self.insert(data)?,
-        };
-        self.keys.insert(key.to_string(), p);
-        Ok(p)
+    fn check_key(key: &[u8]) -> Result<(), ClientError> {
+        if key.is_empty() || key.len() > object::MAX_KEY_LEN {
+            return Err(StoreError::BadKey {
+                len: key.len() as u64,
+                max: object::MAX_KEY_LEN as u64,
+            }
+            .into());
+        }
+        Ok(())
     }
 
-    /// The pointer stored under `key`.
-    pub fn pointer(&self, key: &str) -> Option<RemotePtr> {
-        self.keys.get(key).copied()
-    }
-
-    /// Reads the object stored under `key`.
-    pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, ClientError> {
-        match self.keys.get(key).copied() {
-            Some(p) => self.read(p).map(Some),
-            None => Ok(None),
+    fn remember(&mut self, key: &[u8], ptr: RemotePtr) {
+        if let Some(a) = self.arena {
+            self.cache
+                .insert(key.to_vec(), (ptr.addr - a.base, ptr.len));
         }
     }
 
-    /// Deletes the object stored under `key`.
-    pub fn remove(&mut self, key: &str) -> Result<bool, ClientError> {
-        match self.keys.remove(key) {
-            Some(p) => self.delete(p).map(|_| true),
-            None => Ok(false),
+    /// Forgets every cached key -> pointer entry (the next get of each key
+    /// reads its index bucket first).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Stores `data` under `key` (creating or replacing it); answered once
+    /// replicated. Returns where the key's object is now.
+    pub fn put(&mut self, key: &[u8], data: &[u8]) -> Result<RemotePtr, ClientError> {
+        self.put_if(key, data, Cond::Always)?
+            .ok_or_else(|| ClientError::Protocol("an unconditional put was not stored".into()))
+    }
+
+    /// Stores `data` under `key` if `cond` holds (`SET NX` / `SET XX`);
+    /// `None`: it did not, nothing changed.
+    pub fn put_if(
+        &mut self,
+        key: &[u8],
+        data: &[u8],
+        cond: Cond,
+    ) -> Result<Option<RemotePtr>, ClientError> {
+        Self::check_key(key)?;
+        Self::check_value(data)?;
+        let op = Op::Put {
+            key: key.to_vec(),
+            data: data.to_vec(),
+            cond,
+        };
+        match self.request(op)? {
+            Reply::Stored { ptr, .. } => {
+                self.remember(key, ptr);
+                Ok(Some(ptr))
+            }
+            Reply::NotStored => Ok(None),
+            r => Err(ClientError::Protocol(format!("put answered {r:?}"))),
+        }
+    }
+
+    /// Deletes `key`; whether it existed.
+    pub fn remove(&mut self, key: &[u8]) -> Result<bool, ClientError> {
+        Self::check_key(key)?;
+        self.cache.remove(key);
+        match self.request(Op::Remove { key: key.to_vec() })? {
+            Reply::Removed { existed } => Ok(existed),
+            r => Err(ClientError::Protocol(format!("remove answered {r:?}"))),
+        }
+    }
+
+    /// The node's answer for `key` (the fallback of [`Self::get`]).
+    pub fn get_server(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        Self::check_key(key)?;
+        self.stats.server_reads += 1;
+        match self.request(Op::Get { key: key.to_vec() })? {
+            Reply::Value { ptr, data, .. } => {
+                self.remember(key, ptr);
+                Ok(Some(data))
+            }
+            Reply::NoKey => {
+                self.cache.remove(key);
+                Ok(None)
+            }
+            r => Err(ClientError::Protocol(format!("get answered {r:?}"))),
+        }
+    }
+
+    /// The key index's layout: read once, one-sided, from the arena's
+    /// superblock.
+    fn layout(&mut self) -> Option<Layout> {
+        if self.layout.is_none() {
+            let arena = self.arena?;
+            let b = self
+                .read_arena(0, crate::index::SUPERBLOCK_LEN as u32)
+                .ok()?;
+            self.layout = Layout::from_superblock(&b, arena.len).ok();
+        }
+        self.layout
+    }
+
+    /// One RDMA Read of `len` bytes at arena offset `offset` from the node
+    /// the client talks to.
+    fn read_arena(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, ClientError> {
+        let arena = self
+            .arena
+            .ok_or_else(|| ClientError::Unavailable("arena not known yet".into()))?;
+        if offset.saturating_add(len as u64) > arena.len {
+            return Err(ClientError::Protocol(format!(
+                "read of {len} bytes at {offset} outside the arena"
+            )));
+        }
+        self.ensure_read_mr(len as usize)?;
+        let t = self.target;
+        let link = self.link(t)?;
+        let mr = self.read_mr.as_ref().expect("read buffer");
+        if let Err(e) = link.read(
+            mr,
+            len as usize,
+            arena.base + offset,
+            arena.stag,
+            self.cfg.attempt_timeout,
+        ) {
+            self.drop_link(t);
+            return Err(ClientError::Unavailable(e.to_string()));
+        }
+        let mut buf = vec![0u8; len as usize];
+        mr.read_at(0, &mut buf);
+        Ok(buf)
+    }
+
+    /// Reads `key`'s value with one-sided RDMA Reads of the primary's
+    /// arena (`lookup`: the cached pointer, else the key's index bucket
+    /// and then the object), no server CPU on the path. Falls back to the
+    /// node ([`Self::get_server`]) when a Read fails or the look-up keeps
+    /// racing writes; each fallback is counted with its reason
+    /// ([`ClientStats`]).
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        Self::check_key(key)?;
+        if self.arena.is_none() {
+            let t = self.target;
+            let _ = self.link(t);
+        }
+        let Some(layout) = self.layout() else {
+            self.stats.keyed_fallback_refused += 1;
+            return self.get_server(key);
+        };
+        let cached = self.cache.get(key).copied();
+        let (mut l, mut step) = Lookup::start(key, layout, cached);
+        loop {
+            match step {
+                Step::Read { offset, len } => match self.read_arena(offset, len) {
+                    Ok(b) => step = l.on_read(&b),
+                    Err(_) => {
+                        self.stats.keyed_fallback_refused += 1;
+                        return self.get_server(key);
+                    }
+                },
+                Step::Done(outcome) => {
+                    self.stats.lookup_restarts += l.restarts() as u64;
+                    return match self.finish(key, outcome, cached.is_some() && l.reads() == 1) {
+                        Some(r) => Ok(r),
+                        None => self.get_server(key),
+                    };
+                }
+            }
+        }
+    }
+
+    /// A finished look-up: the answer, or `None` to ask the node.
+    fn finish(&mut self, key: &[u8], o: Outcome, one_read: bool) -> Option<Option<Vec<u8>>> {
+        match o {
+            Outcome::Found {
+                offset, len, data, ..
+            } => {
+                self.stats.keyed_one_sided += 1;
+                self.stats.keyed_one_sided_at[self.target.min(3)] += 1;
+                self.stats.one_sided_reads += 1;
+                self.stats.cache_hits += one_read as u64;
+                self.cache.insert(key.to_vec(), (offset, len));
+                Some(Some(data))
+            }
+            Outcome::Absent => {
+                self.stats.keyed_one_sided += 1;
+                self.stats.keyed_one_sided_at[self.target.min(3)] += 1;
+                self.stats.one_sided_reads += 1;
+                self.cache.remove(key);
+                Some(None)
+            }
+            Outcome::GaveUp => {
+                self.stats.keyed_fallback_raced += 1;
+                None
+            }
+        }
+    }
+
+    /// Reads many keys (`MGET`): their look-ups run side by side, each
+    /// round of their next Reads posted together (up to [`READ_BATCH`] in
+    /// flight on the one connection), so a round costs about one round
+    /// trip however many keys it serves. Each result is what
+    /// [`Self::get`] gives for that key.
+    pub fn get_many(&mut self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>, ClientError>> {
+        let mut out: Vec<Option<Result<Option<Vec<u8>>, ClientError>>> = Vec::new();
+        out.resize_with(keys.len(), || None);
+        if self.arena.is_none() {
+            let t = self.target;
+            let _ = self.link(t);
+        }
+        let layout = self.layout();
+        // Running look-ups: (key index, look-up, next read, cached).
+        let mut running = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            if let Err(e) = Self::check_key(k) {
+                out[i] = Some(Err(e));
+                continue;
+            }
+            let Some(layout) = layout else { continue };
+            let cached = self.cache.get(*k).copied();
+            if let (l, Step::Read { offset, len }) = Lookup::start(k, layout, cached) {
+                running.push((i, l, (offset, len), cached.is_some()));
+            }
+        }
+        while !running.is_empty() {
+            let mut next = Vec::new();
+            for chunk in running.chunks_mut(READ_BATCH) {
+                let reads: Vec<(u64, u32)> = chunk.iter().map(|r| r.2).collect();
+                let Ok(bytes) = self.read_arena_batch(&reads) else {
+                    // These keys go the single way.
+                    continue;
+                };
+                for (r, b) in chunk.iter_mut().zip(bytes) {
+                    match r.1.on_read(&b) {
+                        Step::Read { offset, len } => {
+                            r.2 = (offset, len);
+                            next.push(r.clone());
+                        }
+                        Step::Done(o) => {
+                            self.stats.lookup_restarts += r.1.restarts() as u64;
+                            let one = r.3 && r.1.reads() == 1;
+                            if let Some(v) = self.finish(keys[r.0], o, one) {
+                                out[r.0] = Some(Ok(v));
+                            }
+                        }
+                    }
+                }
+            }
+            running = next;
+        }
+        keys.iter()
+            .zip(out)
+            .map(|(k, r)| r.unwrap_or_else(|| self.get(k)))
+            .collect()
+    }
+
+    /// Several RDMA Reads `(arena offset, len)` posted together.
+    fn read_arena_batch(&mut self, reads: &[(u64, u32)]) -> Result<Vec<Vec<u8>>, ClientError> {
+        let arena = self
+            .arena
+            .ok_or_else(|| ClientError::Unavailable("arena not known yet".into()))?;
+        let mut posts = Vec::with_capacity(reads.len());
+        let mut total = 0usize;
+        for &(off, len) in reads {
+            if off.saturating_add(len as u64) > arena.len {
+                return Err(ClientError::Protocol("read outside the arena".into()));
+            }
+            posts.push((total, len as usize, arena.base + off));
+            total += (len as usize).next_multiple_of(64);
+        }
+        self.ensure_read_mr(total)?;
+        let t = self.target;
+        let link = self.link(t)?;
+        let mr = self.read_mr.as_ref().expect("read buffer");
+        if let Err(e) = link.read_batch(mr, &posts, arena.stag, self.cfg.attempt_timeout) {
+            self.drop_link(t);
+            return Err(ClientError::Unavailable(e.to_string()));
+        }
+        Ok(posts
+            .iter()
+            .map(|&(o, l, _)| {
+                let mut b = vec![0u8; l];
+                mr.read_at(o, &mut b);
+                b
+            })
+            .collect())
+    }
+
+    /// Keys matching a glob `pattern` (empty: all), in index order; a
+    /// scan of the committed index on the primary, a few hundred buckets
+    /// per request.
+    pub fn scan(&mut self, pattern: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
+        let mut keys = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let op = Op::Scan {
+                cursor,
+                count: 1000,
+                pattern: pattern.to_vec(),
+            };
+            match self.request(op)? {
+                Reply::Keys { keys: k, next } => {
+                    keys.extend(k);
+                    if next == 0 {
+                        return Ok(keys);
+                    }
+                    cursor = next;
+                }
+                r => return Err(ClientError::Protocol(format!("scan answered {r:?}"))),
+            }
         }
     }
 }

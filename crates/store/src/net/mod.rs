@@ -16,6 +16,7 @@
 
 pub mod client;
 pub mod link;
+pub mod resp;
 pub mod server;
 
 use std::time::Duration;

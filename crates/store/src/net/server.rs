@@ -57,6 +57,14 @@ fn setup(e: impl std::fmt::Display) -> ServeError {
 enum Ev {
     Link(LinkEvent),
     Tick,
+    /// A request of this process's RESP front door ([`Front`]), answered
+    /// on `reply` instead of a link.
+    Front {
+        client: u64,
+        req_id: u64,
+        op: proto::Op,
+        reply: Sender<Result<proto::Reply, proto::StoreError>>,
+    },
     /// A message produced locally for the node (a recovery chunk read
     /// from the primary), queued behind whatever already waits so that
     /// ticks and heartbeats keep flowing during a long arena copy.
@@ -93,6 +101,62 @@ impl EvTx {
             self.waker.wake();
         }
         sent
+    }
+}
+
+/// The node as this process's RESP front door sees it: requests go to the
+/// node loop through its event queue (the same `Node::handle` path as a
+/// client's message, with the same de-duplication and replication), and
+/// reads of the arena are local copies that obey the STag's validity and
+/// deadline exactly as a remote one-sided Read does (checked before and
+/// after the copy).
+pub struct Front {
+    tx: EvTx,
+    arena_mr: Arc<softrdma_verbs::MemoryRegion>,
+    arena: ArenaRef,
+}
+
+impl Front {
+    /// The arena.
+    pub fn arena(&self) -> ArenaRef {
+        self.arena
+    }
+
+    /// Sends request `req_id` of client `client` to the node loop; waits
+    /// for its answer at most `timeout`. `None`: no answer in time (or the
+    /// node loop is gone): the outcome is unknown, and a retry with the
+    /// same ids through any node learns it.
+    pub fn request(
+        &self,
+        client: u64,
+        req_id: u64,
+        op: proto::Op,
+        timeout: Duration,
+    ) -> Option<Result<proto::Reply, proto::StoreError>> {
+        let (reply, rx) = mpsc::channel();
+        if !self.tx.send(Ev::Front {
+            client,
+            req_id,
+            op,
+            reply,
+        }) {
+            return None;
+        }
+        rx.recv_timeout(timeout).ok()
+    }
+
+    /// Copies arena bytes at `offset` into `out` if this node serves
+    /// one-sided reads now and still did when the copy ended; `false`
+    /// otherwise (or outside the arena).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> bool {
+        if offset.saturating_add(out.len() as u64) > self.arena.len {
+            return false;
+        }
+        if !self.arena_mr.is_accessible() {
+            return false;
+        }
+        self.arena_mr.read_at(offset as usize, out);
+        self.arena_mr.is_accessible()
     }
 }
 
@@ -238,6 +302,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
     })?;
     // Valid only while the node serves reads (node_loop switches it).
     arena_mr.set_valid(false);
+    let arena_mr = Arc::new(arena_mr);
 
     let hb = cfg.heartbeat_interval();
     let ncfg = NodeConfig {
@@ -251,6 +316,8 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         sync_window: 4,
         min_in_sync: cfg.min_in_sync_replicas,
         clock_drift_permille: cfg.clock_drift_permille,
+        index_buckets: cfg.index_buckets,
+        resp_port: cfg.resp.map_or(0, |a| a.port()),
     };
     let node = Node::new(ncfg, arena);
 
@@ -364,6 +431,24 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             })
             .map_err(setup)?;
     }
+    if let Some(addr) = cfg.resp {
+        let l = std::net::TcpListener::bind(addr)
+            .map_err(|e| ServeError::Setup(format!("cannot listen for RESP on {addr}: {e}")))?;
+        // The front door's clients talk to this node first.
+        let mut own = cfg.listen;
+        if own.ip().is_unspecified() {
+            own.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let nodes = std::iter::once(own)
+            .chain(cfg.peers.iter().copied())
+            .collect();
+        let front = Arc::new(Front {
+            tx: tx.clone(),
+            arena_mr: arena_mr.clone(),
+            arena: aref,
+        });
+        super::resp::spawn(l, nodes, front).map_err(setup)?;
+    }
     ready(&aref);
     node_loop(node, aref, ep, rx, tx, ctx, arena_mr);
     Ok(())
@@ -455,7 +540,7 @@ fn node_loop(
     rx: Receiver<Ev>,
     self_tx: EvTx,
     coord: Sender<(u64, CoordRequest, Member)>,
-    arena_mr: softrdma_verbs::MemoryRegion,
+    arena_mr: Arc<softrdma_verbs::MemoryRegion>,
 ) {
     // The arena's STag is valid exactly while the node serves reads: it
     // carries the node's deadline (`Node::reads_until`), updated after
@@ -468,6 +553,8 @@ fn node_loop(
     let mut to_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut from_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut clients: HashMap<u64, Arc<Link>> = HashMap::new();
+    // The RESP front door's clients: where their answers go.
+    let mut front: HashMap<u64, Sender<Result<proto::Reply, proto::StoreError>>> = HashMap::new();
     let send_timeout = Duration::from_millis(200);
     let mut scratch: Option<softrdma_verbs::MemoryRegion> = None;
     let mut pending: std::collections::VecDeque<Ev> = std::collections::VecDeque::new();
@@ -501,6 +588,21 @@ fn node_loop(
             let input = match ev {
                 Ev::Tick => Input::Tick,
                 Ev::Local { from, env } => Input::Message { from, env },
+                Ev::Front {
+                    client,
+                    req_id,
+                    op,
+                    reply,
+                } => {
+                    front.insert(client, reply);
+                    Input::Message {
+                        from: Addr::Client(client),
+                        env: proto::Envelope {
+                            epoch: node.epoch(),
+                            body: proto::Body::Request { client, req_id, op },
+                        },
+                    }
+                }
                 Ev::Coord { id, reply } => Input::Coord { id, reply },
                 Ev::Accepted { link, who } => {
                     owner.insert(link.id(), who);
@@ -591,6 +693,16 @@ fn node_loop(
             for out in outs {
                 match out {
                     Output::Send { to, env } => {
+                        if let Addr::Client(c) = to {
+                            if let Some(f) = front.get(&c) {
+                                if let proto::Body::Response { result, .. } = env.body {
+                                    if f.send(result).is_err() {
+                                        front.remove(&c);
+                                    }
+                                }
+                                continue;
+                            }
+                        }
                         let link = match to {
                             Addr::Node(n) => to_node.get(&n).or_else(|| from_node.get(&n)),
                             Addr::Client(c) => clients.get(&c),

@@ -80,6 +80,13 @@ impl MemoryRegion {
     pub fn is_valid(&self) -> bool {
         self.inner.valid.load(Ordering::Acquire)
     }
+    /// Whether an access through the STag would pass now: valid and its
+    /// deadline ([`Self::set_valid_until`]) not reached. A reader in this
+    /// process that must obey the deadline as a remote peer does checks it
+    /// before and after its copy, as a same-host peer does.
+    pub fn is_accessible(&self) -> bool {
+        self.is_valid() && !self.inner.expired()
+    }
     /// Invalidates the STag (`false`) or makes it valid again (`true`),
     /// keeping its index reserved: while invalid, no access passes, local
     /// or remote (a peer's Read or Write gets the "invalid STag"

@@ -1,0 +1,233 @@
+//! The one-sided look-up of a key, as a pure state machine: it asks for
+//! reads of the arena ([`Step::Read`]) and is fed the bytes each returned
+//! ([`Lookup::on_read`]), so the real client (RDMA Reads of the primary's
+//! arena) and the simulation (reads of a simulated node's memory at a
+//! simulated instant) run exactly the same logic.
+//!
+//! The steps (Pilaf, FaRM): read the key's home bucket (512 bytes) and
+//! check its checksum; read the object of each slot whose tag matches;
+//! read the next bucket only if the home's spill flag is set. With a
+//! cached pointer the first read is the object itself.
+//!
+//! Why every answer is linearizable, given that a primary's arena holds
+//! committed writes only and one key has at most one live object there:
+//!
+//! * An object that decodes whole and carries the key **is** the key's
+//!   value at the instant it was read, wherever the pointer to it came
+//!   from (a cached pointer, a slot read earlier). An update in place
+//!   changes it under the checksum (a torn read is retried), an update
+//!   that moves it writes the new object before it scrubs the old one, and
+//!   a delete scrubs it; all are acknowledged only after.
+//! * "Absent" is answered only from a bucket read whole: no slot of the
+//!   key in the home bucket (and, if it spilled, none in the next bucket,
+//!   read later: a key never moves between buckets while it lives, so if
+//!   it existed at both reads it was in one of them, and otherwise it was
+//!   absent at some instant between).
+//! * A candidate slot whose object holds another key in the slot's
+//!   generation is a tag collision: skipped. Anything else (freed space,
+//!   space reused by another object, a torn object) means the slot changed
+//!   since the bucket was read: the look-up starts over from the home
+//!   bucket, at most [`MAX_RESTARTS`] times, then gives up and the caller
+//!   asks the node (the counted fallback).
+
+use crate::index::{self, key_hash, tag_of, Layout, Slot, BUCKET_LEN};
+use crate::object;
+
+/// Restarts (torn reads, slots that changed under the look-up) before it
+/// gives up.
+pub const MAX_RESTARTS: u32 = 4;
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Read `len` bytes at arena offset `offset`, then call
+    /// [`Lookup::on_read`] with them.
+    Read {
+        /// Arena offset.
+        offset: u64,
+        /// Bytes.
+        len: u32,
+    },
+    /// Finished.
+    Done(Outcome),
+}
+
+/// How a look-up ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The key's object.
+    Found {
+        /// Its arena offset.
+        offset: u64,
+        /// Its allocation's length.
+        len: u32,
+        /// Its generation.
+        generation: u64,
+        /// Its version.
+        version: u64,
+        /// The value.
+        data: Vec<u8>,
+    },
+    /// No such key.
+    Absent,
+    /// Reads kept racing writes ([`MAX_RESTARTS`]); ask the node.
+    GaveUp,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Cached {
+        offset: u64,
+    },
+    Bucket {
+        no: u64,
+    },
+    Object {
+        no: u64,
+        spill: bool,
+        cands: Vec<Slot>,
+        at: usize,
+    },
+}
+
+/// One key's look-up in progress.
+#[derive(Debug, Clone)]
+pub struct Lookup {
+    key: Vec<u8>,
+    hash: u64,
+    layout: Layout,
+    state: State,
+    restarts: u32,
+    reads: u32,
+}
+
+impl Lookup {
+    /// Starts a look-up of `key` in an index of `layout`; `cached`: a
+    /// pointer (arena offset, allocation length) to try first.
+    pub fn start(key: &[u8], layout: Layout, cached: Option<(u64, u32)>) -> (Lookup, Step) {
+        let hash = key_hash(key);
+        let mut l = Lookup {
+            key: key.to_vec(),
+            hash,
+            layout,
+            state: State::Cached { offset: 0 },
+            restarts: 0,
+            reads: 1,
+        };
+        let step = match cached {
+            Some((offset, len)) if len as usize >= object::HEADER_LEN => {
+                l.state = State::Cached { offset };
+                Step::Read { offset, len }
+            }
+            _ => l.read_bucket(layout.home(hash)),
+        };
+        (l, step)
+    }
+
+    /// Reads asked for so far.
+    pub fn reads(&self) -> u32 {
+        self.reads
+    }
+
+    /// Restarts so far.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
+
+    fn read_bucket(&mut self, no: u64) -> Step {
+        self.state = State::Bucket { no };
+        Step::Read {
+            offset: self.layout.bucket_offset(no),
+            len: BUCKET_LEN as u32,
+        }
+    }
+
+    fn restart(&mut self) -> Step {
+        self.restarts += 1;
+        if self.restarts > MAX_RESTARTS {
+            return Step::Done(Outcome::GaveUp);
+        }
+        self.reads += 1;
+        self.read_bucket(self.layout.home(self.hash))
+    }
+
+    fn next_candidate(&mut self, no: u64, spill: bool, cands: Vec<Slot>, at: usize) -> Step {
+        if let Some(s) = cands.get(at) {
+            let step = Step::Read {
+                offset: s.offset,
+                len: s.units.saturating_mul(object::UNIT as u32),
+            };
+            self.state = State::Object {
+                no,
+                spill,
+                cands,
+                at,
+            };
+            self.reads += 1;
+            return step;
+        }
+        if no == self.layout.home(self.hash) && spill {
+            self.reads += 1;
+            return self.read_bucket(no + 1);
+        }
+        Step::Done(Outcome::Absent)
+    }
+
+    /// The bytes the last [`Step::Read`] returned.
+    pub fn on_read(&mut self, bytes: &[u8]) -> Step {
+        match std::mem::replace(&mut self.state, State::Cached { offset: 0 }) {
+            State::Cached { offset } => match object::decode_exact(bytes) {
+                Ok(o) if o.key == self.key.as_slice() => self.found(&o, offset),
+                // Freed, reused or torn: the cache is stale; the index
+                // knows.
+                _ => {
+                    self.reads += 1;
+                    self.read_bucket(self.layout.home(self.hash))
+                }
+            },
+            State::Bucket { no } => match index::decode_bucket(no, bytes) {
+                Err(_) => self.restart(),
+                Ok(b) => {
+                    let tag = tag_of(self.hash);
+                    let cands: Vec<Slot> = b.matching(tag).map(|(_, s)| s).collect();
+                    self.next_candidate(no, b.spill, cands, 0)
+                }
+            },
+            State::Object {
+                no,
+                spill,
+                cands,
+                at,
+            } => {
+                let slot = cands[at];
+                match object::decode_exact(bytes) {
+                    Ok(o) if o.key == self.key.as_slice() => {
+                        let offset = slot.offset;
+                        self.found(&o, offset)
+                    }
+                    Ok(o) if o.generation as u32 == slot.generation => {
+                        // Another key with the same tag.
+                        self.next_candidate(no, spill, cands, at + 1)
+                    }
+                    // Freed, reused, torn, or not this allocation: the
+                    // slot changed since the bucket was read.
+                    Ok(_) | Err(_) => self.restart(),
+                }
+            }
+        }
+    }
+
+    fn found(&self, o: &object::Object<'_>, offset: u64) -> Step {
+        Step::Done(Outcome::Found {
+            offset,
+            len: o.allocation as u32,
+            generation: o.generation,
+            version: o.version,
+            data: o.data.to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "lookup_tests.rs"]
+mod tests;

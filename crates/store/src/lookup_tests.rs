@@ -1,0 +1,229 @@
+//! The look-up's steps against an index and objects in memory, including
+//! the races a remote reader meets.
+
+use super::*;
+use crate::arena::{HeapMemory, Memory};
+use crate::index::{Edit, Meta};
+use crate::object::Fields;
+
+/// An arena with an index and keyed objects, changed the way a node
+/// changes it (through `Meta` plans and `Layout::apply`).
+struct Arena {
+    layout: Layout,
+    mem: HeapMemory,
+    meta: Meta,
+    next: u64,
+    seq: u64,
+}
+
+impl Arena {
+    fn new(buckets: u64) -> Arena {
+        let layout = Layout::new(index::SUPERBLOCK_LEN, buckets);
+        let mut mem = HeapMemory::new(1 << 20);
+        layout.format(&mut mem).unwrap();
+        Arena {
+            layout,
+            mem,
+            meta: Meta::new(layout),
+            next: 64 << 10,
+            seq: 0,
+        }
+    }
+
+    /// Puts `key` in a new object (out of place, as an update that moves
+    /// it), freeing the old one; returns the offset.
+    fn put(&mut self, key: &[u8], data: &[u8]) -> u64 {
+        self.seq += 1;
+        let offset = self.next;
+        self.next += 256;
+        let generation = self.meta.generation(key).unwrap_or(self.seq);
+        let f = Fields {
+            version: self.seq,
+            generation,
+            key,
+            data,
+        };
+        object::write_object(&mut self.mem, offset, 256, &f).unwrap();
+        let old = self.meta.get(key).map(|f| f.entry.offset);
+        let entry = Slot {
+            tag: tag_of(key_hash(key)),
+            offset,
+            units: 4,
+            generation: generation as u32,
+        };
+        for e in self.meta.plan_put(key, entry).unwrap() {
+            self.meta.apply(&e, key, generation).unwrap();
+            self.layout.apply(&mut self.mem, &e, self.seq).unwrap();
+        }
+        if let Some(o) = old {
+            object::scrub(&mut self.mem, o).unwrap();
+        }
+        offset
+    }
+
+    fn delete(&mut self, key: &[u8]) {
+        self.seq += 1;
+        let off = self.meta.get(key).unwrap().entry.offset;
+        let e = self.meta.plan_delete(key).unwrap();
+        self.meta.apply(&e, key, 0).unwrap();
+        self.layout.apply(&mut self.mem, &e, self.seq).unwrap();
+        object::scrub(&mut self.mem, off).unwrap();
+    }
+
+    /// Runs a look-up; `between(arena, read_no)` runs before each read
+    /// (a write racing the reader).
+    fn lookup(
+        &mut self,
+        key: &[u8],
+        cached: Option<(u64, u32)>,
+        mut between: impl FnMut(&mut Arena, u32),
+    ) -> (Outcome, u32) {
+        let (mut l, mut step) = Lookup::start(key, self.layout, cached);
+        let mut n = 0;
+        loop {
+            match step {
+                Step::Done(o) => return (o, l.reads()),
+                Step::Read { offset, len } => {
+                    between(self, n);
+                    n += 1;
+                    let mut buf = vec![0u8; len as usize];
+                    self.mem.read(offset, &mut buf).unwrap();
+                    step = l.on_read(&buf);
+                }
+            }
+        }
+    }
+}
+
+fn value(o: &Outcome) -> Option<&[u8]> {
+    match o {
+        Outcome::Found { data, .. } => Some(data),
+        _ => None,
+    }
+}
+
+#[test]
+fn found_absent_and_cached() {
+    let mut a = Arena::new(4);
+    let off = a.put(b"alpha", b"one");
+    a.put(b"beta", b"two");
+    let (o, reads) = a.lookup(b"alpha", None, |_, _| {});
+    assert_eq!(value(&o), Some(&b"one"[..]));
+    assert_eq!(reads, 2, "the bucket, then the object");
+    let Outcome::Found {
+        offset,
+        len,
+        generation,
+        ..
+    } = o
+    else {
+        unreachable!()
+    };
+    assert_eq!((offset, len), (off, 256));
+    assert_eq!(generation, 1);
+    // A cache hit is one read.
+    let (o, reads) = a.lookup(b"alpha", Some((off, 256)), |_, _| {});
+    assert_eq!((value(&o), reads), (Some(&b"one"[..]), 1));
+    let (o, reads) = a.lookup(b"gamma", None, |_, _| {});
+    assert_eq!((o, reads), (Outcome::Absent, 1));
+}
+
+/// Issue 18: a cached pointer whose object was deleted and whose space
+/// now holds another key's object is recognised (by the key in the
+/// header) and the index is asked; the other key's value never comes back.
+#[test]
+fn a_stale_cached_pointer_to_reused_space_is_detected() {
+    let mut a = Arena::new(4);
+    let off = a.put(b"alpha", b"one");
+    a.delete(b"alpha");
+    // Reuse the very space for another key.
+    a.next = off;
+    assert_eq!(a.put(b"beta", b"two"), off);
+    let (o, reads) = a.lookup(b"alpha", Some((off, 256)), |_, _| {});
+    assert_eq!((o, reads), (Outcome::Absent, 2));
+    // Deleted and put again at the same place: the new object is the
+    // key's value, whatever generation the cache remembered.
+    a.delete(b"beta");
+    a.next = off;
+    a.put(b"alpha", b"three");
+    let (o, _) = a.lookup(b"alpha", Some((off, 256)), |_, _| {});
+    assert_eq!(value(&o), Some(&b"three"[..]));
+    let Outcome::Found { generation, .. } = o else {
+        unreachable!()
+    };
+    assert_eq!(generation, a.seq, "a new key object has a new generation");
+}
+
+/// An update that moves the object between the reader's bucket read and
+/// its object read: the slot's object is gone, the look-up starts over
+/// and finds the new one (never "absent": the key existed throughout).
+#[test]
+fn a_slot_that_changes_under_the_reader_restarts_the_look_up() {
+    let mut a = Arena::new(4);
+    a.put(b"alpha", b"one");
+    let (o, reads) = a.lookup(b"alpha", None, |a, n| {
+        if n == 1 {
+            a.put(b"alpha", b"moved");
+        }
+    });
+    assert_eq!(value(&o), Some(&b"moved"[..]));
+    assert_eq!(reads, 4, "bucket, the old object, bucket, the new object");
+}
+
+/// A bucket that is torn at every read: the look-up gives up after
+/// `MAX_RESTARTS` and the caller asks the node.
+#[test]
+fn endless_tearing_gives_up() {
+    let mut a = Arena::new(4);
+    a.put(b"alpha", b"one");
+    let home = a.layout.home(key_hash(b"alpha"));
+    let at = a.layout.bucket_offset(home) + 100;
+    let mut orig = [0u8; 1];
+    a.mem.read(at, &mut orig).unwrap();
+    let (o, _) = a.lookup(b"alpha", None, |a, n| {
+        // A different wrong byte before every read.
+        a.mem.write(at, &[orig[0] ^ (n as u8 + 1)]).unwrap();
+    });
+    assert_eq!(o, Outcome::GaveUp);
+}
+
+/// A full home bucket spills into the next; same-tag keys are told apart
+/// by the key in the object.
+#[test]
+fn spilled_keys_and_tag_collisions() {
+    let mut a = Arena::new(2);
+    let keys: Vec<Vec<u8>> = (0..10_000u32)
+        .map(|i| format!("k{i}").into_bytes())
+        .filter(|k| a.layout.home(key_hash(k)) == 0)
+        .take(index::SLOTS + 3)
+        .collect();
+    for k in &keys {
+        a.put(k, k);
+    }
+    for k in &keys {
+        let (o, _) = a.lookup(k, None, |_, _| {});
+        assert_eq!(value(&o), Some(&k[..]));
+    }
+    // A key of the same tag (home 0) that is not there: both buckets read,
+    // no candidate object is taken for it.
+    let (o, reads) = a.lookup(b"k-absent", None, |_, _| {});
+    assert!(matches!(o, Outcome::Absent));
+    assert!(reads >= 1);
+    // A forged slot with the tag of "probe" naming another key's object
+    // in that object's generation: a collision, skipped.
+    let probe = b"probe";
+    let victim = a.meta.get(&keys[0]).unwrap().entry;
+    let home = a.layout.home(key_hash(probe));
+    let forged = Edit::Slot {
+        bucket: home,
+        slot: 30,
+        entry: Some(Slot {
+            tag: tag_of(key_hash(probe)),
+            ..victim
+        }),
+    };
+    a.layout.apply(&mut a.mem, &forged, 99).unwrap();
+    let (o, reads) = a.lookup(probe, None, |_, _| {});
+    assert_eq!(o, Outcome::Absent);
+    assert!(reads >= 2, "the candidate was read");
+}

@@ -1,0 +1,199 @@
+//! The keyed operations of [`Node`]: planning puts and removes (their
+//! object and index effects), and the server-side get and scan, which read
+//! the committed bytes exactly as a one-sided reader would.
+
+use super::*;
+use crate::glob;
+use crate::index::{key_hash, tag_of, Slot};
+
+/// Buckets one scan request walks at most, so a sparse match cannot hold
+/// the node loop for long.
+const SCAN_BUCKETS: u64 = 256;
+
+impl<M: Memory> Node<M> {
+    fn check_key(key: &[u8]) -> Result<(), StoreError> {
+        if key.is_empty() || key.len() > object::MAX_KEY_LEN {
+            return Err(StoreError::BadKey {
+                len: key.len() as u64,
+                max: object::MAX_KEY_LEN as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn meta(&self) -> Result<&Meta, StoreError> {
+        self.index
+            .as_ref()
+            .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))
+    }
+
+    /// A put at sequence number `seq`: in place when the key's allocation
+    /// holds the new value, else a new object, the old one freed and the
+    /// key's slot repointed; a new key gets a new object and a slot. A
+    /// failed condition is a write without effects, so its answer is
+    /// replicated and ordered like any other (it reflects writes that may
+    /// not be committed yet).
+    pub(super) fn plan_put(
+        &self,
+        seq: u64,
+        key: &[u8],
+        data: &[u8],
+        cond: Cond,
+    ) -> Result<(Vec<Effect>, Reply), StoreError> {
+        Self::check_key(key)?;
+        let meta = self.meta()?;
+        let existing = meta.get(key).copied();
+        match (cond, existing) {
+            (Cond::IfAbsent, Some(_)) | (Cond::IfPresent, None) => {
+                return Ok((Vec::new(), Reply::NotStored))
+            }
+            _ => {}
+        }
+        let need = object::encoded_len(key.len(), data.len());
+        let generation = match existing {
+            Some(_) => meta.generation(key).expect("a key in the index has one"),
+            None => seq,
+        };
+        let write = |offset| Effect::Write {
+            offset,
+            version: seq,
+            generation,
+            key: key.to_vec(),
+            data: data.to_vec(),
+        };
+        if let Some(f) = existing {
+            let cap = f.entry.units as u64 * object::UNIT;
+            if need as u64 <= cap {
+                return Ok((
+                    vec![write(f.entry.offset)],
+                    Reply::Stored {
+                        ptr: self.ptr_at(f.entry.offset, cap),
+                        generation,
+                        created: false,
+                    },
+                ));
+            }
+        }
+        let (off, len) = self.new_allocation(need, data.len())?;
+        let entry = Slot {
+            tag: tag_of(key_hash(key)),
+            offset: off,
+            units: (len / object::UNIT) as u32,
+            generation: generation as u32,
+        };
+        let edits = meta.plan_put(key, entry).map_err(|e| match e {
+            index::IndexError::Full { bucket } => StoreError::IndexFull { bucket },
+            e => StoreError::Other(e.to_string()),
+        })?;
+        let mut effects = vec![Effect::Alloc { offset: off, len }, write(off)];
+        if let Some(f) = existing {
+            effects.push(Effect::Free {
+                offset: f.entry.offset,
+            });
+        }
+        effects.extend(edits.into_iter().map(|edit| Effect::Index {
+            key: key.to_vec(),
+            generation,
+            edit,
+        }));
+        Ok((
+            effects,
+            Reply::Stored {
+                ptr: self.ptr_at(off, len),
+                generation,
+                created: existing.is_none(),
+            },
+        ))
+    }
+
+    /// A remove: the object freed and the slot cleared; a missing key is a
+    /// write without effects (ordered like the rest).
+    pub(super) fn plan_remove(&self, key: &[u8]) -> Result<(Vec<Effect>, Reply), StoreError> {
+        Self::check_key(key)?;
+        let meta = self.meta()?;
+        let Some(edit) = meta.plan_delete(key) else {
+            return Ok((Vec::new(), Reply::Removed { existed: false }));
+        };
+        let offset = meta.get(key).expect("planned from it").entry.offset;
+        Ok((
+            vec![
+                Effect::Free { offset },
+                Effect::Index {
+                    key: key.to_vec(),
+                    generation: 0,
+                    edit,
+                },
+            ],
+            Reply::Removed { existed: true },
+        ))
+    }
+
+    /// The object a slot names, if it holds `key` in the slot's
+    /// generation.
+    fn object_of(&self, slot: &Slot, key: &[u8]) -> Option<object::Owned> {
+        let o =
+            object::read_object(&self.mem, slot.offset, slot.units as u64 * object::UNIT).ok()?;
+        (o.key == key && o.generation as u32 == slot.generation).then_some(o)
+    }
+
+    /// The server-side get: the look-up a one-sided reader makes, on the
+    /// committed bytes (a primary's arena holds committed writes only).
+    pub(super) fn get_key(&self, key: &[u8]) -> Result<Reply, StoreError> {
+        Self::check_key(key)?;
+        let layout = self
+            .layout
+            .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))?;
+        let mut hit = None;
+        layout
+            .find(&self.mem, key_hash(key), |s| {
+                hit = self.object_of(s, key).map(|o| (*s, o));
+                hit.is_some()
+            })
+            .map_err(|e| StoreError::Other(format!("index: {e}")))?;
+        Ok(match hit {
+            None => Reply::NoKey,
+            Some((s, o)) => Reply::Value {
+                ptr: self.ptr_at(s.offset, s.units as u64 * object::UNIT),
+                generation: o.generation,
+                version: o.version,
+                data: o.data,
+            },
+        })
+    }
+
+    /// A scan step: the committed keys matching `pattern` in the buckets
+    /// from `cursor` on, until `count` keys were seen or
+    /// [`SCAN_BUCKETS`] buckets were walked.
+    pub(super) fn scan(
+        &self,
+        cursor: u64,
+        count: u32,
+        pattern: &[u8],
+    ) -> Result<Reply, StoreError> {
+        let layout = self
+            .layout
+            .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))?;
+        let mut keys = Vec::new();
+        let mut seen = 0u64;
+        let mut no = cursor;
+        while no <= layout.buckets && no < cursor.saturating_add(SCAN_BUCKETS) {
+            let b = layout
+                .bucket(&self.mem, no)
+                .map_err(|e| StoreError::Other(format!("index: {e}")))?;
+            for s in b.slots.iter().flatten() {
+                if let Ok((k, _)) = object::read_key(&self.mem, s.offset) {
+                    seen += 1;
+                    if pattern.is_empty() || glob::matches(pattern, &k) {
+                        keys.push(k);
+                    }
+                }
+            }
+            no += 1;
+            if seen >= count.max(1) as u64 {
+                break;
+            }
+        }
+        let next = if no > layout.buckets { 0 } else { no };
+        Ok(Reply::Keys { keys, next })
+    }
+}

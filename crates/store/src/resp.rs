@@ -1,0 +1,301 @@
+//! RESP, the Redis protocol (version 2), as a pure codec: requests in,
+//! replies out, no I/O. The store's RESP front door (`net::resp`) feeds it
+//! the bytes of a connection.
+//!
+//! A request is an array of bulk strings (`*2\r\n$3\r\nGET\r\n$1\r\na\r\n`,
+//! what every client library, `redis-cli` and `redis-benchmark` send) or an
+//! inline command (`PING\r\n`, typed by hand over telnet). [`parse`] takes
+//! the bytes received so far and returns the first whole request and the
+//! bytes it used, `Ok(None)` while it is incomplete, or an error for bytes
+//! that are not RESP; Redis then answers `-ERR Protocol error: ...` and
+//! closes the connection, and so does the front door. Lengths are checked
+//! against [`MAX_ARGS`] and [`MAX_BULK`] before anything is allocated, so
+//! a hostile length cannot make the server reserve memory.
+
+/// Most arguments in one request.
+pub const MAX_ARGS: usize = 1 << 20;
+/// Longest argument (Redis's `proto-max-bulk-len` is 512 MiB; a store
+/// value is at most a client message).
+pub const MAX_BULK: usize = 64 << 20;
+/// Longest inline command line.
+pub const MAX_INLINE: usize = 64 << 10;
+
+/// A whole request: its arguments, and the bytes it took.
+pub type Parsed = (Vec<Vec<u8>>, usize);
+
+/// Why bytes are not a RESP request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RespError {
+    /// A length or count that is not a number, or out of range.
+    #[error("invalid {what} length")]
+    BadLength {
+        /// "multibulk" or "bulk".
+        what: &'static str,
+    },
+    /// The byte where `$` was expected.
+    #[error("expected '$', got '{0}'")]
+    ExpectedBulk(char),
+    /// A bulk string not followed by CRLF.
+    #[error("bulk string not terminated by CRLF")]
+    BadTerminator,
+    /// An inline line too long, or with unbalanced quotes.
+    #[error("{0}")]
+    Inline(&'static str),
+}
+
+/// The position of the first CRLF at or after `from`.
+fn line_end(b: &[u8], from: usize) -> Option<usize> {
+    b.get(from..)?
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map(|p| from + p)
+}
+
+/// A decimal length between `lo` and `hi`.
+fn number(b: &[u8], lo: i64, hi: i64, what: &'static str) -> Result<i64, RespError> {
+    let bad = RespError::BadLength { what };
+    if b.is_empty() || b.len() > 20 {
+        return Err(bad);
+    }
+    let (neg, digits) = match b[0] {
+        b'-' => (true, &b[1..]),
+        _ => (false, b),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(bad);
+    }
+    let mut v: i64 = 0;
+    for &d in digits {
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add((d - b'0') as i64))
+            .ok_or(bad.clone())?;
+    }
+    let v = if neg { -v } else { v };
+    if v < lo || v > hi {
+        return Err(bad);
+    }
+    Ok(v)
+}
+
+/// The first whole request in `b`: its arguments and the bytes it took.
+/// `Ok(None)`: more bytes are needed. An empty request (a blank inline
+/// line, `*0`) has no arguments; the caller ignores it.
+pub fn parse(b: &[u8]) -> Result<Option<Parsed>, RespError> {
+    match b.first() {
+        None => Ok(None),
+        Some(b'*') => parse_multibulk(b),
+        Some(_) => parse_inline(b),
+    }
+}
+
+fn parse_multibulk(b: &[u8]) -> Result<Option<Parsed>, RespError> {
+    let Some(end) = line_end(b, 1) else {
+        if b.len() > 32 {
+            return Err(RespError::BadLength { what: "multibulk" });
+        }
+        return Ok(None);
+    };
+    let n = number(&b[1..end], -1, MAX_ARGS as i64, "multibulk")?;
+    let mut at = end + 2;
+    if n <= 0 {
+        return Ok(Some((Vec::new(), at)));
+    }
+    // Each argument takes at least 6 bytes ("$0\r\n\r\n"): no more is
+    // reserved than the bytes at hand could hold.
+    let mut args = Vec::with_capacity((n as usize).min(b.len() / 6 + 1));
+    for _ in 0..n {
+        let Some(&first) = b.get(at) else {
+            return Ok(None);
+        };
+        if first != b'$' {
+            return Err(RespError::ExpectedBulk(first as char));
+        }
+        let Some(end) = line_end(b, at + 1) else {
+            if b.len() - at > 32 {
+                return Err(RespError::BadLength { what: "bulk" });
+            }
+            return Ok(None);
+        };
+        let len = number(&b[at + 1..end], 0, MAX_BULK as i64, "bulk")? as usize;
+        let start = end + 2;
+        if b.len() < start + len + 2 {
+            return Ok(None);
+        }
+        if &b[start + len..start + len + 2] != b"\r\n" {
+            return Err(RespError::BadTerminator);
+        }
+        args.push(b[start..start + len].to_vec());
+        at = start + len + 2;
+    }
+    Ok(Some((args, at)))
+}
+
+/// An inline command: words separated by spaces, with Redis's quoting
+/// (`"..."` with `\n`, `\xHH` escapes, `'...'` literal).
+fn parse_inline(b: &[u8]) -> Result<Option<Parsed>, RespError> {
+    let Some(nl) = b.iter().position(|&c| c == b'\n') else {
+        if b.len() > MAX_INLINE {
+            return Err(RespError::Inline("too big inline request"));
+        }
+        return Ok(None);
+    };
+    let mut line = &b[..nl];
+    if line.last() == Some(&b'\r') {
+        line = &line[..line.len() - 1];
+    }
+    let args = split_args(line).ok_or(RespError::Inline("unbalanced quotes in request"))?;
+    Ok(Some((args, nl + 1)))
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    loop {
+        while i < line.len() && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i == line.len() {
+            return Some(out);
+        }
+        let mut cur = Vec::new();
+        match line[i] {
+            b'"' => {
+                i += 1;
+                loop {
+                    let c = *line.get(i)?;
+                    match c {
+                        b'"' => {
+                            i += 1;
+                            break;
+                        }
+                        b'\\' => {
+                            let e = *line.get(i + 1)?;
+                            if e == b'x' {
+                                let (h, l) = (hex(*line.get(i + 2)?), hex(*line.get(i + 3)?));
+                                if let (Some(h), Some(l)) = (h, l) {
+                                    cur.push(h << 4 | l);
+                                    i += 4;
+                                    continue;
+                                }
+                            }
+                            cur.push(match e {
+                                b'n' => b'\n',
+                                b'r' => b'\r',
+                                b't' => b'\t',
+                                b'b' => 8,
+                                b'a' => 7,
+                                o => o,
+                            });
+                            i += 2;
+                        }
+                        o => {
+                            cur.push(o);
+                            i += 1;
+                        }
+                    }
+                }
+                // A closing quote must end the word.
+                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return None;
+                }
+            }
+            b'\'' => {
+                i += 1;
+                loop {
+                    let c = *line.get(i)?;
+                    if c == b'\'' {
+                        if line.get(i + 1) == Some(&b'\'') {
+                            cur.push(b'\'');
+                            i += 2;
+                            continue;
+                        }
+                        i += 1;
+                        break;
+                    }
+                    cur.push(c);
+                    i += 1;
+                }
+                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return None;
+                }
+            }
+            _ => {
+                while i < line.len() && !line[i].is_ascii_whitespace() {
+                    cur.push(line[i]);
+                    i += 1;
+                }
+            }
+        }
+        out.push(cur);
+    }
+}
+
+/// One reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `+OK`.
+    Simple(String),
+    /// `-ERR ...` (the text includes the error's code word).
+    Error(String),
+    /// `:42`.
+    Int(i64),
+    /// `$3\r\nabc`.
+    Bulk(Vec<u8>),
+    /// `$-1`.
+    Nil,
+    /// `*N` and the elements.
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// `+OK`.
+    pub fn ok() -> Reply {
+        Reply::Simple("OK".into())
+    }
+
+    /// An error reply; CR and LF in `text` become spaces (they would end
+    /// the reply).
+    pub fn err(text: impl Into<String>) -> Reply {
+        Reply::Error(text.into().replace(['\r', '\n'], " "))
+    }
+
+    /// Appends the reply's bytes to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Reply::Simple(s) => {
+                out.push(b'+');
+                out.extend(s.bytes().filter(|&c| c != b'\r' && c != b'\n'));
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Error(s) => {
+                out.push(b'-');
+                out.extend(s.bytes().filter(|&c| c != b'\r' && c != b'\n'));
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Int(i) => {
+                out.extend_from_slice(format!(":{i}\r\n").as_bytes());
+            }
+            Reply::Bulk(b) => {
+                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Array(v) => {
+                out.extend_from_slice(format!("*{}\r\n", v.len()).as_bytes());
+                for r in v {
+                    r.encode(out);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "resp_tests.rs"]
+mod tests;
