@@ -1,20 +1,48 @@
-//! The store's RESP front door codec (`resp::parse`): arbitrary bytes never
-//! panic, a request never claims more bytes than it was given, and the
-//! arguments of what parses, encoded as a client would, parse back the same.
+//! The store's RESP front door codec (`resp::parse`, `resp::Decoder`):
+//! arbitrary bytes never panic, a request never claims more bytes than it
+//! was given, the arguments of what parses, encoded as a client would,
+//! parse back the same, and a decoder fed the same bytes in pieces (as a
+//! connection delivers them) finds the same requests as one buffer does.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use softrdma_store::resp;
+use softrdma_store::resp::{self, Decoder};
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(Some((args, used))) = resp::parse(data) {
-        assert!(used > 0 && used <= data.len());
+fuzz_target!(|input: &[u8]| {
+    let Some((&step, data)) = input.split_first() else {
+        return;
+    };
+    let whole = resp::parse(data);
+    if let Ok(Some((args, used))) = &whole {
+        assert!(*used > 0 && *used <= data.len());
         let mut b = format!("*{}\r\n", args.len()).into_bytes();
-        for a in &args {
+        for a in args {
             b.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
             b.extend_from_slice(a);
             b.extend_from_slice(b"\r\n");
         }
-        assert_eq!(resp::parse(&b), Ok(Some((args, b.len()))));
+        assert_eq!(resp::parse(&b), Ok(Some((args.clone(), b.len()))));
     }
+    // In pieces of `step` bytes: the first answer that is not "more bytes"
+    // is the one-buffer answer, once all its bytes have arrived.
+    let mut d = Decoder::default();
+    let step = step as usize % 16 + 1;
+    let mut end = 0;
+    while end < data.len() {
+        end = (end + step).min(data.len());
+        match d.decode(&data[..end]) {
+            Ok(None) => continue,
+            r => {
+                match (&r, &whole) {
+                    (Ok(Some(a)), Ok(Some(b))) => assert_eq!(a, b),
+                    // An error may show before the buffer's end, but it is
+                    // an error for the whole buffer too.
+                    (Err(_), w) => assert!(w.is_err(), "{r:?} vs {w:?}"),
+                    _ => panic!("pieces {r:?}, whole {whole:?}"),
+                }
+                return;
+            }
+        }
+    }
+    assert_eq!(whole, Ok(None));
 });

@@ -312,25 +312,32 @@ fn worker(
             },
             _ => {
                 // Delete and reuse: the reader caches key i's pointer; i is
-                // removed; a key not in the store gets a value of the same
-                // length (same allocation size, so the same space); the
-                // reader's cached pointer must not give i that value.
+                // removed; a key not in the store gets a value that makes
+                // its object (header, key, value) as long as i's was (the
+                // same allocation size, so the allocator hands out the
+                // same space); the reader's cached pointer must not give
+                // i that value.
                 let free = (0..names.len()).find(|&j| j != i && !known.contains_key(&j));
                 match (known.get(&i).cloned(), free) {
                     (Some(old), Some(j)) => {
                         let got = r.get(&names[i]);
                         let mut ok = w.check(&names[i], Some(&old), got, "reuse: get");
-                        let v = value(&mut rng, &names[j], old.data.len());
-                        match c.remove(&names[i]).and_then(|_| c.put(&names[j], &v)) {
+                        let n = (old.data.len() + names[i].len()).saturating_sub(names[j].len());
+                        let v = value(&mut rng, &names[j], n.max(names[j].len() + 1));
+                        if let Err(e) = c.remove(&names[i]) {
+                            w.err(format!("reuse: remove: {e}"));
+                            continue;
+                        }
+                        known.remove(&i);
+                        match c.put(&names[j], &v) {
                             Ok(p) => {
-                                known.remove(&i);
                                 w.reuse_forced += (p == old.ptr) as u64;
                                 known.insert(j, Known { data: v, ptr: p });
                                 let got = r.get(&names[i]);
                                 ok &= w.check(&names[i], None, got, "reuse: stale get");
                             }
                             Err(e) => {
-                                w.err(format!("reuse: {e}"));
+                                w.err(format!("reuse: put: {e}"));
                                 ok = false;
                             }
                         }

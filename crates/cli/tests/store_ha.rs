@@ -116,6 +116,8 @@ struct Group {
     _coord: EmbeddedServer,
     nodes: Vec<Node>,
     addrs: Vec<SocketAddr>,
+    /// RESP ports by node ([`Group::with_resp`]; else empty).
+    resp: Vec<u16>,
     probe: StoreClient,
 }
 
@@ -154,21 +156,20 @@ impl Group {
 
     /// `extra`: more lines for both nodes' configuration files.
     fn with_config(name: &str, arena: &str, etcd: Option<&str>, extra: &str) -> Group {
-        Group::with_node_config(name, arena, etcd, &|_| extra.to_string())
+        Group::with_options(name, arena, etcd, extra, false)
     }
 
-    /// `extra(i)`: more lines for node `i + 1`'s configuration file.
-    fn with_node_config(
-        name: &str,
-        arena: &str,
-        etcd: Option<&str>,
-        extra: &dyn Fn(usize) -> String,
-    ) -> Group {
+    /// Each node also serves RESP, on the ports in `resp`.
+    fn with_resp(name: &str, arena: &str) -> Group {
+        Group::with_options(name, arena, None, "", true)
+    }
+
+    fn with_options(name: &str, arena: &str, etcd: Option<&str>, extra: &str, resp: bool) -> Group {
         // `free_ports` hands out ports that were free a moment ago; another
         // test's connection may take one before the node binds it. That
         // (and only that) is worth another try with new ports.
         for attempt in 1.. {
-            match Group::try_with_config(name, arena, etcd, extra) {
+            match Group::try_with_config(name, arena, etcd, extra, resp) {
                 Ok(g) => return g,
                 Err(e) if attempt < 3 && e.contains("Address already in use") => {
                     eprintln!("a node's port was taken meanwhile; new ports (attempt {attempt})");
@@ -183,16 +184,19 @@ impl Group {
         name: &str,
         arena: &str,
         etcd: Option<&str>,
-        extra: &dyn Fn(usize) -> String,
+        extra: &str,
+        resp: bool,
     ) -> Result<Group, String> {
         let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let coord = EmbeddedServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addrs: Vec<SocketAddr> = free_ports(2)
-            .into_iter()
+        let ports = free_ports(if resp { 4 } else { 2 });
+        let addrs: Vec<SocketAddr> = ports[..2]
+            .iter()
             .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
             .collect();
+        let resp_ports = ports[2..].to_vec();
         let mut nodes = Vec::new();
         for i in 0..2 {
             let cfg = dir.join(format!("node{}.toml", i + 1));
@@ -205,7 +209,10 @@ impl Group {
                     i + 1,
                     addrs[i],
                     addrs[1 - i],
-                    extra(i),
+                    match resp_ports.get(i) {
+                        Some(p) => format!("{extra}\nresp = \"127.0.0.1:{p}\""),
+                        None => extra.to_string(),
+                    },
                     match etcd {
                         None => format!("kind = \"embedded\"\naddr = \"{}\"", coord.addr()),
                         Some(url) => format!("kind = \"etcd\"\nendpoints = [\"{url}\"]"),
@@ -227,6 +234,7 @@ impl Group {
             _coord: coord,
             nodes,
             addrs,
+            resp: resp_ports,
             probe,
         };
         g.wait_redundant(Duration::from_secs(30), 0);
@@ -1112,11 +1120,16 @@ fn keys_are_found_one_sided_on_both_nodes() {
     let epoch = g.epoch();
     let pr = g.primary();
     g.nodes[(pr - 1) as usize].kill();
+    let deadline = Instant::now() + Duration::from_secs(20);
     let np = loop {
         let p = g.primary();
         if p != pr {
             break p;
         }
+        assert!(
+            Instant::now() < deadline,
+            "no failover after killing node {pr}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_ne!(np, pr);
@@ -1184,12 +1197,9 @@ fn keys_are_found_one_sided_on_both_nodes() {
 /// primary it was written to).
 #[test]
 fn redis_tools_work_against_the_resp_front_door() {
-    let ports = free_ports(2);
-    let mut g = Group::with_node_config("resp", "16MiB", None, &|i| {
-        format!("resp = \"127.0.0.1:{}\"", ports[i])
-    });
+    let mut g = Group::with_resp("resp", "16MiB");
     let pr = g.primary();
-    let (p, s) = (ports[pr as usize - 1], ports[2 - pr as usize]);
+    let (p, s) = (g.resp[pr as usize - 1], g.resp[2 - pr as usize]);
     let cli = |port: u16, args: &[&str]| -> String {
         let out = Command::new("redis-cli")
             .args(["-p", &port.to_string()])
@@ -1225,20 +1235,88 @@ fn redis_tools_work_against_the_resp_front_door() {
     );
     assert!(cli(p, &["set", "t", "v", "ex", "10"]).contains("TTLs are not supported"));
     assert!(cli(p, &["get"]).contains("wrong number of arguments"));
-    // The secondary: a write names the primary; redis-cli -c follows.
-    assert_eq!(cli(s, &["set", "x", "y"]), format!("MOVED 0 127.0.0.1:{p}"));
+    // The secondary: a write names the primary and the key's cluster
+    // slot; redis-cli -c follows.
+    let slot = softrdma_store::resp::key_slot(b"x");
+    assert_eq!(
+        cli(s, &["set", "x", "y"]),
+        format!("MOVED {slot} 127.0.0.1:{p}")
+    );
     assert_eq!(cli(s, &["-c", "set", "x", "y"]), "OK");
     assert_eq!(cli(s, &["get", "x"]), "y");
     assert!(cli(s, &["info", "replication"]).contains("role:slave"));
-    // A protocol error ends the connection with a clear error.
-    {
+    // The exact bytes, requests pipelined in one write (redis-cli shows
+    // a nil and an empty string alike): answered in order, as Redis
+    // answers them; an inline command among them.
+    let raw = |port: u16, req: &[u8]| -> Vec<u8> {
         use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
-        c.write_all(b"*1\r\n:oops\r\n").unwrap();
-        let mut r = String::new();
-        c.read_to_string(&mut r).unwrap();
-        assert!(r.starts_with("-ERR Protocol error"), "{r}");
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(req).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut r = Vec::new();
+        c.read_to_end(&mut r).unwrap();
+        r
+    };
+    let cmd = |args: &[&[u8]]| -> Vec<u8> {
+        let mut b = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            b.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            b.extend_from_slice(a);
+            b.extend_from_slice(b"\r\n");
+        }
+        b
+    };
+    let mut req = Vec::new();
+    for c in [
+        &[&b"SET"[..], b"p1", b"v1"][..],
+        &[b"GET", b"p1"],
+        &[b"GET", b"missing"],
+        &[b"SET", b"p1", b"x", b"NX"],
+        &[b"SET", b"p2", b"", b"XX"],
+        &[b"MGET", b"p1", b"missing", b""],
+        &[b"EXISTS", b"p1", b"p1", b"missing"],
+        &[b"DEL", b"missing"],
+    ] {
+        req.extend(cmd(c));
     }
+    req.extend_from_slice(b"PING\r\n");
+    assert_eq!(
+        String::from_utf8_lossy(&raw(p, &req)),
+        "+OK\r\n$2\r\nv1\r\n$-1\r\n$-1\r\n$-1\r\n*3\r\n$2\r\nv1\r\n$-1\r\n$-1\r\n\
+         :2\r\n:0\r\n+PONG\r\n"
+    );
+    // A request of many reads (100 values of 4,000 bytes) and a reply
+    // far larger than the front door buffers (an MGET of 1,000 of them):
+    // every value, in order.
+    let vals: Vec<Vec<u8>> = (0..100u32)
+        .map(|i| (0..4000).map(|j| (i * 7 + j) as u8).collect())
+        .collect();
+    let names: Vec<Vec<u8>> = (0..100).map(|i| format!("big{i}").into_bytes()).collect();
+    let mut mset: Vec<&[u8]> = vec![b"MSET"];
+    for (k, v) in names.iter().zip(&vals) {
+        mset.push(k);
+        mset.push(v);
+    }
+    let mut mget: Vec<&[u8]> = vec![b"MGET"];
+    for i in 0..1000 {
+        mget.push(&names[i % 100]);
+    }
+    let mut req = cmd(&mset);
+    req.extend(cmd(&mget));
+    let mut want = b"+OK\r\n*1000\r\n".to_vec();
+    for i in 0..1000 {
+        want.extend_from_slice(b"$4000\r\n");
+        want.extend_from_slice(&vals[i % 100]);
+        want.extend_from_slice(b"\r\n");
+    }
+    assert!(raw(p, &req) == want, "MSET + MGET of 1,000 values");
+    // A protocol error ends the connection with a clear error.
+    let r = raw(p, b"*1\r\n:oops\r\n");
+    assert!(r.starts_with(b"-ERR Protocol error"), "{r:?}");
+    // So does a request whose length passes the limit, before its bytes
+    // come.
+    let r = raw(p, format!("*1\r\n${}\r\n", 64 << 20).as_bytes());
+    assert!(r.starts_with(b"-ERR Protocol error"), "{r:?}");
     // redis-benchmark completes against the primary (whose writes are
     // replicated to the secondary) and reads through the secondary; its
     // SETs on the secondary stop at the redirection, as they stop at
@@ -1270,8 +1348,9 @@ fn redis_tools_work_against_the_resp_front_door() {
         "{out:?}"
     );
     let out = bench(s, "set");
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains(&format!("MOVED 0 127.0.0.1:{p}")),
+        err.contains("MOVED ") && err.contains(&format!(" 127.0.0.1:{p}")),
         "{out:?}"
     );
     // The RESP write was replicated: it survives its primary.

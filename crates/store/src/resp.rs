@@ -4,19 +4,30 @@
 //!
 //! A request is an array of bulk strings (`*2\r\n$3\r\nGET\r\n$1\r\na\r\n`,
 //! what every client library, `redis-cli` and `redis-benchmark` send) or an
-//! inline command (`PING\r\n`, typed by hand over telnet). [`parse`] takes
-//! the bytes received so far and returns the first whole request and the
-//! bytes it used, `Ok(None)` while it is incomplete, or an error for bytes
-//! that are not RESP; Redis then answers `-ERR Protocol error: ...` and
-//! closes the connection, and so does the front door. Lengths are checked
-//! against [`MAX_ARGS`] and [`MAX_BULK`] before anything is allocated, so
-//! a hostile length cannot make the server reserve memory.
+//! inline command (`PING\r\n`, typed by hand over telnet). A [`Decoder`]
+//! takes the bytes received so far and returns the first whole request and
+//! the bytes it used, `Ok(None)` while it is incomplete, or an error for
+//! bytes that are not RESP; Redis then answers `-ERR Protocol error: ...`
+//! and closes the connection, and so does the front door.
+//!
+//! Bounds, each checked before anything is allocated or scanned again:
+//! [`MAX_ARGS`] arguments, [`MAX_BULK`] bytes per argument, [`MAX_REQUEST`]
+//! bytes per request (Redis's `client-query-buffer-limit`), [`MAX_INLINE`]
+//! bytes per inline line. The decoder remembers how far into an incomplete
+//! request it got, so a large request that arrives in many reads is
+//! examined once, not again after every read. [`parse`] is the same
+//! without memory, for one buffer.
 
 /// Most arguments in one request.
 pub const MAX_ARGS: usize = 1 << 20;
-/// Longest argument (Redis's `proto-max-bulk-len` is 512 MiB; a store
-/// value is at most a client message).
-pub const MAX_BULK: usize = 64 << 20;
+/// Longest argument. Redis's `proto-max-bulk-len` is 512 MiB; a store
+/// value is at most `net::link::MAX_VALUE` (32,512 bytes), so a longer
+/// value is answered with a clear error up to this length and is a
+/// protocol error beyond it.
+pub const MAX_BULK: usize = 1 << 20;
+/// Largest request (all its arguments and their framing): an `MSET` of
+/// about 500 values of the largest size.
+pub const MAX_REQUEST: usize = 16 << 20;
 /// Longest inline command line.
 pub const MAX_INLINE: usize = 64 << 10;
 
@@ -38,6 +49,9 @@ pub enum RespError {
     /// A bulk string not followed by CRLF.
     #[error("bulk string not terminated by CRLF")]
     BadTerminator,
+    /// A request larger than [`MAX_REQUEST`].
+    #[error("request larger than {MAX_REQUEST} bytes")]
+    TooBig,
     /// An inline line too long, or with unbalanced quotes.
     #[error("{0}")]
     Inline(&'static str),
@@ -78,74 +92,142 @@ fn number(b: &[u8], lo: i64, hi: i64, what: &'static str) -> Result<i64, RespErr
     Ok(v)
 }
 
-/// The first whole request in `b`: its arguments and the bytes it took.
-/// `Ok(None)`: more bytes are needed. An empty request (a blank inline
-/// line, `*0`) has no arguments; the caller ignores it.
+/// The first whole request in `b` (see [`Decoder::decode`]), for one
+/// buffer: nothing is remembered between calls.
 pub fn parse(b: &[u8]) -> Result<Option<Parsed>, RespError> {
-    match b.first() {
-        None => Ok(None),
-        Some(b'*') => parse_multibulk(b),
-        Some(_) => parse_inline(b),
-    }
+    Decoder::default().decode(b)
 }
 
-fn parse_multibulk(b: &[u8]) -> Result<Option<Parsed>, RespError> {
-    let Some(end) = line_end(b, 1) else {
-        if b.len() > 32 {
-            return Err(RespError::BadLength { what: "multibulk" });
-        }
-        return Ok(None);
-    };
-    let n = number(&b[1..end], -1, MAX_ARGS as i64, "multibulk")?;
-    let mut at = end + 2;
-    if n <= 0 {
-        return Ok(Some((Vec::new(), at)));
-    }
-    // Each argument takes at least 6 bytes ("$0\r\n\r\n"): no more is
-    // reserved than the bytes at hand could hold.
-    let mut args = Vec::with_capacity((n as usize).min(b.len() / 6 + 1));
-    for _ in 0..n {
-        let Some(&first) = b.get(at) else {
-            return Ok(None);
+/// The requests of one connection, decoded as its bytes arrive.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    state: State,
+}
+
+#[derive(Debug, Default)]
+enum State {
+    /// At the start of a request.
+    #[default]
+    Start,
+    /// Inside a multibulk request: the arguments so far, how many there
+    /// will be, and where the next one begins.
+    Multibulk {
+        args: Vec<Vec<u8>>,
+        want: usize,
+        at: usize,
+    },
+    /// Inside an inline line: bytes already searched for its newline.
+    Inline { searched: usize },
+}
+
+impl Decoder {
+    /// The first whole request in `b`, the connection's bytes not yet
+    /// used: its arguments and the bytes it took; `Ok(None)`: more bytes
+    /// are needed. Between a call that answered `Ok(None)` and the next,
+    /// the caller may only append to `b` (the decoder goes on where it
+    /// stopped); after a request or an error it starts afresh. An empty
+    /// request (a blank inline line, `*0`) has no arguments; the caller
+    /// ignores it.
+    pub fn decode(&mut self, b: &[u8]) -> Result<Option<Parsed>, RespError> {
+        let r = match std::mem::take(&mut self.state) {
+            State::Start => match b.first() {
+                None => Ok(None),
+                Some(b'*') => self.multibulk_header(b),
+                Some(_) => self.inline(b, 0),
+            },
+            State::Multibulk { args, want, at } => self.bulks(b, args, want, at),
+            State::Inline { searched } => self.inline(b, searched),
         };
-        if first != b'$' {
-            return Err(RespError::ExpectedBulk(first as char));
+        if r.is_err() {
+            self.state = State::Start;
         }
-        let Some(end) = line_end(b, at + 1) else {
-            if b.len() - at > 32 {
-                return Err(RespError::BadLength { what: "bulk" });
+        r
+    }
+
+    fn multibulk_header(&mut self, b: &[u8]) -> Result<Option<Parsed>, RespError> {
+        let Some(end) = line_end(b, 1) else {
+            if b.len() > 32 {
+                return Err(RespError::BadLength { what: "multibulk" });
             }
             return Ok(None);
         };
-        let len = number(&b[at + 1..end], 0, MAX_BULK as i64, "bulk")? as usize;
-        let start = end + 2;
-        if b.len() < start + len + 2 {
-            return Ok(None);
+        let n = number(&b[1..end], -1, MAX_ARGS as i64, "multibulk")?;
+        let at = end + 2;
+        if n <= 0 {
+            return Ok(Some((Vec::new(), at)));
         }
-        if &b[start + len..start + len + 2] != b"\r\n" {
-            return Err(RespError::BadTerminator);
-        }
-        args.push(b[start..start + len].to_vec());
-        at = start + len + 2;
+        // Each argument takes at least 6 bytes ("$0\r\n\r\n"): no more is
+        // reserved than the bytes at hand could hold.
+        let args = Vec::with_capacity((n as usize).min(b.len() / 6 + 1));
+        self.bulks(b, args, n as usize, at)
     }
-    Ok(Some((args, at)))
-}
 
-/// An inline command: words separated by spaces, with Redis's quoting
-/// (`"..."` with `\n`, `\xHH` escapes, `'...'` literal).
-fn parse_inline(b: &[u8]) -> Result<Option<Parsed>, RespError> {
-    let Some(nl) = b.iter().position(|&c| c == b'\n') else {
-        if b.len() > MAX_INLINE {
+    fn bulks(
+        &mut self,
+        b: &[u8],
+        mut args: Vec<Vec<u8>>,
+        want: usize,
+        mut at: usize,
+    ) -> Result<Option<Parsed>, RespError> {
+        while args.len() < want {
+            let Some(&first) = b.get(at) else {
+                self.state = State::Multibulk { args, want, at };
+                return Ok(None);
+            };
+            if first != b'$' {
+                return Err(RespError::ExpectedBulk(first as char));
+            }
+            let Some(end) = line_end(b, at + 1) else {
+                if b.len() - at > 32 {
+                    return Err(RespError::BadLength { what: "bulk" });
+                }
+                self.state = State::Multibulk { args, want, at };
+                return Ok(None);
+            };
+            let len = number(&b[at + 1..end], 0, MAX_BULK as i64, "bulk")? as usize;
+            let start = end + 2;
+            if start + len + 2 > MAX_REQUEST {
+                return Err(RespError::TooBig);
+            }
+            if b.len() < start + len + 2 {
+                self.state = State::Multibulk { args, want, at };
+                return Ok(None);
+            }
+            if &b[start + len..start + len + 2] != b"\r\n" {
+                return Err(RespError::BadTerminator);
+            }
+            args.push(b[start..start + len].to_vec());
+            at = start + len + 2;
+        }
+        Ok(Some((args, at)))
+    }
+
+    /// An inline command: words separated by spaces, with Redis's quoting
+    /// (`"..."` with `\n`, `\xHH` escapes; `'...'` with `\'`).
+    fn inline(&mut self, b: &[u8], searched: usize) -> Result<Option<Parsed>, RespError> {
+        let from = searched.min(b.len());
+        let Some(nl) = b[from..].iter().position(|&c| c == b'\n').map(|p| from + p) else {
+            if b.len() > MAX_INLINE {
+                return Err(RespError::Inline("too big inline request"));
+            }
+            self.state = State::Inline { searched: b.len() };
+            return Ok(None);
+        };
+        if nl > MAX_INLINE {
             return Err(RespError::Inline("too big inline request"));
         }
-        return Ok(None);
-    };
-    let mut line = &b[..nl];
-    if line.last() == Some(&b'\r') {
-        line = &line[..line.len() - 1];
+        let mut line = &b[..nl];
+        if line.last() == Some(&b'\r') {
+            line = &line[..line.len() - 1];
+        }
+        let args = split_args(line).ok_or(RespError::Inline("unbalanced quotes in request"))?;
+        Ok(Some((args, nl + 1)))
     }
-    let args = split_args(line).ok_or(RespError::Inline("unbalanced quotes in request"))?;
-    Ok(Some((args, nl + 1)))
+}
+
+/// Redis's `isspace`: ASCII whitespace and vertical tab.
+fn space(c: u8) -> bool {
+    c.is_ascii_whitespace() || c == 0x0b
 }
 
 fn hex(c: u8) -> Option<u8> {
@@ -156,7 +238,7 @@ fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
     let mut out = Vec::new();
     let mut i = 0;
     loop {
-        while i < line.len() && line[i].is_ascii_whitespace() {
+        while i < line.len() && space(line[i]) {
             i += 1;
         }
         if i == line.len() {
@@ -176,7 +258,8 @@ fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                         b'\\' => {
                             let e = *line.get(i + 1)?;
                             if e == b'x' {
-                                let (h, l) = (hex(*line.get(i + 2)?), hex(*line.get(i + 3)?));
+                                let h = line.get(i + 2).and_then(|&c| hex(c));
+                                let l = line.get(i + 3).and_then(|&c| hex(c));
                                 if let (Some(h), Some(l)) = (h, l) {
                                     cur.push(h << 4 | l);
                                     i += 4;
@@ -200,7 +283,7 @@ fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                     }
                 }
                 // A closing quote must end the word.
-                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                if line.get(i).is_some_and(|&c| !space(c)) {
                     return None;
                 }
             }
@@ -208,24 +291,26 @@ fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                 i += 1;
                 loop {
                     let c = *line.get(i)?;
+                    // Redis: `\'` inside single quotes is a quote; every
+                    // other byte, a backslash included, is itself.
+                    if c == b'\\' && line.get(i + 1) == Some(&b'\'') {
+                        cur.push(b'\'');
+                        i += 2;
+                        continue;
+                    }
                     if c == b'\'' {
-                        if line.get(i + 1) == Some(&b'\'') {
-                            cur.push(b'\'');
-                            i += 2;
-                            continue;
-                        }
                         i += 1;
                         break;
                     }
                     cur.push(c);
                     i += 1;
                 }
-                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                if line.get(i).is_some_and(|&c| !space(c)) {
                     return None;
                 }
             }
             _ => {
-                while i < line.len() && !line[i].is_ascii_whitespace() {
+                while i < line.len() && !space(line[i]) {
                     cur.push(line[i]);
                     i += 1;
                 }
@@ -233,6 +318,36 @@ fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
         }
         out.push(cur);
     }
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of the key, or of its
+/// `{hash tag}` when it has a non-empty one, modulo 16,384. The front
+/// door names it in `-MOVED` redirections, as a cluster node does.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&c| c == b'{').and_then(|s| {
+        let rest = &key[s + 1..];
+        match rest.iter().position(|&c| c == b'}') {
+            Some(e) if e > 0 => Some(&rest[..e]),
+            _ => None,
+        }
+    });
+    crc16(tagged.unwrap_or(key)) & 0x3fff
+}
+
+/// CRC16/XMODEM (polynomial 0x1021, initial value 0), Redis Cluster's.
+fn crc16(b: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &x in b {
+        crc ^= (x as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
 }
 
 /// One reply.

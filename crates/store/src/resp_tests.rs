@@ -38,7 +38,7 @@ fn requests_as_clients_send_them() {
     // Inline, as typed over telnet, with Redis's quoting.
     assert_eq!(parse(b"PING\r\n").unwrap(), Some((words(&["PING"]), 6)));
     assert_eq!(
-        parse(b"set k \"a b\\x41\\n\" 'it''s'\n")
+        parse(b"set k \"a b\\x41\\n\" 'it\\'s' 'a\\b' \"\\x\" \"\\xZ1\"\n")
             .unwrap()
             .unwrap()
             .0,
@@ -46,7 +46,10 @@ fn requests_as_clients_send_them() {
             b"set".to_vec(),
             b"k".to_vec(),
             b"a bA\n".to_vec(),
-            b"it's".to_vec()
+            b"it's".to_vec(),
+            b"a\\b".to_vec(),
+            b"x".to_vec(),
+            b"xZ1".to_vec()
         ]
     );
     assert_eq!(parse(b"\r\n").unwrap(), Some((vec![], 2)));
@@ -76,6 +79,24 @@ fn what_is_not_resp_is_refused() {
     assert_eq!(parse(&[b'a'; 100]).unwrap(), None);
     // A huge count in a few bytes reserves nothing: it waits for bytes.
     assert_eq!(parse(b"*1000000\r\n$1\r\n").unwrap(), None);
+    // An argument longer than MAX_BULK, or one that would take the
+    // request past MAX_REQUEST, is refused on its length line, before its
+    // bytes arrive.
+    assert!(parse(format!("*1\r\n${}\r\n", MAX_BULK + 1).as_bytes()).is_err());
+    let mut big = b"*40\r\n".to_vec();
+    for _ in 0..(MAX_REQUEST / MAX_BULK - 1) {
+        big.extend_from_slice(format!("${MAX_BULK}\r\n").as_bytes());
+        big.resize(big.len() + MAX_BULK, b'v');
+        big.extend_from_slice(b"\r\n");
+    }
+    let cut = big.len();
+    big.extend_from_slice(format!("${MAX_BULK}\r\n").as_bytes());
+    assert_eq!(parse(&big[..cut]).unwrap(), None);
+    assert_eq!(parse(&big), Err(RespError::TooBig));
+    // An inline line that does end, but past MAX_INLINE.
+    let mut long = vec![b'a'; MAX_INLINE + 1];
+    long.push(b'\n');
+    assert!(parse(&long).is_err());
 }
 
 #[test]
@@ -102,6 +123,7 @@ proptest! {
     fn split_anywhere_then_whole(
         args in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..6),
         extra in prop::collection::vec(any::<u8>(), 0..10),
+        step in 1usize..50,
     ) {
         let b = multibulk(&args);
         for cut in 0..b.len() {
@@ -109,7 +131,39 @@ proptest! {
         }
         let mut more = b.clone();
         more.extend(&extra);
-        prop_assert_eq!(parse(&more), Ok(Some((args, b.len()))));
+        prop_assert_eq!(parse(&more), Ok(Some((args.clone(), b.len()))));
+        // The same bytes arriving in pieces through one decoder (it goes
+        // on where it stopped): the same request, then the next.
+        let mut stream = b.clone();
+        stream.extend(multibulk(&[b"PING".to_vec()]));
+        let mut d = Decoder::default();
+        let mut got = Vec::new();
+        let mut buf: Vec<u8> = Vec::new();
+        for piece in stream.chunks(step) {
+            buf.extend_from_slice(piece);
+            while let Some((a, used)) = d.decode(&buf).unwrap() {
+                got.push(a);
+                buf.drain(..used);
+            }
+        }
+        prop_assert!(buf.is_empty());
+        prop_assert_eq!(got, vec![args, vec![b"PING".to_vec()]]);
+    }
+
+    /// Inline lines fed in pieces: the same as in one buffer.
+    #[test]
+    fn inline_in_pieces(words in prop::collection::vec("[a-z]{1,8}", 1..5), step in 1usize..7) {
+        let line = format!("{}\r\n", words.join(" "));
+        let mut d = Decoder::default();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut got = None;
+        for piece in line.as_bytes().chunks(step) {
+            prop_assert!(got.is_none());
+            buf.extend_from_slice(piece);
+            got = d.decode(&buf).unwrap();
+        }
+        let want: Vec<Vec<u8>> = words.iter().map(|w| w.as_bytes().to_vec()).collect();
+        prop_assert_eq!(got, Some((want, line.len())));
     }
 
     #[test]
@@ -132,4 +186,17 @@ proptest! {
             prop_assert!(used <= b.len());
         }
     }
+}
+
+#[test]
+fn key_slots_are_redis_clusters() {
+    // CRC16/XMODEM's check value, and slots as Redis Cluster gives them
+    // (`redis-cli -c set foo bar` is redirected to slot 12182).
+    assert_eq!(crc16(b"123456789"), 0x31c3);
+    assert_eq!(key_slot(b"foo"), 12182);
+    assert_eq!(key_slot(b"{foo}.bar"), 12182);
+    assert_eq!(key_slot(b"x{foo}"), 12182);
+    // An empty tag is no tag: the whole key counts.
+    assert_eq!(key_slot(b"{}foo"), crc16(b"{}foo") & 0x3fff);
+    assert!(key_slot(b"") < 16384);
 }

@@ -128,6 +128,10 @@ struct Slot {
 /// same-host ([`Endpoint::spin`]).
 const CLIENT_SPIN: Duration = Duration::from_micros(100);
 
+/// Key -> pointer entries a client caches (at most about 1 GiB with keys
+/// of the largest size, a few tens of MiB with typical ones).
+pub const CACHE_ENTRIES: usize = 1 << 20;
+
 /// A client of one replica group.
 pub struct StoreClient {
     cfg: ClientConfig,
@@ -143,7 +147,7 @@ pub struct StoreClient {
     read_mr: Option<MemoryRegion>,
     /// Key -> (arena offset, allocation length) of its object as last
     /// seen: a hit costs one Read; a stale entry is detected by the key in
-    /// the object's header (`lookup`).
+    /// the object's header (`lookup`). At most [`CACHE_ENTRIES`].
     cache: HashMap<Vec<u8>, (u64, u32)>,
     /// The key index's layout, read once from the arena's superblock.
     layout: Option<Layout>,
@@ -674,9 +678,24 @@ impl StoreClient {
 
     fn remember(&mut self, key: &[u8], ptr: RemotePtr) {
         if let Some(a) = self.arena {
-            self.cache
-                .insert(key.to_vec(), (ptr.addr - a.base, ptr.len));
+            self.cache_put(key, (ptr.addr - a.base, ptr.len));
         }
+    }
+
+    /// Caches `key`'s object (arena offset, allocation length); at most
+    /// [`CACHE_ENTRIES`] entries: a new key then takes an arbitrary old
+    /// one's place (a forgotten key costs its next get one more Read).
+    fn cache_put(&mut self, key: &[u8], at: (u64, u32)) {
+        if let Some(e) = self.cache.get_mut(key) {
+            *e = at;
+            return;
+        }
+        if self.cache.len() >= CACHE_ENTRIES {
+            if let Some(old) = self.cache.keys().next().cloned() {
+                self.cache.remove(&old);
+            }
+        }
+        self.cache.insert(key.to_vec(), at);
     }
 
     /// Forgets every cached key -> pointer entry (the next get of each key
@@ -835,7 +854,7 @@ impl StoreClient {
                 self.stats.keyed_one_sided_at[self.target.min(3)] += 1;
                 self.stats.one_sided_reads += 1;
                 self.stats.cache_hits += one_read as u64;
-                self.cache.insert(key.to_vec(), (offset, len));
+                self.cache_put(key, (offset, len));
                 Some(Some(data))
             }
             Outcome::Absent => {

@@ -3,11 +3,21 @@
 //! `redis-cli`, `redis-benchmark` and Redis client libraries work
 //! unchanged.
 //!
-//! Each connection is served by a thread with its own [`StoreClient`]
-//! whose first node is this node: a RESP command is a store request like
-//! any other (writes go through the primary's replication path and are
-//! answered once replicated; reads are one-sided look-ups of the primary's
-//! arena), so it keeps every guarantee of the native protocol. Commands:
+//! Each connection is served by a thread (at most [`MAX_CLIENTS`]). A
+//! RESP command is a store request like any other, so it keeps every
+//! guarantee of the native protocol: a write enters this node's loop
+//! through its event queue ([`Front::request`]), the path a client's
+//! message takes without the network, and is answered once replicated
+//! (if that answer does not come, it is retried under the same request id
+//! through a client of the connection's own, and takes effect once); a
+//! read on the primary is the one-sided look-up run on the node's own
+//! arena, each copy checked against the arena STag's validity and lease
+//! deadline as a remote Read is ([`Front::read`]). What this node cannot
+//! answer itself (reads while it is not the primary, `KEYS`, `SCAN`, the
+//! peers' status) goes through a few [`StoreClient`]s shared by all
+//! connections. Replies are written out as they pile up (a pipeline, a
+//! long `MGET` step by step), so a connection holds at most a request
+//! ([`resp::MAX_REQUEST`]) and a few hundred KiB of replies. Commands:
 //!
 //! | command | store operation |
 //! |---|---|
@@ -16,26 +26,29 @@
 //! | `SETNX k v` | `put` IfAbsent: `:1` / `:0` |
 //! | `DEL k...`, `UNLINK k...` | `remove` each: the count that existed |
 //! | `EXISTS k...` | batched look-ups: the count found |
-//! | `MGET k...` | `get_many` (look-ups side by side, Reads batched) |
+//! | `MGET k...` | look-ups in steps of 64 keys (on a secondary: `get_many`, Reads batched) |
 //! | `MSET k v ...` | `put` each, in order (**not atomic** across keys: a failure part-way leaves the earlier keys set, and the error says how many) |
 //! | `KEYS p`, `SCAN c [MATCH p] [COUNT n]` | `scan` of the committed index |
 //! | `DBSIZE` | keys in the index (`status`) |
 //! | `INFO [section]` | role, epoch, redundancy, keys, arena use |
 //! | `WAIT n t` | at once: `:1` while the group is redundant, else `:0` (every write is acknowledged only once replicated, or, under `min_in_sync_replicas = 0` with the group degraded, held by the primary alone, which this reports) |
-//! | `PING`, `ECHO`, `SELECT 0`, `QUIT`, `COMMAND`, `CONFIG GET`, `CLIENT SETNAME\|SETINFO` | what clients send when they connect |
+//! | `PING`, `ECHO`, `SELECT 0`, `QUIT`, `COMMAND [COUNT\|DOCS\|INFO]`, `CONFIG GET save\|appendonly`, `CLIENT SETNAME\|GETNAME\|ID\|SETINFO` | what clients send when they connect |
 //!
 //! Anything else is answered `-ERR unknown command '...'`, as Redis does;
 //! bytes that are not RESP get `-ERR Protocol error: ...` and the
 //! connection is closed. A write sent to a node that is not the primary
-//! is answered `-MOVED 0 HOST:PORT` naming the primary's RESP address
-//! (`redis-cli -c` follows it), or `-READONLY` when no primary is known;
+//! is answered `-MOVED SLOT HOST:PORT` naming the key's cluster slot and
+//! the primary's RESP address (`redis-cli -c` follows it; the host is the
+//! primary's store address, the port its RESP port), or `-READONLY` when
+//! no primary is known;
 //! reads on any node are served (through the primary's arena). Values
 //! are at most `net::link::MAX_VALUE` bytes, keys 1 to 1,024 bytes, and
 //! TTLs (`EX`, `PX`, ...) are refused: the store does not expire keys.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
@@ -45,7 +58,7 @@ use super::server::Front;
 use crate::index::Layout;
 use crate::lookup::{Lookup, Outcome, Step};
 use crate::proto::{self, Cond, Op, StatusInfo, StoreError};
-use crate::resp::{self, Reply};
+use crate::resp::{self, Decoder, Reply};
 
 /// How long a node's role, as the front door last asked, is trusted
 /// before a write asks again.
@@ -55,6 +68,30 @@ const ROLE_TTL: Duration = Duration::from_millis(100);
 /// again through a client (same request id: it takes effect once).
 const FRONT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Connections served at once (Redis's `maxclients` is 10,000; each
+/// connection here is a thread). One more is answered with Redis's error
+/// and closed.
+pub const MAX_CLIENTS: usize = 1000;
+
+/// Replies are written out once this many bytes wait (a pipeline of many
+/// requests, or a long `MGET`, never holds more than about this much).
+const FLUSH_AT: usize = 256 << 10;
+
+/// A client that does not read its replies for this long is disconnected.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Keys per step of `MGET`/`EXISTS` (their values are encoded and written
+/// out step by step).
+const MGET_STEP: usize = 4 * super::link::READ_BATCH;
+
+/// Key -> pointer entries one connection keeps.
+const SESSION_CACHE: usize = 16 << 10;
+
+/// Store clients shared by all connections, for what this node cannot
+/// answer from its own arena (reads while it is not the primary, `KEYS`,
+/// `SCAN`, the peers' status).
+const POOL: usize = 4;
+
 struct Shared {
     /// This node first, then its peers (store addresses).
     nodes: Vec<SocketAddr>,
@@ -62,6 +99,50 @@ struct Shared {
     front: Arc<Front>,
     /// (when asked, this node's status, the primary's RESP address).
     role: Mutex<Option<(Instant, StatusInfo, Option<SocketAddr>)>>,
+    /// Connections open now.
+    conns: AtomicUsize,
+    /// Connections ever accepted (`CLIENT ID`).
+    accepted: AtomicU64,
+    pool: Mutex<Pool>,
+    pool_free: Condvar,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Vec<StoreClient>,
+    made: usize,
+}
+
+impl Shared {
+    /// Runs `f` with a client of the pool (made when fewer than [`POOL`]
+    /// exist, else waited for).
+    fn pooled<R>(&self, f: impl FnOnce(&mut StoreClient) -> R) -> Result<R, Reply> {
+        let mut c = {
+            let mut p = self.pool.lock().expect("pool");
+            loop {
+                if let Some(c) = p.idle.pop() {
+                    break c;
+                }
+                if p.made < POOL {
+                    p.made += 1;
+                    drop(p);
+                    match StoreClient::new(ClientConfig::new(self.nodes.clone())) {
+                        Ok(c) => break c,
+                        Err(e) => {
+                            self.pool.lock().expect("pool").made -= 1;
+                            self.pool_free.notify_one();
+                            return Err(Reply::err(format!("ERR cannot reach the store: {e}")));
+                        }
+                    }
+                }
+                p = self.pool_free.wait(p).expect("pool");
+            }
+        };
+        let r = f(&mut c);
+        self.pool.lock().expect("pool").idle.push(c);
+        self.pool_free.notify_one();
+        Ok(r)
+    }
 }
 
 /// Serves RESP on `listener` for the node at `nodes[0]` (its peers
@@ -75,70 +156,136 @@ pub fn spawn(
         nodes,
         front,
         role: Mutex::new(None),
+        conns: AtomicUsize::new(0),
+        accepted: AtomicU64::new(0),
+        pool: Mutex::new(Pool::default()),
+        pool_free: Condvar::new(),
     });
     std::thread::Builder::new()
         .name("store-resp".into())
         .spawn(move || {
             for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
+                let mut conn = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of descriptors, most likely: let connections
+                        // end rather than spin on the error.
+                        tracing::warn!("RESP accept: {e}");
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                };
+                if shared.conns.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                    shared.conns.fetch_sub(1, Ordering::AcqRel);
+                    let _ = conn.write_all(b"-ERR max number of clients reached\r\n");
+                    continue;
+                }
+                let no = shared.accepted.fetch_add(1, Ordering::Relaxed) + 1;
                 let shared = shared.clone();
-                let _ = std::thread::Builder::new()
+                let s2 = shared.clone();
+                let spawned = std::thread::Builder::new()
                     .name("store-resp-conn".into())
-                    .spawn(move || serve_conn(conn, shared));
+                    .spawn(move || {
+                        serve_conn(conn, &shared, no);
+                        shared.conns.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    s2.conns.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         })?;
     Ok(())
 }
 
-fn serve_conn(mut conn: TcpStream, shared: Arc<Shared>) {
+/// A connection's replies, written out as they pile up.
+struct Out {
+    conn: TcpStream,
+    buf: Vec<u8>,
+    /// A write failed: the connection is done.
+    broken: bool,
+}
+
+impl Out {
+    fn reply(&mut self, r: &Reply) {
+        r.encode(&mut self.buf);
+        self.maybe_flush();
+    }
+
+    fn raw(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+        self.maybe_flush();
+    }
+
+    fn maybe_flush(&mut self) {
+        if self.buf.len() >= FLUSH_AT {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.broken && !self.buf.is_empty() && self.conn.write_all(&self.buf).is_err() {
+            self.broken = true;
+        }
+        self.buf.clear();
+    }
+}
+
+fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
     let _ = conn.set_nodelay(true);
+    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
+    let Ok(mut input) = conn.try_clone() else {
+        return;
+    };
     let mut session = Session {
-        shared,
-        client: None,
+        shared: shared.clone(),
+        retry: None,
         id: super::random_u64(),
+        no,
+        name: Vec::new(),
         req: 0,
         layout: None,
         cache: HashMap::new(),
     };
+    let mut out = Out {
+        conn,
+        buf: Vec::with_capacity(16 << 10),
+        broken: false,
+    };
+    let mut decoder = Decoder::default();
     let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
-    let mut out: Vec<u8> = Vec::with_capacity(16 << 10);
     let mut chunk = vec![0u8; 64 << 10];
     loop {
         let mut used = 0;
         let mut close = false;
         loop {
-            match resp::parse(&buf[used..]) {
+            match decoder.decode(&buf[used..]) {
                 Ok(Some((args, n))) => {
                     used += n;
                     if args.is_empty() {
                         continue;
                     }
-                    let (reply, quit) = session.exec(&args);
-                    reply.encode(&mut out);
-                    if quit {
+                    if session.exec(&args, &mut out) {
                         close = true;
                         break;
+                    }
+                    if out.broken {
+                        return;
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    Reply::err(format!("ERR Protocol error: {e}")).encode(&mut out);
+                    out.reply(&Reply::err(format!("ERR Protocol error: {e}")));
                     close = true;
                     break;
                 }
             }
         }
         buf.drain(..used);
-        if !out.is_empty() {
-            if conn.write_all(&out).is_err() {
-                return;
-            }
-            out.clear();
-        }
-        if close {
+        out.flush();
+        if close || out.broken {
             return;
         }
-        match conn.read(&mut chunk) {
+        match input.read(&mut chunk) {
             Ok(0) | Err(_) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
@@ -147,21 +294,41 @@ fn serve_conn(mut conn: TcpStream, shared: Arc<Shared>) {
 
 struct Session {
     shared: Arc<Shared>,
-    /// For what the node loop cannot answer here: reads while this node is
-    /// not the primary, retries of requests whose answer did not come.
-    client: Option<StoreClient>,
+    /// A client under this connection's id, made only to retry a write
+    /// whose answer did not come through the node loop (the same request
+    /// id then takes effect once).
+    retry: Option<StoreClient>,
     /// This connection's client id, on both paths.
     id: u64,
-    /// Request ids used before `client` existed.
+    /// `CLIENT ID`.
+    no: u64,
+    /// `CLIENT SETNAME`.
+    name: Vec<u8>,
+    /// Request ids used before `retry` existed.
     req: u64,
     /// The key index's layout, read from the local arena's superblock.
     layout: Option<Layout>,
-    /// Key -> (arena offset, allocation length), as in `StoreClient`.
+    /// Key -> (arena offset, allocation length), as in `StoreClient`; at
+    /// most [`SESSION_CACHE`] entries.
     cache: HashMap<Vec<u8>, (u64, u32)>,
 }
 
 fn upper(a: &[u8]) -> String {
     String::from_utf8_lossy(a).to_ascii_uppercase()
+}
+
+/// A key no store key can equal (empty, or longer than the limit): a
+/// read of it answers "absent", a write a clear error.
+fn impossible_key(key: &[u8]) -> bool {
+    key.is_empty() || key.len() > crate::object::MAX_KEY_LEN
+}
+
+/// A non-negative integer argument, or Redis's error for it.
+fn integer(a: &[u8]) -> Result<i64, Reply> {
+    std::str::from_utf8(a)
+        .ok()
+        .and_then(|t| t.parse::<i64>().ok())
+        .ok_or_else(|| Reply::err("ERR value is not an integer or out of range"))
 }
 
 fn store_err(e: ClientError) -> Reply {
@@ -188,21 +355,35 @@ fn wrong_args(cmd: &str) -> Reply {
     ))
 }
 
+fn unknown_subcommand(cmd: &str, sub: &[u8]) -> Reply {
+    Reply::err(format!(
+        "ERR unknown subcommand '{}'. Try {cmd} HELP.",
+        String::from_utf8_lossy(sub)
+    ))
+}
+
+/// The commands served (`COMMAND COUNT`).
+const COMMANDS: [&str; 20] = [
+    "PING", "ECHO", "QUIT", "SELECT", "COMMAND", "CLIENT", "CONFIG", "GET", "SET", "SETNX", "DEL",
+    "UNLINK", "EXISTS", "MGET", "MSET", "KEYS", "SCAN", "DBSIZE", "WAIT", "INFO",
+];
+
 impl Session {
-    fn client(&mut self) -> Result<&mut StoreClient, Reply> {
-        if self.client.is_none() {
+    /// The client that retries this connection's writes.
+    fn retry_client(&mut self) -> Result<&mut StoreClient, Reply> {
+        if self.retry.is_none() {
             let mut cfg = ClientConfig::new(self.shared.nodes.clone());
             cfg.id = Some(self.id);
             let mut c = StoreClient::new(cfg)
                 .map_err(|e| Reply::err(format!("ERR cannot reach the store: {e}")))?;
             c.skip_req_ids(self.req);
-            self.client = Some(c);
+            self.retry = Some(c);
         }
-        Ok(self.client.as_mut().expect("set above"))
+        Ok(self.retry.as_mut().expect("set above"))
     }
 
     fn next_req(&mut self) -> u64 {
-        match &mut self.client {
+        match &mut self.retry {
             Some(c) => c.next_req_id(),
             None => {
                 self.req += 1;
@@ -228,7 +409,9 @@ impl Session {
             | Some(Err(StoreError::StaleEpoch { .. }))
             | None => {
                 let _ = self.role(true);
-                self.client()?.request_as(req_id, op).map_err(store_err)
+                self.retry_client()?
+                    .request_as(req_id, op)
+                    .map_err(store_err)
             }
             Some(Err(e)) => Err(store_err(e.into())),
         }
@@ -239,16 +422,17 @@ impl Session {
     /// STag's validity and deadline); `None` if this node does not serve
     /// reads now or the look-up gave up.
     fn local_get(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
-        if key.is_empty() || key.len() > crate::object::MAX_KEY_LEN {
-            return None;
+        if impossible_key(key) {
+            return Some(None);
         }
         let front = self.shared.front.clone();
+        let arena_len = front.arena().len;
         if self.layout.is_none() {
             let mut sb = [0u8; crate::index::SUPERBLOCK_LEN as usize];
             if !front.read(0, &mut sb) {
                 return None;
             }
-            self.layout = Layout::from_superblock(&sb, front.arena().len).ok();
+            self.layout = Layout::from_superblock(&sb, arena_len).ok();
         }
         let layout = self.layout?;
         let cached = self.cache.get(key).copied();
@@ -257,6 +441,11 @@ impl Session {
         loop {
             match step {
                 Step::Read { offset, len } => {
+                    // Bounds first: a length is never trusted before it
+                    // is known to lie inside the arena.
+                    if offset.saturating_add(len as u64) > arena_len {
+                        return None;
+                    }
                     buf.resize(len as usize, 0);
                     if !front.read(offset, &mut buf) {
                         return None;
@@ -266,6 +455,9 @@ impl Session {
                 Step::Done(Outcome::Found {
                     offset, len, data, ..
                 }) => {
+                    if self.cache.len() >= SESSION_CACHE && !self.cache.contains_key(key) {
+                        self.cache.clear();
+                    }
                     self.cache.insert(key.to_vec(), (offset, len));
                     return Some(Some(data));
                 }
@@ -289,7 +481,6 @@ impl Session {
                 }
             }
         }
-        let nodes = self.shared.nodes.clone();
         let me = match self
             .shared
             .front
@@ -300,25 +491,29 @@ impl Session {
         };
         let mut primary = None;
         if me.role != proto::ROLE_PRIMARY {
-            let c = self.client()?;
-            for (i, addr) in nodes.iter().enumerate().skip(1) {
-                if let Ok(s) = c.status_of(i) {
-                    if s.role == proto::ROLE_PRIMARY && s.resp_port != 0 {
-                        primary = Some(SocketAddr::new(addr.ip(), s.resp_port));
+            let nodes = self.shared.nodes.clone();
+            self.shared.pooled(|c| {
+                for (i, addr) in nodes.iter().enumerate().skip(1) {
+                    if let Ok(s) = c.status_of(i) {
+                        if s.role == proto::ROLE_PRIMARY && s.resp_port != 0 {
+                            primary = Some(SocketAddr::new(addr.ip(), s.resp_port));
+                        }
                     }
                 }
-            }
+            })?;
         }
         *self.shared.role.lock().expect("role") = Some((Instant::now(), me.clone(), primary));
         Ok((me, primary))
     }
 
-    /// `None` if this node may take writes; else the redirection.
-    fn not_primary(&mut self) -> Option<Reply> {
+    /// `None` if this node may take writes of `key`; else the
+    /// redirection (`-MOVED slot host:port`, the key's cluster slot, so
+    /// that cluster-aware clients such as `redis-cli -c` follow it).
+    fn not_primary(&mut self, key: &[u8]) -> Option<Reply> {
         match self.role(false) {
             Err(r) => Some(r),
             Ok((s, _)) if s.role == proto::ROLE_PRIMARY => None,
-            Ok((_, Some(p))) => Some(Reply::err(format!("MOVED 0 {p}"))),
+            Ok((_, Some(p))) => Some(Reply::err(format!("MOVED {} {p}", resp::key_slot(key)))),
             Ok((s, None)) => Some(Reply::err(format!(
                 "READONLY this node is {}, not the primary, and no primary is known",
                 proto::role_name(s.role)
@@ -326,8 +521,9 @@ impl Session {
         }
     }
 
-    /// Runs one command: the reply, and whether to close the connection.
-    fn exec(&mut self, args: &[Vec<u8>]) -> (Reply, bool) {
+    /// Runs one command, its reply written to `out`; whether to close the
+    /// connection.
+    fn exec(&mut self, args: &[Vec<u8>], out: &mut Out) -> bool {
         let cmd = upper(&args[0]);
         let n = args.len();
         let reply = match cmd.as_str() {
@@ -337,30 +533,57 @@ impl Session {
                 _ => wrong_args(&cmd),
             },
             "ECHO" if n == 2 => Reply::Bulk(args[1].clone()),
-            "QUIT" => return (Reply::ok(), true),
-            "SELECT" if n == 2 => match args[1].as_slice() {
-                b"0" => Reply::ok(),
-                _ => Reply::err("ERR DB index is out of range"),
+            "QUIT" => {
+                out.reply(&Reply::ok());
+                return true;
+            }
+            "SELECT" if n == 2 => match integer(&args[1]) {
+                Ok(0) => Reply::ok(),
+                Ok(_) => Reply::err("ERR DB index is out of range"),
+                Err(r) => r,
             },
-            "COMMAND" => Reply::Array(Vec::new()),
-            "CLIENT" if n >= 2 && matches!(upper(&args[1]).as_str(), "SETNAME" | "SETINFO") => {
-                Reply::ok()
-            }
-            "CONFIG" if n == 3 && upper(&args[1]) == "GET" => {
-                match String::from_utf8_lossy(&args[2])
-                    .to_ascii_lowercase()
-                    .as_str()
-                {
-                    "save" => {
-                        Reply::Array(vec![Reply::Bulk(b"save".to_vec()), Reply::Bulk(Vec::new())])
-                    }
-                    "appendonly" => Reply::Array(vec![
-                        Reply::Bulk(b"appendonly".to_vec()),
-                        Reply::Bulk(b"no".to_vec()),
-                    ]),
-                    _ => Reply::Array(Vec::new()),
+            "COMMAND" if n == 1 => Reply::Array(Vec::new()),
+            "COMMAND" => match upper(&args[1]).as_str() {
+                // No command table: clients (redis-cli's hints) do
+                // without one.
+                "DOCS" | "INFO" => Reply::Array(Vec::new()),
+                "COUNT" if n == 2 => Reply::Int(COMMANDS.len() as i64),
+                _ => unknown_subcommand("COMMAND", &args[1]),
+            },
+            "CLIENT" if n >= 2 => match (upper(&args[1]).as_str(), n) {
+                ("SETNAME", 3) => {
+                    self.name = args[2].clone();
+                    Reply::ok()
                 }
-            }
+                ("GETNAME", 2) if self.name.is_empty() => Reply::Nil,
+                ("GETNAME", 2) => Reply::Bulk(self.name.clone()),
+                ("ID", 2) => Reply::Int(self.no as i64),
+                ("SETINFO", 4) => Reply::ok(),
+                ("SETNAME" | "GETNAME" | "ID" | "SETINFO", _) => Reply::err(format!(
+                    "ERR wrong number of arguments for 'client|{}' command",
+                    String::from_utf8_lossy(&args[1]).to_ascii_lowercase()
+                )),
+                _ => unknown_subcommand("CLIENT", &args[1]),
+            },
+            "CONFIG" if n >= 2 => match upper(&args[1]).as_str() {
+                // What redis-benchmark asks; the store has no such
+                // settings (no snapshots, no append-only file).
+                "GET" if n >= 3 => {
+                    let mut pairs = Vec::new();
+                    for p in &args[2..] {
+                        let v: &[u8] = match p.to_ascii_lowercase().as_slice() {
+                            b"save" => b"",
+                            b"appendonly" => b"no",
+                            _ => continue,
+                        };
+                        pairs.push(Reply::Bulk(p.to_ascii_lowercase()));
+                        pairs.push(Reply::Bulk(v.to_vec()));
+                    }
+                    Reply::Array(pairs)
+                }
+                "GET" => Reply::err("ERR wrong number of arguments for 'config|get' command"),
+                _ => unknown_subcommand("CONFIG", &args[1]),
+            },
             "GET" if n == 2 => self.get(&args[1]),
             "SET" if n >= 3 => self.set(args),
             "SETNX" if n == 3 => match self.put(&args[1], &args[2], Cond::IfAbsent) {
@@ -369,16 +592,37 @@ impl Session {
                 Err(r) => r,
             },
             "DEL" | "UNLINK" if n >= 2 => self.del(&args[1..]),
-            "EXISTS" if n >= 2 => match self.mget(&args[1..]) {
-                Ok(v) => Reply::Int(v.iter().filter(|r| **r != Reply::Nil).count() as i64),
-                Err(r) => r,
-            },
-            "MGET" if n >= 2 => match self.mget(&args[1..]) {
-                Ok(v) => Reply::Array(v),
-                Err(r) => r,
-            },
+            "EXISTS" if n >= 2 => {
+                let mut found = 0;
+                for step in args[1..].chunks(MGET_STEP) {
+                    match self.mget(step) {
+                        Ok(v) => found += v.iter().filter(|r| matches!(r, Reply::Bulk(_))).count(),
+                        Err(r) => {
+                            out.reply(&r);
+                            return false;
+                        }
+                    }
+                }
+                Reply::Int(found as i64)
+            }
+            "MGET" if n >= 2 => {
+                // Step by step, each step's values written out before the
+                // next is read: a long MGET never holds all its values.
+                // An error in a step answers its keys with the error.
+                out.raw(format!("*{}\r\n", n - 1).as_bytes());
+                for step in args[1..].chunks(MGET_STEP) {
+                    match self.mget(step) {
+                        Ok(v) => v.iter().for_each(|r| out.reply(r)),
+                        Err(r) => (0..step.len()).for_each(|_| out.reply(&r)),
+                    }
+                    if out.broken {
+                        return true;
+                    }
+                }
+                return false;
+            }
             "MSET" if n >= 3 && n % 2 == 1 => self.mset(&args[1..]),
-            "KEYS" if n == 2 => match self.client().map(|c| c.scan(&args[1])) {
+            "KEYS" if n == 2 => match self.shared.pooled(|c| c.scan(&args[1])) {
                 Ok(Ok(keys)) => Reply::Array(keys.into_iter().map(Reply::Bulk).collect()),
                 Ok(Err(e)) => store_err(e),
                 Err(r) => r,
@@ -388,13 +632,19 @@ impl Session {
                 Ok((s, _)) => Reply::Int(s.keys as i64),
                 Err(r) => r,
             },
-            "WAIT" if n == 3 => match self.role(true) {
-                Ok((s, _)) => Reply::Int(s.redundant as i64),
-                Err(r) => r,
+            "WAIT" if n == 3 => match (integer(&args[1]), integer(&args[2])) {
+                (Err(r), _) | (_, Err(r)) => r,
+                (_, Ok(t)) if t < 0 => Reply::err("ERR timeout is negative"),
+                _ => match self.role(true) {
+                    Ok((s, _)) => Reply::Int(s.redundant as i64),
+                    Err(r) => r,
+                },
             },
             "INFO" => self.info(),
-            "ECHO" | "SELECT" | "GET" | "SET" | "SETNX" | "DEL" | "UNLINK" | "EXISTS" | "MGET"
-            | "MSET" | "KEYS" | "SCAN" | "DBSIZE" | "WAIT" => wrong_args(&cmd),
+            "ECHO" | "SELECT" | "CLIENT" | "CONFIG" | "GET" | "SET" | "SETNX" | "DEL"
+            | "UNLINK" | "EXISTS" | "MGET" | "MSET" | "KEYS" | "SCAN" | "DBSIZE" | "WAIT" => {
+                wrong_args(&cmd)
+            }
             _ => {
                 // Worded as Redis words it.
                 let mut text = format!(
@@ -407,7 +657,8 @@ impl Session {
                 Reply::err(text)
             }
         };
-        (reply, false)
+        out.reply(&reply);
+        false
     }
 
     fn get(&mut self, key: &[u8]) -> Reply {
@@ -416,7 +667,7 @@ impl Session {
             Some(None) => return Reply::Nil,
             None => {}
         }
-        match self.client().map(|c| c.get(key)) {
+        match self.shared.pooled(|c| c.get(key)) {
             Ok(Ok(Some(v))) => Reply::Bulk(v),
             Ok(Ok(None)) => Reply::Nil,
             Ok(Err(e)) => store_err(e),
@@ -426,7 +677,7 @@ impl Session {
 
     /// A put if this node is the primary: whether it was stored.
     fn put(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, Reply> {
-        if let Some(r) = self.not_primary() {
+        if let Some(r) = self.not_primary(key) {
             return Err(r);
         }
         if value.len() > super::link::MAX_VALUE {
@@ -469,12 +720,15 @@ impl Session {
     }
 
     fn del(&mut self, keys: &[Vec<u8>]) -> Reply {
-        if let Some(r) = self.not_primary() {
+        if let Some(r) = self.not_primary(&keys[0]) {
             return r;
         }
         let mut n = 0;
         for k in keys {
             self.cache.remove(k);
+            if impossible_key(k) {
+                continue;
+            }
             match self.write(Op::Remove { key: k.clone() }) {
                 Ok(proto::Reply::Removed { existed }) => n += existed as i64,
                 Ok(r) => return Reply::err(format!("ERR unexpected answer {r:?}")),
@@ -484,25 +738,27 @@ impl Session {
         Reply::Int(n)
     }
 
+    /// The values of `keys` (a step of `MGET`), in order.
     fn mget(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Reply>, Reply> {
         // From the local arena while this node is the primary.
-        let mut local = Vec::with_capacity(keys.len());
+        let mut out = Vec::with_capacity(keys.len());
         for k in keys {
             match self.local_get(k) {
-                Some(v) => local.push(v.map_or(Reply::Nil, Reply::Bulk)),
+                Some(v) => out.push(v.map_or(Reply::Nil, Reply::Bulk)),
                 None => break,
             }
         }
-        if local.len() == keys.len() {
-            return Ok(local);
+        if out.len() == keys.len() {
+            return Ok(out);
         }
-        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-        let c = self.client()?;
-        let mut out = Vec::with_capacity(keys.len());
-        for r in c.get_many(&refs) {
+        // The rest through a client: the primary's arena, Reads batched.
+        let rest: Vec<&[u8]> = keys[out.len()..].iter().map(|k| k.as_slice()).collect();
+        let got = self.shared.pooled(|c| c.get_many(&rest))?;
+        for (k, r) in rest.iter().zip(got) {
             out.push(match r {
                 Ok(Some(v)) => Reply::Bulk(v),
                 Ok(None) => Reply::Nil,
+                Err(_) if impossible_key(k) => Reply::Nil,
                 Err(e) => return Err(store_err(e)),
             });
         }
@@ -525,9 +781,12 @@ impl Session {
     }
 
     fn scan(&mut self, args: &[Vec<u8>]) -> Reply {
-        // The cursor is the index bucket to go on from; one SCAN call
-        // covers the whole index (the store's own scan walks it in steps).
-        let Ok(cursor) = String::from_utf8_lossy(&args[1]).parse::<u64>() else {
+        // One SCAN call covers the whole index (the store's own scan
+        // walks it in steps), so every cursor but 0 is the end.
+        let Ok(cursor) = std::str::from_utf8(&args[1])
+            .map_err(|_| ())
+            .and_then(|t| t.parse::<u64>().map_err(|_| ()))
+        else {
             return Reply::err("ERR invalid cursor");
         };
         let mut pattern = Vec::new();
@@ -535,7 +794,11 @@ impl Session {
         while i < args.len() {
             match upper(&args[i]).as_str() {
                 "MATCH" if i + 1 < args.len() => pattern = args[i + 1].clone(),
-                "COUNT" if i + 1 < args.len() => {}
+                "COUNT" if i + 1 < args.len() => match integer(&args[i + 1]) {
+                    Ok(c) if c >= 1 => {}
+                    Ok(_) => return Reply::err("ERR syntax error"),
+                    Err(r) => return r,
+                },
                 _ => return Reply::err("ERR syntax error"),
             }
             i += 2;
@@ -543,7 +806,7 @@ impl Session {
         if cursor != 0 {
             return Reply::Array(vec![Reply::Bulk(b"0".to_vec()), Reply::Array(Vec::new())]);
         }
-        match self.client().map(|c| c.scan(&pattern)) {
+        match self.shared.pooled(|c| c.scan(&pattern)) {
             Ok(Ok(keys)) => Reply::Array(vec![
                 Reply::Bulk(b"0".to_vec()),
                 Reply::Array(keys.into_iter().map(Reply::Bulk).collect()),
@@ -565,6 +828,10 @@ impl Session {
         };
         let mut t = String::new();
         t.push_str("# Server\r\nredis_version:7.0.0\r\nsoftrdma_store:1\r\n");
+        t.push_str(&format!(
+            "\r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{MAX_CLIENTS}\r\n",
+            self.shared.conns.load(Ordering::Relaxed)
+        ));
         t.push_str(&format!(
             "\r\n# Replication\r\nrole:{role}\r\nsoftrdma_role:{}\r\nconnected_slaves:{}\r\n",
             proto::role_name(s.role),

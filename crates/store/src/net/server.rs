@@ -58,12 +58,13 @@ enum Ev {
     Link(LinkEvent),
     Tick,
     /// A request of this process's RESP front door ([`Front`]), answered
-    /// on `reply` instead of a link.
+    /// on `reply` instead of a link; the requester waits until `until`.
     Front {
         client: u64,
         req_id: u64,
         op: proto::Op,
         reply: Sender<Result<proto::Reply, proto::StoreError>>,
+        until: Instant,
     },
     /// A message produced locally for the node (a recovery chunk read
     /// from the primary), queued behind whatever already waits so that
@@ -139,6 +140,7 @@ impl Front {
             req_id,
             op,
             reply,
+            until: Instant::now() + timeout,
         }) {
             return None;
         }
@@ -553,8 +555,12 @@ fn node_loop(
     let mut to_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut from_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut clients: HashMap<u64, Arc<Link>> = HashMap::new();
-    // The RESP front door's clients: where their answers go.
-    let mut front: HashMap<u64, Sender<Result<proto::Reply, proto::StoreError>>> = HashMap::new();
+    // The RESP front door's requests in flight, by (client, request id):
+    // where each answer goes, and until when its requester waits. Any
+    // other answer to the same client id (its retry through a link) takes
+    // the link.
+    type FrontReply = Sender<Result<proto::Reply, proto::StoreError>>;
+    let mut front: HashMap<(u64, u64), (Instant, FrontReply)> = HashMap::new();
     let send_timeout = Duration::from_millis(200);
     let mut scratch: Option<softrdma_verbs::MemoryRegion> = None;
     let mut pending: std::collections::VecDeque<Ev> = std::collections::VecDeque::new();
@@ -586,15 +592,21 @@ fn node_loop(
         idle_since = Instant::now();
         while let Some(ev) = pending.pop_front() {
             let input = match ev {
-                Ev::Tick => Input::Tick,
+                Ev::Tick => {
+                    // Requesters that gave up no longer listen.
+                    let now = Instant::now();
+                    front.retain(|_, (until, _)| *until > now);
+                    Input::Tick
+                }
                 Ev::Local { from, env } => Input::Message { from, env },
                 Ev::Front {
                     client,
                     req_id,
                     op,
                     reply,
+                    until,
                 } => {
-                    front.insert(client, reply);
+                    front.insert((client, req_id), (until, reply));
                     Input::Message {
                         from: Addr::Client(client),
                         env: proto::Envelope {
@@ -693,12 +705,14 @@ fn node_loop(
             for out in outs {
                 match out {
                     Output::Send { to, env } => {
-                        if let Addr::Client(c) = to {
-                            if let Some(f) = front.get(&c) {
+                        if let (Addr::Client(c), proto::Body::Response { req_id, .. }) =
+                            (to, &env.body)
+                        {
+                            if let Some((_, f)) = front.remove(&(c, *req_id)) {
                                 if let proto::Body::Response { result, .. } = env.body {
-                                    if f.send(result).is_err() {
-                                        front.remove(&c);
-                                    }
+                                    // A requester that timed out is gone;
+                                    // its retry learns the outcome.
+                                    let _ = f.send(result);
                                 }
                                 continue;
                             }
