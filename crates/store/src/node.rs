@@ -2182,6 +2182,9 @@ mod tests {
         msgs: VecDeque<(NodeId, NodeId, Envelope)>,
         calls: Vec<Call>,
         sync_starts: usize,
+        /// Answers to clients: (request id, result).
+        answers: Vec<(u64, Result<Reply, StoreError>)>,
+        req_id: u64,
     }
 
     impl H {
@@ -2213,6 +2216,8 @@ mod tests {
                 msgs: VecDeque::new(),
                 calls: Vec::new(),
                 sync_starts: 0,
+                answers: Vec::new(),
+                req_id: 0,
             }
         }
 
@@ -2230,6 +2235,14 @@ mod tests {
                         }
                         self.msgs.push_back((n, to, env));
                     }
+                    Output::Send {
+                        to: Addr::Client(_),
+                        env:
+                            Envelope {
+                                body: Body::Response { req_id, result },
+                                ..
+                            },
+                    } => self.answers.push((req_id, result)),
                     Output::Send { .. } => {}
                     Output::Coord { id, req } => self.calls.push(Call {
                         node: n,
@@ -2304,6 +2317,31 @@ mod tests {
         fn redundant(&mut self) {
             self.run(200_000, &|_, _| false);
             assert!(self.node(1).is_redundant(), "{:?}", self.node(1).status());
+        }
+
+        /// A client's request to node 1, answered (replicated first if a
+        /// write) within a few heartbeats.
+        fn request(&mut self, op: Op) -> Result<Reply, StoreError> {
+            self.req_id += 1;
+            let req_id = self.req_id;
+            let env = Envelope {
+                epoch: self.node(1).epoch(),
+                body: Body::Request {
+                    client: 77,
+                    req_id,
+                    op,
+                },
+            };
+            self.feed(
+                1,
+                Input::Message {
+                    from: Addr::Client(77),
+                    env,
+                },
+            );
+            self.run(4 * HB, &never);
+            let i = self.answers.iter().position(|a| a.0 == req_id);
+            self.answers.remove(i.expect("answered")).1
         }
     }
 
@@ -2401,5 +2439,40 @@ mod tests {
         h.run(50_000, &never);
         assert!(h.node(1).is_redundant());
         assert_eq!(h.node(2).status().role, proto::ROLE_SECONDARY);
+    }
+
+    /// A scan pattern longer than `glob::MAX_PATTERN_LEN` is refused (the
+    /// matcher's cost grows with it, and the scan runs on the node loop);
+    /// one at the limit is taken.
+    #[test]
+    fn a_scan_pattern_too_long_is_refused() {
+        let mut h = H::new();
+        h.redundant();
+        let put = Op::Put {
+            key: b"k1".to_vec(),
+            data: b"v".to_vec(),
+            cond: Cond::Always,
+        };
+        assert!(matches!(h.request(put), Ok(Reply::Stored { .. })));
+        let scan = |pattern: Vec<u8>| Op::Scan {
+            cursor: 0,
+            count: 100,
+            pattern,
+        };
+        let max = crate::glob::MAX_PATTERN_LEN;
+        assert_eq!(
+            h.request(scan(vec![b'*'; max + 1])),
+            Err(StoreError::BadPattern {
+                len: max as u64 + 1,
+                max: max as u64
+            })
+        );
+        assert_eq!(
+            h.request(scan(vec![b'*'; max])),
+            Ok(Reply::Keys {
+                keys: vec![b"k1".to_vec()],
+                next: 0
+            })
+        );
     }
 }

@@ -10,6 +10,11 @@ use crate::index::{key_hash, tag_of, Slot};
 /// the node loop for long.
 const SCAN_BUCKETS: u64 = 256;
 
+/// Matching work (key bytes times pattern bytes, a bound on the
+/// matcher's steps) after which a scan request ends with the bucket it is
+/// in, so long keys and a long pattern cannot hold the node loop either.
+const SCAN_WORK: u64 = 1 << 26;
+
 impl<M: Memory> Node<M> {
     fn check_key(key: &[u8]) -> Result<(), StoreError> {
         if key.is_empty() || key.len() > object::MAX_KEY_LEN {
@@ -162,19 +167,26 @@ impl<M: Memory> Node<M> {
     }
 
     /// A scan step: the committed keys matching `pattern` in the buckets
-    /// from `cursor` on, until `count` keys were seen or
-    /// [`SCAN_BUCKETS`] buckets were walked.
+    /// from `cursor` on, until `count` keys were seen, [`SCAN_BUCKETS`]
+    /// buckets were walked or [`SCAN_WORK`] was spent matching.
     pub(super) fn scan(
         &self,
         cursor: u64,
         count: u32,
         pattern: &[u8],
     ) -> Result<Reply, StoreError> {
+        if pattern.len() > glob::MAX_PATTERN_LEN {
+            return Err(StoreError::BadPattern {
+                len: pattern.len() as u64,
+                max: glob::MAX_PATTERN_LEN as u64,
+            });
+        }
         let layout = self
             .layout
             .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))?;
+        let glob = glob::Pattern::new(pattern);
         let mut keys = Vec::new();
-        let mut seen = 0u64;
+        let (mut seen, mut work) = (0u64, 0u64);
         let mut no = cursor;
         while no <= layout.buckets && no < cursor.saturating_add(SCAN_BUCKETS) {
             let b = layout
@@ -183,13 +195,14 @@ impl<M: Memory> Node<M> {
             for s in b.slots.iter().flatten() {
                 if let Ok((k, _)) = object::read_key(&self.mem, s.offset) {
                     seen += 1;
-                    if pattern.is_empty() || glob::matches(pattern, &k) {
+                    work += (k.len() * pattern.len()) as u64;
+                    if pattern.is_empty() || glob.matches(&k) {
                         keys.push(k);
                     }
                 }
             }
             no += 1;
-            if seen >= count.max(1) as u64 {
+            if seen >= count.max(1) as u64 || work >= SCAN_WORK {
                 break;
             }
         }

@@ -942,10 +942,18 @@ impl StoreClient {
             .collect())
     }
 
-    /// Keys matching a glob `pattern` (empty: all), in index order; a
-    /// scan of the committed index on the primary, a few hundred buckets
-    /// per request.
+    /// Keys matching a glob `pattern` (empty: all; at most
+    /// [`crate::glob::MAX_PATTERN_LEN`] bytes), in index order; a scan of
+    /// the committed index on the primary, a few hundred buckets per
+    /// request.
     pub fn scan(&mut self, pattern: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
+        if pattern.len() > crate::glob::MAX_PATTERN_LEN {
+            return Err(StoreError::BadPattern {
+                len: pattern.len() as u64,
+                max: crate::glob::MAX_PATTERN_LEN as u64,
+            }
+            .into());
+        }
         let mut keys = Vec::new();
         let mut cursor = 0;
         loop {
@@ -971,5 +979,30 @@ impl StoreClient {
 impl Drop for StoreClient {
     fn drop(&mut self) {
         self.ep.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests the node would refuse are refused before anything is
+    /// sent: no node listens at the address given.
+    #[test]
+    fn bad_keys_and_patterns_are_refused_locally() {
+        let cfg = ClientConfig {
+            deadline: Duration::from_millis(200),
+            ..ClientConfig::new(vec!["127.0.0.1:9".parse().unwrap()])
+        };
+        let mut c = StoreClient::new(cfg).unwrap();
+        let max = crate::glob::MAX_PATTERN_LEN;
+        assert!(matches!(
+            c.scan(&vec![b'*'; max + 1]),
+            Err(ClientError::Store(StoreError::BadPattern { len, .. })) if len == max as u64 + 1
+        ));
+        assert!(matches!(
+            c.remove(b""),
+            Err(ClientError::Store(StoreError::BadKey { len: 0, .. }))
+        ));
     }
 }
