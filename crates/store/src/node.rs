@@ -1235,10 +1235,12 @@ impl<M: Memory> Node<M> {
                     generation,
                     edit,
                 } => {
-                    if self.layout.is_none() {
-                        return Err("an index edit before the index".into());
-                    }
-                    // (`None` while replaying a copy: rebuilt afterwards.)
+                    let layout = self.layout.ok_or("an index edit before the index")?;
+                    // Checked here whether or not the index's state is
+                    // kept (it is not while replaying a copy: rebuilt
+                    // afterwards), so `apply_bytes` cannot fail on it.
+                    edit.validate(&layout, self.cfg.arena.len)
+                        .map_err(|e| e.to_string())?;
                     if let Some(m) = &mut self.index {
                         m.apply(edit, key, *generation)?;
                     }
@@ -2474,5 +2476,67 @@ mod tests {
                 next: 0
             })
         );
+    }
+
+    /// A replicated index edit that cannot be applied (here an entry
+    /// without a tag, which the bucket encoder refuses) is a divergence:
+    /// the secondary starts over with a copy of the arena. It used to pass
+    /// `apply_meta` and panic in `apply_bytes`.
+    #[test]
+    fn a_bad_replicated_index_edit_is_a_divergence() {
+        let mut h = H::new();
+        h.redundant();
+        let put = Op::Put {
+            key: b"k1".to_vec(),
+            data: b"v".to_vec(),
+            cond: Cond::Always,
+        };
+        assert!(matches!(h.request(put), Ok(Reply::Stored { .. })));
+        let layout = h.node(2).index_layout().unwrap();
+        let seq = h.node(2).applied_seq() + 1;
+        let bad = |tag, slot, offset| RepOp {
+            client: 78,
+            req_id: 1,
+            effects: vec![Effect::Index {
+                key: b"k2".to_vec(),
+                generation: seq,
+                edit: index::Edit::Slot {
+                    bucket: 0,
+                    slot,
+                    entry: Some(index::Slot {
+                        tag,
+                        offset,
+                        units: 1,
+                        generation: seq as u32,
+                    }),
+                },
+            }],
+            reply: Reply::Removed { existed: false },
+        };
+        let objects = layout.reserved_len();
+        for (i, op) in [
+            bad(0, 30, objects),
+            bad(3, 30, objects + 1),
+            bad(3, 30, ARENA.len),
+            bad(3, 30, 0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let env = Envelope {
+                epoch: h.node(1).epoch(),
+                body: Body::Replicate { seq, op },
+            };
+            h.feed(
+                2,
+                Input::Message {
+                    from: Addr::Node(1),
+                    env,
+                },
+            );
+            assert_eq!(h.node(2).divergences(), i as u64 + 1);
+            assert!(h.node(2).last_divergence().unwrap().contains("index edit"));
+            h.redundant();
+        }
     }
 }
