@@ -353,6 +353,13 @@ impl<M: Memory> Node<M> {
     /// contents are irrelevant: recovery overwrites all of it).
     pub fn new(cfg: NodeConfig, mem: M) -> Node<M> {
         assert_eq!(mem.len(), cfg.arena.len, "memory must be the arena's size");
+        // (`Config::validate` refuses larger: index slots could not name
+        // the objects past it, and every keyed write would diverge.)
+        assert!(
+            cfg.arena.len <= index::MAX_ARENA_LEN,
+            "an arena is at most {} bytes",
+            index::MAX_ARENA_LEN
+        );
         assert!(cfg.heartbeat_timeout > cfg.heartbeat_interval);
         assert!(cfg.sync_chunk > 0 && cfg.sync_window > 0);
         Node {
