@@ -378,7 +378,8 @@ impl Layout {
     }
 
     /// Decodes a superblock read from arena offset 0 of an arena of
-    /// `arena_len` bytes.
+    /// `arena_len` bytes: an index of at least one bucket, at a multiple
+    /// of 64 past the superblock, wholly inside the arena.
     pub fn from_superblock(b: &[u8], arena_len: u64) -> Result<Layout, String> {
         if b.len() < SUPERBLOCK_LEN as usize {
             return Err(format!("superblock of {} bytes", b.len()));
@@ -392,17 +393,23 @@ impl Layout {
             return Err("the arena's superblock fails its checksum".into());
         }
         let (offset, buckets) = (u64_at(8), u64_at(16));
-        let l = Layout { offset, buckets };
+        // (Checked arithmetic: the checksum only says the bytes are what
+        // was written, and they may come from anywhere.)
+        let end = buckets
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(BUCKET_LEN as u64))
+            .and_then(|len| offset.checked_add(len));
         if buckets == 0
             || offset < SUPERBLOCK_LEN
-            || buckets > arena_len / BUCKET_LEN as u64
-            || l.reserved_len() > arena_len
+            || !offset.is_multiple_of(UNIT)
+            || end.is_none_or(|end| end > arena_len)
         {
             return Err(format!(
-                "superblock names an index ({buckets} buckets at {offset}) outside the arena"
+                "superblock names an index ({buckets} buckets at {offset}) that is unaligned \
+                 or outside the arena"
             ));
         }
-        Ok(l)
+        Ok(Layout { offset, buckets })
     }
 
     /// Writes the superblock and every bucket empty (a new group's arena).

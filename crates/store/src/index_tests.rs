@@ -372,6 +372,23 @@ fn the_superblock_describes_the_layout_and_is_checked() {
         assert!(Layout::from_superblock(&t, 64 << 20).is_err(), "byte {i}");
     }
     assert!(Layout::from_superblock(&[0u8; 64], 64 << 20).is_err());
+    // Well-formed superblocks (their checksums hold) naming an index that
+    // is unaligned, or whose end overflows a u64 and so wrapped to a small
+    // number, are refused.
+    for (offset, buckets) in [
+        (SUPERBLOCK_LEN + 8, 10),
+        (u64::MAX - 511, 1),
+        (!63, 1),
+        (SUPERBLOCK_LEN, u64::MAX / 512),
+        (SUPERBLOCK_LEN, u64::MAX),
+    ] {
+        let sb = Layout { offset, buckets }.superblock();
+        assert!(
+            Layout::from_superblock(&sb, u64::MAX).is_err(),
+            "{offset} {buckets}"
+        );
+        assert!(Layout::from_superblock(&sb, 64 << 20).is_err());
+    }
     // format writes it at offset 0.
     let mut mem = HeapMemory::new(1 << 20);
     let l = Layout::for_arena(1 << 20, 0);
