@@ -121,6 +121,9 @@ pub struct Object<'a> {
     pub version: u64,
     /// Generation.
     pub generation: u64,
+    /// The key's hash as the header stores it (`index::key_hash(key)`; 0
+    /// without a key).
+    pub key_hash: u64,
     /// The key (empty for the pointer API).
     pub key: &'a [u8],
     /// The data.
@@ -231,6 +234,7 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
     let crc = u32_at(16);
     let allocation = u32_at(20) as u64 * UNIT;
     let generation = u64_at(24);
+    let key_hash = u64_at(32);
     let key_len = u16::from_le_bytes(buf[40..42].try_into().unwrap()) as usize;
     if key_len > MAX_KEY_LEN || key_len + len > buf.len() - HEADER_LEN {
         // A length that cannot be right for this allocation: torn header.
@@ -244,6 +248,7 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
     Ok(Object {
         version,
         generation,
+        key_hash,
         key,
         data,
         allocation,
