@@ -41,7 +41,7 @@ use crate::alloc::{AllocError, Allocator};
 use crate::arena::Memory;
 use crate::coord::{Campaign, GroupRecord};
 use crate::index::{self, Layout, Meta};
-use crate::object::{self, HEADER_LEN};
+use crate::object;
 use crate::proto::{
     self, Body, Cond, DedupEntry, Effect, Envelope, Member, NodeId, Op, RepOp, Reply, StatusInfo,
     StoreError,
@@ -1032,9 +1032,7 @@ impl<M: Memory> Node<M> {
     }
 
     fn read(&self, ptr: RemotePtr) -> Result<Reply, StoreError> {
-        let off = ptr
-            .validate(&self.cfg.arena, &self.alloc)
-            .map_err(ptr_error)?;
+        let off = self.object_offset(&ptr)?;
         match object::read_object(&self.mem, off, ptr.len as u64) {
             Ok(o) => Ok(Reply::Data {
                 version: o.version,
@@ -1045,30 +1043,45 @@ impl<M: Memory> Node<M> {
         }
     }
 
-    fn alloc_error(&self, e: AllocError, data_len: usize) -> StoreError {
+    /// The largest value that an object with a key of `key_len` bytes (0:
+    /// the pointer API) can hold: the largest allocation there can be (the
+    /// arena less the key index's region, and what a pointer's 32-bit
+    /// length names) less the header and the key.
+    fn max_value(&self, key_len: usize) -> u64 {
+        let reserved = self.layout.map_or(0, |l| l.reserved_len());
+        let largest = self.alloc.size().saturating_sub(reserved);
+        let largest = largest.min(u32::MAX as u64 & !(object::UNIT - 1));
+        largest.saturating_sub(object::encoded_len(key_len, 0) as u64)
+    }
+
+    fn alloc_error(&self, e: AllocError, key_len: usize, value_len: usize) -> StoreError {
         match e {
             AllocError::TooLarge { .. } => StoreError::TooLarge {
-                len: data_len as u64,
-                max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
+                len: value_len as u64,
+                max: self.max_value(key_len),
             },
             AllocError::Full { largest_free, .. } => StoreError::Full { largest_free },
             e => StoreError::Other(e.to_string()),
         }
     }
 
-    /// A new allocation for `need` bytes of object: its offset and length.
-    fn new_allocation(&self, need: usize, value_len: usize) -> Result<(u64, u64), StoreError> {
-        if need as u64 > u32::MAX as u64 {
+    /// A new allocation for an object of a `key_len`-byte key and a
+    /// `value_len`-byte value: its offset and length. A value that no
+    /// allocation could ever hold is `TooLarge` (not `Full`), with the
+    /// largest that could be stored.
+    fn new_allocation(&self, key_len: usize, value_len: usize) -> Result<(u64, u64), StoreError> {
+        if value_len as u64 > self.max_value(key_len) {
             return Err(StoreError::TooLarge {
                 len: value_len as u64,
-                max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
+                max: self.max_value(key_len),
             });
         }
+        let need = object::encoded_len(key_len, value_len) as u64;
         let off = self
             .alloc
-            .find_fit(need as u64)
-            .map_err(|e| self.alloc_error(e, value_len))?;
-        Ok((off, crate::alloc::round_up(need as u64).unwrap()))
+            .find_fit(need)
+            .map_err(|e| self.alloc_error(e, key_len, value_len))?;
+        Ok((off, crate::alloc::round_up(need).unwrap()))
     }
 
     fn ptr_at(&self, off: u64, len: u64) -> RemotePtr {
@@ -1079,14 +1092,27 @@ impl<M: Memory> Node<M> {
         }
     }
 
-    /// The arena offset a pointer names, for a write of the pointer API:
-    /// objects that belong to a key change only through the key.
-    fn unkeyed_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
+    /// The arena offset a pointer of the pointer API names: an allocation
+    /// (`RemotePtr::validate`), and not the key index's region, which is
+    /// one but holds no object.
+    fn object_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
         let off = ptr
             .validate(&self.cfg.arena, &self.alloc)
             .map_err(ptr_error)?;
-        let keyed = self.index.as_ref().is_some_and(|m| m.owns(off));
-        if keyed || self.layout.is_some_and(|l| off < l.reserved_len()) {
+        if let Some(l) = self.layout.filter(|l| off < l.reserved_len()) {
+            return Err(StoreError::Other(format!(
+                "the pointer names the key index (arena bytes 0..{}), not an object",
+                l.reserved_len()
+            )));
+        }
+        Ok(off)
+    }
+
+    /// The arena offset a pointer names, for a write of the pointer API:
+    /// objects that belong to a key change only through the key.
+    fn unkeyed_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
+        let off = self.object_offset(ptr)?;
+        if self.index.as_ref().is_some_and(|m| m.owns(off)) {
             return Err(StoreError::Keyed);
         }
         Ok(off)
@@ -1104,8 +1130,7 @@ impl<M: Memory> Node<M> {
         };
         match op {
             Op::Insert { data } => {
-                let (off, len) =
-                    self.new_allocation(object::encoded_len(0, data.len()), data.len())?;
+                let (off, len) = self.new_allocation(0, data.len())?;
                 Ok((
                     vec![Effect::Alloc { offset: off, len }, write(off, data)],
                     Reply::Inserted(self.ptr_at(off, len)),
@@ -1117,7 +1142,7 @@ impl<M: Memory> Node<M> {
                 if need as u64 <= ptr.len as u64 {
                     return Ok((vec![write(off, data)], Reply::Updated(*ptr)));
                 }
-                let (new_off, len) = self.new_allocation(need, data.len())?;
+                let (new_off, len) = self.new_allocation(0, data.len())?;
                 Ok((
                     vec![
                         Effect::Alloc {
@@ -2544,6 +2569,71 @@ mod tests {
             assert_eq!(h.node(2).divergences(), i as u64 + 1);
             assert!(h.node(2).last_divergence().unwrap().contains("index edit"));
             h.redundant();
+        }
+    }
+
+    /// `TooLarge` names the largest value that can be stored under the
+    /// key: the arena less the index region, the header and the key (it
+    /// named the arena less the header, and a value between the two was
+    /// answered `Full`).
+    #[test]
+    fn too_large_names_the_largest_value_that_fits() {
+        let mut h = H::new();
+        h.redundant();
+        let reserved = h.node(1).index_layout().unwrap().reserved_len();
+        let most = ARENA.len - reserved - object::HEADER_LEN as u64;
+        let put = |len: u64| Op::Put {
+            key: b"k1".to_vec(),
+            data: vec![7; len as usize],
+            cond: Cond::Always,
+        };
+        assert_eq!(
+            h.request(put(most - 1)),
+            Err(StoreError::TooLarge {
+                len: most - 1,
+                max: most - 2
+            })
+        );
+        let insert = |len: u64| Op::Insert {
+            data: vec![7; len as usize],
+        };
+        assert_eq!(
+            h.request(insert(most + 1)),
+            Err(StoreError::TooLarge {
+                len: most + 1,
+                max: most
+            })
+        );
+        // The largest is stored: the arena holds nothing else.
+        assert!(matches!(h.request(put(most - 2)), Ok(Reply::Stored { .. })));
+    }
+
+    /// The pointer API aimed at the key index's region (an allocation, but
+    /// no object) is refused with an error that says so, not `Torn` or
+    /// `Keyed`.
+    #[test]
+    fn a_pointer_to_the_index_region_is_refused() {
+        let mut h = H::new();
+        h.redundant();
+        let reserved = h.node(1).index_layout().unwrap().reserved_len();
+        let ptr = RemotePtr {
+            addr: ARENA.base,
+            stag: ARENA.stag,
+            len: reserved as u32,
+        };
+        for op in [
+            Op::Read { ptr },
+            Op::Update {
+                ptr,
+                data: b"x".to_vec(),
+            },
+            Op::Delete { ptr },
+        ] {
+            let r = h.request(op.clone());
+            assert!(
+                matches!(&r, Err(StoreError::Other(m)) if m.contains("key index")),
+                "{op:?}: {r:?}"
+            );
         }
     }
 }

@@ -79,7 +79,7 @@ impl<M: Memory> Node<M> {
                 ));
             }
         }
-        let (off, len) = self.new_allocation(need, data.len())?;
+        let (off, len) = self.new_allocation(key.len(), data.len())?;
         let entry = Slot {
             tag: tag_of(key_hash(key)),
             offset: off,

@@ -434,11 +434,13 @@ pub enum StoreError {
     #[error("pointer does not match an allocation")]
     NotAllocated,
     /// Value larger than the largest possible allocation.
-    #[error("value of {len} bytes exceeds the largest possible allocation ({max} bytes)")]
+    #[error("value of {len} bytes exceeds the largest that can be stored ({max} bytes)")]
     TooLarge {
         /// Value length.
         len: u64,
-        /// Largest possible allocation, minus the header.
+        /// The largest value that can be stored (under this key): the
+        /// largest possible allocation (the arena less the key index)
+        /// less the header and the key.
         max: u64,
     },
     /// No free range large enough.
