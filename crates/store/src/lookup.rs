@@ -1,8 +1,9 @@
 //! The one-sided look-up of a key, as a pure state machine: it asks for
 //! reads of the arena ([`Step::Read`]) and is fed the bytes each returned
 //! ([`Lookup::on_read`]), so the real client (RDMA Reads of the primary's
-//! arena) and the simulation (reads of a simulated node's memory at a
-//! simulated instant) run exactly the same logic.
+//! arena), the simulation (reads of a simulated node's memory at a
+//! simulated instant) and the node's own `Op::Get` (reads of its memory)
+//! run exactly the same logic.
 //!
 //! The steps (Pilaf, FaRM): read the key's home bucket (512 bytes) and
 //! check its checksum; read the object of each slot whose tag matches;

@@ -2636,4 +2636,44 @@ mod tests {
             );
         }
     }
+
+    /// The node's `Op::Get` is the one-sided look-up on its own memory:
+    /// found (also after an update moved the object), absent, removed.
+    #[test]
+    fn the_server_side_get_is_the_look_up() {
+        let mut h = H::new();
+        h.redundant();
+        let put = |data: &[u8]| Op::Put {
+            key: b"k1".to_vec(),
+            data: data.to_vec(),
+            cond: Cond::Always,
+        };
+        let get = |key: &[u8]| Op::Get { key: key.to_vec() };
+        let Ok(Reply::Stored { ptr, .. }) = h.request(put(b"one")) else {
+            panic!("not stored")
+        };
+        let Ok(Reply::Value { ptr: p, data, .. }) = h.request(get(b"k1")) else {
+            panic!("not found")
+        };
+        assert_eq!((p, data), (ptr, b"one".to_vec()));
+        // Moved to a larger allocation.
+        let Ok(Reply::Stored { ptr: moved, .. }) = h.request(put(&[5; 300])) else {
+            panic!("not stored")
+        };
+        assert_ne!(moved, ptr);
+        let Ok(Reply::Value { ptr: p, data, .. }) = h.request(get(b"k1")) else {
+            panic!("not found")
+        };
+        assert_eq!((p, data), (moved, vec![5; 300]));
+        assert_eq!(h.request(get(b"k2")), Ok(Reply::NoKey));
+        let remove = Op::Remove {
+            key: b"k1".to_vec(),
+        };
+        assert_eq!(h.request(remove), Ok(Reply::Removed { existed: true }));
+        assert_eq!(h.request(get(b"k1")), Ok(Reply::NoKey));
+        assert!(matches!(
+            h.request(get(b"")),
+            Err(StoreError::BadKey { len: 0, .. })
+        ));
+    }
 }

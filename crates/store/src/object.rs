@@ -51,6 +51,19 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SRO2");
 /// The longest key, in bytes (memcached allows 250, this allows more).
 pub const MAX_KEY_LEN: usize = 1024;
 
+/// Checks a key: 1 to [`MAX_KEY_LEN`] bytes, else
+/// [`StoreError::BadKey`](crate::proto::StoreError::BadKey). The one rule
+/// for the node and its clients.
+pub fn check_key(key: &[u8]) -> Result<(), crate::proto::StoreError> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(crate::proto::StoreError::BadKey {
+            len: key.len() as u64,
+            max: MAX_KEY_LEN as u64,
+        });
+    }
+    Ok(())
+}
+
 /// Why bytes could not be decoded as an object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {

@@ -661,17 +661,6 @@ impl StoreClient {
         }
     }
 
-    fn check_key(key: &[u8]) -> Result<(), ClientError> {
-        if key.is_empty() || key.len() > object::MAX_KEY_LEN {
-            return Err(StoreError::BadKey {
-                len: key.len() as u64,
-                max: object::MAX_KEY_LEN as u64,
-            }
-            .into());
-        }
-        Ok(())
-    }
-
     fn remember(&mut self, key: &[u8], ptr: RemotePtr) {
         if let Some(a) = self.arena {
             self.cache
@@ -700,7 +689,7 @@ impl StoreClient {
         data: &[u8],
         cond: Cond,
     ) -> Result<Option<RemotePtr>, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         Self::check_value(data)?;
         let op = Op::Put {
             key: key.to_vec(),
@@ -719,7 +708,7 @@ impl StoreClient {
 
     /// Deletes `key`; whether it existed.
     pub fn remove(&mut self, key: &[u8]) -> Result<bool, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         self.cache.remove(key);
         match self.request(Op::Remove { key: key.to_vec() })? {
             Reply::Removed { existed } => Ok(existed),
@@ -729,7 +718,7 @@ impl StoreClient {
 
     /// The node's answer for `key` (the fallback of [`Self::get`]).
     pub fn get_server(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         self.stats.server_reads += 1;
         match self.request(Op::Get { key: key.to_vec() })? {
             Reply::Value { ptr, data, .. } => {
@@ -794,7 +783,7 @@ impl StoreClient {
     /// racing writes; each fallback is counted with its reason
     /// ([`ClientStats`]).
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         if self.arena.is_none() {
             let t = self.target;
             let _ = self.link(t);
@@ -868,8 +857,8 @@ impl StoreClient {
         // Running look-ups: (key index, look-up, next read, cached).
         let mut running = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            if let Err(e) = Self::check_key(k) {
-                out[i] = Some(Err(e));
+            if let Err(e) = object::check_key(k) {
+                out[i] = Some(Err(e.into()));
                 continue;
             }
             let Some(layout) = layout else { continue };

@@ -239,7 +239,7 @@ impl Session {
     /// STag's validity and deadline); `None` if this node does not serve
     /// reads now or the look-up gave up.
     fn local_get(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
-        if key.is_empty() || key.len() > crate::object::MAX_KEY_LEN {
+        if crate::object::check_key(key).is_err() {
             return None;
         }
         let front = self.shared.front.clone();
