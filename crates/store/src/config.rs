@@ -155,7 +155,7 @@ pub struct Config {
     /// The other nodes.
     #[serde(default)]
     pub peers: Vec<SocketAddr>,
-    /// Arena size (multiple of 4096).
+    /// Arena size (multiple of 4096, at most 256 GiB).
     pub arena_size: ByteSize,
     /// Arena address; if absent the primary proposes one.
     #[serde(default)]
@@ -248,6 +248,14 @@ impl Config {
         if size == 0 || !size.is_multiple_of(PAGE_SIZE) {
             return bad(format!(
                 "arena_size {size} must be a non-zero multiple of {PAGE_SIZE}"
+            ));
+        }
+        if size > crate::index::MAX_ARENA_LEN {
+            // An index slot holds an object's offset in 64-byte units in
+            // 32 bits.
+            return bad(format!(
+                "arena_size {size} exceeds the largest arena, {} bytes (256 GiB)",
+                crate::index::MAX_ARENA_LEN
             ));
         }
         if let Some(HexU64(a)) = self.arena_addr {
@@ -398,6 +406,11 @@ mod tests {
             ),
             ("stag = \"0x00012345\"", "stag = \"0x1_0000_0000\"", "stag"),
             (
+                "arena_size = \"64MiB\"",
+                "arena_size = \"257GiB\"",
+                "arena_size",
+            ),
+            (
                 "heartbeat_timeout_ms = 100",
                 "heartbeat_timeout_ms = 10",
                 "heartbeat_timeout_ms",
@@ -411,6 +424,12 @@ mod tests {
             let err = Config::parse(&text).unwrap_err().to_string();
             assert!(err.contains(field), "{field}: {err}");
         }
+        // The largest arena is taken.
+        let most = FULL.replace("arena_size = \"64MiB\"", "arena_size = \"256GiB\"");
+        assert_eq!(
+            Config::parse(&most).unwrap().arena_size,
+            ByteSize(256 << 30)
+        );
         assert_eq!(parse_size("4KiB"), Ok(4096));
         assert!(parse_size("4 parsecs").is_err());
     }

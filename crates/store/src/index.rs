@@ -49,6 +49,9 @@ pub const SLOT_LEN: usize = 16;
 const SLOTS_AT: usize = 16;
 /// Allocation unit of the arena (object offsets and lengths are multiples).
 const UNIT: u64 = crate::object::UNIT;
+/// The largest arena (256 GiB): a slot holds an object's offset in units
+/// of 64 bytes in 32 bits (as its header holds its allocation's length).
+pub const MAX_ARENA_LEN: u64 = UNIT << 32;
 
 /// The 64-bit hash of a key, the same on every node and client.
 pub fn key_hash(key: &[u8]) -> u64 {
@@ -78,6 +81,10 @@ pub enum IndexError {
         /// The home bucket.
         bucket: u64,
     },
+    /// An edit that cannot be applied to this index (a replicated edit
+    /// that does not fit: a divergence).
+    #[error("invalid index edit: {0}")]
+    BadEdit(String),
     /// The arena refused the access.
     #[error(transparent)]
     Arena(#[from] ArenaError),
@@ -97,6 +104,7 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// Its bytes; callers check it first ([`Edit::check_fields`]).
     fn encode(&self) -> [u8; SLOT_LEN] {
         assert!(self.tag != 0, "a slot's tag is never 0");
         assert!(
@@ -234,6 +242,75 @@ pub enum Edit {
     },
 }
 
+impl Edit {
+    /// The bucket it changes.
+    pub fn bucket(&self) -> u64 {
+        match *self {
+            Edit::Slot { bucket, .. } | Edit::Spill { bucket } => bucket,
+        }
+    }
+
+    /// Whether this edit fits an index of `layout` in an arena of
+    /// `arena_len` bytes: a bucket and slot of the index, an entry with a
+    /// tag, naming a whole unit-aligned range of the arena past the index
+    /// region. Checked before a replicated edit changes anything, so a
+    /// bad one is a divergence, never a panic (on a node replaying over a
+    /// copy, which has no [`Meta`] to check it against, too).
+    pub fn validate(&self, layout: &Layout, arena_len: u64) -> Result<(), IndexError> {
+        self.check_fields(layout)?;
+        if let Edit::Slot {
+            entry: Some(e),
+            bucket,
+            slot,
+        } = *self
+        {
+            let end = e.offset.checked_add(e.units as u64 * UNIT);
+            if e.offset < layout.reserved_len() || end.is_none_or(|end| end > arena_len) {
+                return Err(IndexError::BadEdit(format!(
+                    "slot {bucket}/{slot} names {} units at {}, outside the objects' part \
+                     ({}..{arena_len}) of the arena",
+                    e.units,
+                    e.offset,
+                    layout.reserved_len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// What [`Layout::apply`] needs to write the edit: a bucket and slot
+    /// of the index, and an entry that encodes (a tag, an offset that is
+    /// a multiple of 64 below [`MAX_ARENA_LEN`], at least one unit).
+    fn check_fields(&self, layout: &Layout) -> Result<(), IndexError> {
+        let bad = |m: String| Err(IndexError::BadEdit(m));
+        match *self {
+            Edit::Spill { bucket } if bucket >= layout.buckets => {
+                bad(format!("spill of bucket {bucket} outside the index"))
+            }
+            Edit::Spill { .. } => Ok(()),
+            Edit::Slot { bucket, slot, .. }
+                if bucket > layout.buckets || slot as usize >= SLOTS =>
+            {
+                bad(format!("index slot {bucket}/{slot} outside the index"))
+            }
+            Edit::Slot {
+                bucket,
+                slot,
+                entry: Some(e),
+            } if e.tag == 0
+                || !e.offset.is_multiple_of(UNIT)
+                || e.offset >= MAX_ARENA_LEN
+                || e.units == 0 =>
+            {
+                bad(format!(
+                    "slot {bucket}/{slot} set to an entry that cannot be: {e:?}"
+                ))
+            }
+            Edit::Slot { .. } => Ok(()),
+        }
+    }
+}
+
 /// Where a key's entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Found {
@@ -301,7 +378,8 @@ impl Layout {
     }
 
     /// Decodes a superblock read from arena offset 0 of an arena of
-    /// `arena_len` bytes.
+    /// `arena_len` bytes: an index of at least one bucket, at a multiple
+    /// of 64 past the superblock, wholly inside the arena.
     pub fn from_superblock(b: &[u8], arena_len: u64) -> Result<Layout, String> {
         if b.len() < SUPERBLOCK_LEN as usize {
             return Err(format!("superblock of {} bytes", b.len()));
@@ -315,17 +393,23 @@ impl Layout {
             return Err("the arena's superblock fails its checksum".into());
         }
         let (offset, buckets) = (u64_at(8), u64_at(16));
-        let l = Layout { offset, buckets };
+        // (Checked arithmetic: the checksum only says the bytes are what
+        // was written, and they may come from anywhere.)
+        let end = buckets
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(BUCKET_LEN as u64))
+            .and_then(|len| offset.checked_add(len));
         if buckets == 0
             || offset < SUPERBLOCK_LEN
-            || buckets > arena_len / BUCKET_LEN as u64
-            || l.reserved_len() > arena_len
+            || !offset.is_multiple_of(UNIT)
+            || end.is_none_or(|end| end > arena_len)
         {
             return Err(format!(
-                "superblock names an index ({buckets} buckets at {offset}) outside the arena"
+                "superblock names an index ({buckets} buckets at {offset}) that is unaligned \
+                 or outside the arena"
             ));
         }
-        Ok(l)
+        Ok(Layout { offset, buckets })
     }
 
     /// Writes the superblock and every bucket empty (a new group's arena).
@@ -374,6 +458,9 @@ impl Layout {
 
     /// Applies one edit at sequence number `version` (both nodes, in
     /// sequence order): the bucket is rewritten whole, checksum included.
+    /// An edit that cannot be written (a slot outside the index, an entry
+    /// without a tag, ...) is refused ([`IndexError::BadEdit`]), nothing
+    /// written.
     pub fn apply(
         &self,
         mem: &mut impl Memory,
@@ -406,12 +493,8 @@ impl Layout {
         version: u64,
         checked: bool,
     ) -> Result<(), IndexError> {
-        let no = match *edit {
-            Edit::Slot { bucket, .. } | Edit::Spill { bucket } => bucket,
-        };
-        if no > self.buckets {
-            return Err(IndexError::Torn { bucket: no });
-        }
+        edit.check_fields(self)?;
+        let no = edit.bucket();
         let mut b = if checked {
             self.bucket(mem, no)?
         } else {
@@ -595,13 +678,11 @@ impl Meta {
 
     /// Applies an edit of `key`, whose object has generation `generation`
     /// (checked: an edit that does not fit the state is a divergence,
-    /// reported, nothing changed).
+    /// reported, nothing changed: every check comes before any change).
     pub fn apply(&mut self, edit: &Edit, key: &[u8], generation: u64) -> Result<(), String> {
+        edit.check_fields(&self.layout).map_err(|e| e.to_string())?;
         match *edit {
             Edit::Spill { bucket } => {
-                if bucket >= self.layout.buckets {
-                    return Err(format!("spill of bucket {bucket} outside the index"));
-                }
                 self.spill[bucket as usize] = true;
             }
             Edit::Slot {
@@ -609,9 +690,6 @@ impl Meta {
                 slot,
                 entry,
             } => {
-                if bucket > self.layout.buckets || slot as usize >= SLOTS {
-                    return Err(format!("index slot {bucket}/{slot} outside the index"));
-                }
                 let bit = 1u32 << slot;
                 let taken = self.used[bucket as usize] & bit != 0;
                 let old = self.keys.get(key).map(|&(f, _)| f);
@@ -630,15 +708,17 @@ impl Meta {
                                 entry.generation
                             ));
                         }
-                        if let Some(f) = old {
-                            self.owned.remove(&f.entry.offset);
-                        }
-                        if !self.owned.insert(entry.offset) {
+                        let old_offset = old.map(|f| f.entry.offset);
+                        if self.owned.contains(&entry.offset) && old_offset != Some(entry.offset) {
                             return Err(format!(
                                 "the object at {} already belongs to a key",
                                 entry.offset
                             ));
                         }
+                        if let Some(o) = old_offset {
+                            self.owned.remove(&o);
+                        }
+                        self.owned.insert(entry.offset);
                         self.used[bucket as usize] |= bit;
                         self.keys.insert(
                             key.to_vec(),

@@ -372,6 +372,23 @@ fn the_superblock_describes_the_layout_and_is_checked() {
         assert!(Layout::from_superblock(&t, 64 << 20).is_err(), "byte {i}");
     }
     assert!(Layout::from_superblock(&[0u8; 64], 64 << 20).is_err());
+    // Well-formed superblocks (their checksums hold) naming an index that
+    // is unaligned, or whose end overflows a u64 and so wrapped to a small
+    // number, are refused.
+    for (offset, buckets) in [
+        (SUPERBLOCK_LEN + 8, 10),
+        (u64::MAX - 511, 1),
+        (!63, 1),
+        (SUPERBLOCK_LEN, u64::MAX / 512),
+        (SUPERBLOCK_LEN, u64::MAX),
+    ] {
+        let sb = Layout { offset, buckets }.superblock();
+        assert!(
+            Layout::from_superblock(&sb, u64::MAX).is_err(),
+            "{offset} {buckets}"
+        );
+        assert!(Layout::from_superblock(&sb, 64 << 20).is_err());
+    }
     // format writes it at offset 0.
     let mut mem = HeapMemory::new(1 << 20);
     let l = Layout::for_arena(1 << 20, 0);
@@ -380,4 +397,107 @@ fn the_superblock_describes_the_layout_and_is_checked() {
     mem.read(0, &mut b).unwrap();
     assert_eq!(Layout::from_superblock(&b, 1 << 20), Ok(l));
     assert!(l.bucket(&mem, l.buckets).is_ok());
+}
+
+/// Edits that cannot be written are refused, not a panic: `Layout::apply`
+/// and `apply_over_copy` (a replay has no `Meta` to check them against)
+/// leave the bytes as they were, and `Edit::validate` also refuses entries
+/// outside the arena's objects.
+#[test]
+fn a_bad_edit_is_refused_not_a_panic() {
+    let layout = Layout::new(SUPERBLOCK_LEN, 2);
+    let arena_len = 1 << 20;
+    let mut mem = HeapMemory::new(arena_len);
+    layout.format(&mut mem).unwrap();
+    let objects = layout.reserved_len();
+    let good = Slot {
+        tag: 5,
+        offset: objects,
+        units: 2,
+        generation: 1,
+    };
+    let set = |slot: u8, entry: Slot| Edit::Slot {
+        bucket: 0,
+        slot,
+        entry: Some(entry),
+    };
+    let unwritable = [
+        set(SLOTS as u8, good),
+        set(255, good),
+        Edit::Slot {
+            bucket: 3,
+            slot: 0,
+            entry: None,
+        },
+        Edit::Spill { bucket: 2 },
+        set(0, Slot { tag: 0, ..good }),
+        set(
+            0,
+            Slot {
+                offset: objects + 8,
+                ..good
+            },
+        ),
+        set(
+            0,
+            Slot {
+                offset: MAX_ARENA_LEN,
+                ..good
+            },
+        ),
+        set(0, Slot { units: 0, ..good }),
+    ];
+    let before = mem.clone();
+    for e in &unwritable {
+        for over_copy in [false, true] {
+            let r = if over_copy {
+                layout.apply_over_copy(&mut mem, e, 9)
+            } else {
+                layout.apply(&mut mem, e, 9)
+            };
+            assert!(matches!(r, Err(IndexError::BadEdit(_))), "{e:?}: {r:?}");
+        }
+        assert!(e.validate(&layout, arena_len).is_err(), "{e:?}");
+        let mut m = Meta::new(layout);
+        assert!(m.apply(e, b"k", 1).is_err(), "{e:?}");
+        assert_eq!(m, Meta::new(layout));
+    }
+    assert!(mem == before, "a refused edit wrote");
+    // Writable, but not inside the arena's objects.
+    for offset in [0, SUPERBLOCK_LEN, objects - 64, arena_len - 64, arena_len] {
+        let e = set(0, Slot { offset, ..good });
+        assert!(e.validate(&layout, arena_len).is_err(), "{offset}");
+    }
+    assert!(set(30, good).validate(&layout, arena_len).is_ok());
+    let last = Slot {
+        offset: arena_len - 128,
+        ..good
+    };
+    assert!(set(0, last).validate(&layout, arena_len).is_ok());
+    layout.apply(&mut mem, &set(30, good), 9).unwrap();
+}
+
+/// `Meta::apply` refuses an edit that does not fit its state before it
+/// changes anything (it used to forget the key's old object first).
+#[test]
+fn a_refused_meta_edit_changes_nothing() {
+    let layout = Layout::new(0, 2);
+    let mut m = Meta::new(layout);
+    let entry = |key: &[u8], offset| Slot {
+        tag: tag_of(key_hash(key)),
+        offset,
+        units: 1,
+        generation: 1,
+    };
+    for (k, off) in [(&b"a"[..], 4096), (b"b", 8192)] {
+        for e in m.plan_put(k, entry(k, off)).unwrap() {
+            m.apply(&e, k, 1).unwrap();
+        }
+    }
+    let before = m.clone();
+    // "a" moved onto the object of "b".
+    let e = m.plan_put(b"a", entry(b"a", 8192)).unwrap();
+    assert!(m.apply(&e[0], b"a", 1).is_err());
+    assert_eq!(m, before);
+    assert!(m.owns(4096) && m.owns(8192));
 }

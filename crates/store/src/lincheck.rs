@@ -15,7 +15,11 @@
 //!
 //! The register model: the value is `Option<u64>`, `None` before the first
 //! write and after a delete (`Write(None)`). Values are tags chosen by the
-//! workload (typically unique per write), not the bytes.
+//! workload (typically unique per write), not the bytes. Besides reads and
+//! writes, an operation may have seen only whether the register held a
+//! value (`Present`: a conditional put that was refused), or have seen
+//! that and written atomically (`Swap`: a remove that says whether the key
+//! existed, a put that says whether it created the key).
 //!
 //! [`minimize`] shrinks a failing key's history to a small one that still
 //! fails, for a readable report.
@@ -30,6 +34,43 @@ pub enum Kind {
     Write(Option<u64>),
     /// Read the register and saw this value (`None`: absent).
     Read(Option<u64>),
+    /// Read the register and saw only whether it held a value (`true`)
+    /// or not.
+    Present(bool),
+    /// Saw whether the register held a value (`was`), then set it to
+    /// `to`, atomically.
+    Swap {
+        /// Whether it held a value before.
+        was: bool,
+        /// The value it set (`None`: delete).
+        to: Option<u64>,
+    },
+}
+
+impl Kind {
+    /// Whether it may take effect on register state `state`, and the
+    /// state after it.
+    fn step(self, state: Option<u64>) -> (bool, Option<u64>) {
+        match self {
+            Kind::Write(v) => (true, v),
+            Kind::Read(v) => (v == state, state),
+            Kind::Present(p) => (state.is_some() == p, state),
+            Kind::Swap { was, to } => (state.is_some() == was, to),
+        }
+    }
+
+    /// Whether it only reads (an unknown outcome then says nothing).
+    fn is_read(self) -> bool {
+        matches!(self, Kind::Read(_) | Kind::Present(_))
+    }
+
+    /// The value it writes, if it writes.
+    fn written(self) -> Option<Option<u64>> {
+        match self {
+            Kind::Write(v) | Kind::Swap { to: v, .. } => Some(v),
+            Kind::Read(_) | Kind::Present(_) => None,
+        }
+    }
 }
 
 /// One operation of a history.
@@ -53,6 +94,12 @@ impl fmt::Display for Op {
         let what = match self.kind {
             Kind::Write(x) => format!("write {}", v(x)),
             Kind::Read(x) => format!("read  {}", v(x)),
+            Kind::Present(p) => format!("read  {}", if p { "(present)" } else { "(absent)" }),
+            Kind::Swap { was, to } => format!(
+                "write {} (was {})",
+                v(to),
+                if was { "present" } else { "absent" }
+            ),
         };
         let ret = self.ret.map_or("?".to_string(), |r| r.to_string());
         write!(
@@ -78,7 +125,7 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
     let mut by_key: BTreeMap<u64, Vec<Op>> = BTreeMap::new();
     for o in ops {
         // A read whose result never came back says nothing.
-        if matches!(o.kind, Kind::Read(_)) && o.ret.is_none() {
+        if o.kind.is_read() && o.ret.is_none() {
             continue;
         }
         by_key.entry(o.key).or_default().push(o.clone());
@@ -171,10 +218,7 @@ pub fn linearizable(ops: &[Op]) -> bool {
         let e = entries[cur];
         if e.is_call {
             let o = &ops[e.op];
-            let (ok, new_state) = match o.kind {
-                Kind::Write(v) => (true, v),
-                Kind::Read(v) => (v == state, state),
-            };
+            let (ok, new_state) = o.kind.step(state);
             if ok {
                 let mut d = done.clone();
                 d[e.op / 64] |= 1 << (e.op % 64);
@@ -244,9 +288,9 @@ pub fn minimize(ops: &[Op]) -> Vec<Op> {
 fn minimize_pass(mut cur: Vec<Op>) -> Vec<Op> {
     let mut i = 0;
     while i < cur.len() {
-        let explains = match cur[i].kind {
-            Kind::Write(v) => cur.iter().any(|o| o.kind == Kind::Read(v) && v.is_some()),
-            Kind::Read(_) => false,
+        let explains = match cur[i].kind.written() {
+            Some(v) => cur.iter().any(|o| o.kind == Kind::Read(v) && v.is_some()),
+            None => false,
         };
         let mut trial = cur.clone();
         trial.remove(i);
@@ -359,6 +403,126 @@ mod tests {
             op(0, Some(1), Read(Some(1))),
             op(2, Some(3), Write(Some(1))),
         ]));
+    }
+
+    /// What a refused conditional put and a remove's `existed` say about
+    /// the register is checked too.
+    #[test]
+    fn presence_is_checked() {
+        // A put "if absent" refused although the key was deleted before.
+        assert!(!linearizable(&[
+            op(0, Some(1), Write(Some(1))),
+            op(2, Some(3), Write(None)),
+            op(4, Some(5), Present(true)),
+        ]));
+        assert!(linearizable(&[
+            op(0, Some(1), Write(Some(1))),
+            op(2, Some(3), Present(true)),
+            op(4, Some(5), Write(None)),
+            op(6, Some(7), Present(false)),
+        ]));
+        // A remove that says the key existed, of a key never written.
+        assert!(!linearizable(&[op(
+            0,
+            Some(1),
+            Swap {
+                was: true,
+                to: None
+            }
+        )]));
+        // Two removes that both say it existed, with no write between.
+        assert!(!linearizable(&[
+            op(0, Some(1), Write(Some(1))),
+            op(
+                2,
+                Some(3),
+                Swap {
+                    was: true,
+                    to: None
+                }
+            ),
+            op(
+                4,
+                Some(5),
+                Swap {
+                    was: true,
+                    to: None
+                }
+            ),
+        ]));
+        // Concurrent ones: one of them removed it.
+        assert!(!linearizable(&[
+            op(0, Some(1), Write(Some(1))),
+            op(
+                2,
+                Some(5),
+                Swap {
+                    was: true,
+                    to: None
+                }
+            ),
+            op(
+                3,
+                Some(6),
+                Swap {
+                    was: true,
+                    to: None
+                }
+            ),
+        ]));
+        assert!(linearizable(&[
+            op(0, Some(1), Write(Some(1))),
+            op(
+                2,
+                Some(5),
+                Swap {
+                    was: true,
+                    to: None
+                }
+            ),
+            op(
+                3,
+                Some(6),
+                Swap {
+                    was: false,
+                    to: None
+                }
+            ),
+        ]));
+        // A put that created the key, which was there: not linearizable;
+        // and what it wrote is read afterwards.
+        assert!(!linearizable(&[
+            op(0, Some(1), Write(Some(1))),
+            op(
+                2,
+                Some(3),
+                Swap {
+                    was: false,
+                    to: Some(2)
+                }
+            ),
+        ]));
+        assert!(linearizable(&[
+            op(
+                0,
+                Some(1),
+                Swap {
+                    was: false,
+                    to: Some(1)
+                }
+            ),
+            op(
+                2,
+                Some(3),
+                Swap {
+                    was: true,
+                    to: Some(2)
+                }
+            ),
+            op(4, Some(5), Read(Some(2))),
+        ]));
+        // An unknown presence read says nothing.
+        assert!(check(&[op(0, None, Present(true))]).is_empty());
     }
 
     #[test]

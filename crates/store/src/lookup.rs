@@ -1,8 +1,9 @@
 //! The one-sided look-up of a key, as a pure state machine: it asks for
 //! reads of the arena ([`Step::Read`]) and is fed the bytes each returned
 //! ([`Lookup::on_read`]), so the real client (RDMA Reads of the primary's
-//! arena) and the simulation (reads of a simulated node's memory at a
-//! simulated instant) run exactly the same logic.
+//! arena), the simulation (reads of a simulated node's memory at a
+//! simulated instant) and the node's own `Op::Get` (reads of its memory)
+//! run exactly the same logic.
 //!
 //! The steps (Pilaf, FaRM): read the key's home bucket (512 bytes) and
 //! check its checksum; read the object of each slot whose tag matches;
@@ -23,12 +24,16 @@
 //!   read later: a key never moves between buckets while it lives, so if
 //!   it existed at both reads it was in one of them, and otherwise it was
 //!   absent at some instant between).
-//! * A candidate slot whose object holds another key in the slot's
-//!   generation is a tag collision: skipped. Anything else (freed space,
-//!   space reused by another object, a torn object) means the slot changed
-//!   since the bucket was read: the look-up starts over from the home
-//!   bucket, at most [`MAX_RESTARTS`] times, then gives up and the caller
-//!   asks the node (the counted fallback).
+//! * A candidate slot whose object holds another key **of the slot's tag**
+//!   (the header's key hash) in the slot's generation is a tag collision:
+//!   that object is the one the slot was written for, so the slot is
+//!   another key's and skipping it loses nothing (space reused by another
+//!   key's object passes for it only if that key has the slot's tag too
+//!   and a generation a multiple of 2^32 apart). Anything else (freed
+//!   space, space reused by another object, a torn object) means the slot
+//!   changed since the bucket was read: the look-up starts over from the
+//!   home bucket, at most [`MAX_RESTARTS`] times, then gives up and the
+//!   caller asks the node (the counted fallback).
 
 use crate::index::{self, key_hash, tag_of, Layout, Slot, BUCKET_LEN};
 use crate::object;
@@ -205,7 +210,10 @@ impl Lookup {
                         let offset = slot.offset;
                         self.found(&o, offset)
                     }
-                    Ok(o) if o.generation as u32 == slot.generation => {
+                    Ok(o)
+                        if o.generation as u32 == slot.generation
+                            && tag_of(o.key_hash) == slot.tag =>
+                    {
                         // Another key with the same tag.
                         self.next_candidate(no, spill, cands, at + 1)
                     }

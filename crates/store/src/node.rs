@@ -41,7 +41,7 @@ use crate::alloc::{AllocError, Allocator};
 use crate::arena::Memory;
 use crate::coord::{Campaign, GroupRecord};
 use crate::index::{self, Layout, Meta};
-use crate::object::{self, HEADER_LEN};
+use crate::object;
 use crate::proto::{
     self, Body, Cond, DedupEntry, Effect, Envelope, Member, NodeId, Op, RepOp, Reply, StatusInfo,
     StoreError,
@@ -353,6 +353,13 @@ impl<M: Memory> Node<M> {
     /// contents are irrelevant: recovery overwrites all of it).
     pub fn new(cfg: NodeConfig, mem: M) -> Node<M> {
         assert_eq!(mem.len(), cfg.arena.len, "memory must be the arena's size");
+        // (`Config::validate` refuses larger: index slots could not name
+        // the objects past it, and every keyed write would diverge.)
+        assert!(
+            cfg.arena.len <= index::MAX_ARENA_LEN,
+            "an arena is at most {} bytes",
+            index::MAX_ARENA_LEN
+        );
         assert!(cfg.heartbeat_timeout > cfg.heartbeat_interval);
         assert!(cfg.sync_chunk > 0 && cfg.sync_window > 0);
         Node {
@@ -1025,9 +1032,7 @@ impl<M: Memory> Node<M> {
     }
 
     fn read(&self, ptr: RemotePtr) -> Result<Reply, StoreError> {
-        let off = ptr
-            .validate(&self.cfg.arena, &self.alloc)
-            .map_err(ptr_error)?;
+        let off = self.object_offset(&ptr)?;
         match object::read_object(&self.mem, off, ptr.len as u64) {
             Ok(o) => Ok(Reply::Data {
                 version: o.version,
@@ -1038,30 +1043,45 @@ impl<M: Memory> Node<M> {
         }
     }
 
-    fn alloc_error(&self, e: AllocError, data_len: usize) -> StoreError {
+    /// The largest value that an object with a key of `key_len` bytes (0:
+    /// the pointer API) can hold: the largest allocation there can be (the
+    /// arena less the key index's region, and what a pointer's 32-bit
+    /// length names) less the header and the key.
+    fn max_value(&self, key_len: usize) -> u64 {
+        let reserved = self.layout.map_or(0, |l| l.reserved_len());
+        let largest = self.alloc.size().saturating_sub(reserved);
+        let largest = largest.min(u32::MAX as u64 & !(object::UNIT - 1));
+        largest.saturating_sub(object::encoded_len(key_len, 0) as u64)
+    }
+
+    fn alloc_error(&self, e: AllocError, key_len: usize, value_len: usize) -> StoreError {
         match e {
             AllocError::TooLarge { .. } => StoreError::TooLarge {
-                len: data_len as u64,
-                max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
+                len: value_len as u64,
+                max: self.max_value(key_len),
             },
             AllocError::Full { largest_free, .. } => StoreError::Full { largest_free },
             e => StoreError::Other(e.to_string()),
         }
     }
 
-    /// A new allocation for `need` bytes of object: its offset and length.
-    fn new_allocation(&self, need: usize, value_len: usize) -> Result<(u64, u64), StoreError> {
-        if need as u64 > u32::MAX as u64 {
+    /// A new allocation for an object of a `key_len`-byte key and a
+    /// `value_len`-byte value: its offset and length. A value that no
+    /// allocation could ever hold is `TooLarge` (not `Full`), with the
+    /// largest that could be stored.
+    fn new_allocation(&self, key_len: usize, value_len: usize) -> Result<(u64, u64), StoreError> {
+        if value_len as u64 > self.max_value(key_len) {
             return Err(StoreError::TooLarge {
                 len: value_len as u64,
-                max: self.alloc.size().saturating_sub(HEADER_LEN as u64),
+                max: self.max_value(key_len),
             });
         }
+        let need = object::encoded_len(key_len, value_len) as u64;
         let off = self
             .alloc
-            .find_fit(need as u64)
-            .map_err(|e| self.alloc_error(e, value_len))?;
-        Ok((off, crate::alloc::round_up(need as u64).unwrap()))
+            .find_fit(need)
+            .map_err(|e| self.alloc_error(e, key_len, value_len))?;
+        Ok((off, crate::alloc::round_up(need).unwrap()))
     }
 
     fn ptr_at(&self, off: u64, len: u64) -> RemotePtr {
@@ -1072,14 +1092,27 @@ impl<M: Memory> Node<M> {
         }
     }
 
-    /// The arena offset a pointer names, for a write of the pointer API:
-    /// objects that belong to a key change only through the key.
-    fn unkeyed_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
+    /// The arena offset a pointer of the pointer API names: an allocation
+    /// (`RemotePtr::validate`), and not the key index's region, which is
+    /// one but holds no object.
+    fn object_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
         let off = ptr
             .validate(&self.cfg.arena, &self.alloc)
             .map_err(ptr_error)?;
-        let keyed = self.index.as_ref().is_some_and(|m| m.owns(off));
-        if keyed || self.layout.is_some_and(|l| off < l.reserved_len()) {
+        if let Some(l) = self.layout.filter(|l| off < l.reserved_len()) {
+            return Err(StoreError::Other(format!(
+                "the pointer names the key index (arena bytes 0..{}), not an object",
+                l.reserved_len()
+            )));
+        }
+        Ok(off)
+    }
+
+    /// The arena offset a pointer names, for a write of the pointer API:
+    /// objects that belong to a key change only through the key.
+    fn unkeyed_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
+        let off = self.object_offset(ptr)?;
+        if self.index.as_ref().is_some_and(|m| m.owns(off)) {
             return Err(StoreError::Keyed);
         }
         Ok(off)
@@ -1097,8 +1130,7 @@ impl<M: Memory> Node<M> {
         };
         match op {
             Op::Insert { data } => {
-                let (off, len) =
-                    self.new_allocation(object::encoded_len(0, data.len()), data.len())?;
+                let (off, len) = self.new_allocation(0, data.len())?;
                 Ok((
                     vec![Effect::Alloc { offset: off, len }, write(off, data)],
                     Reply::Inserted(self.ptr_at(off, len)),
@@ -1110,7 +1142,7 @@ impl<M: Memory> Node<M> {
                 if need as u64 <= ptr.len as u64 {
                     return Ok((vec![write(off, data)], Reply::Updated(*ptr)));
                 }
-                let (new_off, len) = self.new_allocation(need, data.len())?;
+                let (new_off, len) = self.new_allocation(0, data.len())?;
                 Ok((
                     vec![
                         Effect::Alloc {
@@ -1235,10 +1267,12 @@ impl<M: Memory> Node<M> {
                     generation,
                     edit,
                 } => {
-                    if self.layout.is_none() {
-                        return Err("an index edit before the index".into());
-                    }
-                    // (`None` while replaying a copy: rebuilt afterwards.)
+                    let layout = self.layout.ok_or("an index edit before the index")?;
+                    // Checked here whether or not the index's state is
+                    // kept (it is not while replaying a copy: rebuilt
+                    // afterwards), so `apply_bytes` cannot fail on it.
+                    edit.validate(&layout, self.cfg.arena.len)
+                        .map_err(|e| e.to_string())?;
                     if let Some(m) = &mut self.index {
                         m.apply(edit, key, *generation)?;
                     }
@@ -2182,6 +2216,9 @@ mod tests {
         msgs: VecDeque<(NodeId, NodeId, Envelope)>,
         calls: Vec<Call>,
         sync_starts: usize,
+        /// Answers to clients: (request id, result).
+        answers: Vec<(u64, Result<Reply, StoreError>)>,
+        req_id: u64,
     }
 
     impl H {
@@ -2213,6 +2250,8 @@ mod tests {
                 msgs: VecDeque::new(),
                 calls: Vec::new(),
                 sync_starts: 0,
+                answers: Vec::new(),
+                req_id: 0,
             }
         }
 
@@ -2230,6 +2269,14 @@ mod tests {
                         }
                         self.msgs.push_back((n, to, env));
                     }
+                    Output::Send {
+                        to: Addr::Client(_),
+                        env:
+                            Envelope {
+                                body: Body::Response { req_id, result },
+                                ..
+                            },
+                    } => self.answers.push((req_id, result)),
                     Output::Send { .. } => {}
                     Output::Coord { id, req } => self.calls.push(Call {
                         node: n,
@@ -2304,6 +2351,31 @@ mod tests {
         fn redundant(&mut self) {
             self.run(200_000, &|_, _| false);
             assert!(self.node(1).is_redundant(), "{:?}", self.node(1).status());
+        }
+
+        /// A client's request to node 1, answered (replicated first if a
+        /// write) within a few heartbeats.
+        fn request(&mut self, op: Op) -> Result<Reply, StoreError> {
+            self.req_id += 1;
+            let req_id = self.req_id;
+            let env = Envelope {
+                epoch: self.node(1).epoch(),
+                body: Body::Request {
+                    client: 77,
+                    req_id,
+                    op,
+                },
+            };
+            self.feed(
+                1,
+                Input::Message {
+                    from: Addr::Client(77),
+                    env,
+                },
+            );
+            self.run(4 * HB, &never);
+            let i = self.answers.iter().position(|a| a.0 == req_id);
+            self.answers.remove(i.expect("answered")).1
         }
     }
 
@@ -2401,5 +2473,207 @@ mod tests {
         h.run(50_000, &never);
         assert!(h.node(1).is_redundant());
         assert_eq!(h.node(2).status().role, proto::ROLE_SECONDARY);
+    }
+
+    /// A scan pattern longer than `glob::MAX_PATTERN_LEN` is refused (the
+    /// matcher's cost grows with it, and the scan runs on the node loop);
+    /// one at the limit is taken.
+    #[test]
+    fn a_scan_pattern_too_long_is_refused() {
+        let mut h = H::new();
+        h.redundant();
+        let put = Op::Put {
+            key: b"k1".to_vec(),
+            data: b"v".to_vec(),
+            cond: Cond::Always,
+        };
+        assert!(matches!(h.request(put), Ok(Reply::Stored { .. })));
+        let scan = |pattern: Vec<u8>| Op::Scan {
+            cursor: 0,
+            count: 100,
+            pattern,
+        };
+        let max = crate::glob::MAX_PATTERN_LEN;
+        assert_eq!(
+            h.request(scan(vec![b'*'; max + 1])),
+            Err(StoreError::BadPattern {
+                len: max as u64 + 1,
+                max: max as u64
+            })
+        );
+        assert_eq!(
+            h.request(scan(vec![b'*'; max])),
+            Ok(Reply::Keys {
+                keys: vec![b"k1".to_vec()],
+                next: 0
+            })
+        );
+    }
+
+    /// A replicated index edit that cannot be applied (here an entry
+    /// without a tag, which the bucket encoder refuses) is a divergence:
+    /// the secondary starts over with a copy of the arena. It used to pass
+    /// `apply_meta` and panic in `apply_bytes`.
+    #[test]
+    fn a_bad_replicated_index_edit_is_a_divergence() {
+        let mut h = H::new();
+        h.redundant();
+        let put = Op::Put {
+            key: b"k1".to_vec(),
+            data: b"v".to_vec(),
+            cond: Cond::Always,
+        };
+        assert!(matches!(h.request(put), Ok(Reply::Stored { .. })));
+        let layout = h.node(2).index_layout().unwrap();
+        let seq = h.node(2).applied_seq() + 1;
+        let bad = |tag, slot, offset| RepOp {
+            client: 78,
+            req_id: 1,
+            effects: vec![Effect::Index {
+                key: b"k2".to_vec(),
+                generation: seq,
+                edit: index::Edit::Slot {
+                    bucket: 0,
+                    slot,
+                    entry: Some(index::Slot {
+                        tag,
+                        offset,
+                        units: 1,
+                        generation: seq as u32,
+                    }),
+                },
+            }],
+            reply: Reply::Removed { existed: false },
+        };
+        let objects = layout.reserved_len();
+        for (i, op) in [
+            bad(0, 30, objects),
+            bad(3, 30, objects + 1),
+            bad(3, 30, ARENA.len),
+            bad(3, 30, 0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let env = Envelope {
+                epoch: h.node(1).epoch(),
+                body: Body::Replicate { seq, op },
+            };
+            h.feed(
+                2,
+                Input::Message {
+                    from: Addr::Node(1),
+                    env,
+                },
+            );
+            assert_eq!(h.node(2).divergences(), i as u64 + 1);
+            assert!(h.node(2).last_divergence().unwrap().contains("index edit"));
+            h.redundant();
+        }
+    }
+
+    /// `TooLarge` names the largest value that can be stored under the
+    /// key: the arena less the index region, the header and the key (it
+    /// named the arena less the header, and a value between the two was
+    /// answered `Full`).
+    #[test]
+    fn too_large_names_the_largest_value_that_fits() {
+        let mut h = H::new();
+        h.redundant();
+        let reserved = h.node(1).index_layout().unwrap().reserved_len();
+        let most = ARENA.len - reserved - object::HEADER_LEN as u64;
+        let put = |len: u64| Op::Put {
+            key: b"k1".to_vec(),
+            data: vec![7; len as usize],
+            cond: Cond::Always,
+        };
+        assert_eq!(
+            h.request(put(most - 1)),
+            Err(StoreError::TooLarge {
+                len: most - 1,
+                max: most - 2
+            })
+        );
+        let insert = |len: u64| Op::Insert {
+            data: vec![7; len as usize],
+        };
+        assert_eq!(
+            h.request(insert(most + 1)),
+            Err(StoreError::TooLarge {
+                len: most + 1,
+                max: most
+            })
+        );
+        // The largest is stored: the arena holds nothing else.
+        assert!(matches!(h.request(put(most - 2)), Ok(Reply::Stored { .. })));
+    }
+
+    /// The pointer API aimed at the key index's region (an allocation, but
+    /// no object) is refused with an error that says so, not `Torn` or
+    /// `Keyed`.
+    #[test]
+    fn a_pointer_to_the_index_region_is_refused() {
+        let mut h = H::new();
+        h.redundant();
+        let reserved = h.node(1).index_layout().unwrap().reserved_len();
+        let ptr = RemotePtr {
+            addr: ARENA.base,
+            stag: ARENA.stag,
+            len: reserved as u32,
+        };
+        for op in [
+            Op::Read { ptr },
+            Op::Update {
+                ptr,
+                data: b"x".to_vec(),
+            },
+            Op::Delete { ptr },
+        ] {
+            let r = h.request(op.clone());
+            assert!(
+                matches!(&r, Err(StoreError::Other(m)) if m.contains("key index")),
+                "{op:?}: {r:?}"
+            );
+        }
+    }
+
+    /// The node's `Op::Get` is the one-sided look-up on its own memory:
+    /// found (also after an update moved the object), absent, removed.
+    #[test]
+    fn the_server_side_get_is_the_look_up() {
+        let mut h = H::new();
+        h.redundant();
+        let put = |data: &[u8]| Op::Put {
+            key: b"k1".to_vec(),
+            data: data.to_vec(),
+            cond: Cond::Always,
+        };
+        let get = |key: &[u8]| Op::Get { key: key.to_vec() };
+        let Ok(Reply::Stored { ptr, .. }) = h.request(put(b"one")) else {
+            panic!("not stored")
+        };
+        let Ok(Reply::Value { ptr: p, data, .. }) = h.request(get(b"k1")) else {
+            panic!("not found")
+        };
+        assert_eq!((p, data), (ptr, b"one".to_vec()));
+        // Moved to a larger allocation.
+        let Ok(Reply::Stored { ptr: moved, .. }) = h.request(put(&[5; 300])) else {
+            panic!("not stored")
+        };
+        assert_ne!(moved, ptr);
+        let Ok(Reply::Value { ptr: p, data, .. }) = h.request(get(b"k1")) else {
+            panic!("not found")
+        };
+        assert_eq!((p, data), (moved, vec![5; 300]));
+        assert_eq!(h.request(get(b"k2")), Ok(Reply::NoKey));
+        let remove = Op::Remove {
+            key: b"k1".to_vec(),
+        };
+        assert_eq!(h.request(remove), Ok(Reply::Removed { existed: true }));
+        assert_eq!(h.request(get(b"k1")), Ok(Reply::NoKey));
+        assert!(matches!(
+            h.request(get(b"")),
+            Err(StoreError::BadKey { len: 0, .. })
+        ));
     }
 }

@@ -5,22 +5,18 @@
 use super::*;
 use crate::glob;
 use crate::index::{key_hash, tag_of, Slot};
+use crate::lookup::{Lookup, Outcome, Step};
 
 /// Buckets one scan request walks at most, so a sparse match cannot hold
 /// the node loop for long.
 const SCAN_BUCKETS: u64 = 256;
 
-impl<M: Memory> Node<M> {
-    fn check_key(key: &[u8]) -> Result<(), StoreError> {
-        if key.is_empty() || key.len() > object::MAX_KEY_LEN {
-            return Err(StoreError::BadKey {
-                len: key.len() as u64,
-                max: object::MAX_KEY_LEN as u64,
-            });
-        }
-        Ok(())
-    }
+/// Matching work (key bytes times pattern bytes, a bound on the
+/// matcher's steps) after which a scan request ends with the bucket it is
+/// in, so long keys and a long pattern cannot hold the node loop either.
+const SCAN_WORK: u64 = 1 << 26;
 
+impl<M: Memory> Node<M> {
     fn meta(&self) -> Result<&Meta, StoreError> {
         self.index
             .as_ref()
@@ -40,7 +36,7 @@ impl<M: Memory> Node<M> {
         data: &[u8],
         cond: Cond,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         let meta = self.meta()?;
         let existing = meta.get(key).copied();
         match (cond, existing) {
@@ -74,7 +70,7 @@ impl<M: Memory> Node<M> {
                 ));
             }
         }
-        let (off, len) = self.new_allocation(need, data.len())?;
+        let (off, len) = self.new_allocation(key.len(), data.len())?;
         let entry = Slot {
             tag: tag_of(key_hash(key)),
             offset: off,
@@ -109,7 +105,7 @@ impl<M: Memory> Node<M> {
     /// A remove: the object freed and the slot cleared; a missing key is a
     /// write without effects (ordered like the rest).
     pub(super) fn plan_remove(&self, key: &[u8]) -> Result<(Vec<Effect>, Reply), StoreError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         let meta = self.meta()?;
         let Some(edit) = meta.plan_delete(key) else {
             return Ok((Vec::new(), Reply::Removed { existed: false }));
@@ -128,53 +124,74 @@ impl<M: Memory> Node<M> {
         ))
     }
 
-    /// The object a slot names, if it holds `key` in the slot's
-    /// generation.
-    fn object_of(&self, slot: &Slot, key: &[u8]) -> Option<object::Owned> {
-        let o =
-            object::read_object(&self.mem, slot.offset, slot.units as u64 * object::UNIT).ok()?;
-        (o.key == key && o.generation as u32 == slot.generation).then_some(o)
-    }
-
-    /// The server-side get: the look-up a one-sided reader makes, on the
-    /// committed bytes (a primary's arena holds committed writes only).
+    /// The server-side get: the one-sided reader's look-up ([`Lookup`])
+    /// run on this node's committed bytes (a primary's arena holds
+    /// committed writes only, and nothing changes them while the node
+    /// loop runs it), so the node answers by the very rules a client
+    /// reads by.
     pub(super) fn get_key(&self, key: &[u8]) -> Result<Reply, StoreError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         let layout = self
             .layout
             .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))?;
-        let mut hit = None;
-        layout
-            .find(&self.mem, key_hash(key), |s| {
-                hit = self.object_of(s, key).map(|o| (*s, o));
-                hit.is_some()
-            })
-            .map_err(|e| StoreError::Other(format!("index: {e}")))?;
-        Ok(match hit {
-            None => Reply::NoKey,
-            Some((s, o)) => Reply::Value {
-                ptr: self.ptr_at(s.offset, s.units as u64 * object::UNIT),
-                generation: o.generation,
-                version: o.version,
-                data: o.data,
-            },
-        })
+        let (mut l, mut step) = Lookup::start(key, layout, None);
+        let mut buf = Vec::new();
+        loop {
+            match step {
+                Step::Read { offset, len } => {
+                    buf.resize(len as usize, 0);
+                    self.mem
+                        .read(offset, &mut buf)
+                        .map_err(|e| StoreError::Other(format!("index: {e}")))?;
+                    step = l.on_read(&buf);
+                }
+                Step::Done(Outcome::Found {
+                    offset,
+                    len,
+                    generation,
+                    version,
+                    data,
+                }) => {
+                    return Ok(Reply::Value {
+                        ptr: self.ptr_at(offset, len as u64),
+                        generation,
+                        version,
+                        data,
+                    })
+                }
+                Step::Done(Outcome::Absent) => return Ok(Reply::NoKey),
+                // Memory that does not change cannot race the look-up:
+                // the index does not match the objects.
+                Step::Done(Outcome::GaveUp) => {
+                    return Err(StoreError::Other(
+                        "index: the key's slots do not match their objects".into(),
+                    ))
+                }
+            }
+        }
     }
 
     /// A scan step: the committed keys matching `pattern` in the buckets
-    /// from `cursor` on, until `count` keys were seen or
-    /// [`SCAN_BUCKETS`] buckets were walked.
+    /// from `cursor` on, until `count` keys were seen, [`SCAN_BUCKETS`]
+    /// buckets were walked or [`SCAN_WORK`] was spent matching.
     pub(super) fn scan(
         &self,
         cursor: u64,
         count: u32,
         pattern: &[u8],
     ) -> Result<Reply, StoreError> {
+        if pattern.len() > glob::MAX_PATTERN_LEN {
+            return Err(StoreError::BadPattern {
+                len: pattern.len() as u64,
+                max: glob::MAX_PATTERN_LEN as u64,
+            });
+        }
         let layout = self
             .layout
             .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))?;
+        let glob = glob::Pattern::new(pattern);
         let mut keys = Vec::new();
-        let mut seen = 0u64;
+        let (mut seen, mut work) = (0u64, 0u64);
         let mut no = cursor;
         while no <= layout.buckets && no < cursor.saturating_add(SCAN_BUCKETS) {
             let b = layout
@@ -183,13 +200,14 @@ impl<M: Memory> Node<M> {
             for s in b.slots.iter().flatten() {
                 if let Ok((k, _)) = object::read_key(&self.mem, s.offset) {
                     seen += 1;
-                    if pattern.is_empty() || glob::matches(pattern, &k) {
+                    work += (k.len() * pattern.len()) as u64;
+                    if pattern.is_empty() || glob.matches(&k) {
                         keys.push(k);
                     }
                 }
             }
             no += 1;
-            if seen >= count.max(1) as u64 {
+            if seen >= count.max(1) as u64 || work >= SCAN_WORK {
                 break;
             }
         }

@@ -51,6 +51,19 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SRO2");
 /// The longest key, in bytes (memcached allows 250, this allows more).
 pub const MAX_KEY_LEN: usize = 1024;
 
+/// Checks a key: 1 to [`MAX_KEY_LEN`] bytes, else
+/// [`StoreError::BadKey`](crate::proto::StoreError::BadKey). The one rule
+/// for the node and its clients.
+pub fn check_key(key: &[u8]) -> Result<(), crate::proto::StoreError> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(crate::proto::StoreError::BadKey {
+            len: key.len() as u64,
+            max: MAX_KEY_LEN as u64,
+        });
+    }
+    Ok(())
+}
+
 /// Why bytes could not be decoded as an object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
@@ -121,6 +134,9 @@ pub struct Object<'a> {
     pub version: u64,
     /// Generation.
     pub generation: u64,
+    /// The key's hash as the header stores it (`index::key_hash(key)`; 0
+    /// without a key).
+    pub key_hash: u64,
     /// The key (empty for the pointer API).
     pub key: &'a [u8],
     /// The data.
@@ -231,6 +247,7 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
     let crc = u32_at(16);
     let allocation = u32_at(20) as u64 * UNIT;
     let generation = u64_at(24);
+    let key_hash = u64_at(32);
     let key_len = u16::from_le_bytes(buf[40..42].try_into().unwrap()) as usize;
     if key_len > MAX_KEY_LEN || key_len + len > buf.len() - HEADER_LEN {
         // A length that cannot be right for this allocation: torn header.
@@ -244,6 +261,7 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
     Ok(Object {
         version,
         generation,
+        key_hash,
         key,
         data,
         allocation,

@@ -204,7 +204,8 @@ pub enum Op {
         /// Stop after the bucket in which this many keys were seen.
         count: u32,
         /// Only keys matching this glob pattern (`*`, `?`, `[...]`, `\`);
-        /// empty: all.
+        /// empty: all. At most [`crate::glob::MAX_PATTERN_LEN`] bytes, else
+        /// [`StoreError::BadPattern`].
         pattern: Vec<u8>,
     },
 }
@@ -433,11 +434,13 @@ pub enum StoreError {
     #[error("pointer does not match an allocation")]
     NotAllocated,
     /// Value larger than the largest possible allocation.
-    #[error("value of {len} bytes exceeds the largest possible allocation ({max} bytes)")]
+    #[error("value of {len} bytes exceeds the largest that can be stored ({max} bytes)")]
     TooLarge {
         /// Value length.
         len: u64,
-        /// Largest possible allocation, minus the header.
+        /// The largest value that can be stored (under this key): the
+        /// largest possible allocation (the arena less the key index)
+        /// less the header and the key.
         max: u64,
     },
     /// No free range large enough.
@@ -475,6 +478,14 @@ pub enum StoreError {
     /// A pointer-API write to an object that belongs to a key.
     #[error("the object belongs to a key; change it through the key")]
     Keyed,
+    /// A scan pattern longer than the node takes.
+    #[error("scan pattern of {len} bytes: patterns are at most {max} bytes")]
+    BadPattern {
+        /// Pattern length.
+        len: u64,
+        /// Longest pattern.
+        max: u64,
+    },
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -895,6 +906,11 @@ fn enc_error(w: &mut W, e: &StoreError) {
             w.u64(*bucket);
         }
         StoreError::Keyed => w.u8(14),
+        StoreError::BadPattern { len, max } => {
+            w.u8(15);
+            w.u64(*len);
+            w.u64(*max);
+        }
     }
 }
 
@@ -1246,6 +1262,10 @@ fn dec_error(r: &mut R<'_>) -> Result<StoreError, DecodeError> {
         },
         13 => StoreError::IndexFull { bucket: r.u64()? },
         14 => StoreError::Keyed,
+        15 => StoreError::BadPattern {
+            len: r.u64()?,
+            max: r.u64()?,
+        },
         tag => return Err(DecodeError::BadTag { what: "error", tag }),
     })
 }
@@ -1335,6 +1355,7 @@ mod tests {
             (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::BadKey { len, max }),
             any::<u64>().prop_map(|bucket| StoreError::IndexFull { bucket }),
             Just(StoreError::Keyed),
+            (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::BadPattern { len, max }),
             "[a-z é]{0,12}".prop_map(StoreError::Other),
         ]
     }

@@ -1068,13 +1068,36 @@ impl Sim {
                 let o = &self.clients[c].objects[inf.obj.unwrap()];
                 (o.oid, Kind::Write(None))
             }
-            (Op::Put { data, .. }, Ok(Reply::Stored { .. })) => {
-                (KEY_OID + inf.key_no.unwrap(), Kind::Write(tag_of(data)))
+            // A keyed write's answer also says what it saw: whether the
+            // put created the key, whether the remove found it, and a
+            // refused condition that the key was there (NX) or not (XX).
+            // Each is checked as a read of the key's presence, at the
+            // write's instant (`lincheck::Kind::Swap` and `Present`).
+            (Op::Put { data, cond, .. }, Ok(Reply::Stored { created, .. })) => {
+                let was = !*created;
+                if (*cond == Cond::IfAbsent && was) || (*cond == Cond::IfPresent && !was) {
+                    self.violations.push(format!(
+                        "client {c}: {cond:?} put stored with created = {created}"
+                    ));
+                }
+                let to = tag_of(data);
+                (KEY_OID + inf.key_no.unwrap(), Kind::Swap { was, to })
             }
-            (Op::Remove { .. }, Ok(Reply::Removed { .. })) => {
-                // Removing an absent key leaves it absent: a write of
-                // "absent" either way.
-                (KEY_OID + inf.key_no.unwrap(), Kind::Write(None))
+            (Op::Put { cond, .. }, Ok(Reply::NotStored)) => {
+                let present = match cond {
+                    Cond::IfAbsent => true,
+                    Cond::IfPresent => false,
+                    Cond::Always => {
+                        self.violations
+                            .push(format!("client {c}: an unconditional put was not stored"));
+                        return;
+                    }
+                };
+                (KEY_OID + inf.key_no.unwrap(), Kind::Present(present))
+            }
+            (Op::Remove { .. }, Ok(Reply::Removed { existed })) => {
+                let was = *existed;
+                (KEY_OID + inf.key_no.unwrap(), Kind::Swap { was, to: None })
             }
             (Op::Get { .. }, Ok(Reply::Value { data, .. })) => {
                 (KEY_OID + inf.key_no.unwrap(), Kind::Read(tag_of(data)))
@@ -1276,7 +1299,8 @@ impl Sim {
             }
         }
         // The history of every object is linearizable; writes still in
-        // flight count as possibly applied.
+        // flight count as possibly applied (a conditional one as if it
+        // were unconditional: looser, so never a false alarm).
         let mut h = self.history.clone();
         for (c, cl) in self.clients.iter().enumerate() {
             if let Some(inf) = &cl.inflight {

@@ -665,17 +665,6 @@ impl StoreClient {
         }
     }
 
-    fn check_key(key: &[u8]) -> Result<(), ClientError> {
-        if key.is_empty() || key.len() > object::MAX_KEY_LEN {
-            return Err(StoreError::BadKey {
-                len: key.len() as u64,
-                max: object::MAX_KEY_LEN as u64,
-            }
-            .into());
-        }
-        Ok(())
-    }
-
     fn remember(&mut self, key: &[u8], ptr: RemotePtr) {
         if let Some(a) = self.arena {
             self.cache_put(key, (ptr.addr - a.base, ptr.len));
@@ -719,7 +708,7 @@ impl StoreClient {
         data: &[u8],
         cond: Cond,
     ) -> Result<Option<RemotePtr>, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         Self::check_value(data)?;
         let op = Op::Put {
             key: key.to_vec(),
@@ -738,7 +727,7 @@ impl StoreClient {
 
     /// Deletes `key`; whether it existed.
     pub fn remove(&mut self, key: &[u8]) -> Result<bool, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         self.cache.remove(key);
         match self.request(Op::Remove { key: key.to_vec() })? {
             Reply::Removed { existed } => Ok(existed),
@@ -748,7 +737,7 @@ impl StoreClient {
 
     /// The node's answer for `key` (the fallback of [`Self::get`]).
     pub fn get_server(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         self.stats.server_reads += 1;
         match self.request(Op::Get { key: key.to_vec() })? {
             Reply::Value { ptr, data, .. } => {
@@ -813,7 +802,7 @@ impl StoreClient {
     /// racing writes; each fallback is counted with its reason
     /// ([`ClientStats`]).
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        Self::check_key(key)?;
+        object::check_key(key)?;
         if self.arena.is_none() {
             let t = self.target;
             let _ = self.link(t);
@@ -887,8 +876,8 @@ impl StoreClient {
         // Running look-ups: (key index, look-up, next read, cached).
         let mut running = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            if let Err(e) = Self::check_key(k) {
-                out[i] = Some(Err(e));
+            if let Err(e) = object::check_key(k) {
+                out[i] = Some(Err(e.into()));
                 continue;
             }
             let Some(layout) = layout else { continue };
@@ -961,10 +950,18 @@ impl StoreClient {
             .collect())
     }
 
-    /// Keys matching a glob `pattern` (empty: all), in index order; a
-    /// scan of the committed index on the primary, a few hundred buckets
-    /// per request.
+    /// Keys matching a glob `pattern` (empty: all; at most
+    /// [`crate::glob::MAX_PATTERN_LEN`] bytes), in index order; a scan of
+    /// the committed index on the primary, a few hundred buckets per
+    /// request.
     pub fn scan(&mut self, pattern: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
+        if pattern.len() > crate::glob::MAX_PATTERN_LEN {
+            return Err(StoreError::BadPattern {
+                len: pattern.len() as u64,
+                max: crate::glob::MAX_PATTERN_LEN as u64,
+            }
+            .into());
+        }
         let mut keys = Vec::new();
         let mut cursor = 0;
         loop {
@@ -990,5 +987,30 @@ impl StoreClient {
 impl Drop for StoreClient {
     fn drop(&mut self) {
         self.ep.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests the node would refuse are refused before anything is
+    /// sent: no node listens at the address given.
+    #[test]
+    fn bad_keys_and_patterns_are_refused_locally() {
+        let cfg = ClientConfig {
+            deadline: Duration::from_millis(200),
+            ..ClientConfig::new(vec!["127.0.0.1:9".parse().unwrap()])
+        };
+        let mut c = StoreClient::new(cfg).unwrap();
+        let max = crate::glob::MAX_PATTERN_LEN;
+        assert!(matches!(
+            c.scan(&vec![b'*'; max + 1]),
+            Err(ClientError::Store(StoreError::BadPattern { len, .. })) if len == max as u64 + 1
+        ));
+        assert!(matches!(
+            c.remove(b""),
+            Err(ClientError::Store(StoreError::BadKey { len: 0, .. }))
+        ));
     }
 }

@@ -320,10 +320,10 @@ fn upper(a: &[u8]) -> String {
 /// A key no store key can equal (empty, or longer than the limit): a
 /// read of it answers "absent", a write a clear error.
 fn impossible_key(key: &[u8]) -> bool {
-    key.is_empty() || key.len() > crate::object::MAX_KEY_LEN
+    crate::object::check_key(key).is_err()
 }
 
-/// A non-negative integer argument, or Redis's error for it.
+/// An integer argument, or Redis's error for it.
 fn integer(a: &[u8]) -> Result<i64, Reply> {
     std::str::from_utf8(a)
         .ok()
