@@ -106,6 +106,29 @@ pub struct Lookup {
     reads: u32,
 }
 
+/// Runs a look-up of `key` to its end: `read(offset, len)` returns the
+/// arena's `len` bytes at `offset` (checking the range before it
+/// allocates), or fails, which ends the look-up with that error. The
+/// outcome, and the finished look-up for its counters. The one driver of
+/// the client, the node's server-side get and the RESP front door.
+pub fn run<E>(
+    key: &[u8],
+    layout: Layout,
+    cached: Option<(u64, u32)>,
+    mut read: impl FnMut(u64, u32) -> Result<Vec<u8>, E>,
+) -> Result<(Outcome, Lookup), E> {
+    let (mut l, mut step) = Lookup::start(key, layout, cached);
+    loop {
+        match step {
+            Step::Read { offset, len } => {
+                let bytes = read(offset, len)?;
+                step = l.on_read(&bytes);
+            }
+            Step::Done(o) => return Ok((o, l)),
+        }
+    }
+}
+
 impl Lookup {
     /// Starts a look-up of `key` in an index of `layout`; `cached`: a
     /// pointer (arena offset, allocation length) to try first.

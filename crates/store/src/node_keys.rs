@@ -5,7 +5,7 @@
 use super::*;
 use crate::glob;
 use crate::index::{key_hash, tag_of, Slot};
-use crate::lookup::{Lookup, Outcome, Step};
+use crate::lookup::{self, Outcome};
 
 /// Buckets one scan request walks at most, so a sparse match cannot hold
 /// the node loop for long.
@@ -134,40 +134,32 @@ impl<M: Memory> Node<M> {
         let layout = self
             .layout
             .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))?;
-        let (mut l, mut step) = Lookup::start(key, layout, None);
-        let mut buf = Vec::new();
-        loop {
-            match step {
-                Step::Read { offset, len } => {
-                    buf.resize(len as usize, 0);
-                    self.mem
-                        .read(offset, &mut buf)
-                        .map_err(|e| StoreError::Other(format!("index: {e}")))?;
-                    step = l.on_read(&buf);
-                }
-                Step::Done(Outcome::Found {
-                    offset,
-                    len,
-                    generation,
-                    version,
-                    data,
-                }) => {
-                    return Ok(Reply::Value {
-                        ptr: self.ptr_at(offset, len as u64),
-                        generation,
-                        version,
-                        data,
-                    })
-                }
-                Step::Done(Outcome::Absent) => return Ok(Reply::NoKey),
-                // Memory that does not change cannot race the look-up:
-                // the index does not match the objects.
-                Step::Done(Outcome::GaveUp) => {
-                    return Err(StoreError::Other(
-                        "index: the key's slots do not match their objects".into(),
-                    ))
-                }
-            }
+        let read = |offset: u64, len: u32| {
+            let mut buf = vec![0u8; len as usize];
+            self.mem
+                .read(offset, &mut buf)
+                .map(|()| buf)
+                .map_err(|e| StoreError::Other(format!("index: {e}")))
+        };
+        match lookup::run(key, layout, None, read)?.0 {
+            Outcome::Found {
+                offset,
+                len,
+                generation,
+                version,
+                data,
+            } => Ok(Reply::Value {
+                ptr: self.ptr_at(offset, len as u64),
+                generation,
+                version,
+                data,
+            }),
+            Outcome::Absent => Ok(Reply::NoKey),
+            // Memory that does not change cannot race the look-up: the
+            // index does not match the objects.
+            Outcome::GaveUp => Err(StoreError::Other(
+                "index: the key's slots do not match their objects".into(),
+            )),
         }
     }
 

@@ -30,7 +30,7 @@ use softrdma_verbs::{Access, MemoryRegion};
 use super::link::{Endpoint, Link, LinkError, LinkEvent, MAX_VALUE, READ_BATCH};
 use super::{parse_accept, random_u64, Hello, CONNECT_TIMEOUT};
 use crate::index::Layout;
-use crate::lookup::{Lookup, Outcome, Step};
+use crate::lookup::{self, Lookup, Outcome, Step};
 use crate::object::{self, ObjectError};
 use crate::proto::{self, Body, Cond, Envelope, NodeId, Op, Reply, StatusInfo, StoreError};
 use crate::ptr::{ArenaRef, RemotePtr};
@@ -812,23 +812,17 @@ impl StoreClient {
             return self.get_server(key);
         };
         let cached = self.cache.get(key).copied();
-        let (mut l, mut step) = Lookup::start(key, layout, cached);
-        loop {
-            match step {
-                Step::Read { offset, len } => match self.read_arena(offset, len) {
-                    Ok(b) => step = l.on_read(&b),
-                    Err(_) => {
-                        self.stats.keyed_fallback_refused += 1;
-                        return self.get_server(key);
-                    }
-                },
-                Step::Done(outcome) => {
-                    self.stats.lookup_restarts += l.restarts() as u64;
-                    return match self.finish(key, outcome, cached.is_some() && l.reads() == 1) {
-                        Some(r) => Ok(r),
-                        None => self.get_server(key),
-                    };
+        match lookup::run(key, layout, cached, |o, n| self.read_arena(o, n)) {
+            Ok((outcome, l)) => {
+                self.stats.lookup_restarts += l.restarts() as u64;
+                match self.finish(key, outcome, cached.is_some() && l.reads() == 1) {
+                    Some(r) => Ok(r),
+                    None => self.get_server(key),
                 }
+            }
+            Err(_) => {
+                self.stats.keyed_fallback_refused += 1;
+                self.get_server(key)
             }
         }
     }

@@ -56,7 +56,7 @@ use std::collections::HashMap;
 use super::client::{ClientConfig, ClientError, StoreClient};
 use super::server::Front;
 use crate::index::Layout;
-use crate::lookup::{Lookup, Outcome, Step};
+use crate::lookup::{self, Outcome};
 use crate::proto::{self, Cond, Op, StatusInfo, StoreError};
 use crate::resp::{self, Decoder, Reply};
 
@@ -436,37 +436,33 @@ impl Session {
         }
         let layout = self.layout?;
         let cached = self.cache.get(key).copied();
-        let (mut l, mut step) = Lookup::start(key, layout, cached);
-        let mut buf = Vec::new();
-        loop {
-            match step {
-                Step::Read { offset, len } => {
-                    // Bounds first: a length is never trusted before it
-                    // is known to lie inside the arena.
-                    if offset.saturating_add(len as u64) > arena_len {
-                        return None;
-                    }
-                    buf.resize(len as usize, 0);
-                    if !front.read(offset, &mut buf) {
-                        return None;
-                    }
-                    step = l.on_read(&buf);
-                }
-                Step::Done(Outcome::Found {
-                    offset, len, data, ..
-                }) => {
-                    if self.cache.len() >= SESSION_CACHE && !self.cache.contains_key(key) {
-                        self.cache.clear();
-                    }
-                    self.cache.insert(key.to_vec(), (offset, len));
-                    return Some(Some(data));
-                }
-                Step::Done(Outcome::Absent) => {
-                    self.cache.remove(key);
-                    return Some(None);
-                }
-                Step::Done(Outcome::GaveUp) => return None,
+        let read = |offset: u64, len: u32| {
+            // Bounds first: a length is never trusted before it is known
+            // to lie inside the arena.
+            if offset.saturating_add(len as u64) > arena_len {
+                return Err(());
             }
+            let mut buf = vec![0u8; len as usize];
+            match front.read(offset, &mut buf) {
+                true => Ok(buf),
+                false => Err(()),
+            }
+        };
+        match lookup::run(key, layout, cached, read).ok()?.0 {
+            Outcome::Found {
+                offset, len, data, ..
+            } => {
+                if self.cache.len() >= SESSION_CACHE && !self.cache.contains_key(key) {
+                    self.cache.clear();
+                }
+                self.cache.insert(key.to_vec(), (offset, len));
+                Some(Some(data))
+            }
+            Outcome::Absent => {
+                self.cache.remove(key);
+                Some(None)
+            }
+            Outcome::GaveUp => None,
         }
     }
 
