@@ -280,23 +280,6 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
 }
 
-fn delta(a: ClientStats, b: ClientStats) -> ClientStats {
-    ClientStats {
-        retries: b.retries - a.retries,
-        one_sided_reads: b.one_sided_reads - a.one_sided_reads,
-        torn_reads: b.torn_reads - a.torn_reads,
-        server_reads: b.server_reads - a.server_reads,
-        keyed_one_sided: b.keyed_one_sided - a.keyed_one_sided,
-        keyed_one_sided_at: std::array::from_fn(|i| {
-            b.keyed_one_sided_at[i] - a.keyed_one_sided_at[i]
-        }),
-        cache_hits: b.cache_hits - a.cache_hits,
-        lookup_restarts: b.lookup_restarts - a.lookup_restarts,
-        keyed_fallback_raced: b.keyed_fallback_raced - a.keyed_fallback_raced,
-        keyed_fallback_refused: b.keyed_fallback_refused - a.keyed_fallback_refused,
-    }
-}
-
 /// One client: connect, then insert, update and read for `secs` each
 /// (every phase starts when all clients are ready), then delete what it
 /// inserted (not measured). Never leaves the barrier protocol early, so an
@@ -432,7 +415,7 @@ fn client_thread(
             i += done;
         }
         r.elapsed[k] = t0.elapsed();
-        r.stats[k] = delta(before, c.stats());
+        r.stats[k] = c.stats() - before;
     }
     barrier.wait();
     if idx == 0 {
@@ -509,15 +492,7 @@ fn measure_store(
                 h.add(&r.hist[k]).expect("same bounds");
                 ops += r.ops[k];
                 longest = longest.max(r.elapsed[k]);
-                stats.retries += r.stats[k].retries;
-                stats.one_sided_reads += r.stats[k].one_sided_reads;
-                stats.torn_reads += r.stats[k].torn_reads;
-                stats.server_reads += r.stats[k].server_reads;
-                stats.keyed_one_sided += r.stats[k].keyed_one_sided;
-                stats.cache_hits += r.stats[k].cache_hits;
-                stats.lookup_restarts += r.stats[k].lookup_restarts;
-                stats.keyed_fallback_raced += r.stats[k].keyed_fallback_raced;
-                stats.keyed_fallback_refused += r.stats[k].keyed_fallback_refused;
+                stats = stats + r.stats[k];
             }
             Measured {
                 ops,

@@ -356,7 +356,7 @@ fn worker(
             last_ok = Instant::now();
         }
     }
-    w.stats = add(c.stats(), r.stats());
+    w.stats = c.stats() + r.stats();
     // Verify with a fresh client (nothing cached): every key holds what
     // was acknowledged last, removed keys are absent.
     let mut v = client(&nodes)?;
@@ -379,23 +379,6 @@ fn worker(
     }
     w.verify_stats = v.stats();
     Ok(w)
-}
-
-fn add(a: ClientStats, b: ClientStats) -> ClientStats {
-    ClientStats {
-        retries: a.retries + b.retries,
-        one_sided_reads: a.one_sided_reads + b.one_sided_reads,
-        torn_reads: a.torn_reads + b.torn_reads,
-        server_reads: a.server_reads + b.server_reads,
-        keyed_one_sided: a.keyed_one_sided + b.keyed_one_sided,
-        keyed_one_sided_at: std::array::from_fn(|i| {
-            a.keyed_one_sided_at[i] + b.keyed_one_sided_at[i]
-        }),
-        cache_hits: a.cache_hits + b.cache_hits,
-        lookup_restarts: a.lookup_restarts + b.lookup_restarts,
-        keyed_fallback_raced: a.keyed_fallback_raced + b.keyed_fallback_raced,
-        keyed_fallback_refused: a.keyed_fallback_refused + b.keyed_fallback_refused,
-    }
 }
 
 /// Runs the verifying workload.
@@ -444,8 +427,8 @@ pub fn load(l: &LoadArgs) -> Result<LoadReport> {
         r.reuse_forced += w.reuse_forced;
         r.verified += w.verified;
         r.max_gap_ms = r.max_gap_ms.max(w.max_gap.as_secs_f64() * 1e3);
-        r.stats = add(r.stats, w.stats);
-        r.verify_stats = add(r.verify_stats, w.verify_stats);
+        r.stats = r.stats + w.stats;
+        r.verify_stats = r.verify_stats + w.verify_stats;
         if r.first_error.is_none() {
             r.first_error = w.first_error;
         }

@@ -118,6 +118,43 @@ pub struct ClientStats {
     pub keyed_fallback_refused: u64,
 }
 
+impl ClientStats {
+    /// Every counter of `self` combined with the same counter of `o`.
+    fn zip(self, o: ClientStats, f: impl Fn(u64, u64) -> u64) -> ClientStats {
+        ClientStats {
+            retries: f(self.retries, o.retries),
+            one_sided_reads: f(self.one_sided_reads, o.one_sided_reads),
+            torn_reads: f(self.torn_reads, o.torn_reads),
+            server_reads: f(self.server_reads, o.server_reads),
+            keyed_one_sided: f(self.keyed_one_sided, o.keyed_one_sided),
+            keyed_one_sided_at: std::array::from_fn(|i| {
+                f(self.keyed_one_sided_at[i], o.keyed_one_sided_at[i])
+            }),
+            cache_hits: f(self.cache_hits, o.cache_hits),
+            lookup_restarts: f(self.lookup_restarts, o.lookup_restarts),
+            keyed_fallback_raced: f(self.keyed_fallback_raced, o.keyed_fallback_raced),
+            keyed_fallback_refused: f(self.keyed_fallback_refused, o.keyed_fallback_refused),
+        }
+    }
+}
+
+/// Counters of two clients (or phases) together.
+impl std::ops::Add for ClientStats {
+    type Output = ClientStats;
+    fn add(self, o: ClientStats) -> ClientStats {
+        self.zip(o, |a, b| a + b)
+    }
+}
+
+/// What a client did between two readings of its counters (`after -
+/// before`).
+impl std::ops::Sub for ClientStats {
+    type Output = ClientStats;
+    fn sub(self, o: ClientStats) -> ClientStats {
+        self.zip(o, |a, b| a - b)
+    }
+}
+
 struct Slot {
     addr: SocketAddr,
     link: Option<Arc<Link>>,
