@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
 use indicatif::{ProgressBar, ProgressStyle};
+use softrdma_store::auth::Secret;
 use softrdma_store::coord::embedded::EmbeddedServer;
 use softrdma_store::net::client::{ClientConfig, StoreClient};
+use softrdma_store::net::handshake::ClientAuth;
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -89,6 +91,7 @@ fn write_config(
         "group = \"demo\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
          arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\
          resp = \"127.0.0.1:{resp}\"\n\n\
+         [auth]\nsecret_file = \"group.secret\"\n\n\
          [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
         if id == 1 { "primary" } else { "secondary" }
     );
@@ -187,7 +190,26 @@ pub fn run(a: Args) -> Result<()> {
         let _ = LOG.set(f);
     }
     println!("softrdma demo: HA remote memory store, failover under load");
-    let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
+    // A group secret for this run: nodes, the coordinator and clients
+    // prove it (issue 29); it stays in a file readable by this user only.
+    let secret = format!(
+        "{:016x}{:016x}",
+        softrdma_store::net::random_u64(),
+        softrdma_store::net::random_u64()
+    );
+    let secret_file = dir.join("group.secret");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&secret_file)?;
+        writeln!(f, "{secret}")?;
+    }
+    let coord =
+        EmbeddedServer::start_with("127.0.0.1:0".parse()?, Some(Secret::new(secret.as_bytes())))?;
     let ports = crate::net::free_ports(4)?;
     let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
     let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
@@ -195,16 +217,32 @@ pub fn run(a: Args) -> Result<()> {
     let c2 = write_config(&dir, 2, n2, n1, coord.addr(), &a.arena, ports[3])?;
     println!(
         "  coordinator (embedded) at {}; nodes at {n1} and {n2} (Redis protocol on ports {} \
-         and {}: try redis-cli -p {}); logs in {}",
+         and {}); logs in {}",
         coord.addr(),
         ports[2],
         ports[3],
-        ports[2],
         dir.display()
+    );
+    println!(
+        "  access: a group secret made for this run in {} (nodes, coordinator and clients \
+         prove it; try REDISCLI_AUTH=$(cat {0}) redis-cli -p {})",
+        secret_file.display(),
+        ports[2]
+    );
+    println!(
+        "  durability (min_in_sync_replicas = 1, the default): {}",
+        softrdma_store::config::durability(1)
     );
     let mut nodes: Vec<Option<Proc>> = vec![Some(start_node(&dir, 1, &c1, "primary")?), None];
     nodes[1] = Some(start_node(&dir, 2, &c2, "secondary")?);
-    let mut probe = StoreClient::new(ClientConfig::new(vec![n1, n2]))?;
+    let mut probe = StoreClient::new({
+        let mut cfg = ClientConfig::new(vec![n1, n2]);
+        cfg.auth = Some(ClientAuth {
+            user: softrdma_store::auth::DEFAULT_USER.into(),
+            secret: Secret::new(secret.as_bytes()),
+        });
+        cfg
+    })?;
     let t_red = Instant::now();
     let Some(st) = wait_group(&mut probe, Duration::from_secs(30), |s| {
         s.len() == 2 && s.iter().any(|x| x.1 == PRIMARY && x.2)
@@ -233,6 +271,7 @@ pub fn run(a: Args) -> Result<()> {
             &a.clients.to_string(),
         ])
         .args(["--seed", &a.seed.to_string()])
+        .env(softrdma_store::net::handshake::PASSWORD_ENV, &secret)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join("load.log"))?)
@@ -340,7 +379,10 @@ pub fn run(a: Args) -> Result<()> {
                     ));
                 }
             }
-            if !restarted && at.elapsed() > Duration::from_millis(1500) {
+            // (Restarted once the survivor leads: it copies from it. Under
+            // the default min_in_sync_replicas = 1 the survivor takes no
+            // write until then.)
+            if !restarted && (promoted.is_some() || at.elapsed() > Duration::from_millis(1500)) {
                 restarted = true;
                 let cfg = if p == 1 { &c1 } else { &c2 };
                 match start_node(&dir, p, cfg, "secondary") {
@@ -408,6 +450,11 @@ pub fn run(a: Args) -> Result<()> {
          values returned for the wrong key: {}",
         s["reuse_forced"], s["wrong_key"]
     );
+    println!(
+        "  pointer API delete-and-reuse steps that put another object in a deleted one's space: \
+         {}; stale pointers that read, changed or freed it: {}",
+        s["ptr_reuse_forced"], s["stale_reached"]
+    );
     if let Some(l) = s["latency"].as_array() {
         for op in l {
             println!(
@@ -458,6 +505,10 @@ pub fn run(a: Args) -> Result<()> {
     let lost = s["lost_writes"].as_u64().unwrap_or(u64::MAX);
     let resurrected = s["resurrected"].as_u64().unwrap_or(0);
     println!("  resurrected deletes: {resurrected}");
+    println!(
+        "  durability: {} (min_in_sync_replicas = 1)",
+        softrdma_store::config::durability(1)
+    );
     println!("lost writes: {lost}");
     println!("(took {:.1} s)", t_start.elapsed().as_secs_f64());
     std::io::stdout().flush()?;
@@ -473,6 +524,7 @@ pub fn run(a: Args) -> Result<()> {
         && verify_fallbacks_ok
         && on_new > 0
         && s["wrong_key"].as_u64() == Some(0)
+        && s["stale_reached"].as_u64() == Some(0)
         && s["errors"].as_u64() == Some(0)
         && killed.is_some()
         && rejoined.is_some()

@@ -86,8 +86,10 @@ fn main() {
             .with_writer(demo::LogFile)
             .init();
     } else {
+        // Colours only for a terminal: logs kept in files stay plain text.
         tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .init();
     }

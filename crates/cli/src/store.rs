@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args as ClapArgs, Subcommand};
 use softrdma_store::config::{Config, HexU64, RoleHint};
 use softrdma_store::net::client::{ClientConfig, StoreClient};
+use softrdma_store::net::handshake::ClientAuth;
 use softrdma_store::net::server;
 use softrdma_store::proto::Cond;
 use softrdma_store::ptr::RemotePtr;
@@ -86,6 +87,38 @@ struct NodesArg {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    auth: AuthArgs,
+}
+
+/// How a client proves itself to nodes that have credentials. The password
+/// never goes on the command line: a file, or the environment variable
+/// SOFTRDMA_STORE_PASSWORD.
+#[derive(ClapArgs, Clone, Default)]
+pub struct AuthArgs {
+    /// The user (default: $SOFTRDMA_STORE_USER, else `default`, whose
+    /// password is the group's secret).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// A file whose first line is the password (default:
+    /// $SOFTRDMA_STORE_PASSWORD).
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+}
+
+impl AuthArgs {
+    /// The credential, if a password was given.
+    pub fn client_auth(&self) -> Result<Option<ClientAuth>> {
+        ClientAuth::from_env(self.user.as_deref(), self.password_file.as_deref())
+            .map_err(anyhow::Error::msg)
+    }
+}
+
+/// A client of `nodes` proving `auth`'s credential.
+pub fn client_with(nodes: &[SocketAddr], auth: &AuthArgs) -> Result<StoreClient> {
+    let mut cfg = ClientConfig::new(nodes.to_vec());
+    cfg.auth = auth.client_auth()?;
+    Ok(StoreClient::new(cfg)?)
 }
 
 #[derive(ClapArgs)]
@@ -153,7 +186,7 @@ pub fn run(a: Args) -> Result<()> {
         Cmd::Lincheck { file } => lincheck(&file),
         Cmd::Put(a) => put(a),
         Cmd::Get(a) => {
-            let mut c = client(&a.nodes.nodes)?;
+            let mut c = client(&a.nodes)?;
             match c.get(a.key.as_bytes())? {
                 None => {
                     eprintln!("(nil): no key {:?}", a.key);
@@ -173,7 +206,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
         Cmd::Del(a) => {
-            let mut c = client(&a.nodes.nodes)?;
+            let mut c = client(&a.nodes)?;
             if c.remove(a.key.as_bytes())? {
                 println!("deleted {:?}", a.key);
                 Ok(())
@@ -183,7 +216,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
         Cmd::Keys(a) => {
-            let mut c = client(&a.nodes.nodes)?;
+            let mut c = client(&a.nodes)?;
             let pattern = match &a.prefix {
                 Some(p) => glob_escape(p) + "*",
                 None => a.pattern.clone(),
@@ -194,20 +227,20 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
         Cmd::Insert(o) => {
-            let mut c = client(&o.nodes.nodes)?;
+            let mut c = client(&o.nodes)?;
             let p = c.insert(o.first.as_bytes())?;
             println!("{p}");
             Ok(())
         }
         Cmd::Read(o) => {
-            let mut c = client(&o.nodes.nodes)?;
+            let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.first.parse().context("remote pointer")?;
             let v = c.read(p)?;
             println!("{}", String::from_utf8_lossy(&v));
             Ok(())
         }
         Cmd::Update(o) => {
-            let mut c = client(&o.nodes.nodes)?;
+            let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.first.parse().context("remote pointer")?;
             let Some(v) = o.second else {
                 bail!("update needs POINTER VALUE")
@@ -216,7 +249,7 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
         Cmd::Delete(o) => {
-            let mut c = client(&o.nodes.nodes)?;
+            let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.first.parse().context("remote pointer")?;
             c.delete(p)?;
             println!("deleted {p}");
@@ -266,7 +299,7 @@ fn put(a: PutArgs) -> Result<()> {
         (_, true) => Cond::IfPresent,
         _ => Cond::Always,
     };
-    let mut c = client(&a.nodes.nodes)?;
+    let mut c = client(&a.nodes)?;
     match c.put_if(a.key.as_bytes(), &value, cond)? {
         Some(p) => {
             println!("OK {p}");
@@ -283,8 +316,8 @@ fn put(a: PutArgs) -> Result<()> {
     }
 }
 
-fn client(nodes: &[SocketAddr]) -> Result<StoreClient> {
-    Ok(StoreClient::new(ClientConfig::new(nodes.to_vec()))?)
+fn client(n: &NodesArg) -> Result<StoreClient> {
+    client_with(&n.nodes, &n.auth)
 }
 
 fn serve(s: ServeArgs) -> Result<()> {
@@ -325,7 +358,7 @@ fn serve(s: ServeArgs) -> Result<()> {
 use softrdma_store::proto::role_name;
 
 fn status(n: &NodesArg) -> Result<()> {
-    let mut c = client(&n.nodes)?;
+    let mut c = client(n)?;
     let mut any = false;
     for (addr, r) in c.status_all() {
         match r {

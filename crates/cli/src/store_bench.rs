@@ -43,6 +43,7 @@ use clap::Args as ClapArgs;
 use hdrhistogram::Histogram;
 use softrdma_store::coord::embedded::EmbeddedServer;
 use softrdma_store::net::client::{ClientConfig, ClientError, ClientStats, StoreClient};
+use softrdma_store::net::handshake::ClientAuth;
 use softrdma_store::proto::StoreError;
 use softrdma_store::ptr::RemotePtr;
 
@@ -69,6 +70,12 @@ pub struct Args {
     /// directory, removed on success).
     #[arg(long)]
     workdir: Option<PathBuf>,
+    /// Run the store's group without credentials (protected mode: loopback
+    /// only), to measure what authentication costs (issue 29: it is checked
+    /// at connect time, not per request). By default the group has a
+    /// secret that its clients prove, as a deployment would.
+    #[arg(long)]
+    no_auth: bool,
 }
 
 const REDIS_BINS: [&str; 3] = ["redis-server", "redis-benchmark", "redis-cli"];
@@ -109,19 +116,24 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 fn write_config(
     dir: &Path,
     id: u32,
-    listen: SocketAddr,
-    peer: SocketAddr,
+    (listen, peer): (SocketAddr, SocketAddr),
     coord: SocketAddr,
     arena: &str,
     resp: u16,
+    auth: bool,
 ) -> Result<PathBuf> {
     let p = dir.join(format!("node{id}.toml"));
     let text = format!(
         "group = \"bench\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
          arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\
-         resp = \"127.0.0.1:{resp}\"\n\n\
+         resp = \"127.0.0.1:{resp}\"\n\n{}\
          [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
-        if id == 1 { "primary" } else { "secondary" }
+        if id == 1 { "primary" } else { "secondary" },
+        if auth {
+            "[auth]\nsecret_file = \"group.secret\"\n\n"
+        } else {
+            ""
+        }
     );
     std::fs::write(&p, text)?;
     Ok(p)
@@ -165,15 +177,55 @@ struct Group {
     resp: u16,
     procs: Vec<Proc>,
     _coord: EmbeddedServer,
+    /// The group secret its clients prove (`None`: `--no-auth`).
+    password: Option<String>,
 }
 
-fn start_group(dir: &Path, arena: &str) -> Result<Group> {
-    let coord = EmbeddedServer::start("127.0.0.1:0".parse()?)?;
+impl Group {
+    /// A client configuration proving the group secret.
+    fn client_config(&self) -> ClientConfig {
+        client_config(&self.nodes, self.password.as_deref())
+    }
+}
+
+fn client_config(nodes: &[SocketAddr], password: Option<&str>) -> ClientConfig {
+    let mut cfg = ClientConfig::new(nodes.to_vec());
+    cfg.auth = password.map(|p| ClientAuth {
+        user: softrdma_store::auth::DEFAULT_USER.into(),
+        secret: softrdma_store::auth::Secret::new(p.as_bytes()),
+    });
+    cfg
+}
+
+fn start_group(dir: &Path, arena: &str, auth: bool) -> Result<Group> {
+    let password = auth.then(|| {
+        format!(
+            "{:016x}{:016x}",
+            softrdma_store::net::random_u64(),
+            softrdma_store::net::random_u64()
+        )
+    });
+    if let Some(p) = &password {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(dir.join("group.secret"))?;
+        std::io::Write::write_all(&mut f, format!("{p}\n").as_bytes())?;
+    }
+    let coord = EmbeddedServer::start_with(
+        "127.0.0.1:0".parse()?,
+        password
+            .as_ref()
+            .map(|p| softrdma_store::auth::Secret::new(p.as_bytes())),
+    )?;
     let ports = crate::net::free_ports(4)?;
     let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
     let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
-    let c1 = write_config(dir, 1, n1, n2, coord.addr(), arena, ports[2])?;
-    let c2 = write_config(dir, 2, n2, n1, coord.addr(), arena, ports[3])?;
+    let c1 = write_config(dir, 1, (n1, n2), coord.addr(), arena, ports[2], auth)?;
+    let c2 = write_config(dir, 2, (n2, n1), coord.addr(), arena, ports[3], auth)?;
     let mut procs = vec![start_node(dir, 1, &c1, "primary")?];
     procs.push(start_node(dir, 2, &c2, "secondary")?);
     let group = Group {
@@ -181,8 +233,9 @@ fn start_group(dir: &Path, arena: &str) -> Result<Group> {
         resp: ports[2],
         procs,
         _coord: coord,
+        password,
     };
-    let mut probe = StoreClient::new(ClientConfig::new(group.nodes.clone()))?;
+    let mut probe = StoreClient::new(group.client_config())?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let st: Vec<_> = probe
@@ -285,7 +338,7 @@ fn hist() -> Histogram<u64> {
 /// inserted (not measured). Never leaves the barrier protocol early, so an
 /// error in one client does not stall the others.
 fn client_thread(
-    nodes: Vec<SocketAddr>,
+    cfg: ClientConfig,
     pids: [Option<u32>; 2],
     size: usize,
     secs: Duration,
@@ -309,7 +362,7 @@ fn client_thread(
     // Keys this client put (`b<idx>:<n>`).
     let mut keys: Vec<Vec<u8>> = Vec::new();
     // Connect and learn the arena before the clock starts.
-    let mut client = match StoreClient::new(ClientConfig::new(nodes)) {
+    let mut client = match StoreClient::new(cfg) {
         Ok(mut c) => match c.insert(&value) {
             Ok(p) => {
                 ptrs.push(p);
@@ -455,6 +508,7 @@ struct Measured {
 /// Runs the three ops with `clients` threads; results in `OPS` order.
 fn measure_store(
     nodes: &[SocketAddr],
+    password: Option<&str>,
     pids: [Option<u32>; 2],
     size: usize,
     clients: usize,
@@ -464,11 +518,11 @@ fn measure_store(
     let secs = Duration::from_secs_f64(secs);
     let hs: Vec<_> = (0..clients)
         .map(|i| {
-            let nodes = nodes.to_vec();
+            let cfg = client_config(nodes, password);
             let barrier = barrier.clone();
             std::thread::Builder::new()
                 .name(format!("bench-client-{i}"))
-                .spawn(move || client_thread(nodes, pids, size, secs, barrier, i as u64))
+                .spawn(move || client_thread(cfg, pids, size, secs, barrier, i as u64))
         })
         .collect::<std::io::Result<_>>()
         .context("start client threads")?;
@@ -652,6 +706,7 @@ fn redis_benchmark(
     clients: usize,
     n: u64,
     pipeline: usize,
+    password: Option<&str>,
 ) -> Result<String> {
     // Random keys over a keyspace that the SETs cover ~5 times, so nearly
     // every GET finds a value of `size` bytes.
@@ -661,6 +716,7 @@ fn redis_benchmark(
         .args(["-d", &size.to_string(), "-c", &clients.to_string()])
         .args(["-n", &n.to_string(), "-r", &keyspace.to_string(), "--csv"])
         .args(["-P", &pipeline.to_string()])
+        .args(password.map(|p| ["-a", p]).into_iter().flatten())
         .stdin(Stdio::null())
         .output()
         .context("run redis-benchmark")?;
@@ -684,7 +740,7 @@ fn measure_redis(
     secs: f64,
     pipeline: usize,
 ) -> Result<(RedisResult, RedisResult)> {
-    let out = measure_resp(redis.port, size, clients, secs, pipeline)?;
+    let out = measure_resp(redis.port, size, clients, secs, pipeline, None)?;
     redis_cli(redis.port, &["flushall"])?;
     Ok(out)
 }
@@ -697,10 +753,11 @@ fn measure_resp(
     clients: usize,
     secs: f64,
     pipeline: usize,
+    password: Option<&str>,
 ) -> Result<(RedisResult, RedisResult)> {
     let cal_n = 2000.max(1000 * clients as u64) * pipeline as u64;
     let cal = parse_csv(&redis_benchmark(
-        port, "set", size, clients, cal_n, pipeline,
+        port, "set", size, clients, cal_n, pipeline, password,
     )?);
     let rate = cal
         .iter()
@@ -708,7 +765,7 @@ fn measure_resp(
         .map(|(_, r)| r.ops_per_s)
         .context("redis-benchmark printed no SET result")?;
     let n = ((rate * secs) as u64).clamp(1000, 10_000_000);
-    let text = redis_benchmark(port, "set,get", size, clients, n, pipeline)?;
+    let text = redis_benchmark(port, "set,get", size, clients, n, pipeline, password)?;
     let res = parse_csv(&text);
     let get = |t: &str| {
         res.iter()
@@ -877,7 +934,15 @@ pub fn run(a: Args) -> Result<()> {
     };
     let t0 = Instant::now();
     let say = |m: String| eprintln!("[{:6.1} s] {m}", t0.elapsed().as_secs_f64());
-    let group = start_group(&dir, &a.arena)?;
+    let group = start_group(&dir, &a.arena, !a.no_auth)?;
+    say(format!(
+        "store group {}",
+        if a.no_auth {
+            "without credentials (--no-auth: protected mode, loopback)"
+        } else {
+            "with a group secret its clients prove at connect time"
+        }
+    ));
     say(format!(
         "store group redundant: primary {}, secondary {} (logs in {})",
         group.nodes[0],
@@ -899,7 +964,14 @@ pub fn run(a: Args) -> Result<()> {
                 Some(group.procs[0].child.id()),
                 Some(group.procs[1].child.id()),
             ];
-            let ours = measure_store(&group.nodes, pids, size, clients, a.secs)?;
+            let ours = measure_store(
+                &group.nodes,
+                group.password.as_deref(),
+                pids,
+                size,
+                clients,
+                a.secs,
+            )?;
             say(format!("redis: {size} B values, {clients} clients"));
             let (set, get) = measure_redis(&redis, size, clients, a.secs, 1)?;
             let (_, get_many) = measure_redis(&redis, size, clients, a.secs, READ_MANY)?;
@@ -908,7 +980,14 @@ pub fn run(a: Args) -> Result<()> {
             ));
             let k0 = crate::bench::children_cpu_secs();
             let c0 = CpuSample::now(&pids);
-            let (resp_set, resp_get) = measure_resp(group.resp, size, clients, a.secs, 1)?;
+            let (resp_set, resp_get) = measure_resp(
+                group.resp,
+                size,
+                clients,
+                a.secs,
+                1,
+                group.password.as_deref(),
+            )?;
             let c1 = CpuSample::now(&pids);
             let mut resp_cpu = c0.until(&c1);
             // The clients are redis-benchmark's (waited-for children).

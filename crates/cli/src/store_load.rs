@@ -21,6 +21,7 @@ use anyhow::Result;
 use clap::Args as ClapArgs;
 use hdrhistogram::Histogram;
 use softrdma_store::net::client::{ClientConfig, ClientError, ClientStats, StoreClient};
+use softrdma_store::proto::StoreError;
 use softrdma_store::ptr::RemotePtr;
 
 #[derive(ClapArgs)]
@@ -78,6 +79,12 @@ pub struct LoadReport {
     /// Delete-and-reuse steps in which the other key's object did land in
     /// the removed key's space (the stale cached pointer was forced).
     pub reuse_forced: u64,
+    /// Pointer-API delete-and-reuse steps in which the new object took the
+    /// deleted one's space (a stale pointer of the pointer API forced).
+    pub ptr_reuse_forced: u64,
+    /// Stale pointers of the pointer API that read, changed or freed the
+    /// object that took their space (must be 0: issue 29, finding 3).
+    pub stale_reached: u64,
     /// Keys read back at the end.
     pub verified: u64,
     pub max_gap_ms: f64,
@@ -112,6 +119,7 @@ impl LoadReport {
             "ops_per_s": self.ops as f64 / self.secs.max(1e-9),
             "errors": self.errors, "lost_writes": self.lost, "resurrected": self.resurrected,
             "wrong_key": self.wrong_key, "reuse_forced": self.reuse_forced,
+            "ptr_reuse_forced": self.ptr_reuse_forced, "stale_reached": self.stale_reached,
             "verified": self.verified, "max_gap_ms": self.max_gap_ms, "retries": s.retries,
             "one_sided_reads": s.one_sided_reads, "torn_reads": s.torn_reads,
             "keyed_one_sided": s.keyed_one_sided, "cache_hits": s.cache_hits,
@@ -132,7 +140,7 @@ impl LoadReport {
     }
 }
 
-const OPS: [&str; 4] = ["put", "get", "remove", "reuse"];
+const OPS: [&str; 5] = ["put", "get", "remove", "reuse", "ptr_reuse"];
 
 /// What a key must hold.
 #[derive(Clone)]
@@ -148,6 +156,8 @@ struct Worker {
     resurrected: u64,
     wrong_key: u64,
     reuse_forced: u64,
+    ptr_reuse_forced: u64,
+    stale_reached: u64,
     verified: u64,
     max_gap: Duration,
     hist: Vec<Histogram<u64>>,
@@ -217,8 +227,100 @@ fn owned_by(v: &[u8], key: &[u8]) -> bool {
     v.len() > key.len() && v.starts_with(key) && v[key.len()] == b'='
 }
 
+/// A client proving the credential of the environment
+/// (`SOFTRDMA_STORE_PASSWORD`, `SOFTRDMA_STORE_USER`), as the demo and the
+/// tests start this workload.
 fn client(nodes: &[SocketAddr]) -> Result<StoreClient> {
-    Ok(StoreClient::new(ClientConfig::new(nodes.to_vec()))?)
+    let mut cfg = ClientConfig::new(nodes.to_vec());
+    cfg.auth = softrdma_store::net::handshake::ClientAuth::from_env(None, None)
+        .map_err(anyhow::Error::msg)?;
+    Ok(StoreClient::new(cfg)?)
+}
+
+/// Delete and reuse through the pointer API: a value is inserted and
+/// deleted, another of the same length inserted (the allocator hands out
+/// the same space when it is the best fit); the first pointer, now stale,
+/// must read, change and free nothing of the second object: every use of
+/// it is refused (`StalePointer`; `Freed` or `NotAllocated` if the space
+/// was not reused, or not as one allocation; `Keyed` if another client's
+/// key took it) and the second object keeps its value.
+fn ptr_reuse(
+    c: &mut StoreClient,
+    r: &mut StoreClient,
+    rng: &mut Rng,
+    w: &mut Worker,
+    n: usize,
+) -> bool {
+    let a_val = value(rng, b"ptr-a", n);
+    let b_val = value(rng, b"ptr-b", n);
+    let a = match c.insert(&a_val) {
+        Ok(p) => p,
+        Err(e) => {
+            w.err(format!("ptr reuse: insert: {e}"));
+            return false;
+        }
+    };
+    if let Err(e) = c.delete(a) {
+        w.err(format!("ptr reuse: delete: {e}"));
+        return false;
+    }
+    let b = match c.insert(&b_val) {
+        Ok(p) => p,
+        Err(e) => {
+            w.err(format!("ptr reuse: insert again: {e}"));
+            return false;
+        }
+    };
+    w.ptr_reuse_forced += (b.addr == a.addr) as u64;
+    fn refused<T>(x: &Result<T, ClientError>) -> bool {
+        matches!(
+            x,
+            Err(ClientError::Store(
+                StoreError::StalePointer { .. }
+                    | StoreError::Freed
+                    | StoreError::NotAllocated
+                    // Another client's key took the space.
+                    | StoreError::Keyed
+            ))
+        )
+    }
+    let mut ok = true;
+    // One-sided (the reader) and through the node.
+    let got = r.read(a);
+    if !refused(&got) {
+        w.stale_reached += 1;
+        w.err(format!("ptr reuse: a stale pointer read gave {got:?}"));
+        ok = false;
+    }
+    let upd = c.update(a, b"stale overwrite");
+    if !refused(&upd) {
+        w.stale_reached += 1;
+        w.err(format!(
+            "ptr reuse: an update through a stale pointer gave {upd:?}"
+        ));
+        ok = false;
+    }
+    let del = c.delete(a);
+    if !refused(&del) {
+        w.stale_reached += 1;
+        w.err(format!(
+            "ptr reuse: a delete through a stale pointer gave {del:?}"
+        ));
+        ok = false;
+    }
+    match r.read(b) {
+        Ok(v) if v == b_val => {}
+        other => {
+            w.stale_reached += 1;
+            w.err(format!("ptr reuse: the new object reads {other:?}"));
+            ok = false;
+        }
+    }
+    if let Err(e) = c.delete(b) {
+        w.err(format!("ptr reuse: delete the second: {e}"));
+        ok = false;
+    }
+    ok
 }
 
 fn worker(
@@ -245,9 +347,11 @@ fn worker(
         resurrected: 0,
         wrong_key: 0,
         reuse_forced: 0,
+        ptr_reuse_forced: 0,
+        stale_reached: 0,
         verified: 0,
         max_gap: Duration::ZERO,
-        hist: (0..4)
+        hist: (0..OPS.len())
             .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"))
             .collect(),
         first_error: None,
@@ -266,7 +370,8 @@ fn worker(
             0..35 => 0,
             35..70 => 1,
             70..85 => 2,
-            _ => 3,
+            85..93 => 3,
+            _ => 4,
         };
         let t = Instant::now();
         let ok = match kind {
@@ -310,7 +415,7 @@ fn worker(
                     false
                 }
             },
-            _ => {
+            3 => {
                 // Delete and reuse: the reader caches key i's pointer; i is
                 // removed; a key not in the store gets a value that makes
                 // its object (header, key, value) as long as i's was (the
@@ -331,7 +436,8 @@ fn worker(
                         known.remove(&i);
                         match c.put(&names[j], &v) {
                             Ok(p) => {
-                                w.reuse_forced += (p == old.ptr) as u64;
+                                w.reuse_forced +=
+                                    ((p.addr, p.len) == (old.ptr.addr, old.ptr.len)) as u64;
                                 known.insert(j, Known { data: v, ptr: p });
                                 let got = r.get(&names[i]);
                                 ok &= w.check(&names[i], None, got, "reuse: stale get");
@@ -346,6 +452,11 @@ fn worker(
                     _ => continue,
                 }
             }
+            4 => {
+                let n = len(&mut rng);
+                ptr_reuse(&mut c, &mut r, &mut rng, &mut w, n)
+            }
+            _ => unreachable!(),
         };
         let el = t.elapsed();
         if ok {
@@ -414,7 +525,7 @@ pub fn load(l: &LoadArgs) -> Result<LoadReport> {
         nodes: l.nodes.clone(),
         ..Default::default()
     };
-    let mut hist: Vec<Histogram<u64>> = (0..4)
+    let mut hist: Vec<Histogram<u64>> = (0..OPS.len())
         .map(|_| Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"))
         .collect();
     for h in hs {
@@ -425,6 +536,8 @@ pub fn load(l: &LoadArgs) -> Result<LoadReport> {
         r.resurrected += w.resurrected;
         r.wrong_key += w.wrong_key;
         r.reuse_forced += w.reuse_forced;
+        r.ptr_reuse_forced += w.ptr_reuse_forced;
+        r.stale_reached += w.stale_reached;
         r.verified += w.verified;
         r.max_gap_ms = r.max_gap_ms.max(w.max_gap.as_secs_f64() * 1e3);
         r.stats = r.stats + w.stats;

@@ -29,11 +29,16 @@ mod common;
 use common::free_ports;
 use common::history::{self, assert_linearizable, Workload};
 
+use softrdma_store::auth::Secret;
 use softrdma_store::coord::embedded::EmbeddedServer;
 use softrdma_store::net::client::{ClientConfig, ClientError, StoreClient};
+use softrdma_store::net::handshake::{self, ClientAuth, HandshakeError, Hello, NodeHello};
+use softrdma_store::net::link::Endpoint;
 use softrdma_store::net::link::READ_BATCH;
+use softrdma_store::net::CONNECT_TIMEOUT;
 use softrdma_store::proto::{StatusInfo, StoreError};
 use softrdma_store::ptr::RemotePtr;
+use softrdma_verbs::Access;
 
 const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
 const PRIMARY: u8 = 2;
@@ -111,6 +116,14 @@ impl Node {
     }
 }
 
+/// A client configuration for the test groups (they require the group
+/// secret).
+fn client_config(nodes: &[SocketAddr]) -> ClientConfig {
+    let mut c = ClientConfig::new(nodes.to_vec());
+    c.auth = Some(common::store_auth());
+    c
+}
+
 struct Group {
     dir: PathBuf,
     _coord: EmbeddedServer,
@@ -156,20 +169,33 @@ impl Group {
 
     /// `extra`: more lines for both nodes' configuration files.
     fn with_config(name: &str, arena: &str, etcd: Option<&str>, extra: &str) -> Group {
-        Group::with_options(name, arena, etcd, extra, false)
+        Group::with_options(name, arena, etcd, extra, false, "")
     }
 
     /// Each node also serves RESP, on the ports in `resp`.
     fn with_resp(name: &str, arena: &str) -> Group {
-        Group::with_options(name, arena, None, "", true)
+        Group::with_options(name, arena, None, "", true, "")
     }
 
-    fn with_options(name: &str, arena: &str, etcd: Option<&str>, extra: &str, resp: bool) -> Group {
+    /// RESP too, and `users` (`[[auth.users]]` tables) beside the group
+    /// secret.
+    fn with_users(name: &str, arena: &str, users: &str) -> Group {
+        Group::with_options(name, arena, None, "", true, users)
+    }
+
+    fn with_options(
+        name: &str,
+        arena: &str,
+        etcd: Option<&str>,
+        extra: &str,
+        resp: bool,
+        users: &str,
+    ) -> Group {
         // `free_ports` hands out ports that were free a moment ago; another
         // test's connection may take one before the node binds it. That
         // (and only that) is worth another try with new ports.
         for attempt in 1.. {
-            match Group::try_with_config(name, arena, etcd, extra, resp) {
+            match Group::try_with_config(name, arena, etcd, extra, resp, users) {
                 Ok(g) => return g,
                 Err(e) if attempt < 3 && e.contains("Address already in use") => {
                     eprintln!("a node's port was taken meanwhile; new ports (attempt {attempt})");
@@ -186,11 +212,19 @@ impl Group {
         etcd: Option<&str>,
         extra: &str,
         resp: bool,
+        users: &str,
     ) -> Result<Group, String> {
         let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let coord = EmbeddedServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let coord = EmbeddedServer::start_with(
+            "127.0.0.1:0".parse().unwrap(),
+            Some(softrdma_store::auth::Secret::new(
+                common::STORE_SECRET.as_bytes(),
+            )),
+        )
+        .unwrap();
+        let auth = common::store_auth_toml(&dir);
         let ports = free_ports(if resp { 4 } else { 2 });
         let addrs: Vec<SocketAddr> = ports[..2]
             .iter()
@@ -205,7 +239,7 @@ impl Group {
                 format!(
                     "group = \"{name}\"\nnode_id = {}\nlisten = \"{}\"\npeers = [\"{}\"]\n\
                      arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\n\
-                     lease_ttl_ms = 300\n{}\n[coordinator]\n{}\n",
+                     lease_ttl_ms = 300\n{}\n{auth}{users}\n[coordinator]\n{}\n",
                     i + 1,
                     addrs[i],
                     addrs[1 - i],
@@ -228,7 +262,7 @@ impl Group {
         }
         nodes[0].try_start(&dir, "primary")?;
         nodes[1].try_start(&dir, "secondary")?;
-        let probe = StoreClient::new(ClientConfig::new(addrs.clone())).unwrap();
+        let probe = StoreClient::new(client_config(&addrs)).unwrap();
         let mut g = Group {
             dir,
             _coord: coord,
@@ -306,6 +340,7 @@ fn start_load(g: &Group, seed: u64, secs: f64) -> (Child, mpsc::Receiver<String>
     let mut child = Command::new(SOFTRDMA)
         .args(["store", "load", "--progress", "--clients", "2", "--nodes"])
         .arg(g.nodes_arg())
+        .env("SOFTRDMA_STORE_PASSWORD", common::STORE_SECRET)
         .args(["--duration", &secs.to_string(), "--seed", &seed.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -435,7 +470,7 @@ fn large_arena_rejoins_with_default_timings() {
     let mut g = Group::new("bigarena", "768MiB");
     let p = g.primary();
     let s = 3 - p;
-    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
     let objs: Vec<(RemotePtr, Vec<u8>)> = (0..20u32)
         .map(|i| {
             let v = vec![i as u8; 1000 + i as usize];
@@ -456,10 +491,12 @@ fn large_arena_rejoins_with_default_timings() {
 
 #[test]
 fn secondary_loss_and_resync() {
-    let mut g = Group::new("secloss", "16MiB");
+    // The degraded mode this test is about is the opt-in policy since
+    // issue 29 (the default refuses writes held by one node).
+    let mut g = Group::with_config("secloss", "16MiB", None, "min_in_sync_replicas = 0");
     let p = g.primary();
     let s = 3 - p;
-    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
     let mut objs: Vec<(RemotePtr, Vec<u8>)> = (0..50u32)
         .map(|i| {
             let v = format!("before-{i}").into_bytes();
@@ -497,7 +534,7 @@ fn secondary_loss_and_resync() {
 #[test]
 fn bad_pointers_and_limits() {
     let mut g = Group::new("badptr", "1MiB");
-    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
     let p = c.insert(b"hello").unwrap();
     let arena = c.arena().expect("arena known");
     let before = g.status();
@@ -623,7 +660,7 @@ fn bad_pointers_and_limits() {
 #[test]
 fn read_many_answers_each_pointer_as_read_does() {
     let mut g = Group::new("readmany", "16MiB");
-    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
     let objs: Vec<(RemotePtr, Vec<u8>)> = (0..40u32)
         .map(|i| {
             let len = [5usize, 100, 4096, 30_000][i as usize % 4] + i as usize;
@@ -786,7 +823,7 @@ fn fresh_connections_are_answered_first_time() {
     let mut g = Group::new("fresh", "16MiB");
     let mut missed = Vec::new();
     for i in 0..200 {
-        let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+        let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
         for (addr, r) in c.status_all() {
             if let Err(e) = r {
                 missed.push(format!("client {i}, {addr}: {e}"));
@@ -826,7 +863,7 @@ fn a_garbage_server_is_refused_at_once_and_quietly() {
         }
     });
     for args in [
-        vec!["store", "read", "0x7f0000001000:0x00012345:64"],
+        vec!["store", "read", "0x7f0000001000:0x00012345:64:1"],
         vec!["store", "put", "greeting", "hello"],
         vec!["store", "get", "greeting"],
         vec!["store", "status"],
@@ -974,8 +1011,10 @@ fn min_in_sync_replicas_refuses_writes_held_by_one_node() {
     for policy in [1u8, 0] {
         let extra = format!("min_in_sync_replicas = {policy}");
         let mut g = Group::with_config(&format!("minsync{policy}"), "16MiB", None, &extra);
-        let mut cfg = ClientConfig::new(g.addrs.clone());
+        let mut cfg = client_config(&g.addrs);
         cfg.deadline = Duration::from_secs(2);
+        // The refusal itself is what this test looks at.
+        cfg.wait_for_replicas = Duration::ZERO;
         let mut c = StoreClient::new(cfg).unwrap();
         let p = c.insert(b"while redundant").unwrap();
         let primary = g.primary();
@@ -1034,7 +1073,7 @@ fn keys_are_found_one_sided_on_both_nodes() {
     let mut g = Group::new("keys", "16MiB");
     let before = g.wait_redundant(Duration::from_secs(20), 0);
     assert!(before > 0);
-    let mut a = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut a = StoreClient::new(client_config(&g.addrs)).unwrap();
     let key = |i: u32| format!("key-{i}").into_bytes();
     let val = |i: u32, round: u32| -> Vec<u8> {
         (0..(i * 37 % 500 + 1))
@@ -1054,7 +1093,7 @@ fn keys_are_found_one_sided_on_both_nodes() {
     assert!(st.iter().all(|s| s.keys == 200), "{st:?}");
 
     // Another client, knowing nothing: every key by RDMA Reads alone.
-    let mut b = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut b = StoreClient::new(client_config(&g.addrs)).unwrap();
     for i in 0..200 {
         assert_eq!(b.get(&key(i)).unwrap(), Some(val(i, 0)), "key {i}");
     }
@@ -1081,7 +1120,12 @@ fn keys_are_found_one_sided_on_both_nodes() {
     let old = a.put(&key(7), &val(7, 0)).unwrap();
     assert!(a.remove(&key(7)).unwrap());
     let reused = a.put(b"usurper", &val(7, 0)).unwrap();
-    assert_eq!(reused, old, "the test must force reuse of the same space");
+    assert_eq!(
+        (reused.addr, reused.len),
+        (old.addr, old.len),
+        "the test must force reuse of the same space"
+    );
+    assert_ne!(reused.gen, old.gen, "another object: another generation");
     let s = b.stats();
     assert_eq!(
         b.get(&key(7)).unwrap(),
@@ -1151,11 +1195,20 @@ fn keys_are_found_one_sided_on_both_nodes() {
     assert!(refused <= 2 && one_sided >= 198, "{s:?} -> {d:?}");
     assert!(g.epoch() > epoch);
     // A new client on the new primary, the same.
-    let mut c = StoreClient::new(ClientConfig::new(g.addrs.clone())).unwrap();
+    let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
     for i in 0..20 {
         assert_eq!(c.get(&key(i + 20)).unwrap(), Some(val(i + 20, 0)));
     }
     assert!(c.stats().keyed_one_sided >= 19, "{:?}", c.stats());
+    // The killed node rejoins: the group takes writes again (by default a
+    // primary alone refuses them).
+    let e = g.epoch();
+    let dir = g.dir.clone();
+    g.nodes[(pr - 1) as usize].start(&dir, "secondary");
+    assert_eq!(
+        g.wait_redundant(Duration::from_secs(30), e.saturating_sub(1)),
+        np
+    );
 
     // The CLI's key forms.
     let cli = |args: &[&str]| {
@@ -1163,6 +1216,7 @@ fn keys_are_found_one_sided_on_both_nodes() {
             .args(["store"])
             .args(args)
             .args(["--nodes", &g.nodes_arg()])
+            .env("SOFTRDMA_STORE_PASSWORD", common::STORE_SECRET)
             .output()
             .unwrap();
         (out.status.code(), out.stdout)
@@ -1204,6 +1258,8 @@ fn redis_tools_work_against_the_resp_front_door() {
         let out = Command::new("redis-cli")
             .args(["-p", &port.to_string()])
             .args(args)
+            // The password from the environment, off the command line.
+            .env("REDISCLI_AUTH", common::STORE_SECRET)
             .output()
             .expect("redis-cli (Debian redis-tools)");
         assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
@@ -1248,13 +1304,18 @@ fn redis_tools_work_against_the_resp_front_door() {
     // The exact bytes, requests pipelined in one write (redis-cli shows
     // a nil and an empty string alike): answered in order, as Redis
     // answers them; an inline command among them.
+    // (Each connection authenticates first; its "+OK" is taken off.)
     let raw = |port: u16, req: &[u8]| -> Vec<u8> {
         use std::io::{Read, Write};
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(format!("AUTH {}\r\n", common::STORE_SECRET).as_bytes())
+            .unwrap();
         c.write_all(req).unwrap();
         c.shutdown(std::net::Shutdown::Write).unwrap();
         let mut r = Vec::new();
         c.read_to_end(&mut r).unwrap();
+        assert!(r.starts_with(b"+OK\r\n"), "AUTH: {r:?}");
+        r.drain(..5);
         r
     };
     let cmd = |args: &[&[u8]]| -> Vec<u8> {
@@ -1333,7 +1394,7 @@ fn redis_tools_work_against_the_resp_front_door() {
                 "-c",
                 "4",
             ])
-            .args(["-d", "64", "-q"])
+            .args(["-d", "64", "-q", "-a", common::STORE_SECRET])
             .output()
             .expect("redis-benchmark")
     };
@@ -1364,5 +1425,488 @@ fn redis_tools_work_against_the_resp_front_door() {
     assert_eq!(cli(s, &["get", "a"]), "b");
     assert_eq!(cli(s, &["get", "x"]), "y");
     assert!(cli(s, &["info"]).contains("role:master"));
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+// ------------------------------------------------------------------ issue 29
+
+/// `softrdma store serve` log lines of node `id` that contain `what`
+/// (colour codes taken out).
+fn log_count(g: &Group, id: u32, what: &str) -> usize {
+    let text = std::fs::read_to_string(g.dir.join(format!("node{id}.log"))).unwrap_or_default();
+    let mut plain = String::with_capacity(text.len());
+    let mut esc = false;
+    for c in text.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => plain.push(c),
+        }
+    }
+    plain.lines().filter(|l| l.contains(what)).count()
+}
+
+/// A client configuration proving `user`'s `password`.
+fn user_config(nodes: &[SocketAddr], user: &str, password: &str) -> ClientConfig {
+    let mut c = ClientConfig::new(nodes.to_vec());
+    c.auth = Some(ClientAuth {
+        user: user.into(),
+        secret: Secret::new(password.as_bytes()),
+    });
+    c
+}
+
+/// `redis-cli -p PORT ARGS...`: its stdout and stderr together.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian redis-tools)");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const READER: &str =
+    "[[auth.users]]\nname = \"reader\"\npassword = \"reader-pass-1\"\nrights = \"read\"\n";
+const WRITER: &str =
+    "[[auth.users]]\nname = \"writer\"\npassword = \"writer-pass-2\"\nrights = \"readwrite\"\n";
+
+/// Issue 29, finding 1: a client or a would-be node that lacks the
+/// group's credentials gets nothing (no STag, no data, no join); a
+/// read-only user reads and may not write; `redis-cli --user U --pass P`
+/// works and `redis-cli` without credentials gets `-NOAUTH`; no secret
+/// shows in the logs, `INFO` or `status`. (Before the fix any process that
+/// reached a port read, wrote and listed everything.)
+#[test]
+fn without_the_credentials_there_is_no_stag_no_data_and_no_join() {
+    let mut g = Group::with_users("authz", "16MiB", READER);
+    let mut w = StoreClient::new(client_config(&g.addrs)).unwrap();
+    w.put(b"secret-key", b"secret-value").unwrap();
+
+    // A native client without credentials, or with a wrong password: a
+    // clear refusal at connect time, at once, and no arena learnt.
+    for (auth, why) in [
+        (None, "requires authentication"),
+        (
+            Some(ClientAuth {
+                user: "default".into(),
+                secret: Secret::new(b"a guess"),
+            }),
+            "authentication failed",
+        ),
+        (
+            Some(ClientAuth {
+                user: "nobody".into(),
+                secret: Secret::new(common::STORE_SECRET.as_bytes()),
+            }),
+            "authentication failed",
+        ),
+    ] {
+        let mut cfg = ClientConfig::new(g.addrs.clone());
+        cfg.auth = auth;
+        let mut c = StoreClient::new(cfg).unwrap();
+        let t0 = Instant::now();
+        let e = c.get(b"secret-key").unwrap_err();
+        assert!(matches!(&e, ClientError::Auth(m) if m.contains(why)), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        assert_eq!(
+            c.arena(),
+            None,
+            "an unauthenticated client learnt the arena"
+        );
+        let e = c.put(b"k", b"v").unwrap_err();
+        assert!(matches!(e, ClientError::Auth(_)), "{e}");
+    }
+    assert_eq!(w.get(b"k").unwrap(), None, "a refused client wrote");
+
+    // The read-only user: one-sided reads, no writes.
+    let mut ro = StoreClient::new(user_config(&g.addrs, "reader", "reader-pass-1")).unwrap();
+    assert_eq!(
+        ro.get(b"secret-key").unwrap().as_deref(),
+        Some(&b"secret-value"[..])
+    );
+    assert!(ro.stats().keyed_one_sided >= 1, "{:?}", ro.stats());
+    for r in [
+        ro.put(b"k", b"v").map(|_| ()),
+        ro.remove(b"secret-key").map(|_| ()),
+    ] {
+        assert!(
+            matches!(r, Err(ClientError::Store(StoreError::NoPermission))),
+            "{r:?}"
+        );
+    }
+    assert!(matches!(
+        ro.insert(b"v"),
+        Err(ClientError::Store(StoreError::NoPermission))
+    ));
+
+    // A would-be node that knows the addresses but not the secret: refused
+    // before it is sent anything, so it never starts.
+    let port = free_ports(1)[0];
+    let cfg = g.dir.join("intruder.toml");
+    std::fs::write(g.dir.join("wrong.secret"), "not the secret\n").unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "group = \"authz\"\nnode_id = 3\nlisten = \"127.0.0.1:{port}\"\npeers = [\"{}\", \"{}\"]\n\
+             arena_size = \"16MiB\"\n[auth]\nsecret_file = \"wrong.secret\"\n\
+             [coordinator]\nkind = \"embedded\"\naddr = \"{}\"\n",
+            g.addrs[0],
+            g.addrs[1],
+            g._coord.addr()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(SOFTRDMA)
+        .args(["store", "serve", "--role", "secondary", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an intruder node started: {err}");
+    assert!(err.contains("refused this node"), "{err}");
+    // Neither can it pose as a node with no secret at all.
+    let ep = Endpoint::open("intruder").unwrap();
+    let node_hello = Hello::Node(NodeHello {
+        member: softrdma_store::proto::Member {
+            node: 3,
+            incarnation: 9,
+        },
+        group: "authz".into(),
+    });
+    let r = handshake::connect(&ep, g.addrs[0], &node_hello, None, CONNECT_TIMEOUT);
+    assert!(
+        matches!(&r, Err(HandshakeError::Refused(m)) if m.contains("requires authentication")),
+        "{:?}",
+        r.map(|(_, a)| a)
+    );
+    // The group went on: still redundant, same data.
+    let st = g.status();
+    assert!(
+        st.iter().any(|s| s.role == PRIMARY && s.redundant),
+        "{st:?}"
+    );
+
+    // RESP: NOAUTH without credentials, the read-only user's write NOPERM,
+    // a wrong password WRONGPASS, and --user/--pass working.
+    let pr = g.primary();
+    let port = g.resp[pr as usize - 1];
+    assert!(
+        redis_cli(port, &["get", "secret-key"]).contains("NOAUTH Authentication required."),
+        "{}",
+        redis_cli(port, &["get", "secret-key"])
+    );
+    let ro_cli = |args: &[&str]| {
+        let mut a = vec![
+            "--no-auth-warning",
+            "--user",
+            "reader",
+            "--pass",
+            "reader-pass-1",
+        ];
+        a.extend_from_slice(args);
+        redis_cli(port, &a)
+    };
+    assert_eq!(ro_cli(&["get", "secret-key"]).trim(), "secret-value");
+    let out = ro_cli(&["set", "a", "b"]);
+    assert!(
+        out.contains("NOPERM User reader has no permissions to run the 'set' command"),
+        "{out}"
+    );
+    let out = redis_cli(
+        port,
+        &[
+            "--no-auth-warning",
+            "--user",
+            "reader",
+            "--pass",
+            "wrong",
+            "get",
+            "x",
+        ],
+    );
+    assert!(out.contains("WRONGPASS"), "{out}");
+    let out = redis_cli(
+        port,
+        &[
+            "--no-auth-warning",
+            "--pass",
+            common::STORE_SECRET,
+            "set",
+            "a",
+            "b",
+        ],
+    );
+    assert_eq!(out.trim(), "OK");
+
+    // No secret in INFO, status or the logs (the nodes log at -v).
+    let info = redis_cli(
+        port,
+        &["--no-auth-warning", "--pass", common::STORE_SECRET, "info"],
+    );
+    assert!(info.contains("durability:"), "{info}");
+    let status = Command::new(SOFTRDMA)
+        .args(["store", "status", "--json", "--nodes", &g.nodes_arg()])
+        .env("SOFTRDMA_STORE_PASSWORD", common::STORE_SECRET)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    let mut seen = String::from_utf8_lossy(&status.stdout).into_owned() + &info;
+    for id in 1..=2 {
+        seen += &std::fs::read_to_string(g.dir.join(format!("node{id}.log"))).unwrap();
+    }
+    assert!(
+        seen.contains("connection refused"),
+        "the refusals are logged"
+    );
+    for s in [common::STORE_SECRET, "reader-pass-1", "not the secret"] {
+        assert!(!seen.contains(s), "a secret shows: {s}");
+    }
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+/// Issue 29, finding 1: revocation is live. Removing a user from both
+/// nodes' configuration ends its connections at once (native and RESP),
+/// and the arena's STag rotates on both nodes, so a connection that kept
+/// the old STag reads nothing; new connections learn the new one.
+#[test]
+fn a_revoked_user_is_shut_out_and_the_old_stag_reads_nothing() {
+    let users = format!("{WRITER}{READER}");
+    let mut g = Group::with_users("revoke", "16MiB", &users);
+    let pr = g.primary();
+    let paddr = g.addrs[pr as usize - 1];
+    let mut writer = StoreClient::new(user_config(&g.addrs, "writer", "writer-pass-2")).unwrap();
+    writer.put(b"k", b"v1").unwrap();
+    let mut reader = StoreClient::new(user_config(&g.addrs, "reader", "reader-pass-1")).unwrap();
+    assert_eq!(reader.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
+    // A RESP session of the reader.
+    use std::io::{Read, Write};
+    let mut resp = std::net::TcpStream::connect(("127.0.0.1", g.resp[pr as usize - 1])).unwrap();
+    resp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut ask = |req: &str| -> String {
+        resp.write_all(req.as_bytes()).unwrap();
+        let mut b = [0u8; 256];
+        let n = resp.read(&mut b).unwrap_or(0);
+        String::from_utf8_lossy(&b[..n]).into_owned()
+    };
+    assert_eq!(ask("AUTH reader reader-pass-1\r\n"), "+OK\r\n");
+    assert_eq!(ask("GET k\r\n"), "$2\r\nv1\r\n");
+    // A connection (the default user, which stays) that holds the STag.
+    let ep = Endpoint::open("stag-holder").unwrap();
+    let hello = Hello::Client {
+        id: 0x5eed,
+        user: "default".into(),
+    };
+    let auth = common::store_auth();
+    let (link, acc) = handshake::connect(&ep, paddr, &hello, Some(&auth), CONNECT_TIMEOUT).unwrap();
+    let old = acc.arena.expect("the arena");
+    let mr = ep.pd().alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    link.read(&mr, 64, old.base, old.stag, Duration::from_secs(2))
+        .expect("the STag reads before the revocation");
+
+    // Revoke the reader on both nodes (written whole, then renamed in).
+    let t0 = Instant::now();
+    for n in &g.nodes {
+        let text = std::fs::read_to_string(&n.cfg).unwrap().replace(READER, "");
+        let tmp = n.cfg.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &n.cfg).unwrap();
+    }
+    // The old STag stops reading: the primary rotated it.
+    let deadline = t0 + Duration::from_secs(5);
+    while link
+        .read(&mr, 64, old.base, old.stag, Duration::from_millis(500))
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "the old STag still reads");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let rotated = t0.elapsed();
+    // The reader's native client is refused from now on.
+    let e = reader.get(b"k").unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Auth(m) if m.contains("authentication failed")),
+        "{e}"
+    );
+    // Its RESP session ends with NOAUTH.
+    assert!(ask("GET k\r\n").starts_with("-NOAUTH"));
+    // New connections learn the new STag (same arena index, another
+    // key); the writer goes on reading one-sided and writing.
+    let (_l2, acc2) = handshake::connect(&ep, paddr, &hello, Some(&auth), CONNECT_TIMEOUT).unwrap();
+    let new = acc2.arena.unwrap();
+    assert_ne!(new.stag, old.stag);
+    assert_eq!(new.stag >> 8, old.stag >> 8, "the same arena");
+    writer.put(b"k", b"v2").unwrap();
+    assert_eq!(writer.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+    assert_eq!(writer.arena().unwrap().stag, new.stag);
+    // Both nodes took the rotation (it is replicated): after a failover
+    // the old STag reads nothing either.
+    let st = g.status();
+    assert!(st.iter().all(|s| s.stag == new.stag), "{st:?}");
+    println!("old STag refused {rotated:?} after the configuration changed");
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+/// Issue 29, finding 3: a stale pointer of the pointer API reaches no
+/// other object, through the CLI as a user meets it: insert, delete,
+/// insert another value of the same length (the same space); the old
+/// pointer reads, updates and deletes nothing. (Before the fix the new
+/// object got the same pointer text, the old pointer read it, and an
+/// update through it replaced what the new owner read.)
+#[test]
+fn a_stale_pointer_reaches_no_other_object() {
+    let g = Group::new("stale", "16MiB");
+    let cli = |args: &[&str]| {
+        let out = Command::new(SOFTRDMA)
+            .arg("store")
+            .args(args)
+            .args(["--nodes", &g.nodes_arg()])
+            .env("SOFTRDMA_STORE_PASSWORD", common::STORE_SECRET)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, old, _) = cli(&["insert", "first value"]);
+    assert!(ok, "{old}");
+    assert!(cli(&["delete", &old]).0);
+    let (ok, new, _) = cli(&["insert", "other value"]);
+    assert!(ok);
+    let (o, n): (RemotePtr, RemotePtr) = (old.parse().unwrap(), new.parse().unwrap());
+    assert_eq!((o.addr, o.len), (n.addr, n.len), "the space was reused");
+    assert_ne!(old, new, "the pointer texts differ (the generation)");
+    for args in [
+        vec!["read", old.as_str()],
+        vec!["update", old.as_str(), "overwrite!!"],
+        vec!["delete", old.as_str()],
+    ] {
+        let (ok, out, err) = cli(&args);
+        assert!(!ok, "{args:?} through the stale pointer worked: {out}");
+        assert!(err.contains("stale pointer"), "{args:?}: {err}");
+    }
+    assert_eq!(cli(&["read", &new]).1, "other value");
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+/// Issue 29, findings 4 and 9: under the default configuration, 20
+/// restarts of the secondary under load cost the primary no step-down and
+/// one copy each, and lose nothing. (A restart after an earlier retirement
+/// was refused its registration: the primary stepped down and the node
+/// copied twice.)
+#[test]
+fn secondary_restarts_cost_no_step_down_and_one_copy_each() {
+    let mut g = Group::new("restarts", "64MiB");
+    let p = g.primary();
+    let s = 3 - p;
+    let rounds = 20;
+    // First the secondary stops for longer than the secondary timeout (2 s
+    // by default): the primary drops it and it rejoins in process, retiring
+    // its incarnation, as a node does after any drop. Every restart after
+    // that is the case of finding 9.
+    let e = g.epoch();
+    signal(&g.nodes[(s - 1) as usize], "STOP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while g.status().iter().any(|x| x.redundant) {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped secondary was never dropped"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(&g.nodes[(s - 1) as usize], "CONT");
+    assert_eq!(g.wait_redundant(Duration::from_secs(30), e), p);
+    assert!(
+        log_count(&g, s, "role=Joining") >= 2,
+        "the secondary did not rejoin in process"
+    );
+    assert_eq!(
+        log_count(&g, p, "role=Fenced"),
+        0,
+        "the primary stepped down"
+    );
+    let copies0 = log_count(&g, p, "sending SyncStart");
+    for round in 1..=rounds {
+        let (child, rx) = start_load(&g, 100 + round, 1.5);
+        wait_progress(&rx, 0.4);
+        let e = g.epoch();
+        g.nodes[(s - 1) as usize].kill();
+        let dir = g.dir.clone();
+        g.nodes[(s - 1) as usize].start(&dir, "secondary");
+        let sum = finish_load(child, rx);
+        for f in ["lost_writes", "resurrected", "wrong_key", "stale_reached"] {
+            assert_eq!(sum[f], 0, "round {round}: {sum}");
+        }
+        assert_eq!(
+            g.wait_redundant(Duration::from_secs(30), e),
+            p,
+            "round {round}"
+        );
+    }
+    let copies = log_count(&g, p, "sending SyncStart") - copies0;
+    let fenced = log_count(&g, p, "role=Fenced") + log_count(&g, p, "role=Joining");
+    println!("{rounds} secondary restarts: {copies} copies, {fenced} step-downs");
+    assert_eq!(fenced, 0, "the primary stepped down");
+    assert_eq!(copies, rounds as usize, "one copy per restart");
+    let _ = std::fs::remove_dir_all(&g.dir);
+}
+
+/// Issue 29, finding 4: the double fault under the default configuration.
+/// The secondary is killed, then the primary, then both restart: the
+/// primary acknowledged no write while it was alone (each was refused or
+/// never answered), and the restarted nodes do not serve an empty store as
+/// if it were the group's.
+#[test]
+fn a_double_fault_under_defaults_acknowledged_nothing_held_by_one_node() {
+    let mut g = Group::new("double", "16MiB");
+    let p = g.primary();
+    let s = 3 - p;
+    let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
+    c.put(b"before", b"both nodes hold it").unwrap();
+    g.nodes[(s - 1) as usize].kill();
+    // The primary is alone: writes are refused (or time out unanswered),
+    // never acknowledged.
+    let mut cfg = client_config(&g.addrs);
+    cfg.deadline = Duration::from_secs(3);
+    cfg.wait_for_replicas = Duration::ZERO;
+    let mut alone = StoreClient::new(cfg).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let (mut refused, mut tries) = (0, 0);
+    while Instant::now() < deadline {
+        tries += 1;
+        match alone.put(format!("alone{tries}").as_bytes(), b"x") {
+            Ok(_) => panic!("a write was acknowledged by the primary alone"),
+            Err(ClientError::Store(StoreError::NotEnoughReplicas)) => refused += 1,
+            Err(_) => {}
+        }
+    }
+    assert!(refused > 0, "no write was refused outright ({tries} tries)");
+    let st = g.status();
+    assert!(st.iter().all(|x| !x.redundant), "{st:?}");
+    g.nodes[(p - 1) as usize].kill();
+    // Both come back: the group's record names incarnations that are gone,
+    // so neither may lead; none answers "absent" for a key it lost.
+    let dir = g.dir.clone();
+    let started = g.nodes[(p - 1) as usize].try_start(&dir, "auto");
+    if started.is_ok() {
+        let mut after = StoreClient::new({
+            let mut cfg = client_config(&g.addrs);
+            cfg.deadline = Duration::from_secs(2);
+            cfg
+        })
+        .unwrap();
+        let r = after.get(b"before");
+        assert!(
+            r.is_err(),
+            "a restarted node answered {r:?} for a key it lost"
+        );
+    }
     let _ = std::fs::remove_dir_all(&g.dir);
 }

@@ -220,6 +220,11 @@ struct Lab {
 
 impl Lab {
     fn new(name: &str) -> Lab {
+        Lab::with_config(name, "")
+    }
+
+    /// `extra`: more lines for both nodes' configuration.
+    fn with_config(name: &str, extra: &str) -> Lab {
         let tag = format!("srp{}{name}", std::process::id());
         let dir = std::env::temp_dir().join(format!("softrdma-partition-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -279,8 +284,11 @@ impl Lab {
         }
         // The coordinator, in C.
         let caddr: SocketAddr = format!("{}:{COORD_PORT}", leaf_ip("C")).parse().unwrap();
-        let coord = in_netns(&lab.ns("C"), move || EmbeddedServer::start(caddr))
-            .expect("start the embedded coordinator in namespace C");
+        let secret = softrdma_store::auth::Secret::new(common::STORE_SECRET.as_bytes());
+        let coord = in_netns(&lab.ns("C"), move || {
+            EmbeddedServer::start_with(caddr, Some(secret))
+        })
+        .expect("start the embedded coordinator in namespace C");
         lab.coord = Some(coord);
         // The hub routes: K reaches C.
         in_netns(&lab.ns("K"), move || {
@@ -288,6 +296,7 @@ impl Lab {
                 .map(drop)
                 .unwrap_or_else(|e| panic!("no route from K to the coordinator at {caddr}: {e}"))
         });
+        let auth = common::store_auth_toml(&lab.dir);
         for (i, leaf) in ["P", "S"].iter().enumerate() {
             let other = if *leaf == "P" { "S" } else { "P" };
             let cfg = lab.dir.join(format!("node{}.toml", i + 1));
@@ -297,7 +306,7 @@ impl Lab {
                     "group = \"part\"\nnode_id = {}\nlisten = \"{}:{NODE_PORT}\"\n\
                      peers = [\"{}:{NODE_PORT}\"]\narena_size = \"16MiB\"\n\
                      heartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\n\
-                     lease_ttl_ms = {LEASE_MS}\n[coordinator]\nkind = \"embedded\"\n\
+                     lease_ttl_ms = {LEASE_MS}\n{extra}\n{auth}[coordinator]\nkind = \"embedded\"\n\
                      addr = \"{caddr}\"\n",
                     i + 1,
                     leaf_ip(leaf),
@@ -400,12 +409,15 @@ impl Drop for Lab {
 }
 
 fn client(nodes: &[SocketAddr]) -> StoreClient {
-    StoreClient::new(ClientConfig::new(nodes.to_vec())).expect("store client")
+    let mut cfg = ClientConfig::new(nodes.to_vec());
+    cfg.auth = Some(common::store_auth());
+    StoreClient::new(cfg).expect("store client")
 }
 
 /// A client of `node` alone (no failover) that gives up after `deadline`.
 fn lone_client(node: SocketAddr, deadline: Duration) -> StoreClient {
     let mut cfg = ClientConfig::new(vec![node]);
+    cfg.auth = Some(common::store_auth());
     cfg.attempt_timeout = Duration::from_millis(250);
     cfg.deadline = deadline;
     StoreClient::new(cfg).expect("store client")
@@ -581,7 +593,10 @@ fn partitioned_primary_is_fenced_and_rejoins() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_root();
     let t_start = Instant::now();
-    let mut lab = Lab::new("a");
+    // Writes go on through the promoted node alone while P is cut off: the
+    // opt-in degraded mode (the default, min_in_sync_replicas = 1, refuses
+    // them until a secondary is in sync again).
+    let mut lab = Lab::with_config("a", "min_in_sync_replicas = 0");
     lab.nodes[0].start("primary");
     lab.nodes[1].start("secondary");
     // From here on this thread (and the threads it starts) is the client
@@ -779,7 +794,8 @@ fn degraded_primary_cut_from_coordinator_stops_acking() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_root();
     let t_start = Instant::now();
-    let mut lab = Lab::new("b");
+    // A primary left alone acknowledging writes: the opt-in degraded mode.
+    let mut lab = Lab::with_config("b", "min_in_sync_replicas = 0");
     lab.nodes[0].start("primary");
     lab.nodes[1].start("secondary");
     let _k = enter_netns(&lab.ns("K"));

@@ -11,10 +11,19 @@
 //! stag = "0x00012345"              # optional: else the primary generates one
 //! heartbeat_interval_ms = 50
 //! heartbeat_timeout_ms = 250
-//! min_in_sync_replicas = 0         # 1: refuse writes while no secondary is in sync
+//! secondary_timeout_ms = 2000      # a primary drops a silent secondary (default 8x the above)
+//! min_in_sync_replicas = 1         # 0: a primary left alone acknowledges writes alone
 //! clock_drift_permille = 50        # lease margin for clocks that run slow
 //! index_buckets = 0                # key index size of a new group (0: one per 16 KiB of arena)
 //! resp = "127.0.0.1:6380"          # optional: serve the Redis protocol here
+//!
+//! [auth]                           # optional: without it, loopback peers only
+//! secret_file = "group.secret"     # or secret = "..."; nodes prove it, and it is
+//!                                  # the `default` user's password (re-read while running)
+//! [[auth.users]]
+//! name = "reader"
+//! password_file = "reader.secret"  # or password = "..."
+//! rights = "read"                  # or "readwrite"
 //!
 //! [coordinator]
 //! kind = "embedded"                # or "etcd"
@@ -138,6 +147,9 @@ fn default_lease() -> u64 {
 fn default_drift() -> u64 {
     50
 }
+fn default_min_in_sync() -> u8 {
+    1
+}
 
 /// A node's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -169,14 +181,21 @@ pub struct Config {
     /// Silence in ms after which a peer counts as failed.
     #[serde(default = "default_hb_timeout")]
     pub heartbeat_timeout_ms: u64,
+    /// Silence in ms after which a primary drops its secondary (default
+    /// 8 x `heartbeat_timeout_ms`; at least that). See
+    /// [`crate::node::NodeConfig::secondary_timeout`].
+    #[serde(default)]
+    pub secondary_timeout_ms: Option<u64>,
     /// Lease TTL in ms.
     #[serde(default = "default_lease")]
     pub lease_ttl_ms: u64,
-    /// Secondaries that must hold a write before it is acknowledged: 0
-    /// (default: a primary left alone keeps acknowledging writes, held by
-    /// it only) or 1 (it refuses them until a secondary is in sync again).
-    /// The trade-off is in docs/store.md.
-    #[serde(default)]
+    /// Secondaries that must hold a write before it is acknowledged: 1
+    /// (default: every acknowledged write is in both nodes' memory; a
+    /// primary left alone refuses writes until a secondary is in sync
+    /// again) or 0 (a primary left alone keeps acknowledging writes, held
+    /// by it only, and lost if it fails before a copy completes). The
+    /// trade-off is in docs/store.md (issue 29, finding 4).
+    #[serde(default = "default_min_in_sync")]
     pub min_in_sync_replicas: u8,
     /// How much (parts per thousand) a node's clock may run slow against
     /// the coordinator's; the primary stops serving this share of its
@@ -194,6 +213,15 @@ pub struct Config {
     pub resp: Option<SocketAddr>,
     /// Coordinator.
     pub coordinator: CoordinatorConfig,
+    /// Credentials (`[auth]`): the group secret and users; none: protected
+    /// mode (loopback peers only). Re-read while the node runs.
+    #[serde(default)]
+    pub auth: crate::auth::AuthConfig,
+    /// The file this configuration was read from (relative secret files
+    /// are taken from its folder; the node watches it for credential
+    /// changes).
+    #[serde(skip)]
+    pub source: Option<std::path::PathBuf>,
 }
 
 /// A configuration error.
@@ -215,6 +243,16 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// What an acknowledged write is held by under `min_in_sync_replicas`,
+/// in words: the promise `status`, `INFO` and the demo print.
+pub fn durability(min_in_sync_replicas: u8) -> &'static str {
+    if min_in_sync_replicas >= 1 {
+        "every acknowledged write is in both nodes' memory (lost only if both fail before a new copy completes)"
+    } else {
+        "acknowledged writes are in both nodes' memory while redundant, in the primary's alone while degraded (lost if it then fails)"
+    }
+}
+
 impl Config {
     /// Parses and validates TOML text.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -229,7 +267,16 @@ impl Config {
             path: path.display().to_string(),
             err,
         })?;
-        Config::parse(&text)
+        let mut c = Config::parse(&text)?;
+        c.source = Some(path.to_path_buf());
+        c.credentials()?;
+        Ok(c)
+    }
+
+    /// The credentials the `[auth]` section describes (its files read now).
+    pub fn credentials(&self) -> Result<crate::auth::Credentials, ConfigError> {
+        let base = self.source.as_deref().and_then(|p| p.parent());
+        self.auth.credentials(base).map_err(ConfigError::Invalid)
     }
 
     /// Checks the values are consistent.
@@ -278,6 +325,16 @@ impl Config {
                 self.heartbeat_timeout_ms, self.heartbeat_interval_ms
             ));
         }
+        if self
+            .secondary_timeout_ms
+            .is_some_and(|t| t < self.heartbeat_timeout_ms)
+        {
+            return bad(format!(
+                "secondary_timeout_ms ({}) must be at least heartbeat_timeout_ms ({})",
+                self.secondary_timeout_ms.unwrap_or(0),
+                self.heartbeat_timeout_ms
+            ));
+        }
         if self.lease_ttl_ms <= self.heartbeat_interval_ms {
             return bad(format!(
                 "lease_ttl_ms ({}) must exceed heartbeat_interval_ms ({}): leases are renewed each beat",
@@ -324,6 +381,18 @@ impl Config {
     /// Heartbeat timeout.
     pub fn heartbeat_timeout(&self) -> Duration {
         Duration::from_millis(self.heartbeat_timeout_ms)
+    }
+    /// How long a primary waits for a silent secondary before it drops it.
+    pub fn secondary_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.secondary_timeout_ms
+                .unwrap_or(8 * self.heartbeat_timeout_ms),
+        )
+    }
+    /// What an acknowledged write is held by under this configuration,
+    /// in words (for `status`, `INFO` and the demo's summary).
+    pub fn durability(&self) -> &'static str {
+        durability(self.min_in_sync_replicas)
     }
     /// Lease TTL.
     pub fn lease_ttl(&self) -> Duration {

@@ -26,13 +26,20 @@
 //! * [`retire`](Coordinator::retire): a node about to discard its data and
 //!   rejoin under a new incarnation asks first. Refused while the record
 //!   names the old incarnation (as primary or in-sync member: its data may
-//!   be the only full copy); otherwise the new incarnation becomes the
-//!   node's current one, and from then on the old one can neither be
-//!   registered in sync (a `set_in_sync` still on its way fails) nor win a
-//!   campaign (one still on its way loses). Without this a late
-//!   registration or campaign could name an incarnation that no longer
-//!   exists, and with the other node lost the group could never elect a
-//!   primary again.
+//!   be the only full copy); otherwise the old incarnation is recorded as
+//!   **retired**, and from then on it can neither be registered in sync (a
+//!   `set_in_sync` still on its way fails) nor win a campaign (one still
+//!   on its way loses). Without this a late registration or campaign could
+//!   name an incarnation that no longer exists, and with the other node
+//!   lost the group could never elect a primary again. Only incarnations
+//!   that were retired are refused: a node's next process starts with a
+//!   fresh random incarnation that was never retired, and is registered
+//!   like any other (issue 29, finding 9: "not the node's latest retired-to
+//!   incarnation" used to count as retired, so every restart after a
+//!   retirement cost a step-down of the primary and a second copy).
+//!   Retired incarnations are kept for the group's life: a retirement
+//!   happens once per in-process rejoin, 8 bytes each, and a message of a
+//!   retired incarnation may be late by any amount.
 //!
 //! Hence a primary may acknowledge writes alone ("degraded") only after it
 //! has recorded `in_sync: none`; from then on the former secondary can never
@@ -42,7 +49,7 @@
 //! embedded coordinator and of the simulation), [`embedded`] (a tiny TCP
 //! server on loopback plus its client) and [`etcd`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::proto::Member;
@@ -148,8 +155,8 @@ impl Entry {
 #[derive(Debug, Clone, Default)]
 pub struct LeaseTable {
     groups: BTreeMap<String, Entry>,
-    /// Per group and node: the current incarnation, once one retired.
-    current: BTreeMap<(String, u32), u64>,
+    /// Per group and node: its retired incarnations.
+    retired: BTreeMap<(String, u32), BTreeSet<u64>>,
 }
 
 impl LeaseTable {
@@ -158,11 +165,34 @@ impl LeaseTable {
         LeaseTable::default()
     }
 
-    /// Whether `m` was retired (its node has a newer current incarnation).
+    /// Whether `m` was retired.
     fn retired(&self, group: &str, m: Member) -> bool {
-        self.current
+        self.retired
             .get(&(group.to_string(), m.node))
-            .is_some_and(|&c| c != m.incarnation)
+            .is_some_and(|r| r.contains(&m.incarnation))
+    }
+
+    /// Whether the table holds anything of `group`.
+    pub fn knows(&self, group: &str) -> bool {
+        self.groups.contains_key(group)
+            || self
+                .retired
+                .range((group.to_string(), 0)..=(group.to_string(), u32::MAX))
+                .next()
+                .is_some()
+    }
+
+    /// How many groups the table holds anything of.
+    pub fn group_count(&self) -> usize {
+        let mut n = self.groups.len();
+        let mut last: Option<&str> = None;
+        for (g, _) in self.retired.keys() {
+            if last != Some(g.as_str()) && !self.groups.contains_key(g) {
+                n += 1;
+            }
+            last = Some(g.as_str());
+        }
+        n
     }
 
     /// See [`Coordinator::campaign`].
@@ -192,7 +222,7 @@ impl LeaseTable {
                 epoch: next_epoch,
                 primary: me,
                 in_sync,
-                expires: Some(now + ttl),
+                expires: Some(now.saturating_add(ttl)),
                 ttl,
             },
         );
@@ -212,7 +242,7 @@ impl LeaseTable {
     pub fn keep_alive(&mut self, group: &str, me: Member, epoch: u64, now: u64) -> bool {
         match self.current_mut(group, me, epoch, now) {
             Some(e) => {
-                e.expires = Some(now + e.ttl);
+                e.expires = Some(now.saturating_add(e.ttl));
                 true
             }
             None => false,
@@ -228,14 +258,12 @@ impl LeaseTable {
         in_sync: Option<Member>,
         now: u64,
     ) -> Option<u64> {
-        if in_sync.is_some_and(|m| self.retired(group, m)) {
+        // A primary is never its own secondary: such a request (only a
+        // broken or hostile client sends one) is refused like a stale one.
+        if in_sync.is_some_and(|m| m.node == me.node || self.retired(group, m)) {
             return None;
         }
         let e = self.current_mut(group, me, epoch, now)?;
-        assert!(
-            in_sync.is_none_or(|m| m.node != me.node),
-            "a primary is not its own secondary"
-        );
         e.in_sync = in_sync;
         e.epoch += 1;
         Some(e.epoch)
@@ -262,7 +290,11 @@ impl LeaseTable {
         {
             return false;
         }
-        self.current.insert((group.to_string(), old.node), new);
+        let _ = new; // the node's next incarnation: fresh, so never retired
+        self.retired
+            .entry((group.to_string(), old.node))
+            .or_default()
+            .insert(old.incarnation);
         true
     }
 }
@@ -273,6 +305,34 @@ mod tests {
 
     fn m(node: u32, incarnation: u64) -> Member {
         Member { node, incarnation }
+    }
+
+    /// Issue 29, finding 9: once a node had retired an incarnation, its
+    /// next process (a fresh random incarnation) counted as retired too,
+    /// so its registration was refused and the primary stepped down.
+    #[test]
+    fn a_restarted_node_is_not_retired_by_an_earlier_retirement() {
+        let mut t = LeaseTable::new();
+        let (p, s1) = (m(2, 7), m(1, 100));
+        let Campaign::Won { epoch, .. } = t.campaign("g", p, 1_000, 0) else {
+            panic!()
+        };
+        // Node 1 rejoins once in-process: 100 retires in favour of 101.
+        assert!(t.retire("g", s1, 101));
+        assert_eq!(t.set_in_sync("g", p, epoch, Some(s1), 1), None, "retired");
+        let e = t.set_in_sync("g", p, epoch, Some(m(1, 101)), 2).unwrap();
+        // Node 1's process dies; the primary drops it; a new process of
+        // node 1 starts with a fresh random incarnation.
+        let e = t.set_in_sync("g", p, e, None, 3).unwrap();
+        let fresh = m(1, 0x5eed_0000_0000_0001);
+        assert_eq!(
+            t.set_in_sync("g", p, e, Some(fresh), 4),
+            Some(e + 1),
+            "a fresh incarnation was never retired"
+        );
+        // The retired ones stay retired.
+        let e = e + 1;
+        assert_eq!(t.set_in_sync("g", p, e, Some(s1), 5), None, "still retired");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //!
 //! * [`arena`]: fixed-address mappings (all `unsafe` lives there).
 //! * [`alloc`]: deterministic allocator over arena offsets.
+//! * [`auth`]: credentials and the connection handshake's proofs.
 //! * [`object`]: object header and torn-read detection.
 //! * [`index`]: the key index in the arena, read one-sided by clients.
 //! * [`lookup`]: a key's one-sided look-up, as a pure state machine.
@@ -23,6 +24,7 @@
 
 pub mod alloc;
 pub mod arena;
+pub mod auth;
 pub mod config;
 pub mod coord;
 pub mod glob;

@@ -60,8 +60,17 @@ pub struct NodeConfig {
     pub arena: ArenaRef,
     /// Heartbeat and lease-renewal interval.
     pub heartbeat_interval: Micros,
-    /// Silence after which a peer counts as failed.
+    /// Silence after which a peer counts as failed (a secondary's view of
+    /// its primary; the primary's of a joining node's copy).
     pub heartbeat_timeout: Micros,
+    /// Silence after which a primary drops its secondary, at least
+    /// `heartbeat_timeout` (issue 29, finding 4). Dropping costs the
+    /// secondary a whole new copy, and under `min_in_sync` 1 refuses
+    /// writes until then, so it waits longer than a secondary waits to
+    /// campaign: a secondary starved of CPU for a few heartbeats stays in
+    /// sync. A restarted secondary needs no timeout: its Join under a new
+    /// incarnation proves the old one gone, and the primary drops it then.
+    pub secondary_timeout: Micros,
     /// Lease TTL requested from the coordinator.
     pub lease_ttl: Micros,
     /// Bytes per recovery chunk.
@@ -328,12 +337,21 @@ pub struct Node<M: Memory> {
     resend_asked: Option<(u64, Micros)>,
     /// When this node (as a secondary) last campaigned.
     last_campaign: Micros,
+    /// When the last tick came: a tick that comes much later than the
+    /// ticker's period shows that this node did not run (starved of CPU,
+    /// stopped), so its peers' silence over that gap is no evidence.
+    last_tick: Option<Micros>,
     /// The key index's place in the arena: known once the arena holds a
     /// group's data (formatted by a new group's first primary, or copied).
     layout: Option<Layout>,
     /// The key index as planned with (including unexposed writes); `None`
     /// while the node has no data or is still replaying its copy.
     index: Option<Meta>,
+    /// The generation of every object of the pointer API, by arena
+    /// offset, as planned with (including unexposed writes): a pointer
+    /// whose generation differs is stale (finding 3). Kept by every
+    /// replica as it applies writes; rebuilt from the headers after a copy.
+    unkeyed_gens: BTreeMap<u64, u64>,
 }
 
 #[path = "node_keys.rs"]
@@ -361,6 +379,7 @@ impl<M: Memory> Node<M> {
             index::MAX_ARENA_LEN
         );
         assert!(cfg.heartbeat_timeout > cfg.heartbeat_interval);
+        assert!(cfg.secondary_timeout >= cfg.heartbeat_timeout);
         assert!(cfg.sync_chunk > 0 && cfg.sync_window > 0);
         Node {
             alloc: Allocator::new(cfg.arena.len),
@@ -384,8 +403,10 @@ impl<M: Memory> Node<M> {
             unexposed: VecDeque::new(),
             resend_asked: None,
             last_campaign: 0,
+            last_tick: None,
             layout: None,
             index: None,
+            unkeyed_gens: BTreeMap::new(),
         }
     }
 
@@ -562,6 +583,7 @@ impl<M: Memory> Node<M> {
             applied_seq: self.applied_seq,
             keys: self.index.as_ref().map_or(0, |m| m.len() as u64),
             resp_port: self.cfg.resp_port,
+            min_in_sync: self.cfg.min_in_sync,
         }
     }
 
@@ -836,7 +858,8 @@ impl<M: Memory> Node<M> {
                 start_seq,
                 alloc,
                 dedup,
-            } => self.on_sync_start(from, session, start_seq, alloc, dedup),
+                stag,
+            } => self.on_sync_start(from, session, start_seq, alloc, dedup, stag),
             Body::SyncRequest {
                 session,
                 offset,
@@ -1033,12 +1056,24 @@ impl<M: Memory> Node<M> {
 
     fn read(&self, ptr: RemotePtr) -> Result<Reply, StoreError> {
         let off = self.object_offset(&ptr)?;
+        // Another object of the pointer API holds the space now (maybe
+        // not yet exposed in the bytes).
+        let keyed = self.index.as_ref().is_some_and(|m| m.owns(off));
+        if !keyed && self.unkeyed_gens.get(&off) != Some(&ptr.gen) {
+            return Err(StoreError::StalePointer { expected: ptr.gen });
+        }
         match object::read_object(&self.mem, off, ptr.len as u64) {
+            // The space holds another object than the pointer's.
+            Ok(o) if o.generation != ptr.gen => Err(StoreError::StalePointer { expected: ptr.gen }),
             Ok(o) => Ok(Reply::Data {
                 version: o.version,
                 data: o.data,
             }),
             Err(object::ObjectError::Torn) => Err(StoreError::Torn),
+            // A live allocation whose bytes are not exposed yet: another
+            // object's, being written (a pointer is handed out only once
+            // its object is committed).
+            Err(object::ObjectError::Empty) => Err(StoreError::StalePointer { expected: ptr.gen }),
             Err(e) => Err(StoreError::Other(e.to_string())),
         }
     }
@@ -1084,12 +1119,18 @@ impl<M: Memory> Node<M> {
         Ok((off, crate::alloc::round_up(need).unwrap()))
     }
 
-    fn ptr_at(&self, off: u64, len: u64) -> RemotePtr {
+    fn ptr_at(&self, off: u64, len: u64, gen: u64) -> RemotePtr {
         RemotePtr {
             addr: self.cfg.arena.base + off,
             stag: self.cfg.arena.stag,
             len: len as u32,
+            gen,
         }
+    }
+
+    /// The arena (its STag as of the last applied rotation).
+    pub fn arena(&self) -> ArenaRef {
+        self.cfg.arena
     }
 
     /// The arena offset a pointer of the pointer API names: an allocation
@@ -1109,11 +1150,16 @@ impl<M: Memory> Node<M> {
     }
 
     /// The arena offset a pointer names, for a write of the pointer API:
-    /// objects that belong to a key change only through the key.
+    /// objects that belong to a key change only through the key, and the
+    /// object must be the pointer's (its generation), not one that took
+    /// its space after a delete.
     fn unkeyed_offset(&self, ptr: &RemotePtr) -> Result<u64, StoreError> {
         let off = self.object_offset(ptr)?;
         if self.index.as_ref().is_some_and(|m| m.owns(off)) {
             return Err(StoreError::Keyed);
+        }
+        if self.unkeyed_gens.get(&off) != Some(&ptr.gen) {
+            return Err(StoreError::StalePointer { expected: ptr.gen });
         }
         Ok(off)
     }
@@ -1121,10 +1167,10 @@ impl<M: Memory> Node<M> {
     /// Decides a write's effects without changing anything.
     fn plan(&self, op: &Op) -> Result<(Vec<Effect>, Reply), StoreError> {
         let seq = self.applied_seq + 1;
-        let write = |offset: u64, data: &[u8]| Effect::Write {
+        let write = |offset: u64, data: &[u8], generation: u64| Effect::Write {
             offset,
             version: seq,
-            generation: seq,
+            generation,
             key: Vec::new(),
             data: data.to_vec(),
         };
@@ -1132,15 +1178,21 @@ impl<M: Memory> Node<M> {
             Op::Insert { data } => {
                 let (off, len) = self.new_allocation(0, data.len())?;
                 Ok((
-                    vec![Effect::Alloc { offset: off, len }, write(off, data)],
-                    Reply::Inserted(self.ptr_at(off, len)),
+                    vec![Effect::Alloc { offset: off, len }, write(off, data, seq)],
+                    Reply::Inserted(self.ptr_at(off, len, seq)),
                 ))
             }
             Op::Update { ptr, data } => {
                 let off = self.unkeyed_offset(ptr)?;
                 let need = object::encoded_len(0, data.len());
                 if need as u64 <= ptr.len as u64 {
-                    return Ok((vec![write(off, data)], Reply::Updated(*ptr)));
+                    // In place: the object keeps its generation (and the
+                    // pointer stays valid); its STag is the arena's now.
+                    let p = RemotePtr {
+                        stag: self.cfg.arena.stag,
+                        ..*ptr
+                    };
+                    return Ok((vec![write(off, data, ptr.gen)], Reply::Updated(p)));
                 }
                 let (new_off, len) = self.new_allocation(0, data.len())?;
                 Ok((
@@ -1149,10 +1201,10 @@ impl<M: Memory> Node<M> {
                             offset: new_off,
                             len,
                         },
-                        write(new_off, data),
+                        write(new_off, data, seq),
                         Effect::Free { offset: off },
                     ],
-                    Reply::Updated(self.ptr_at(new_off, len)),
+                    Reply::Updated(self.ptr_at(new_off, len, seq)),
                 ))
             }
             Op::Delete { ptr } => {
@@ -1161,6 +1213,18 @@ impl<M: Memory> Node<M> {
             }
             Op::Put { key, data, cond } => self.plan_put(seq, key, data, *cond),
             Op::Remove { key } => self.plan_remove(key),
+            Op::RotateStag { stag } => {
+                if !crate::ptr::same_arena(*stag, self.cfg.arena.stag) || *stag == 0 {
+                    return Err(StoreError::Other(format!(
+                        "a rotation keeps the arena's STag index ({:#010x} -> {stag:#010x})",
+                        self.cfg.arena.stag
+                    )));
+                }
+                Ok((
+                    vec![Effect::Stag { stag: *stag }],
+                    Reply::Rotated { stag: *stag },
+                ))
+            }
             Op::Read { .. } | Op::Get { .. } | Op::Scan { .. } | Op::Status => {
                 unreachable!("not a write")
             }
@@ -1210,6 +1274,8 @@ impl<M: Memory> Node<M> {
                 Effect::Free { offset } => {
                     object::scrub(&mut self.mem, *offset).map_err(|e| e.to_string())?;
                 }
+                // Applied in `apply_meta`: no bytes.
+                Effect::Stag { .. } => {}
                 Effect::Index { edit, .. } => {
                     let layout = self.layout.ok_or("an index edit before the index")?;
                     if over_copy {
@@ -1243,8 +1309,15 @@ impl<M: Memory> Node<M> {
                     .alloc_at(*offset, *len)
                     .map_err(|e| e.to_string())?,
                 Effect::Write {
-                    offset, key, data, ..
+                    offset,
+                    key,
+                    data,
+                    generation,
+                    ..
                 } => {
+                    if key.is_empty() {
+                        self.unkeyed_gens.insert(*offset, *generation);
+                    }
                     let cap = self
                         .alloc
                         .allocation_at(*offset)
@@ -1261,6 +1334,16 @@ impl<M: Memory> Node<M> {
                 }
                 Effect::Free { offset } => {
                     self.alloc.free(*offset).map_err(|e| e.to_string())?;
+                    self.unkeyed_gens.remove(offset);
+                }
+                Effect::Stag { stag } => {
+                    if !crate::ptr::same_arena(*stag, self.cfg.arena.stag) {
+                        return Err(format!(
+                            "a rotation to STag {stag:#010x} changes the arena's index ({:#010x})",
+                            self.cfg.arena.stag
+                        ));
+                    }
+                    self.cfg.arena.stag = *stag;
                 }
                 Effect::Index {
                     key,
@@ -1520,6 +1603,19 @@ impl<M: Memory> Node<M> {
         match p.replica {
             Replica::None => {}
             Replica::Syncing { m, .. } if m.node == n => {}
+            Replica::Registering { m, coord: None, .. } if m.node == n && m != member => {
+                // It restarted before it was registered: forget it (as
+                // when it falls silent) and copy to the new incarnation.
+                p.replica = Replica::None;
+            }
+            Replica::Registering {
+                m, ref mut failed, ..
+            } if m.node == n && m != member => {
+                // Being registered: dropped once the registration is
+                // answered; the new incarnation retries its Join.
+                *failed = true;
+                return refuse(self, "previous incarnation being removed; retry");
+            }
             Replica::InSync { m, .. } if m.node == n => {
                 // It restarted: drop it from the record first.
                 let epoch = self.epoch;
@@ -1557,6 +1653,7 @@ impl<M: Memory> Node<M> {
         p.replicated_through = 0;
         let alloc = self.alloc.snapshot();
         let dedup = self.dedup_table();
+        let stag = self.cfg.arena.stag;
         self.send(
             from,
             Body::SyncStart {
@@ -1564,6 +1661,7 @@ impl<M: Memory> Node<M> {
                 start_seq,
                 alloc,
                 dedup,
+                stag,
             },
         );
     }
@@ -1575,6 +1673,7 @@ impl<M: Memory> Node<M> {
         start_seq: u64,
         alloc: crate::alloc::AllocSnapshot,
         dedup: Vec<DedupEntry>,
+        stag: u32,
     ) {
         // Accepted from the primary we joined, also while copying or after:
         // the primary restarts a session when it sees a (possibly late,
@@ -1595,10 +1694,12 @@ impl<M: Memory> Node<M> {
             self.diverged("bad allocator snapshot".into());
             return self.become_joining(None);
         };
-        if a.size() != self.alloc.size() {
+        if a.size() != self.alloc.size() || !crate::ptr::same_arena(stag, self.cfg.arena.stag) {
             return self.become_joining(None);
         }
         self.alloc = a;
+        self.cfg.arena.stag = stag;
+        self.unkeyed_gens.clear();
         self.layout = None;
         self.index = None;
         self.dedup = dedup.into_iter().map(|d| (d.client, d)).collect();
@@ -1711,6 +1812,12 @@ impl<M: Memory> Node<M> {
                 return self.become_joining(Some(primary));
             }
         }
+        // So are the pointer API's generations: every allocation past the
+        // index's region that no key owns holds an object of it.
+        if let Err(e) = self.rebuild_unkeyed_gens() {
+            self.diverged(format!("copied objects: {e}"));
+            return self.become_joining(Some(primary));
+        }
         let through_seq = self.applied_seq;
         self.send(
             Addr::Node(primary),
@@ -1719,6 +1826,26 @@ impl<M: Memory> Node<M> {
                 through_seq,
             },
         );
+    }
+
+    /// Rebuilds [`Self::unkeyed_gens`] from the objects' headers (after a
+    /// copy: the bytes are then exactly the primary's).
+    fn rebuild_unkeyed_gens(&mut self) -> Result<(), String> {
+        let reserved = self.layout.map_or(0, |l| l.reserved_len());
+        let mut gens = BTreeMap::new();
+        for (off, _) in self.alloc.allocations() {
+            if off < reserved || self.index.as_ref().is_some_and(|m| m.owns(off)) {
+                continue;
+            }
+            let (key, generation) = object::read_key(&self.mem, off)
+                .map_err(|e| format!("the object at {off}: {e}"))?;
+            if !key.is_empty() {
+                return Err(format!("the object at {off} has a key no slot names"));
+            }
+            gens.insert(off, generation);
+        }
+        self.unkeyed_gens = gens;
+        Ok(())
     }
 
     fn on_sync_request(&mut self, from: Addr, session: u64, offset: u64, len: u32) {
@@ -1795,8 +1922,20 @@ impl<M: Memory> Node<M> {
     fn on_tick(&mut self) {
         let now = self.now;
         let cfg = self.cfg.clone();
+        // A tick after a gap of half a heartbeat timeout or more (the
+        // ticker runs every half heartbeat interval) means this node did
+        // not run for that long: its peers' messages may be waiting unread
+        // behind it, so nobody is judged dead on this tick (finding 4: a
+        // loaded host descheduled both processes, and the primary dropped
+        // a healthy secondary on waking, before reading its heartbeats).
+        let starved = self
+            .last_tick
+            .is_some_and(|t| now.saturating_sub(t) >= cfg.heartbeat_timeout / 2);
+        self.last_tick = Some(now);
         let due = |last: Micros| now.saturating_sub(last) >= cfg.heartbeat_interval;
-        let dead = |last: Micros| now.saturating_sub(last) > cfg.heartbeat_timeout;
+        let dead = |last: Micros| !starved && now.saturating_sub(last) > cfg.heartbeat_timeout;
+        let replica_dead =
+            |last: Micros| !starved && now.saturating_sub(last) > cfg.secondary_timeout;
         match &mut self.state {
             State::Joining {
                 join_sent,
@@ -1913,24 +2052,24 @@ impl<M: Memory> Node<M> {
                     unreachable!()
                 };
                 match p.replica {
-                    Replica::Syncing { last_heard, .. } if dead(last_heard) => {
+                    Replica::Syncing { last_heard, .. } if replica_dead(last_heard) => {
                         p.replica = Replica::None;
                     }
                     Replica::Registering {
                         last_heard,
                         coord: None,
                         ..
-                    } if dead(last_heard) => {
+                    } if replica_dead(last_heard) => {
                         p.replica = Replica::None;
                     }
                     Replica::Registering {
                         last_heard,
                         ref mut failed,
                         ..
-                    } if dead(last_heard) => {
+                    } if replica_dead(last_heard) => {
                         *failed = true;
                     }
-                    Replica::InSync { last_heard, .. } if dead(last_heard) => {
+                    Replica::InSync { last_heard, .. } if replica_dead(last_heard) => {
                         self.drop_replica();
                     }
                     _ => {}
@@ -2233,6 +2372,7 @@ mod tests {
                     arena: ARENA,
                     heartbeat_interval: HB,
                     heartbeat_timeout: 5 * HB,
+                    secondary_timeout: 5 * HB,
                     lease_ttl: 4 * HB,
                     sync_chunk: 16 << 10,
                     sync_window: 4,
@@ -2620,6 +2760,7 @@ mod tests {
             addr: ARENA.base,
             stag: ARENA.stag,
             len: reserved as u32,
+            gen: 0,
         };
         for op in [
             Op::Read { ptr },

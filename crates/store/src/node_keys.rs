@@ -63,7 +63,7 @@ impl<M: Memory> Node<M> {
                 return Ok((
                     vec![write(f.entry.offset)],
                     Reply::Stored {
-                        ptr: self.ptr_at(f.entry.offset, cap),
+                        ptr: self.ptr_at(f.entry.offset, cap, generation),
                         generation,
                         created: false,
                     },
@@ -95,7 +95,7 @@ impl<M: Memory> Node<M> {
         Ok((
             effects,
             Reply::Stored {
-                ptr: self.ptr_at(off, len),
+                ptr: self.ptr_at(off, len, generation),
                 generation,
                 created: existing.is_none(),
             },
@@ -149,7 +149,7 @@ impl<M: Memory> Node<M> {
                 version,
                 data,
             } => Ok(Reply::Value {
-                ptr: self.ptr_at(offset, len as u64),
+                ptr: self.ptr_at(offset, len as u64, generation),
                 generation,
                 version,
                 data,

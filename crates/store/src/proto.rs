@@ -95,6 +95,9 @@ pub enum Body {
         alloc: AllocSnapshot,
         /// Retry table as of `start_seq`.
         dedup: Vec<DedupEntry>,
+        /// The arena's STag as of `start_seq` (it rotates: a later rotation
+        /// arrives among the writes).
+        stag: u32,
     },
     /// Joining node -> primary: send these arena bytes (the fallback for an
     /// RDMA Read of the primary's arena).
@@ -208,6 +211,14 @@ pub enum Op {
         /// [`StoreError::BadPattern`].
         pattern: Vec<u8>,
     },
+    /// Rotate the arena's STag to `stag` (same index, another key) on
+    /// every node, in order with the writes: [`Reply::Rotated`]. Made by a
+    /// node itself when its credentials were narrowed (issue 29); a node
+    /// refuses it from the network.
+    RotateStag {
+        /// The new STag.
+        stag: u32,
+    },
 }
 
 /// When a [`Op::Put`] stores.
@@ -275,6 +286,11 @@ pub enum Reply {
         /// Next cursor; 0 when the scan is complete.
         next: u64,
     },
+    /// RotateStag: the arena's STag now.
+    Rotated {
+        /// The new STag.
+        stag: u32,
+    },
 }
 
 /// [`StatusInfo::role`]: no data yet.
@@ -332,6 +348,9 @@ pub struct StatusInfo {
     pub keys: u64,
     /// The node's RESP front door port (0: none), on the node's host.
     pub resp_port: u16,
+    /// The group's `min_in_sync_replicas` as this node is configured
+    /// (what an acknowledged write is held by: `config::durability`).
+    pub min_in_sync: u8,
 }
 
 /// One effect of a write, applied identically on every replica.
@@ -370,6 +389,11 @@ pub enum Effect {
         generation: u64,
         /// The edit.
         edit: crate::index::Edit,
+    },
+    /// The arena's STag from now on (a rotation; same index).
+    Stag {
+        /// The new STag.
+        stag: u32,
     },
 }
 
@@ -485,6 +509,17 @@ pub enum StoreError {
         len: u64,
         /// Longest pattern.
         max: u64,
+    },
+    /// The connection's user may not do this (a read-only user's write).
+    #[error("this user has no permission to write")]
+    NoPermission,
+    /// A pointer of the pointer API whose object was deleted and whose
+    /// space now holds another object (its generation differs): nothing
+    /// was read or changed.
+    #[error("stale pointer: its object (generation {expected}) was deleted; the space now holds another object")]
+    StalePointer {
+        /// The pointer's generation.
+        expected: u64,
     },
     /// Anything else.
     #[error("{0}")]
@@ -608,10 +643,12 @@ fn enc_body(w: &mut W, b: &Body) {
             start_seq,
             alloc,
             dedup,
+            stag,
         } => {
             w.u8(8);
             w.u64(*session);
             w.u64(*start_seq);
+            w.u32(*stag);
             w.u64(alloc.size);
             w.len(alloc.allocations.len());
             for &(o, l) in &alloc.allocations {
@@ -722,6 +759,10 @@ fn enc_op(w: &mut W, op: &Op) {
             w.u32(*count);
             w.bytes(pattern);
         }
+        Op::RotateStag { stag } => {
+            w.u8(10);
+            w.u32(*stag);
+        }
     }
 }
 
@@ -755,6 +796,7 @@ fn enc_reply(w: &mut W, r: &Reply) {
             w.u64(s.applied_seq);
             w.u64(s.keys);
             w.0.extend_from_slice(&s.resp_port.to_le_bytes());
+            w.u8(s.min_in_sync);
         }
         Reply::Stored {
             ptr,
@@ -791,6 +833,10 @@ fn enc_reply(w: &mut W, r: &Reply) {
                 w.bytes(k);
             }
             w.u64(*next);
+        }
+        Reply::Rotated { stag } => {
+            w.u8(12);
+            w.u32(*stag);
         }
     }
 }
@@ -854,6 +900,10 @@ fn enc_effect(w: &mut W, e: &Effect) {
                 }
             }
         }
+        Effect::Stag { stag } => {
+            w.u8(5);
+            w.u32(*stag);
+        }
     }
 }
 
@@ -910,6 +960,11 @@ fn enc_error(w: &mut W, e: &StoreError) {
             w.u8(15);
             w.u64(*len);
             w.u64(*max);
+        }
+        StoreError::NoPermission => w.u8(16),
+        StoreError::StalePointer { expected } => {
+            w.u8(17);
+            w.u64(*expected);
         }
     }
 }
@@ -1042,6 +1097,7 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
         8 => {
             let session = r.u64()?;
             let start_seq = r.u64()?;
+            let stag = r.u32()?;
             let size = r.u64()?;
             let n = r.count(16)?;
             let mut allocations = Vec::with_capacity(n);
@@ -1072,6 +1128,7 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
                     freed,
                 },
                 dedup,
+                stag,
             }
         }
         9 => Body::SyncRequest {
@@ -1127,6 +1184,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
             count: r.u32()?,
             pattern: r.bytes()?,
         },
+        10 => Op::RotateStag { stag: r.u32()? },
         tag => return Err(DecodeError::BadTag { what: "op", tag }),
     })
 }
@@ -1153,6 +1211,7 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
             applied_seq: r.u64()?,
             keys: r.u64()?,
             resp_port: u16::from_le_bytes(r.take(2)?.try_into().unwrap()),
+            min_in_sync: r.u8()?,
         }),
         6 => Reply::Stored {
             ptr: r.ptr()?,
@@ -1179,6 +1238,7 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
                 next: r.u64()?,
             }
         }
+        12 => Reply::Rotated { stag: r.u32()? },
         tag => return Err(DecodeError::BadTag { what: "reply", tag }),
     })
 }
@@ -1224,6 +1284,7 @@ fn dec_effect(r: &mut R<'_>) -> Result<Effect, DecodeError> {
                 edit,
             }
         }
+        5 => Effect::Stag { stag: r.u32()? },
         tag => {
             return Err(DecodeError::BadTag {
                 what: "effect",
@@ -1266,6 +1327,8 @@ fn dec_error(r: &mut R<'_>) -> Result<StoreError, DecodeError> {
             len: r.u64()?,
             max: r.u64()?,
         },
+        16 => StoreError::NoPermission,
+        17 => StoreError::StalePointer { expected: r.u64()? },
         tag => return Err(DecodeError::BadTag { what: "error", tag }),
     })
 }
@@ -1276,11 +1339,14 @@ mod tests {
     use proptest::prelude::*;
 
     fn ptr() -> impl Strategy<Value = RemotePtr> {
-        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, stag, len)| RemotePtr {
-            addr,
-            stag,
-            len,
-        })
+        (any::<u64>(), any::<u32>(), any::<u32>(), any::<u64>()).prop_map(
+            |(addr, stag, len, gen)| RemotePtr {
+                addr,
+                stag,
+                len,
+                gen,
+            },
+        )
     }
 
     fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -1290,6 +1356,7 @@ mod tests {
     fn reply() -> impl Strategy<Value = Reply> {
         prop_oneof![
             ptr().prop_map(Reply::Inserted),
+            any::<u32>().prop_map(|stag| Reply::Rotated { stag }),
             ptr().prop_map(Reply::Updated),
             (any::<u64>(), bytes()).prop_map(|(version, data)| Reply::Data { version, data }),
             Just(Reply::Deleted),
@@ -1314,6 +1381,7 @@ mod tests {
                         applied_seq: x / 11,
                         keys: x / 13,
                         resp_port: node as u16,
+                        min_in_sync: role & 1,
                     }
                 )),
             (ptr(), any::<u64>(), any::<bool>()).prop_map(|(ptr, generation, created)| {
@@ -1357,6 +1425,8 @@ mod tests {
             Just(StoreError::Keyed),
             (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::BadPattern { len, max }),
             "[a-z é]{0,12}".prop_map(StoreError::Other),
+            Just(StoreError::NoPermission),
+            any::<u64>().prop_map(|expected| StoreError::StalePointer { expected }),
         ]
     }
 
@@ -1384,6 +1454,7 @@ mod tests {
                 count,
                 pattern
             }),
+            any::<u32>().prop_map(|stag| Op::RotateStag { stag }),
         ]
     }
 
@@ -1425,6 +1496,7 @@ mod tests {
                 generation: 0,
                 edit: crate::index::Edit::Spill { bucket },
             }),
+            any::<u32>().prop_map(|stag| Effect::Stag { stag }),
         ]
     }
 
@@ -1488,6 +1560,7 @@ mod tests {
                             reply
                         })
                         .collect(),
+                    stag: size as u32,
                 }),
             (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(session, offset, len)| {
                 Body::SyncRequest {

@@ -4,17 +4,28 @@
 //!
 //! * `addr`: the virtual address of the object's header. All nodes of a group
 //!   map the arena at the same address, so `addr` is valid on each of them.
-//! * `stag`: the STag (RDMA access key) under which the arena is registered;
-//!   all nodes register under the same STag.
+//! * `stag`: the STag (RDMA access key) under which the arena was registered
+//!   when the pointer was made; all nodes register under the same STag. Its
+//!   index (upper 24 bits) names the arena; its key byte (low 8 bits)
+//!   changes when the group rotates the STag (credentials narrowed: issue
+//!   29), so a pointer stays valid across a rotation and a reader uses the
+//!   arena's current STag, which only an admitted client learns.
 //! * `len`: the length of the **allocation** (header included, a multiple of
 //!   64), not of the data. A one-sided RDMA Read of `len` bytes at `addr`
 //!   always covers the whole object, even after an in-place update made it
 //!   longer, and an in-place update keeps the pointer unchanged. The data
 //!   length is in the object header.
+//! * `gen`: the object's generation (its header carries it): the sequence
+//!   number of the write that created the object, kept by in-place
+//!   updates. Once the object is deleted and its space reused, the new
+//!   object has another generation, so a stale pointer is refused with
+//!   `Stale` by the node (update, delete, read) and by a one-sided reader,
+//!   and never reaches the new owner's object (issue 29, finding 3).
 //!
-//! Binary form (16 bytes, little-endian): `addr u64, stag u32, len u32`.
-//! Text form: `0x7f00_0000_1000:0x00012345:4096`, i.e. address in hex
-//! (underscores every 4 digits), STag as 8 hex digits, length in decimal.
+//! Binary form (24 bytes, little-endian): `addr u64, stag u32, len u32,
+//! gen u64`. Text form: `0x7f00_0000_1000:0x00012345:4096:17`, i.e.
+//! address in hex (underscores every 4 digits), STag as 8 hex digits,
+//! length and generation in decimal.
 //! [`RemotePtr::from_str`](std::str::FromStr) accepts underscores anywhere and
 //! the `0x` prefixes as optional.
 
@@ -24,7 +35,7 @@ use std::str::FromStr;
 use crate::alloc::Allocator;
 
 /// Length of the binary encoding.
-pub const ENCODED_LEN: usize = 16;
+pub const ENCODED_LEN: usize = 24;
 
 /// A pointer to an object in a group's arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,6 +46,8 @@ pub struct RemotePtr {
     pub stag: u32,
     /// Allocation length in bytes (header included).
     pub len: u32,
+    /// The object's generation (its header's).
+    pub gen: u64,
 }
 
 /// The arena a pointer must point into.
@@ -91,16 +104,17 @@ pub enum PtrError {
 }
 
 impl RemotePtr {
-    /// The 16-byte binary form.
+    /// The binary form.
     pub fn encode(&self) -> [u8; ENCODED_LEN] {
         let mut b = [0u8; ENCODED_LEN];
         b[0..8].copy_from_slice(&self.addr.to_le_bytes());
         b[8..12].copy_from_slice(&self.stag.to_le_bytes());
         b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.gen.to_le_bytes());
         b
     }
 
-    /// Parses the 16-byte binary form.
+    /// Parses the binary form.
     pub fn decode(b: &[u8]) -> Result<RemotePtr, PtrError> {
         if b.len() != ENCODED_LEN {
             return Err(PtrError::Parse(format!(
@@ -112,6 +126,7 @@ impl RemotePtr {
             addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
             stag: u32::from_le_bytes(b[8..12].try_into().unwrap()),
             len: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            gen: u64::from_le_bytes(b[16..24].try_into().unwrap()),
         })
     }
 
@@ -119,7 +134,7 @@ impl RemotePtr {
     /// offset of the object in the arena. Checks, in order: STag, range,
     /// allocation (freed space and non-matching ranges are told apart).
     pub fn validate(&self, arena: &ArenaRef, alloc: &Allocator) -> Result<u64, PtrError> {
-        if self.stag != arena.stag {
+        if !same_arena(self.stag, arena.stag) {
             return Err(PtrError::WrongStag {
                 got: self.stag,
                 expected: arena.stag,
@@ -150,6 +165,12 @@ impl RemotePtr {
     }
 }
 
+/// Whether two STags name the same arena: the same index, whatever key
+/// byte a rotation gave it.
+pub fn same_arena(a: u32, b: u32) -> bool {
+    a >> 8 == b >> 8
+}
+
 fn hex_grouped(v: u64) -> String {
     let digits = format!("{v:x}");
     let mut out = String::with_capacity(digits.len() + digits.len() / 4);
@@ -166,10 +187,11 @@ impl fmt::Display for RemotePtr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "0x{}:{:#010x}:{}",
+            "0x{}:{:#010x}:{}:{}",
             hex_grouped(self.addr),
             self.stag,
-            self.len
+            self.len,
+            self.gen
         )
     }
 }
@@ -191,9 +213,10 @@ impl FromStr for RemotePtr {
 
     fn from_str(s: &str) -> Result<RemotePtr, PtrError> {
         let parts: Vec<&str> = s.trim().split(':').collect();
-        let [addr, stag, len] = parts[..] else {
+        let [addr, stag, len, gen] = parts[..] else {
             return Err(PtrError::Parse(format!(
-                "expected ADDR:STAG:LEN (e.g. 0x7f00_0000_1000:0x00012345:4096), got {s:?}"
+                "expected ADDR:STAG:LEN:GENERATION (e.g. 0x7f00_0000_1000:0x00012345:4096:17), \
+                 got {s:?}"
             )));
         };
         let addr = parse_hex(addr, "address")?;
@@ -204,7 +227,16 @@ impl FromStr for RemotePtr {
         let len = len_clean
             .parse::<u32>()
             .map_err(|e| PtrError::Parse(format!("length {len:?}: {e}")))?;
-        Ok(RemotePtr { addr, stag, len })
+        let gen_clean: String = gen.chars().filter(|&c| c != '_').collect();
+        let gen = gen_clean
+            .parse::<u64>()
+            .map_err(|e| PtrError::Parse(format!("generation {gen:?}: {e}")))?;
+        Ok(RemotePtr {
+            addr,
+            stag,
+            len,
+            gen,
+        })
     }
 }
 
@@ -219,25 +251,31 @@ mod tests {
             addr: 0x7f00_0000_1000,
             stag: 0x12345,
             len: 4096,
+            gen: 17,
         };
-        assert_eq!(p.to_string(), "0x7f00_0000_1000:0x00012345:4096");
-        assert_eq!("0x7f0000001000:0x00012345:4096".parse::<RemotePtr>(), Ok(p));
-        assert_eq!("7f00_0000_1000:12345:4_096".parse::<RemotePtr>(), Ok(p));
+        assert_eq!(p.to_string(), "0x7f00_0000_1000:0x00012345:4096:17");
+        assert_eq!(
+            "0x7f0000001000:0x00012345:4096:17".parse::<RemotePtr>(),
+            Ok(p)
+        );
+        assert_eq!("7f00_0000_1000:12345:4_096:1_7".parse::<RemotePtr>(), Ok(p));
         for bad in [
             "",
             "1:2",
-            "1:2:3:4",
-            "zz:1:1",
-            "1:1_0000_0000:1",
-            "1:1:-1",
-            "0x:1:1",
+            "1:2:3",
+            "1:2:3:4:5",
+            "zz:1:1:1",
+            "1:1_0000_0000:1:1",
+            "1:1:-1:1",
+            "1:1:1:-1",
+            "0x:1:1:1",
         ] {
             assert!(
                 matches!(bad.parse::<RemotePtr>(), Err(PtrError::Parse(_))),
                 "{bad:?}"
             );
         }
-        assert!(RemotePtr::decode(&[0; 15]).is_err());
+        assert!(RemotePtr::decode(&[0; 23]).is_err());
     }
 
     #[test]
@@ -253,8 +291,15 @@ mod tests {
             addr: arena.base + off,
             stag: arena.stag,
             len: 128,
+            gen: 1,
         };
         assert_eq!(good.validate(&arena, &alloc), Ok(off));
+        // A rotated STag (same index, another key) names the same arena.
+        let rotated = RemotePtr {
+            stag: arena.stag ^ 0xff,
+            ..good
+        };
+        assert_eq!(rotated.validate(&arena, &alloc), Ok(off));
         let wrong_stag = RemotePtr { stag: 1, ..good };
         assert!(matches!(
             wrong_stag.validate(&arena, &alloc),
@@ -296,8 +341,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn encodings_round_trip(addr in any::<u64>(), stag in any::<u32>(), len in any::<u32>()) {
-            let p = RemotePtr { addr, stag, len };
+        fn encodings_round_trip(addr in any::<u64>(), stag in any::<u32>(), len in any::<u32>(), gen in any::<u64>()) {
+            let p = RemotePtr { addr, stag, len, gen };
             prop_assert_eq!(RemotePtr::decode(&p.encode()), Ok(p));
             prop_assert_eq!(p.to_string().parse::<RemotePtr>(), Ok(p));
         }

@@ -84,6 +84,7 @@ impl Workload {
         let cfg = |nodes: &[std::net::SocketAddr]| {
             let mut c = ClientConfig::new(nodes.to_vec());
             c.deadline = Duration::from_secs(5);
+            c.auth = Some(super::store_auth());
             c
         };
         let (regs, init) = {
@@ -202,6 +203,7 @@ impl Workload {
         for (i, &node) in nodes.iter().enumerate() {
             let (stop, regs, enter) = (stop.clone(), regs.clone(), enter.clone());
             let mut cfg = ClientConfig::new(vec![node]);
+            cfg.auth = Some(super::store_auth());
             cfg.deadline = Duration::from_millis(500);
             cfg.attempt_timeout = Duration::from_millis(200);
             let client = 1000 + i as u64;

@@ -26,6 +26,29 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// The group secret every store test configures (issue 29: nodes admit
+/// only clients and nodes that prove it).
+pub const STORE_SECRET: &str = "test-group-secret-8f2c-not-for-production";
+
+/// The credential of the store tests' clients: the `default` user, whose
+/// password is the group secret.
+pub fn store_auth() -> softrdma_store::net::handshake::ClientAuth {
+    softrdma_store::net::handshake::ClientAuth {
+        user: "default".into(),
+        secret: softrdma_store::auth::Secret::new(STORE_SECRET.as_bytes()),
+    }
+}
+
+/// Writes the group secret to `dir/group.secret` (mode 0600) and returns
+/// the `[auth]` section that names it, for a node's configuration.
+pub fn store_auth_toml(dir: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let f = dir.join("group.secret");
+    fs::write(&f, format!("{STORE_SECRET}\n")).unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    format!("[auth]\nsecret_file = \"{}\"\n", f.display())
+}
+
 pub fn require_tool(tool: &str) {
     let ok = Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])

@@ -6,21 +6,39 @@
 //! by the server's monotonic clock, so the clients' clocks don't matter.
 //!
 //! Protocol: one request line, one answer line (ASCII, space separated;
-//! a member is `NODE:INCARNATION`, an absent one `-`):
+//! a member is `NODE:INCARNATION`, an absent one `-`; `held` is 1 while
+//! the primary's lease runs, else 0):
 //!
 //! ```text
-//! CAMPAIGN g m ttl_us       -> WON epoch | LOST - | LOST epoch primary in_sync held
+//! CAMPAIGN g m ttl_us       -> WON epoch in_sync | LOST - | LOST epoch primary in_sync held
 //! KEEPALIVE g m epoch       -> OK 1 | OK 0
 //! SETINSYNC g m epoch m|-   -> EPOCH n | EPOCH -
 //! RESIGN g m epoch          -> OK 1
+//! RETIRE g m new_inc        -> OK 1 | OK 0       (0: the record names m)
 //! GET g                     -> NONE | REC epoch primary in_sync held
-//! (anything malformed)      -> ERR message
+//! (anything else)           -> ERR message
 //! ```
+//!
+//! `WON` names the in-sync member a re-election keeps (`-` after a
+//! failover or a bootstrap). A request line is at most [`MAX_LINE`] bytes;
+//! a malformed or impossible one (a primary named as its own secondary)
+//! is answered `ERR`, never a panic, and changes nothing.
+//!
+//! **Authentication.** On connecting, the server greets with one line:
+//! `CHALLENGE <nonce>` when it has the group's secret, `WELCOME` when it
+//! has none (then it serves loopback clients only, as a node in protected
+//! mode does). A client answers a challenge with `AUTH <its nonce> <HMAC>`
+//! ([`crate::auth::client_proof`] over both nonces, hex) and gets `OK
+//! <HMAC>`, the server's proof, or `ERR authentication failed` and the
+//! connection closed. A client holding the secret accepts only a server
+//! that proves it too, so neither side can be impersonated by a process
+//! that knows the address but not the secret (issue 29, finding 10). The
+//! challenge is new per connection, so a recorded exchange replays nothing.
 //!
 //! The server is thread-based: an accept thread and one thread per
 //! connection, all stopped (and joined) when the server is dropped.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +46,25 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{Campaign, CoordError, Coordinator, GroupRecord, LeaseTable};
+use crate::auth::{self, Secret, NONCE_LEN};
 use crate::proto::Member;
+
+/// What both proofs of the coordinator's handshake name.
+const PROOF_LABEL: &[u8] = b"softrdma-store embedded coordinator";
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
 
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(50);
@@ -75,40 +111,114 @@ fn parse_record(w: &[&str]) -> Result<GroupRecord, String> {
     })
 }
 
-/// Answers one request line against the table at time `now` (µs).
-fn answer(table: &Mutex<LeaseTable>, now: u64, line: &str) -> String {
+/// Longest request line the server reads; a longer one is answered `ERR`
+/// and ends the connection.
+pub const MAX_LINE: usize = 1024;
+/// Most groups one embedded coordinator keeps (a campaign or retirement
+/// that would add one more is answered `ERR`).
+pub const MAX_GROUPS: usize = 4096;
+
+/// A parsed request line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Request<'a> {
+    Campaign(&'a str, Member, u64),
+    KeepAlive(&'a str, Member, u64),
+    SetInSync(&'a str, Member, u64, Option<Member>),
+    Resign(&'a str, Member, u64),
+    Retire(&'a str, Member, u64),
+    Get(&'a str),
+}
+
+/// Parses and checks one request line: everything a client can get
+/// wrong is an `Err` here, before the table is touched.
+fn parse_request(line: &str) -> Result<Request<'_>, String> {
     let w: Vec<&str> = line.split_whitespace().collect();
     let member = |s: &str| parse_member(s).and_then(|m| m.ok_or_else(|| "member required".into()));
-    let num = |s: &str| s.parse::<u64>().map_err(|_| format!("bad number {s:?}"));
-    let mut t = table.lock().unwrap();
-    let r: Result<String, String> = (|| match w[..] {
-        ["CAMPAIGN", g, m, ttl] => Ok(match t.campaign(g, member(m)?, num(ttl)?, now) {
+    let num = |s: &str| {
+        s.parse::<u64>()
+            .map_err(|_| format!("bad number {:?}", clip(s)))
+    };
+    let r = match w[..] {
+        ["CAMPAIGN", g, m, ttl] => Request::Campaign(g, member(m)?, num(ttl)?),
+        ["KEEPALIVE", g, m, e] => Request::KeepAlive(g, member(m)?, num(e)?),
+        ["SETINSYNC", g, m, e, s] => {
+            let (me, in_sync) = (member(m)?, parse_member(s)?);
+            if in_sync.is_some_and(|s| s.node == me.node) {
+                return Err("a primary is not its own secondary".into());
+            }
+            Request::SetInSync(g, me, num(e)?, in_sync)
+        }
+        ["RESIGN", g, m, e] => Request::Resign(g, member(m)?, num(e)?),
+        ["RETIRE", g, m, n] => Request::Retire(g, member(m)?, num(n)?),
+        ["GET", g] => Request::Get(g),
+        _ => return Err(format!("unknown request {:?}", clip(line))),
+    };
+    Ok(r)
+}
+
+/// At most 64 characters of `s`, for error messages.
+fn clip(s: &str) -> &str {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// Answers one request line against the table at time `now` (µs). Any
+/// input gets an answer line, `ERR ...` when it is not a valid request;
+/// nothing panics (fuzzed: `fuzz/fuzz_targets/coord_line.rs`).
+pub fn answer_line(t: &mut LeaseTable, now: u64, line: &[u8]) -> String {
+    let Ok(line) = std::str::from_utf8(line) else {
+        return "ERR request is not UTF-8".into();
+    };
+    let line = line.trim_end_matches(['\r', '\n']);
+    let req = match parse_request(line) {
+        Ok(r) => r,
+        Err(e) => return format!("ERR {e}"),
+    };
+    let group = match req {
+        Request::Campaign(g, ..)
+        | Request::KeepAlive(g, ..)
+        | Request::SetInSync(g, ..)
+        | Request::Resign(g, ..)
+        | Request::Retire(g, ..)
+        | Request::Get(g) => g,
+    };
+    let adds = matches!(req, Request::Campaign(..) | Request::Retire(..));
+    if adds && !t.knows(group) && t.group_count() >= MAX_GROUPS {
+        return format!("ERR this coordinator keeps at most {MAX_GROUPS} groups");
+    }
+    match req {
+        Request::Campaign(g, m, ttl) => match t.campaign(g, m, ttl, now) {
             Campaign::Won { epoch, in_sync } => format!("WON {epoch} {}", fmt_member(in_sync)),
             Campaign::Lost { record: None } => "LOST -".into(),
             Campaign::Lost { record: Some(r) } => format!("LOST {}", fmt_record(&r)),
-        }),
-        ["KEEPALIVE", g, m, e] => Ok(format!(
-            "OK {}",
-            t.keep_alive(g, member(m)?, num(e)?, now) as u8
-        )),
-        ["SETINSYNC", g, m, e, s] => Ok(
-            match t.set_in_sync(g, member(m)?, num(e)?, parse_member(s)?, now) {
-                Some(e) => format!("EPOCH {e}"),
-                None => "EPOCH -".into(),
-            },
-        ),
-        ["RESIGN", g, m, e] => {
-            t.resign(g, member(m)?, num(e)?, now);
-            Ok("OK 1".into())
+        },
+        Request::KeepAlive(g, m, e) => format!("OK {}", t.keep_alive(g, m, e, now) as u8),
+        Request::SetInSync(g, m, e, s) => match t.set_in_sync(g, m, e, s, now) {
+            Some(e) => format!("EPOCH {e}"),
+            None => "EPOCH -".into(),
+        },
+        Request::Resign(g, m, e) => {
+            t.resign(g, m, e, now);
+            "OK 1".into()
         }
-        ["RETIRE", g, m, n] => Ok(format!("OK {}", t.retire(g, member(m)?, num(n)?) as u8)),
-        ["GET", g] => Ok(match t.get(g, now) {
+        Request::Retire(g, m, n) => format!("OK {}", t.retire(g, m, n) as u8),
+        Request::Get(g) => match t.get(g, now) {
             Some(r) => format!("REC {}", fmt_record(&r)),
             None => "NONE".into(),
-        }),
-        _ => Err(format!("unknown request {line:?}")),
-    })();
-    r.unwrap_or_else(|e| format!("ERR {e}"))
+        },
+    }
+}
+
+/// [`answer_line`] under the shared table's lock. Nothing in it panics;
+/// should that ever change, a poisoned lock still does not take the
+/// coordinator and every group with it (issue 29, finding 10).
+fn answer(table: &Mutex<LeaseTable>, now: u64, line: &[u8]) -> String {
+    let mut t = table
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    answer_line(&mut t, now, line)
 }
 
 /// A running embedded coordinator.
@@ -119,8 +229,18 @@ pub struct EmbeddedServer {
 }
 
 impl EmbeddedServer {
-    /// Binds `addr` (port 0: any free port) and starts serving.
+    /// Binds `addr` (port 0: any free port) and starts serving without a
+    /// secret: loopback clients only.
     pub fn start(addr: SocketAddr) -> Result<EmbeddedServer, CoordError> {
+        EmbeddedServer::start_with(addr, None)
+    }
+
+    /// Binds `addr` and serves clients that prove `secret` (see the module
+    /// documentation); `None`: loopback clients only.
+    pub fn start_with(
+        addr: SocketAddr,
+        secret: Option<Secret>,
+    ) -> Result<EmbeddedServer, CoordError> {
         let listener = TcpListener::bind(addr).map_err(|e| {
             CoordError::Setup(format!("embedded coordinator cannot bind {addr}: {e}"))
         })?;
@@ -142,7 +262,10 @@ impl EmbeddedServer {
                     match listener.accept() {
                         Ok((s, _)) => {
                             let (t, stop3) = (table.clone(), stop2.clone());
-                            conns.push(std::thread::spawn(move || serve(s, &t, epoch0, &stop3)));
+                            let secret = secret.clone();
+                            conns.push(std::thread::spawn(move || {
+                                serve(s, &t, epoch0, &stop3, secret.as_ref())
+                            }));
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             // Nothing to accept: wait for a connection or
@@ -181,24 +304,98 @@ impl Drop for EmbeddedServer {
     }
 }
 
-fn serve(s: TcpStream, table: &Mutex<LeaseTable>, epoch0: Instant, stop: &AtomicBool) {
+/// The server's side of the handshake; `false`: the connection ends.
+fn greet(
+    s: &TcpStream,
+    r: &mut BufReader<TcpStream>,
+    w: &mut TcpStream,
+    secret: Option<&Secret>,
+) -> bool {
+    let Some(secret) = secret else {
+        if !s.peer_addr().is_ok_and(|a| a.ip().is_loopback()) {
+            let _ = w.write_all(
+                b"ERR protected mode: this coordinator has no secret and serves loopback clients only\n",
+            );
+            return false;
+        }
+        return w.write_all(b"WELCOME\n").is_ok();
+    };
+    let sn = auth::random_nonce();
+    if w.write_all(format!("CHALLENGE {}\n", hex(&sn)).as_bytes())
+        .is_err()
+    {
+        return false;
+    }
+    // The answer comes within the I/O timeout.
+    let _ = s.set_read_timeout(Some(IO_TIMEOUT));
+    let mut line = Vec::new();
+    if (&mut *r)
+        .take(MAX_LINE as u64)
+        .read_until(b'\n', &mut line)
+        .is_err()
+    {
+        return false;
+    }
+    let _ = s.set_read_timeout(Some(POLL));
+    let text = String::from_utf8_lossy(&line);
+    let w2: Vec<&str> = text.split_whitespace().collect();
+    let proven = match w2[..] {
+        ["AUTH", cn, mac] => match (unhex(cn), unhex(mac)) {
+            (Some(cn), Some(mac)) if cn.len() == NONCE_LEN => {
+                let cn: [u8; NONCE_LEN] = cn.try_into().expect("checked");
+                let want = auth::client_proof(secret, PROOF_LABEL, &sn, &cn);
+                auth::proofs_equal(&want, &mac).then_some(cn)
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    match proven {
+        Some(cn) => {
+            let p = auth::server_proof(secret, &sn, &cn, PROOF_LABEL);
+            w.write_all(format!("OK {}\n", hex(&p)).as_bytes()).is_ok()
+        }
+        None => {
+            let _ = w.write_all(b"ERR authentication failed\n");
+            false
+        }
+    }
+}
+
+fn serve(
+    s: TcpStream,
+    table: &Mutex<LeaseTable>,
+    epoch0: Instant,
+    stop: &AtomicBool,
+    secret: Option<&Secret>,
+) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(POLL));
     let _ = s.set_nodelay(true);
     let Ok(mut w) = s.try_clone() else { return };
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
+    let mut r = BufReader::new(s.try_clone().expect("cloned above"));
+    if !greet(&s, &mut r, &mut w, secret) {
+        return;
+    }
+    let mut line = Vec::new();
     while !stop.load(Ordering::Acquire) {
-        match r.read_line(&mut line) {
-            Ok(0) => return,
-            Ok(_) if line.ends_with('\n') => {
+        // At most MAX_LINE bytes and its newline, however they arrive.
+        let room = (MAX_LINE + 1).saturating_sub(line.len()) as u64;
+        match (&mut r).take(room).read_until(b'\n', &mut line) {
+            Ok(0) if room > 0 => return,
+            Ok(_) if line.ends_with(b"\n") => {
                 let now = epoch0.elapsed().as_micros() as u64;
-                let mut a = answer(table, now, line.trim_end());
+                let mut a = answer(table, now, &line);
                 a.push('\n');
                 if w.write_all(a.as_bytes()).is_err() {
                     return;
                 }
                 line.clear();
+            }
+            Ok(_) if line.len() > MAX_LINE => {
+                let _ =
+                    w.write_all(format!("ERR request longer than {MAX_LINE} bytes\n").as_bytes());
+                return;
             }
             Ok(_) => {} // partial line, keep reading
             Err(e)
@@ -214,15 +411,62 @@ fn serve(s: TcpStream, table: &Mutex<LeaseTable>, epoch0: Instant, stop: &Atomic
 /// A connection to an embedded coordinator (reconnects on failure).
 pub struct EmbeddedClient {
     addr: SocketAddr,
+    secret: Option<Secret>,
     conn: Mutex<Option<(BufReader<TcpStream>, TcpStream)>>,
 }
 
 impl EmbeddedClient {
-    /// A client for the server at `addr` (connects lazily).
+    /// A client for the server at `addr` (connects lazily), without a
+    /// secret (a server on loopback without one).
     pub fn new(addr: SocketAddr) -> EmbeddedClient {
+        EmbeddedClient::with_secret(addr, None)
+    }
+
+    /// A client that proves `secret` and requires the server's proof.
+    pub fn with_secret(addr: SocketAddr, secret: Option<Secret>) -> EmbeddedClient {
         EmbeddedClient {
             addr,
+            secret,
             conn: Mutex::new(None),
+        }
+    }
+
+    /// The client's side of the handshake on a new connection.
+    fn handshake(&self, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<(), CoordError> {
+        let io = |e: std::io::Error| CoordError::Io(format!("{}: {e}", self.addr));
+        let refused = |why: String| CoordError::Protocol(format!("{}: {why}", self.addr));
+        let mut line = String::new();
+        r.read_line(&mut line).map_err(io)?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match (&self.secret, &words[..]) {
+            (None, ["WELCOME"]) => Ok(()),
+            (Some(_), ["WELCOME"]) => Err(refused(
+                "the coordinator did not authenticate itself (it has no secret, we do)".into(),
+            )),
+            (None, ["CHALLENGE", _]) => Err(refused(
+                "the coordinator requires the group's secret and none is configured".into(),
+            )),
+            (Some(secret), ["CHALLENGE", sn]) => {
+                let sn: [u8; NONCE_LEN] = unhex(sn)
+                    .and_then(|v| v.try_into().ok())
+                    .ok_or_else(|| refused("bad challenge".into()))?;
+                let cn = auth::random_nonce();
+                let p = auth::client_proof(secret, PROOF_LABEL, &sn, &cn);
+                w.write_all(format!("AUTH {} {}\n", hex(&cn), hex(&p)).as_bytes())
+                    .map_err(io)?;
+                let mut ans = String::new();
+                r.read_line(&mut ans).map_err(io)?;
+                let a: Vec<&str> = ans.split_whitespace().collect();
+                let want = auth::server_proof(secret, &sn, &cn, PROOF_LABEL);
+                match a[..] {
+                    ["OK", mac] if unhex(mac).is_some_and(|m| auth::proofs_equal(&want, &m)) => {
+                        Ok(())
+                    }
+                    ["OK", _] => Err(refused("the coordinator's proof is wrong".into())),
+                    _ => Err(refused(format!("authentication refused: {}", ans.trim()))),
+                }
+            }
+            _ => Err(refused(format!("unexpected greeting {:?}", line.trim()))),
         }
     }
 
@@ -233,8 +477,10 @@ impl EmbeddedClient {
             let s = TcpStream::connect_timeout(&self.addr, IO_TIMEOUT).map_err(io)?;
             s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
             s.set_nodelay(true).map_err(io)?;
-            let w = s.try_clone().map_err(io)?;
-            *guard = Some((BufReader::new(s), w));
+            let mut w = s.try_clone().map_err(io)?;
+            let mut r = BufReader::new(s);
+            self.handshake(&mut r, &mut w)?;
+            *guard = Some((r, w));
         }
         let (r, w) = guard.as_mut().unwrap();
         let result = (|| {
@@ -395,8 +641,76 @@ mod tests {
         assert!(!a.keep_alive("g", ma, e2).unwrap());
         // Malformed input is answered with an error, not a hang.
         assert!(matches!(a.get("bad group"), Err(CoordError::Protocol(_))));
-        assert!(answer(&Mutex::new(LeaseTable::new()), 0, "FOO").starts_with("ERR"));
-        assert!(answer(&Mutex::new(LeaseTable::new()), 0, "KEEPALIVE g x 1").starts_with("ERR"));
+        assert!(answer(&Mutex::new(LeaseTable::new()), 0, b"FOO").starts_with("ERR"));
+        assert!(answer(&Mutex::new(LeaseTable::new()), 0, b"KEEPALIVE g x 1").starts_with("ERR"));
+    }
+
+    /// Issue 29, finding 10: one line from anyone who reaches the port
+    /// panicked the handler inside the table's lock, and every later
+    /// request panicked on the poisoned lock: the coordinator was dead.
+    #[test]
+    fn a_hostile_line_gets_an_error_and_the_coordinator_lives_on() {
+        let server = EmbeddedServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let a = EmbeddedClient::new(server.addr());
+        let Campaign::Won { epoch, .. } = a.campaign("g", m(1, 5), Duration::from_secs(5)).unwrap()
+        else {
+            panic!("first campaign must win")
+        };
+        // The primary named as its own secondary, as a raw line.
+        let mut s = TcpStream::connect(server.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert_eq!(line, "WELCOME\n");
+        s.write_all(format!("SETINSYNC g 1:5 {epoch} 1:6\n").as_bytes())
+            .unwrap();
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ERR "), "answered {line:?}");
+        // The table is intact and served to everyone else.
+        let b = EmbeddedClient::new(server.addr());
+        let r = b.get("g").unwrap().expect("the record");
+        assert_eq!((r.epoch, r.primary, r.in_sync), (epoch, m(1, 5), None));
+        assert!(a.keep_alive("g", m(1, 5), epoch).unwrap());
+    }
+
+    /// Issue 29, findings 1 and 10: a coordinator with the group's
+    /// secret serves only clients that prove it, and proves itself.
+    #[test]
+    fn only_holders_of_the_secret_talk_to_a_coordinator_with_one() {
+        let secret = Secret::new(b"group secret");
+        let server =
+            EmbeddedServer::start_with("127.0.0.1:0".parse().unwrap(), Some(secret.clone()))
+                .unwrap();
+        let good = EmbeddedClient::with_secret(server.addr(), Some(secret.clone()));
+        assert_eq!(good.get("g").unwrap(), None);
+        let wrong = EmbeddedClient::with_secret(server.addr(), Some(Secret::new(b"guess")));
+        let e = wrong.get("g").unwrap_err().to_string();
+        assert!(e.contains("authentication refused"), "{e}");
+        let none = EmbeddedClient::new(server.addr());
+        let e = none
+            .campaign("g", m(1, 1), Duration::from_secs(1))
+            .unwrap_err();
+        assert!(e.to_string().contains("requires the group's secret"), "{e}");
+        // A raw request without the handshake changes nothing.
+        let mut s = TcpStream::connect(server.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut greeting = String::new();
+        r.read_line(&mut greeting).unwrap();
+        assert!(greeting.starts_with("CHALLENGE "), "{greeting:?}");
+        s.write_all(b"CAMPAIGN g 1:1 1000000\n").unwrap();
+        let mut ans = String::new();
+        r.read_line(&mut ans).unwrap();
+        assert!(ans.starts_with("ERR authentication failed"), "{ans:?}");
+        assert_eq!(good.get("g").unwrap(), None, "no record was made");
+        // A server without the secret is refused by a client with one.
+        let open = EmbeddedServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let e = EmbeddedClient::with_secret(open.addr(), Some(secret))
+            .get("g")
+            .unwrap_err();
+        assert!(e.to_string().contains("did not authenticate itself"), "{e}");
     }
 
     #[test]

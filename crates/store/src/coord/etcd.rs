@@ -8,9 +8,11 @@
 //!   (campaign won, in-sync member changed) is a new epoch.
 //! * `leader` (attached to the primary's lease): `"<primary>"`. It vanishes
 //!   when the lease expires or is revoked; its presence is "lease held".
-//! * `member/<node>` (no lease): the node's current incarnation, written by
-//!   [`Coordinator::retire`]; a registration or campaign naming another
-//!   incarnation of that node fails.
+//! * `retired/<node>/<incarnation>` (no lease): one key per retired
+//!   incarnation, written by [`Coordinator::retire`]; a registration or
+//!   campaign naming a retired incarnation fails (the transaction compares
+//!   that its key is absent). A node's next process, with a fresh
+//!   incarnation, is not retired (see [`crate::coord`]).
 //!
 //! Every change is one transaction guarded by compares (put-if-absent for
 //! `leader`, compare-and-set on `state`'s `mod_revision`), so the rules of
@@ -245,10 +247,6 @@ fn range(key: &str) -> Value {
     json!({ "request_range": { "key": b64(key) } })
 }
 
-fn cmp_value(key: &str, value: &str) -> Value {
-    json!({ "target": "VALUE", "result": "EQUAL", "key": b64(key), "value": b64(value) })
-}
-
 fn succeeded(r: &Value) -> bool {
     r.get("succeeded")
         .and_then(|s| s.as_bool())
@@ -310,14 +308,18 @@ impl EtcdCoordinator {
         format!("{}/{group}/{which}", self.prefix)
     }
 
-    /// The compare that `m` is its node's current incarnation (no
-    /// `member/<node>` key, or one naming it); `None` if it is not.
+    /// The key that marks incarnation `m` retired.
+    fn retired_key(&self, group: &str, m: Member) -> String {
+        self.key(group, &format!("retired/{}/{}", m.node, m.incarnation))
+    }
+
+    /// The compare that `m` was not retired (its retirement key absent);
+    /// `None` if it was.
     fn current_cmp(&self, group: &str, m: Member) -> Result<Option<Value>, CoordError> {
-        let k = self.key(group, &format!("member/{}", m.node));
+        let k = self.retired_key(group, m);
         let r = self.gw.call("/v3/kv/range", &json!({ "key": b64(&k) }))?;
-        Ok(match kv_of(&r, "member")? {
+        Ok(match kv_of(&r, "retired")? {
             None => Some(cmp_eq("VERSION", &k, "version", 0)),
-            Some((v, ..)) if v == m.incarnation.to_string() => Some(cmp_value(&k, &v)),
             Some(_) => None,
         })
     }
@@ -494,7 +496,7 @@ impl Coordinator for EtcdCoordinator {
     fn retire(&self, group: &str, old: Member, new: u64) -> Result<bool, CoordError> {
         let _op = self.op.lock().unwrap();
         let sk = self.key(group, "state");
-        let mk = self.key(group, &format!("member/{}", old.node));
+        let mk = self.retired_key(group, old);
         // Read, then write only if `state` did not change in between.
         for _ in 0..8 {
             let snap = self.snapshot(group)?;
@@ -688,9 +690,22 @@ mod tests {
             .expect("the current incarnation");
         // A re-election of b keeps a's new incarnation in sync.
         c.resign("g", mb, e5).unwrap();
-        let Campaign::Won { in_sync, .. } = c.campaign("g", mb, ttl).unwrap() else {
+        let Campaign::Won { epoch: e6, in_sync } = c.campaign("g", mb, ttl).unwrap() else {
             panic!("re-election")
         };
         assert_eq!(in_sync, Some(ma2));
+        // Node 1's process dies and a new one starts with a fresh
+        // incarnation: it was never retired, so it is registered at once
+        // (issue 29, finding 9: it used to be refused until it retired
+        // itself, costing a step-down and a second copy).
+        let e7 = c.set_in_sync("g", mb, e6, None).unwrap().expect("drop");
+        let fresh = Member {
+            node: 1,
+            incarnation: 0x5eed,
+        };
+        assert!(
+            c.set_in_sync("g", mb, e7, Some(fresh)).unwrap().is_some(),
+            "a fresh incarnation is registered"
+        );
     }
 }

@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 
 use softrdma_verbs::{Access, MemoryRegion};
 
+use super::handshake::{self, ClientAuth, HandshakeError, Hello};
 use super::link::{Endpoint, Link, LinkError, LinkEvent, MAX_VALUE, READ_BATCH};
-use super::{parse_accept, random_u64, Hello, CONNECT_TIMEOUT};
+use super::{random_u64, CONNECT_TIMEOUT};
 use crate::index::Layout;
 use crate::lookup::{self, Lookup, Outcome, Step};
 use crate::object::{self, ObjectError};
@@ -58,6 +59,10 @@ pub enum ClientError {
     /// Local RDMA setup failed.
     #[error("rdma: {0}")]
     Rdma(String),
+    /// The nodes refused this client (credentials, protected mode): the
+    /// reason says why; retrying will not help.
+    #[error("refused: {0}")]
+    Auth(String),
 }
 
 /// Client settings.
@@ -74,6 +79,16 @@ pub struct ClientConfig {
     /// The client's id (its requests' identity in the nodes'
     /// de-duplication table); `None`: a random one.
     pub id: Option<u64>,
+    /// How long a write refused for want of an in-sync secondary
+    /// ([`StoreError::NotEnoughReplicas`]: nothing changed, under
+    /// `min_in_sync_replicas = 1` while the secondary is re-copied) is
+    /// retried before the refusal is returned (within `deadline`); zero
+    /// returns it at once.
+    pub wait_for_replicas: Duration,
+    /// The credential to prove (the group's user and password); `None`:
+    /// only nodes without credentials (protected mode, loopback) admit
+    /// the client.
+    pub auth: Option<ClientAuth>,
 }
 
 impl ClientConfig {
@@ -85,6 +100,8 @@ impl ClientConfig {
             deadline: Duration::from_secs(15),
             torn_retries: 8,
             id: None,
+            wait_for_replicas: Duration::from_secs(5),
+            auth: None,
         }
     }
 }
@@ -258,21 +275,39 @@ impl StoreClient {
             self.ep.remove(id);
             self.slots[i].link = None;
         }
-        let hello = Hello::Client(self.id).encode();
-        let (link, reply) = self
-            .ep
-            .connect(self.slots[i].addr, &hello, CONNECT_TIMEOUT)
-            .map_err(|e| match e {
-                LinkError::Protocol(_) => {
-                    ClientError::Protocol(format!("{}: {e}", self.slots[i].addr))
-                }
-                e => ClientError::Unavailable(format!("{}: {e}", self.slots[i].addr)),
-            })?;
-        let (node, arena) = parse_accept(&reply).ok_or_else(|| {
-            ClientError::Protocol(format!("{}: not a store node", self.slots[i].addr))
+        let hello = Hello::Client {
+            id: self.id,
+            user: self
+                .cfg
+                .auth
+                .as_ref()
+                .map_or(crate::auth::DEFAULT_USER, |a| a.user.as_str())
+                .to_string(),
+        };
+        let addr = self.slots[i].addr;
+        let (link, acc) = handshake::connect(
+            &self.ep,
+            addr,
+            &hello,
+            self.cfg.auth.as_ref(),
+            CONNECT_TIMEOUT,
+        )
+        .map_err(|e| match e {
+            HandshakeError::Link(e @ LinkError::Protocol(_))
+            | HandshakeError::Link(e @ LinkError::Rejected(_)) => {
+                ClientError::Protocol(format!("{addr}: {e}"))
+            }
+            HandshakeError::Link(e) => ClientError::Unavailable(format!("{addr}: {e}")),
+            HandshakeError::Protocol(p) => ClientError::Protocol(p),
+            HandshakeError::Refused(r) => ClientError::Auth(r),
         })?;
-        self.slots[i].node = Some(node);
-        if let Some(a) = arena {
+        self.slots[i].node = Some(acc.node);
+        if let Some(a) = acc.arena {
+            if self.arena.is_some_and(|old| old.stag != a.stag) {
+                // The arena's STag rotated (credentials narrowed): what
+                // we cached was read under the old one, still valid.
+                tracing::debug!(old = ?self.arena, new = ?a, "arena STag changed");
+            }
             self.arena = Some(a);
         }
         self.slots[i].link = Some(link.clone());
@@ -316,17 +351,27 @@ impl StoreClient {
     /// replicated de-duplication table answers it as before).
     pub fn request_as(&mut self, req_id: u64, op: Op) -> Result<Reply, ClientError> {
         let deadline = Instant::now() + self.cfg.deadline;
+        let replicas_until = Some(Instant::now() + self.cfg.wait_for_replicas)
+            .filter(|_| !self.cfg.wait_for_replicas.is_zero())
+            .map(|u| u.min(deadline));
         let mut last_err = String::from("no attempt made");
         // Nodes that answered with something other than a store node's
         // handshake: when every one did, waiting will not help.
         let mut not_store = vec![false; self.slots.len()];
+        let mut refused = false;
         loop {
             if Instant::now() > deadline {
+                // Still refused for want of a secondary: say so (nothing
+                // changed), not "unavailable".
+                if refused {
+                    return Err(StoreError::NotEnoughReplicas.into());
+                }
                 return Err(ClientError::Unavailable(last_err));
             }
             let t = self.target;
             let link = match self.link(t) {
                 Ok(l) => l,
+                Err(e @ ClientError::Auth(_)) => return Err(e),
                 Err(e) => {
                     if let ClientError::Protocol(_) = e {
                         not_store[t] = true;
@@ -366,6 +411,16 @@ impl StoreClient {
                     self.switch();
                 }
                 Some(Ok(reply)) => return Ok(reply),
+                Some(Err(StoreError::NotEnoughReplicas))
+                    if replicas_until.is_some_and(|u| Instant::now() < u) =>
+                {
+                    // Nothing changed: ask again once the secondary may
+                    // be back in sync (a copy takes a fraction of a
+                    // second for small arenas).
+                    last_err = "no secondary in sync".into();
+                    refused = true;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 Some(Err(StoreError::StaleEpoch { current })) => {
                     self.epoch = self.epoch.max(current);
                     last_err = format!("stale epoch, now {current}");
@@ -459,8 +514,11 @@ impl StoreClient {
             let t = self.target;
             let Ok(link) = self.link(t) else { break };
             let mr = self.read_mr.as_ref().expect("read buffer");
+            // The arena's STag as the node gave it now (it rotates when
+            // credentials are narrowed); the pointer's names the arena.
+            let rkey = self.arena.map_or(ptr.stag, |a| a.stag);
             if link
-                .read(mr, len, ptr.addr, ptr.stag, self.cfg.attempt_timeout)
+                .read(mr, len, ptr.addr, rkey, self.cfg.attempt_timeout)
                 .is_err()
             {
                 self.drop_link(t);
@@ -472,6 +530,11 @@ impl StoreClient {
             // (a pointer whose length is not the allocation's is refused,
             // as it is for update and delete).
             match object::decode_exact(&buf) {
+                // Another object took the pointer's space (its generation
+                // differs): the pointer is stale, nothing of it is returned.
+                Ok(o) if o.generation != ptr.gen => {
+                    return Err(StoreError::StalePointer { expected: ptr.gen }.into())
+                }
                 Ok(o) => {
                     self.stats.one_sided_reads += 1;
                     return Ok(o.data.to_vec());
@@ -535,6 +598,12 @@ impl StoreClient {
                 buf.resize(len, 0);
                 mr.read_at(off, &mut buf);
                 match object::decode_exact(&buf) {
+                    Ok(o) if o.generation != ptrs[i].gen => {
+                        out[i] = Some(Err(StoreError::StalePointer {
+                            expected: ptrs[i].gen,
+                        }
+                        .into()));
+                    }
                     Ok(o) => {
                         self.stats.one_sided_reads += 1;
                         out[i] = Some(Ok(o.data.to_vec()));
@@ -556,7 +625,7 @@ impl StoreClient {
     /// so that a one-sided Read may serve it.
     fn one_sided_ok(&self, ptr: RemotePtr) -> bool {
         self.arena.is_some_and(|a| {
-            ptr.stag == a.stag
+            crate::ptr::same_arena(ptr.stag, a.stag)
                 && ptr.len as usize >= object::HEADER_LEN
                 && ptr.addr >= a.base
                 && ptr

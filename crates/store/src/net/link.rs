@@ -83,6 +83,10 @@ pub enum LinkError {
     /// a store node): retrying will not help.
     #[error("not a store node (connection protocol error: {0})")]
     Protocol(String),
+    /// The peer rejected the connection with this private data (a
+    /// challenge or a reason: `handshake::Refusal`).
+    #[error("connection rejected")]
+    Rejected(Vec<u8>),
 }
 
 fn verr(e: impl std::fmt::Display) -> LinkError {
@@ -269,6 +273,9 @@ impl Endpoint {
                     // The peer does not speak MPA (or not as a store node):
                     // retrying will not change that.
                     softrdma_verbs::Error::Protocol(p) => LinkError::Protocol(p),
+                    softrdma_verbs::Error::Rejected { private_data } => {
+                        LinkError::Rejected(private_data)
+                    }
                     e => verr(e),
                 })
             }

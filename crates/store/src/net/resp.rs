@@ -54,7 +54,9 @@ use std::time::{Duration, Instant};
 use std::collections::HashMap;
 
 use super::client::{ClientConfig, ClientError, StoreClient};
+use super::handshake::Gate;
 use super::server::Front;
+use crate::auth::{Credentials, Rights};
 use crate::index::Layout;
 use crate::lookup::{self, Outcome};
 use crate::proto::{self, Cond, Op, StatusInfo, StoreError};
@@ -95,6 +97,10 @@ const POOL: usize = 4;
 struct Shared {
     /// This node first, then its peers (store addresses).
     nodes: Vec<SocketAddr>,
+    /// The node's credentials (re-read while it runs).
+    gate: Arc<Gate>,
+    /// With no credential configured, serve loopback clients only.
+    protected_mode: bool,
     /// This node's loop and arena.
     front: Arc<Front>,
     /// (when asked, this node's status, the primary's RESP address).
@@ -114,6 +120,13 @@ struct Pool {
 }
 
 impl Shared {
+    /// A store client of this node's own (proving the group secret).
+    fn client_config(&self) -> ClientConfig {
+        let mut cfg = ClientConfig::new(self.nodes.clone());
+        cfg.auth = self.front.client_auth();
+        cfg
+    }
+
     /// Runs `f` with a client of the pool (made when fewer than [`POOL`]
     /// exist, else waited for).
     fn pooled<R>(&self, f: impl FnOnce(&mut StoreClient) -> R) -> Result<R, Reply> {
@@ -126,7 +139,7 @@ impl Shared {
                 if p.made < POOL {
                     p.made += 1;
                     drop(p);
-                    match StoreClient::new(ClientConfig::new(self.nodes.clone())) {
+                    match StoreClient::new(self.client_config()) {
                         Ok(c) => break c,
                         Err(e) => {
                             self.pool.lock().expect("pool").made -= 1;
@@ -151,9 +164,13 @@ pub fn spawn(
     listener: TcpListener,
     nodes: Vec<SocketAddr>,
     front: Arc<Front>,
+    gate: Arc<Gate>,
+    protected_mode: bool,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared {
         nodes,
+        gate,
+        protected_mode,
         front,
         role: Mutex::new(None),
         conns: AtomicUsize::new(0),
@@ -230,13 +247,31 @@ impl Out {
     }
 }
 
+/// Redis's answer to a client from another host when no password is set.
+const DENIED: &str = "DENIED softrdma-store is running in protected mode because no \
+    credentials are configured: only loopback clients are served. Configure [auth] secret \
+    (or users) in the node's configuration (docs/store.md), or set protected_mode = false \
+    to serve everyone.";
+
 fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
     let _ = conn.set_nodelay(true);
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
     let Ok(mut input) = conn.try_clone() else {
         return;
     };
+    let creds = shared.gate.credentials();
+    let loopback = conn.peer_addr().is_ok_and(|a| a.ip().is_loopback());
+    if !creds.configured() && shared.protected_mode && !loopback {
+        let mut conn = conn;
+        let _ = conn.write_all(format!("-{DENIED}\r\n").as_bytes());
+        return;
+    }
+    // Without credentials everyone is the default user, as in Redis.
+    let user =
+        (!creds.configured()).then(|| (crate::auth::DEFAULT_USER.to_string(), Rights::ReadWrite));
     let mut session = Session {
+        user,
+        creds,
         shared: shared.clone(),
         retry: None,
         id: super::random_u64(),
@@ -293,6 +328,10 @@ fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
 }
 
 struct Session {
+    /// Who the connection authenticated as (`AUTH`), and its rights.
+    user: Option<(String, Rights)>,
+    /// The credentials `user` was checked against.
+    creds: Arc<Credentials>,
     shared: Arc<Shared>,
     /// A client under this connection's id, made only to retry a write
     /// whose answer did not come through the node loop (the same request
@@ -344,6 +383,7 @@ fn store_err(e: ClientError) -> Reply {
             Reply::err(format!("NOREPLICAS {e}"))
         }
         ClientError::Unavailable(e) => Reply::err(format!("TRYAGAIN store unavailable: {e}")),
+        ClientError::Store(e @ StoreError::NoPermission) => Reply::err(format!("NOPERM {e}")),
         e => Reply::err(format!("ERR {e}")),
     }
 }
@@ -363,16 +403,16 @@ fn unknown_subcommand(cmd: &str, sub: &[u8]) -> Reply {
 }
 
 /// The commands served (`COMMAND COUNT`).
-const COMMANDS: [&str; 20] = [
+const COMMANDS: [&str; 21] = [
     "PING", "ECHO", "QUIT", "SELECT", "COMMAND", "CLIENT", "CONFIG", "GET", "SET", "SETNX", "DEL",
-    "UNLINK", "EXISTS", "MGET", "MSET", "KEYS", "SCAN", "DBSIZE", "WAIT", "INFO",
+    "UNLINK", "EXISTS", "MGET", "MSET", "KEYS", "SCAN", "DBSIZE", "WAIT", "INFO", "AUTH",
 ];
 
 impl Session {
     /// The client that retries this connection's writes.
     fn retry_client(&mut self) -> Result<&mut StoreClient, Reply> {
         if self.retry.is_none() {
-            let mut cfg = ClientConfig::new(self.shared.nodes.clone());
+            let mut cfg = self.shared.client_config();
             cfg.id = Some(self.id);
             let mut c = StoreClient::new(cfg)
                 .map_err(|e| Reply::err(format!("ERR cannot reach the store: {e}")))?;
@@ -519,10 +559,74 @@ impl Session {
 
     /// Runs one command, its reply written to `out`; whether to close the
     /// connection.
+    /// Whether the connection may run `cmd`; otherwise the reply (and
+    /// whether to close). Credentials that changed since `AUTH` are
+    /// checked again first: a removed user or a changed password ends the
+    /// connection (issue 29: revocation is live).
+    fn admit(&mut self, cmd: &str) -> Result<(), (Reply, bool)> {
+        let now = self.shared.gate.credentials();
+        if !Arc::ptr_eq(&now, &self.creds) {
+            let keeps = match &self.user {
+                Some((u, _)) if self.creds.configured() => now.still_grants(&self.creds, u),
+                // Admitted while none were configured: only while none are.
+                Some(_) => !now.configured(),
+                None => true,
+            };
+            if !keeps {
+                return Err((Reply::err("NOAUTH Authentication required."), true));
+            }
+            if !now.configured() && self.user.is_none() {
+                self.user = Some((crate::auth::DEFAULT_USER.into(), Rights::ReadWrite));
+            }
+            self.creds = now;
+        }
+        match (&self.user, cmd) {
+            (_, "AUTH" | "QUIT") => Ok(()),
+            (None, _) => Err((Reply::err("NOAUTH Authentication required."), false)),
+            (Some((u, Rights::Read)), "SET" | "SETNX" | "DEL" | "UNLINK" | "MSET") => Err((
+                Reply::err(format!(
+                    "NOPERM User {u} has no permissions to run the '{}' command",
+                    cmd.to_ascii_lowercase()
+                )),
+                false,
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// `AUTH [user] password`, as Redis answers it.
+    fn auth(&mut self, args: &[Vec<u8>]) -> Reply {
+        let (user, pass) = match args.len() {
+            2 => (crate::auth::DEFAULT_USER.to_string(), &args[1]),
+            3 => (String::from_utf8_lossy(&args[1]).into_owned(), &args[2]),
+            _ => return Reply::err("ERR syntax error"),
+        };
+        let creds = self.shared.gate.credentials();
+        if !creds.configured() && args.len() == 2 {
+            return Reply::err(
+                "ERR AUTH <password> called without any password configured for the default \
+                 user. Are you sure your configuration is correct?",
+            );
+        }
+        match creds.check_password(&user, pass) {
+            Some(rights) => {
+                self.user = Some((user, rights));
+                self.creds = creds;
+                Reply::ok()
+            }
+            None => Reply::err("WRONGPASS invalid username-password pair or user is disabled."),
+        }
+    }
+
     fn exec(&mut self, args: &[Vec<u8>], out: &mut Out) -> bool {
         let cmd = upper(&args[0]);
         let n = args.len();
+        if let Err((reply, close)) = self.admit(&cmd) {
+            out.reply(&reply);
+            return close;
+        }
         let reply = match cmd.as_str() {
+            "AUTH" => self.auth(args),
             "PING" => match n {
                 1 => Reply::Simple("PONG".into()),
                 2 => Reply::Bulk(args[1].clone()),
@@ -841,8 +945,13 @@ impl Session {
             ));
         }
         t.push_str(&format!(
-            "epoch:{}\r\nredundant:{}\r\napplied_seq:{}\r\n",
-            s.epoch, s.redundant as u8, s.applied_seq
+            "epoch:{}\r\nredundant:{}\r\napplied_seq:{}\r\nmin_in_sync_replicas:{}\r\n\
+             durability:{}\r\n",
+            s.epoch,
+            s.redundant as u8,
+            s.applied_seq,
+            s.min_in_sync,
+            crate::config::durability(s.min_in_sync)
         ));
         t.push_str(&format!(
             "\r\n# Memory\r\narena_bytes:{}\r\narena_used_bytes:{}\r\nobjects:{}\r\n",

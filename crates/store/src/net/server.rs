@@ -22,18 +22,18 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use softrdma_verbs::{Access, ConnParams, RegOptions};
+use softrdma_verbs::{Access, ConnParams, MemoryRegion, ProtectionDomain, RegOptions};
 
+use super::handshake::{self, Admission, ClientAuth, Gate, Hello, NodeHello, Principal};
 use super::link::{Endpoint, Link, LinkEvent, Waker};
-use super::{
-    decode_hello, encode_accept, parse_accept, random_u64, Hello, NodeHello, CONNECT_TIMEOUT,
-};
+use super::{random_u64, CONNECT_TIMEOUT};
 use crate::arena::{Arena, ArenaKind};
+use crate::auth::{Credentials, Rights};
 use crate::config::{Config, CoordinatorConfig};
 use crate::coord::embedded::EmbeddedClient;
 use crate::coord::etcd::EtcdCoordinator;
@@ -80,6 +80,12 @@ enum Ev {
     Accepted {
         link: Arc<Link>,
         who: Addr,
+        principal: Principal,
+    },
+    /// The configuration's credentials changed (re-read from its file).
+    Credentials {
+        old: Arc<Credentials>,
+        new: Arc<Credentials>,
     },
     Dialed {
         link: Arc<Link>,
@@ -113,14 +119,21 @@ impl EvTx {
 /// after the copy).
 pub struct Front {
     tx: EvTx,
-    arena_mr: Arc<softrdma_verbs::MemoryRegion>,
-    arena: ArenaRef,
+    reg: Arc<ArenaReg>,
+    /// What this node's own clients (the front door's store clients)
+    /// prove: the group secret, if one is configured.
+    auth: Option<ClientAuth>,
 }
 
 impl Front {
-    /// The arena.
+    /// The arena (with its STag now).
     pub fn arena(&self) -> ArenaRef {
-        self.arena
+        self.reg.arena()
+    }
+
+    /// The credential the front door's own store clients use.
+    pub fn client_auth(&self) -> Option<ClientAuth> {
+        self.auth.clone()
     }
 
     /// Sends request `req_id` of client `client` to the node loop; waits
@@ -151,14 +164,93 @@ impl Front {
     /// one-sided reads now and still did when the copy ended; `false`
     /// otherwise (or outside the arena).
     pub fn read(&self, offset: u64, out: &mut [u8]) -> bool {
-        if offset.saturating_add(out.len() as u64) > self.arena.len {
+        if offset.saturating_add(out.len() as u64) > self.reg.len as u64 {
             return false;
         }
-        if !self.arena_mr.is_accessible() {
-            return false;
+        self.reg
+            .with(|mr| {
+                if !mr.is_accessible() {
+                    return false;
+                }
+                mr.read_at(offset as usize, out);
+                mr.is_accessible()
+            })
+            .unwrap_or(false)
+    }
+}
+
+/// The arena's registration for remote reads, made again under a new STag
+/// when the group rotates it (credentials narrowed: issue 29). The arena
+/// itself is never unmapped while the process runs.
+pub struct ArenaReg {
+    mr: RwLock<Option<MemoryRegion>>,
+    /// The arena's first byte in this process.
+    ptr: usize,
+    len: usize,
+    base: u64,
+    stag: AtomicU32,
+}
+
+impl ArenaReg {
+    /// Registers `arena` under `aref.stag`, invalid until the node loop
+    /// makes it valid.
+    fn new(pd: &ProtectionDomain, arena: &Arena, aref: ArenaRef) -> Result<ArenaReg, String> {
+        let reg = ArenaReg {
+            mr: RwLock::new(None),
+            ptr: arena.as_ptr() as usize,
+            len: aref.len as usize,
+            base: aref.base,
+            stag: AtomicU32::new(aref.stag),
+        };
+        reg.register(pd, aref.stag)?;
+        Ok(reg)
+    }
+
+    fn register(&self, pd: &ProtectionDomain, stag: u32) -> Result<(), String> {
+        let mut slot = self.mr.write().unwrap_or_else(|e| e.into_inner());
+        // The old registration goes first (its index is the new one's);
+        // dropping it waits until the engine no longer reads through it.
+        drop(slot.take());
+        // SAFETY: `ptr..ptr + len` is the arena, mapped for reads and
+        // writes by `Arena` and never unmapped while the process runs (it
+        // lives in the Node that `serve` never returns from); the
+        // registration only allows remote reads.
+        let mr = unsafe {
+            pd.register_raw(
+                self.ptr as *mut u8,
+                self.len,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+                RegOptions {
+                    stag: Some(stag),
+                    iova: Some(self.base),
+                    ..Default::default()
+                },
+            )
         }
-        self.arena_mr.read_at(offset as usize, out);
-        self.arena_mr.is_accessible()
+        .map_err(|e| format!("cannot register the arena under {stag:#010x}: {e}"))?;
+        // Valid only while the node serves reads (the node loop switches it).
+        mr.set_valid(false);
+        *slot = Some(mr);
+        self.stag.store(stag, Ordering::Release);
+        Ok(())
+    }
+
+    /// Runs `f` on the registration (`None` while it is being made again).
+    fn with<R>(&self, f: impl FnOnce(&MemoryRegion) -> R) -> Option<R> {
+        self.mr
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(f)
+    }
+
+    /// The arena under its current STag.
+    pub fn arena(&self) -> ArenaRef {
+        ArenaRef {
+            base: self.base,
+            len: self.len as u64,
+            stag: self.stag.load(Ordering::Acquire),
+        }
     }
 }
 
@@ -166,9 +258,11 @@ impl Front {
 /// link is same-host ([`Endpoint::spin`]).
 const NODE_SPIN: Duration = Duration::from_micros(100);
 
-fn coordinator(cfg: &Config) -> Result<Arc<dyn Coordinator>, ServeError> {
+fn coordinator(cfg: &Config, creds: &Credentials) -> Result<Arc<dyn Coordinator>, ServeError> {
     Ok(match &cfg.coordinator {
-        CoordinatorConfig::Embedded { addr } => Arc::new(EmbeddedClient::new(*addr)),
+        CoordinatorConfig::Embedded { addr } => {
+            Arc::new(EmbeddedClient::with_secret(*addr, creds.secret.clone()))
+        }
         CoordinatorConfig::Etcd { endpoints } => {
             Arc::new(EtcdCoordinator::connect(endpoints).map_err(setup)?)
         }
@@ -184,6 +278,7 @@ fn find_arena(
     ep: &Arc<Endpoint>,
     coord: &dyn Coordinator,
     me: Member,
+    auth: Option<&ClientAuth>,
 ) -> Result<(Arena, ArenaRef), ServeError> {
     let len = cfg.arena_size.0;
     if let (Some(addr), Some(stag)) = (cfg.arena_addr, cfg.stag()) {
@@ -200,23 +295,30 @@ fn find_arena(
     let hello = Hello::Node(NodeHello {
         member: me,
         group: cfg.group.clone(),
-    })
-    .encode();
+    });
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut tries = 0u32;
     loop {
         tries += 1;
         for &p in &cfg.peers {
-            let r = ep.connect(p, &hello, CONNECT_TIMEOUT);
-            if let Err(e) = &r {
-                // Say why every ~2 s: a node stuck here otherwise logs nothing.
-                if tries % 20 == 1 {
-                    tracing::info!(peer = %p, error = %e, "no arena from peer yet");
+            let r = handshake::connect(ep, p, &hello, auth, CONNECT_TIMEOUT);
+            match &r {
+                // Credentials or the group do not match: waiting will not
+                // change that.
+                Err(handshake::HandshakeError::Refused(why)) => {
+                    return Err(ServeError::Setup(format!(
+                        "peer {p} refused this node: {why}"
+                    )))
                 }
+                // Say why every ~2 s: a node stuck here otherwise logs nothing.
+                Err(e) if tries % 20 == 1 => {
+                    tracing::info!(peer = %p, error = %e, "no arena from peer yet")
+                }
+                _ => {}
             }
-            if let Ok((link, reply)) = r {
+            if let Ok((link, acc)) = r {
                 ep.remove(link.id());
-                if let Some((_, Some(r))) = parse_accept(&reply) {
+                if let Some(r) = acc.arena {
                     if r.len != len {
                         return Err(ServeError::Setup(format!(
                             "peer {p} has an arena of {} bytes, this node is configured for {len}",
@@ -269,42 +371,43 @@ fn find_arena(
 /// listens, with the arena it serves.
 pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeError> {
     cfg.validate().map_err(setup)?;
+    let creds = Arc::new(cfg.credentials().map_err(setup)?);
     let me = Member {
         node: cfg.node_id,
         incarnation: random_u64(),
     };
+    // What this node proves to its peers (and its own store clients).
+    let node_auth = creds.secret.clone().map(|secret| ClientAuth {
+        user: crate::auth::DEFAULT_USER.into(),
+        secret,
+    });
+    if !creds.configured() {
+        if cfg.auth.protected_mode {
+            tracing::warn!(
+                "no credentials configured ([auth] secret): protected mode, serving loopback \
+                 peers only (native and RESP); configure a secret to serve other hosts"
+            );
+        } else {
+            tracing::warn!(
+                "no credentials configured and protected_mode = false: anyone who reaches \
+                 this node's ports can read and write the store"
+            );
+        }
+    }
+    let gate = Arc::new(Gate::new(
+        cfg.group.clone(),
+        (*creds).clone(),
+        cfg.auth.protected_mode,
+    ));
     let (tx, rx) = mpsc::channel::<Ev>();
     let ep = Endpoint::open(&format!("store{}", cfg.node_id)).map_err(setup)?;
     let tx = EvTx {
         tx,
         waker: ep.waker(),
     };
-    let coord = coordinator(&cfg)?;
-    let (arena, aref) = find_arena(&cfg, &ep, coord.as_ref(), me)?;
-    // SAFETY: the arena is mapped for reads and writes and is never unmapped
-    // while the process runs (it lives inside the Node that this function
-    // never returns); the registration only allows remote reads.
-    let arena_mr = unsafe {
-        ep.pd().register_raw(
-            arena.as_ptr(),
-            aref.len as usize,
-            Access::LOCAL_WRITE | Access::REMOTE_READ,
-            RegOptions {
-                stag: Some(aref.stag),
-                iova: Some(aref.base),
-                ..Default::default()
-            },
-        )
-    }
-    .map_err(|e| {
-        ServeError::Setup(format!(
-            "cannot register the arena under {:#010x}: {e}",
-            aref.stag
-        ))
-    })?;
-    // Valid only while the node serves reads (node_loop switches it).
-    arena_mr.set_valid(false);
-    let arena_mr = Arc::new(arena_mr);
+    let coord = coordinator(&cfg, &creds)?;
+    let (arena, aref) = find_arena(&cfg, &ep, coord.as_ref(), me, node_auth.as_ref())?;
+    let reg = Arc::new(ArenaReg::new(ep.pd(), &arena, aref).map_err(ServeError::Setup)?);
 
     let hb = cfg.heartbeat_interval();
     let ncfg = NodeConfig {
@@ -312,6 +415,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         arena: aref,
         heartbeat_interval: hb.as_micros() as u64,
         heartbeat_timeout: cfg.heartbeat_timeout().as_micros() as u64,
+        secondary_timeout: cfg.secondary_timeout().as_micros() as u64,
         lease_ttl: cfg.lease_ttl().as_micros() as u64,
         // Chunks are RDMA Reads of the primary's arena (see node_loop).
         sync_chunk: 256 * 1024,
@@ -333,8 +437,8 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         let ep = ep.clone();
         let tx = tx.clone();
         let stop = stop.clone();
-        let reply = encode_accept(me.node, Some(aref));
-        let group = cfg.group.clone();
+        let gate = gate.clone();
+        let reg = reg.clone();
         std::thread::Builder::new()
             .name("store-listen".into())
             .spawn(move || {
@@ -343,25 +447,58 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
                     else {
                         continue;
                     };
-                    let who = match decode_hello(req.private_data()) {
-                        Some(Hello::Node(h)) if h.group == group => Addr::Node(h.member.node),
-                        Some(Hello::Client(c)) => Addr::Client(c),
-                        _ => {
-                            let _ = req.reject(b"softrdma-store: unknown peer or group");
+                    let peer = req.peer_addr();
+                    // The STag now: a client admitted after a rotation
+                    // learns the new one.
+                    let arena = Some(reg.arena());
+                    let (hello, principal, reply) =
+                        match gate.admit(req.private_data(), peer, me.node, arena) {
+                            Admission::Accept {
+                                hello,
+                                principal,
+                                reply,
+                            } => (hello, principal, reply),
+                            Admission::Reject { reply, why } => {
+                                if why != "challenged" {
+                                    tracing::info!(%peer, "connection refused: {why}");
+                                }
+                                let _ = req.reject(&reply);
+                                continue;
+                            }
+                        };
+                    let who = match hello {
+                        Hello::Node(h) => Addr::Node(h.member.node),
+                        // The node's own rotations use this id: a client
+                        // under it could answer them from the retry table.
+                        Hello::Client { id, .. } if id == ROTATE_CLIENT => {
+                            let _ = req.reject(
+                                &handshake::Refusal::Reason(
+                                    "softrdma-store: reserved client id".into(),
+                                )
+                                .encode(),
+                            );
                             continue;
                         }
+                        Hello::Client { id, .. } => Addr::Client(id),
                     };
                     let Ok(link) = ep.new_link() else {
-                        let _ = req.reject(b"softrdma-store: out of resources");
+                        let _ = req.reject(
+                            &handshake::Refusal::Reason("softrdma-store: out of resources".into())
+                                .encode(),
+                        );
                         continue;
                     };
-                    link.set_peer(req.peer_addr().to_string());
+                    link.set_peer(peer.to_string());
                     let params = ConnParams {
-                        private_data: reply.clone(),
+                        private_data: reply,
                         ..Default::default()
                     };
                     if req.accept(link.qp(), &params).is_ok() && ep.activate(&link).is_ok() {
-                        let _ = tx.send(Ev::Accepted { link, who });
+                        let _ = tx.send(Ev::Accepted {
+                            link,
+                            who,
+                            principal,
+                        });
                     } else {
                         ep.remove(link.id());
                     }
@@ -377,22 +514,37 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         let hello = Hello::Node(NodeHello {
             member: me,
             group: cfg.group.clone(),
-        })
-        .encode();
+        });
+        let auth = node_auth.clone();
         std::thread::Builder::new()
             .name("store-dial".into())
-            .spawn(move || dialer(ep, peer, hello, tx, stop, hb))
+            .spawn(move || dialer(ep, peer, hello, auth, tx, stop, hb))
             .map_err(setup)?;
     }
-    // Ticker.
+    // Ticker; it also watches the configuration file for credential
+    // changes (a stat per tick).
     {
         let tx = tx.clone();
+        let watch = cfg.source.clone().map(|path| CredWatch {
+            stamp: file_stamp(&path),
+            path,
+            creds: creds.clone(),
+            gate: gate.clone(),
+        });
         std::thread::Builder::new()
             .name("store-tick".into())
-            .spawn(move || loop {
-                std::thread::sleep(hb / 2);
-                if !tx.send(Ev::Tick) {
-                    return;
+            .spawn(move || {
+                let mut watch = watch;
+                loop {
+                    std::thread::sleep(hb / 2);
+                    if let Some(ev) = watch.as_mut().and_then(CredWatch::poll) {
+                        if !tx.send(ev) {
+                            return;
+                        }
+                    }
+                    if !tx.send(Ev::Tick) {
+                        return;
+                    }
                 }
             })
             .map_err(setup)?;
@@ -446,42 +598,94 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             .collect();
         let front = Arc::new(Front {
             tx: tx.clone(),
-            arena_mr: arena_mr.clone(),
-            arena: aref,
+            reg: reg.clone(),
+            auth: node_auth.clone(),
         });
-        super::resp::spawn(l, nodes, front).map_err(setup)?;
+        super::resp::spawn(l, nodes, front, gate.clone(), cfg.auth.protected_mode)
+            .map_err(setup)?;
     }
     ready(&aref);
-    node_loop(node, aref, ep, rx, tx, ctx, arena_mr);
+    node_loop(node, ep, rx, tx, ctx, reg, creds);
     Ok(())
+}
+
+/// A file's modification time and size (`None`: unreadable).
+fn file_stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+/// Re-reads the configuration's credentials when its file changes.
+struct CredWatch {
+    path: std::path::PathBuf,
+    stamp: Option<(std::time::SystemTime, u64)>,
+    creds: Arc<Credentials>,
+    gate: Arc<Gate>,
+}
+
+impl CredWatch {
+    /// An event for the node loop when the credentials changed. The gate
+    /// checks new connections against them from here on, at once.
+    fn poll(&mut self) -> Option<Ev> {
+        let stamp = file_stamp(&self.path);
+        if stamp == self.stamp {
+            return None;
+        }
+        self.stamp = stamp;
+        let new = match Config::load(&self.path).and_then(|c| c.credentials()) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                // A half-written or bad file: keep the credentials we have.
+                tracing::warn!("configuration changed but not taken: {e}");
+                return None;
+            }
+        };
+        if *new == *self.creds {
+            return None;
+        }
+        tracing::info!(
+            users = new.users.len(),
+            secret = new.secret.is_some(),
+            "credentials changed"
+        );
+        self.gate.set_credentials(new.clone());
+        let old = std::mem::replace(&mut self.creds, new.clone());
+        Some(Ev::Credentials { old, new })
+    }
 }
 
 fn dialer(
     ep: Arc<Endpoint>,
     peer: SocketAddr,
-    hello: Vec<u8>,
+    hello: Hello,
+    auth: Option<ClientAuth>,
     tx: EvTx,
     stop: Arc<AtomicBool>,
     hb: Duration,
 ) {
+    let mut refusals = 0u32;
     while !stop.load(Ordering::Acquire) {
-        match ep.connect(peer, &hello, CONNECT_TIMEOUT) {
-            Ok((link, reply)) => match parse_accept(&reply) {
-                Some((node, _)) => {
-                    if !tx.send(Ev::Dialed {
-                        link: link.clone(),
-                        node,
-                    }) {
-                        return;
-                    }
-                    while !link.is_dead() && !stop.load(Ordering::Acquire) {
-                        std::thread::sleep(hb / 2);
-                    }
+        match handshake::connect(&ep, peer, &hello, auth.as_ref(), CONNECT_TIMEOUT) {
+            Ok((link, acc)) => {
+                refusals = 0;
+                if !tx.send(Ev::Dialed {
+                    link: link.clone(),
+                    node: acc.node,
+                }) {
+                    return;
                 }
-                None => {
-                    ep.remove(link.id());
+                while !link.is_dead() && !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(hb / 2);
                 }
-            },
+            }
+            Err(handshake::HandshakeError::Refused(why)) => {
+                // Credentials differ (one node's configuration changed
+                // before the other's): say so now and then, keep trying.
+                if refusals.is_multiple_of(100) {
+                    tracing::warn!(%peer, "peer refused this node: {why}");
+                }
+                refusals += 1;
+            }
             Err(e) => tracing::debug!(%peer, error = %e, "dial failed"),
         }
         std::thread::sleep(hb);
@@ -535,14 +739,66 @@ fn sync_read(
     Ok(data)
 }
 
+/// The client id under which a node submits its own STag rotations.
+const ROTATE_CLIENT: u64 = u64::MAX;
+
+/// Whether `op` changes the store (refused for read-only users).
+fn is_write(op: &proto::Op) -> bool {
+    use proto::Op::*;
+    match op {
+        Insert { .. }
+        | Update { .. }
+        | Delete { .. }
+        | Put { .. }
+        | Remove { .. }
+        | RotateStag { .. } => true,
+        Read { .. } | Get { .. } | Scan { .. } | Status => false,
+    }
+}
+
+/// An answer the runtime gives itself, without the node, to a request it
+/// does not let through: a read-only user's write, a rotation from the
+/// network.
+fn refusal(env: &proto::Envelope, principal: Option<&Principal>) -> Option<proto::Envelope> {
+    let proto::Body::Request { req_id, op, .. } = &env.body else {
+        return None;
+    };
+    let err = match op {
+        proto::Op::RotateStag { .. } => proto::StoreError::Other(
+            "an STag rotation is made by the nodes themselves, not requested".into(),
+        ),
+        op if is_write(op) && principal.is_none_or(|p| p.rights < Rights::ReadWrite) => {
+            proto::StoreError::NoPermission
+        }
+        _ => return None,
+    };
+    Some(proto::Envelope {
+        epoch: env.epoch,
+        body: proto::Body::Response {
+            req_id: *req_id,
+            result: Err(err),
+        },
+    })
+}
+
+/// A new STag for the arena: the same index, another key byte.
+fn rotated(stag: u32) -> u32 {
+    let key = (stag & 0xff) as u8;
+    let mut k = (random_u64() & 0xff) as u8;
+    if k == key {
+        k = key.wrapping_add(1);
+    }
+    (stag & !0xff) | k as u32
+}
+
 fn node_loop(
     mut node: Node<Arena>,
-    aref: ArenaRef,
     ep: Arc<Endpoint>,
     rx: Receiver<Ev>,
     self_tx: EvTx,
     coord: Sender<(u64, CoordRequest, Member)>,
-    arena_mr: Arc<softrdma_verbs::MemoryRegion>,
+    reg: Arc<ArenaReg>,
+    creds: Arc<Credentials>,
 ) {
     // The arena's STag is valid exactly while the node serves reads: it
     // carries the node's deadline (`Node::reads_until`), updated after
@@ -555,6 +811,15 @@ fn node_loop(
     let mut to_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut from_node: HashMap<NodeId, Arc<Link>> = HashMap::new();
     let mut clients: HashMap<u64, Arc<Link>> = HashMap::new();
+    // Who each accepted link authenticated as.
+    let mut principals: HashMap<u32, Principal> = HashMap::new();
+    let mut creds = creds;
+    // A rotation of the STag is wanted (credentials narrowed) and not yet
+    // applied: asked again on ticks while this node is the primary.
+    let mut rotate_wanted = false;
+    let mut rotate_req = 0u64;
+    // The registration must get the node's validity (made anew).
+    let mut revalidate = false;
     // The RESP front door's requests in flight, by (client, request id):
     // where each answer goes, and until when its requester waits. Any
     // other answer to the same client id (its retry through a link) takes
@@ -596,7 +861,46 @@ fn node_loop(
                     // Requesters that gave up no longer listen.
                     let now = Instant::now();
                     front.retain(|_, (until, _)| *until > now);
+                    if rotate_wanted && node.role() == crate::node::Role::Primary {
+                        rotate_req += 1;
+                        let stag = rotated(node.arena().stag);
+                        pending.push_back(Ev::Local {
+                            from: Addr::Client(ROTATE_CLIENT),
+                            env: proto::Envelope {
+                                epoch: node.epoch(),
+                                body: proto::Body::Request {
+                                    client: ROTATE_CLIENT,
+                                    req_id: rotate_req,
+                                    op: proto::Op::RotateStag { stag },
+                                },
+                            },
+                        });
+                    }
                     Input::Tick
+                }
+                Ev::Credentials { old, new } => {
+                    // Connections whose credential no longer grants what it
+                    // did end now; their clients reconnect under the new
+                    // credentials or not at all.
+                    let revoked: Vec<u32> = principals
+                        .iter()
+                        .filter(|(_, p)| match &p.user {
+                            Some(u) => !p.proven && new.configured() || !new.still_grants(&old, u),
+                            None => false,
+                        })
+                        .map(|(&l, _)| l)
+                        .collect();
+                    for l in &revoked {
+                        tracing::info!(link = l, "credential revoked: connection closed");
+                        ep.remove(*l);
+                    }
+                    // ... and one-sided reads with the STag they knew stop:
+                    // the primary rotates it on both nodes.
+                    if new.narrows(&old) || (!old.configured() && new.configured()) {
+                        rotate_wanted = true;
+                    }
+                    creds = new;
+                    continue;
                 }
                 Ev::Local { from, env } => Input::Message { from, env },
                 Ev::Front {
@@ -616,7 +920,22 @@ fn node_loop(
                     }
                 }
                 Ev::Coord { id, reply } => Input::Coord { id, reply },
-                Ev::Accepted { link, who } => {
+                Ev::Accepted {
+                    link,
+                    who,
+                    principal,
+                } => {
+                    // Admitted under credentials that changed since: refused
+                    // as if it came now.
+                    let stale = match &principal.user {
+                        Some(u) => principal.proven && creds.user(u).is_none(),
+                        None => false,
+                    };
+                    if stale {
+                        ep.remove(link.id());
+                        continue;
+                    }
+                    principals.insert(link.id(), principal);
                     owner.insert(link.id(), who);
                     // Frames it sent before we got here come first.
                     if let Some(early) = unowned.remove(&link.id()) {
@@ -662,6 +981,7 @@ fn node_loop(
                 }
                 Ev::Link(LinkEvent::Down { link }) => {
                     owner.remove(&link);
+                    principals.remove(&link);
                     unowned.remove(&link);
                     to_node.retain(|_, l| l.id() != link);
                     from_node.retain(|_, l| l.id() != link);
@@ -681,6 +1001,14 @@ fn node_loop(
                     match proto::decode(&bytes) {
                         Ok(env) => {
                             log_msg("received", from, &env);
+                            if let Addr::Client(_) = from {
+                                if let Some(answer) = refusal(&env, principals.get(&link)) {
+                                    if let Some(l) = clients.values().find(|l| l.id() == link) {
+                                        outbox.send(l, proto::encode(&answer), &ep, send_timeout);
+                                    }
+                                    continue;
+                                }
+                            }
                             Input::Message { from, env }
                         }
                         Err(e) => {
@@ -740,7 +1068,7 @@ fn node_loop(
                         {
                             // What is queued for this link goes first.
                             outbox.flush(&ep, send_timeout);
-                            match sync_read(link, &mut scratch, &ep, aref, offset, len) {
+                            match sync_read(link, &mut scratch, &ep, node.arena(), offset, len) {
                                 Ok(data) => {
                                     let _ = self_tx.send(Ev::Local {
                                         from: to,
@@ -769,6 +1097,20 @@ fn node_loop(
                     }
                 }
             }
+            // A rotation applied (here, or replicated from the primary, or
+            // taken from a copy): the arena is registered under the new
+            // STag, the old one grants nothing from now on.
+            let stag = node.arena().stag;
+            if stag != reg.arena().stag {
+                match reg.register(ep.pd(), stag) {
+                    Ok(()) => {
+                        tracing::info!(stag = format_args!("{stag:#010x}"), "arena STag rotated")
+                    }
+                    Err(e) => tracing::error!("{e}"),
+                }
+                rotate_wanted = false;
+                revalidate = true;
+            }
             // The STag's deadline is the node's: the engine refuses reads
             // from then on by itself, even if this thread is stopped or
             // busy (a paused primary that lost its lease must not serve
@@ -777,20 +1119,23 @@ fn node_loop(
                 .reads_until()
                 .filter(|&u| u > now())
                 .map(|u| t0 + Duration::from_micros(u));
-            if until != served_until {
-                match until {
+            if until != served_until || revalidate {
+                revalidate = false;
+                reg.with(|mr| match until {
                     Some(d) => {
-                        arena_mr.set_valid_until(Some(d));
-                        if !arena_mr.is_valid() {
-                            arena_mr.set_valid(true);
+                        mr.set_valid_until(Some(d));
+                        if !mr.is_valid() {
+                            mr.set_valid(true);
                             tracing::info!("one-sided reads of the arena enabled");
                         }
                     }
                     None => {
-                        arena_mr.set_valid(false);
-                        tracing::info!("one-sided reads of the arena disabled");
+                        if mr.is_valid() {
+                            mr.set_valid(false);
+                            tracing::info!("one-sided reads of the arena disabled");
+                        }
                     }
-                }
+                });
                 served_until = until;
             }
         }
