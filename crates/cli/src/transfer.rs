@@ -16,15 +16,17 @@ pub struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// 4,096 separate 64-byte Writes to contiguous remote memory,
-    /// coalesced by the planner against posted one by one; then 1 GiB from
-    /// 1,000 scattered buffers (max message 4 MiB, 16 send slots), written
-    /// and read back, checked byte for byte.
+    /// 4,096 separate 64-byte Writes to contiguous remote memory, then
+    /// 4,096 64-byte Reads of it into scattered buffers, each coalesced by
+    /// the planner against posted one by one; then 1 GiB from 1,000
+    /// scattered buffers (max message 4 MiB, 16 send slots), written and
+    /// read back; everything checked byte for byte. Over iWARP/TCP and the
+    /// same-host transport (TCP only with SOFTRDMA_SAME_HOST=0).
     Bench {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
-        /// Rounds of 4,096 Writes per measurement.
+        /// Rounds of 4,096 Writes (or Reads) per measurement.
         #[arg(long, default_value_t = 200)]
         rounds: usize,
         /// Size of the scattered transfer (default 1GiB).
@@ -32,10 +34,11 @@ enum Cmd {
         big: u64,
         /// Mutation testing of the bench's own checks (tests only):
         /// `no-flush` inspects the target without flushing first,
-        /// `corrupt:STAGE` flips one byte of the target (or, for
-        /// `scattered-read`, of the local buffers) just before the check of
-        /// STAGE (`one-by-one`, `coalesced`, `scattered-write`,
-        /// `scattered-read`). Each must make the bench fail.
+        /// `corrupt:STAGE` flips one byte of the target (or, for the Reads,
+        /// of the local buffers) just before the check of STAGE
+        /// (`one-by-one`, `coalesced`, `read-one-by-one`, `read-coalesced`,
+        /// `scattered-write`, `scattered-read`). Each must make the bench
+        /// fail.
         #[arg(long, hide = true, value_delimiter = ',')]
         mutate: Vec<String>,
     },
@@ -124,6 +127,15 @@ fn emit(json: bool, v: serde_json::Value) {
         println!("{v}");
     } else {
         let g = |k: &str| v.get(k).map(|x| x.to_string()).unwrap_or_default();
+        let opt = |k: &str, f: &dyn Fn(&str) -> String| v.get(k).map(|x| f(&x.to_string()));
+        let extra: Vec<String> = [
+            opt("p99_round_us", &|x| format!("p99/round {x} us")),
+            opt("cpu", &|x| format!("cpu {x}")),
+            opt("speedup", &|x| format!("speedup {x}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         println!(
             "{:<28} {:<10} {:>9} GB/s {:>12} ops/s {:>5} WRs {}",
             g("bench").trim_matches('"'),
@@ -131,9 +143,7 @@ fn emit(json: bool, v: serde_json::Value) {
             g("gbps"),
             g("ops_per_s"),
             g("wrs"),
-            v.get("speedup")
-                .map(|s| format!("speedup {s}"))
-                .unwrap_or_default()
+            extra.join("  ")
         );
     }
 }
@@ -164,6 +174,8 @@ impl Mutations {
                     if [
                         "one-by-one",
                         "coalesced",
+                        "read-one-by-one",
+                        "read-coalesced",
                         "scattered-write",
                         "scattered-read",
                     ]
@@ -199,18 +211,26 @@ fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// One by one: each 64-byte buffer its own WR and its own post call; one
-/// signaled WR per SLOTS keeps the send queue from overflowing.
-fn one_by_one(p: &Pair, local: &MemoryRegion, rkey: u32, raddr: u64, n: usize) -> Result<usize> {
+/// One by one: each 64-byte buffer (every other 64 bytes of `local`) its
+/// own WR and its own post call, to or from `raddr + 64 i`; one signaled
+/// WR per SLOTS keeps the send queue from overflowing.
+fn one_by_one(
+    p: &Pair,
+    op: Op,
+    local: &MemoryRegion,
+    rkey: u32,
+    raddr: u64,
+    n: usize,
+) -> Result<usize> {
     let mut in_flight = 0;
+    let rkey = softrdma_verbs::Rkey::from_raw(rkey);
     for i in 0..n {
         let last = i + 1 == n;
-        let mut wr = SendWr::write(
-            i as u64,
-            &[local.sge(i * 128, 64)],
-            raddr + i as u64 * 64,
-            softrdma_verbs::Rkey::from_raw(rkey),
-        );
+        let (sge, to) = (local.sge(i * 128, 64), raddr + i as u64 * 64);
+        let mut wr = match op {
+            Op::Write => SendWr::write(i as u64, &[sge], to, rkey),
+            Op::Read => SendWr::read(i as u64, sge, to, rkey),
+        };
         if !((i + 1) % SLOTS == 0 || last) {
             wr.flags = SendFlags::NONE;
         }
@@ -231,6 +251,174 @@ fn one_by_one(p: &Pair, local: &MemoryRegion, rkey: u32, raddr: u64, n: usize) -
     Ok(n)
 }
 
+/// This process's CPU seconds (both ends and their progress threads).
+fn cpu_now() -> f64 {
+    crate::bench::cpu_secs(None).unwrap_or(0.0)
+}
+
+/// Rounds of one measurement: the time of each round (ns), the wall time
+/// and CPU seconds per wall second.
+struct Timed {
+    secs: f64,
+    rounds_ns: Vec<u64>,
+    cpu: f64,
+}
+
+impl Timed {
+    fn run(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<Timed> {
+        let mut rounds_ns = Vec::with_capacity(rounds);
+        let (t0, c0) = (Instant::now(), cpu_now());
+        for _ in 0..rounds {
+            let t = Instant::now();
+            round()?;
+            rounds_ns.push(t.elapsed().as_nanos() as u64);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        Ok(Timed {
+            secs,
+            rounds_ns,
+            cpu: (cpu_now() - c0) / secs.max(1e-9),
+        })
+    }
+
+    /// The row: rate, p50/p99 of a round of `n` transfers, CPU.
+    fn row(&self, bench: &str, transport: &str, n: usize, wrs: usize) -> serde_json::Value {
+        let mut sorted = self.rounds_ns.clone();
+        sorted.sort_unstable();
+        let q = |f: f64| {
+            let i = ((sorted.len() as f64 * f).ceil() as usize).clamp(1, sorted.len()) - 1;
+            r3(sorted[i] as f64 / 1e3)
+        };
+        let rounds = self.rounds_ns.len();
+        serde_json::json!({
+            "bench": bench, "transport": transport,
+            "gbps": r3((n * 64 * rounds) as f64 / self.secs / 1e9),
+            "ops_per_s": ((n * rounds) as f64 / self.secs).round(),
+            "wrs": wrs, "rounds": rounds,
+            "p50_round_us": q(0.5), "p99_round_us": q(0.99),
+            "cpu": r3(self.cpu),
+        })
+    }
+
+    fn ops(&self, n: usize) -> f64 {
+        (n * self.rounds_ns.len()) as f64 / self.secs
+    }
+}
+
+/// 4,096 64-byte Writes (from every other 64 bytes of a local region to
+/// contiguous remote memory) or Reads (back into every other 64 bytes of
+/// a cleared local region): posted one by one, then coalesced by the
+/// planner; each measurement checked byte for byte.
+fn small_ops(
+    json: bool,
+    p: &Pair,
+    op: Op,
+    transport: &str,
+    rounds: usize,
+    mutate: &Mutations,
+) -> Result<()> {
+    let n = 4096usize;
+    let (name, stages) = match op {
+        Op::Write => ("write64x4096", ["one-by-one", "coalesced"]),
+        Op::Read => ("read64x4096", ["read-one-by-one", "read-coalesced"]),
+    };
+    let local = p.pd.alloc_mr(n * 128, Access::LOCAL_WRITE)?;
+    let pat: Vec<u8> = (0..n * 128).map(|i| (i * 7 + 3) as u8).collect();
+    let remote = p
+        .spd
+        .alloc_mr(n * 64, Access::REMOTE_WRITE | Access::REMOTE_READ)?;
+    let (rkey, raddr) = (remote.rkey(), remote.addr());
+    // Reads: the remote bytes are a pattern, the local ones a sentinel
+    // (between the buffers it must stay). Writes: the other way round.
+    const SENTINEL: u8 = 0xEE;
+    let rpat: Vec<u8> = (0..n * 64).map(|i| (i * 13 + 5) as u8 ^ 0x40).collect();
+    let reset = || match op {
+        Op::Write => remote.write_at(0, &vec![0; n * 64]),
+        Op::Read => {
+            remote.write_at(0, &rpat);
+            local.write_at(0, &vec![SENTINEL; n * 128]);
+        }
+    };
+    if op == Op::Write {
+        local.write_at(0, &pat);
+    }
+    // Every check first flushes (placement before inspection; a Read's
+    // completion already means its bytes are here), and the memory is
+    // reset before each measurement, so each check sees only the bytes of
+    // its own run.
+    let check = |what: &str| -> Result<()> {
+        match op {
+            Op::Write => {
+                mutate.flush(p, raddr, rkey.raw())?;
+                mutate.corrupt(what, &remote, 1234 * 64 + 17);
+                let got = remote.to_vec();
+                for i in 0..n {
+                    if got[i * 64..i * 64 + 64] != pat[i * 128..i * 128 + 64] {
+                        bail!("{what}: write {i} landed wrong");
+                    }
+                }
+            }
+            Op::Read => {
+                mutate.corrupt(what, &local, 1234 * 128 + 17);
+                let got = local.to_vec();
+                for i in 0..n {
+                    if got[i * 128..i * 128 + 64] != rpat[i * 64..i * 64 + 64]
+                        || got[i * 128 + 64..i * 128 + 128]
+                            .iter()
+                            .any(|&b| b != SENTINEL)
+                    {
+                        bail!("{what}: read {i} landed wrong");
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    reset();
+    let one = Timed::run(rounds, || {
+        one_by_one(p, op, &local, rkey.raw(), raddr, n).map(|_| ())
+    })?;
+    check(stages[0])?;
+    emit(
+        json,
+        one.row(&format!("{name}_one_by_one"), transport, n, n),
+    );
+    // Coalesced by the planner.
+    let transfers: Vec<Transfer> = (0..n)
+        .map(|i| Transfer {
+            op,
+            local: vec![local.sge(i * 128, 64)],
+            remote_addr: raddr + i as u64 * 64,
+            rkey: rkey.raw(),
+        })
+        .collect();
+    let limits = Limits::of_device(p.qp.pd().device(), SLOTS);
+    let p_wrs = Planner::new(limits, transfers.clone()).announced().0;
+    let mut done = 0usize;
+    reset();
+    let co = Timed::run(rounds, || {
+        let st = exec::run(
+            &p.qp,
+            &p.cq,
+            Planner::new(limits, transfers.clone()),
+            T,
+            |_| done += 1,
+        )?;
+        if st.wrs != p_wrs {
+            bail!("{} WRs posted, {p_wrs} announced", st.wrs);
+        }
+        Ok(())
+    })?;
+    if done != n * rounds {
+        bail!("{done} transfer completions, expected {}", n * rounds);
+    }
+    check(stages[1])?;
+    let mut row = co.row(&format!("{name}_coalesced"), transport, n, p_wrs);
+    row["speedup"] = r3(co.ops(n) / one.ops(n)).into();
+    emit(json, row);
+    Ok(())
+}
+
 pub fn run(a: Args) -> Result<()> {
     let (json, rounds, big, mutate) = match a.cmd {
         Cmd::Bench {
@@ -245,87 +433,21 @@ pub fn run(a: Args) -> Result<()> {
             depth,
         } => return crate::oneshot::run(json, commands, &depth),
     };
-    for same_host in [false, true] {
+    // SOFTRDMA_SAME_HOST=0 turns the same-host transport off for every
+    // device: then only the TCP path is measured.
+    let transports: &[bool] = if DeviceConfig::default().same_host {
+        &[false, true]
+    } else {
+        eprintln!("same-host transport off (SOFTRDMA_SAME_HOST=0): iWARP/TCP only");
+        &[false]
+    };
+    for &same_host in transports {
         let transport = if same_host { "same-host" } else { "tcp" };
         let p = pair(same_host)?;
-        let n = 4096usize;
-        let local = p.pd.alloc_mr(n * 128, Access::LOCAL_WRITE)?;
-        let pat: Vec<u8> = (0..n * 128).map(|i| (i * 7 + 3) as u8).collect();
-        local.write_at(0, &pat);
-        let remote = p
-            .spd
-            .alloc_mr(n * 64, Access::REMOTE_WRITE | Access::REMOTE_READ)?;
-        let (rkey, raddr) = (remote.rkey(), remote.addr());
-        let zeros = vec![0u8; n * 64];
-        // Every check first flushes (placement before inspection), and the
-        // target is cleared before each measurement, so each check sees
-        // only the bytes of its own run.
-        let check = |what: &str| -> Result<()> {
-            mutate.flush(&p, raddr, rkey.raw())?;
-            mutate.corrupt(what, &remote, 1234 * 64 + 17);
-            let got = remote.to_vec();
-            for i in 0..n {
-                if got[i * 64..i * 64 + 64] != pat[i * 128..i * 128 + 64] {
-                    bail!("{what}: write {i} landed wrong");
-                }
-            }
-            Ok(())
-        };
-        // One by one.
-        remote.write_at(0, &zeros);
-        let t0 = Instant::now();
-        for _ in 0..rounds {
-            one_by_one(&p, &local, rkey.raw(), raddr, n)?;
+        for op in [Op::Write, Op::Read] {
+            small_ops(json, &p, op, transport, rounds, &mutate)?;
         }
-        let s1 = t0.elapsed().as_secs_f64();
-        check("one-by-one")?;
-        let ops1 = (n * rounds) as f64 / s1;
-        emit(
-            json,
-            serde_json::json!({
-                "bench": "write64x4096_one_by_one", "transport": transport,
-                "gbps": r3((n * 64 * rounds) as f64 / s1 / 1e9), "ops_per_s": ops1.round(),
-                "wrs": n,
-            }),
-        );
-        // Coalesced by the planner.
-        let transfers: Vec<Transfer> = (0..n)
-            .map(|i| Transfer {
-                op: Op::Write,
-                local: vec![local.sge(i * 128, 64)],
-                remote_addr: raddr + i as u64 * 64,
-                rkey: rkey.raw(),
-            })
-            .collect();
         let limits = Limits::of_device(p.qp.pd().device(), SLOTS);
-        let p_wrs = Planner::new(limits, transfers.clone()).announced().0;
-        let mut done = 0usize;
-        remote.write_at(0, &zeros);
-        let t0 = Instant::now();
-        for _ in 0..rounds {
-            let st = exec::run(
-                &p.qp,
-                &p.cq,
-                Planner::new(limits, transfers.clone()),
-                T,
-                |_| done += 1,
-            )?;
-            debug_assert_eq!(st.wrs, p_wrs);
-        }
-        let s2 = t0.elapsed().as_secs_f64();
-        if done != n * rounds {
-            bail!("{done} transfer completions, expected {}", n * rounds);
-        }
-        check("coalesced")?;
-        let ops2 = (n * rounds) as f64 / s2;
-        emit(
-            json,
-            serde_json::json!({
-                "bench": "write64x4096_coalesced", "transport": transport,
-                "gbps": r3((n * 64 * rounds) as f64 / s2 / 1e9), "ops_per_s": ops2.round(),
-                "wrs": p_wrs, "speedup": r3(ops2 / ops1),
-            }),
-        );
 
         // 1 GiB from 1,000 scattered buffers.
         let bufs = 1000usize;
@@ -397,9 +519,10 @@ pub fn run(a: Args) -> Result<()> {
             let planner = Planner::new(big_limits, vec![t]);
             let wrs = planner.announced().0;
             let mut done = 0;
-            let t0 = Instant::now();
+            let (t0, c0) = (Instant::now(), cpu_now());
             let st = exec::run(&p.qp, &p.cq, planner, T, |_| done += 1)?;
             let secs = t0.elapsed().as_secs_f64();
+            let cpu = (cpu_now() - c0) / secs.max(1e-9);
             if done != 1 || st.wrs != wrs || st.bytes != big {
                 bail!(
                     "scattered {op:?}: {done} completions, {} WRs of {wrs}, {} bytes",
@@ -438,6 +561,7 @@ pub fn run(a: Args) -> Result<()> {
                     "max_msg": big_limits.max_msg, "slots": SLOTS,
                     "gbps": r3(big as f64 / secs / 1e9), "ops_per_s": r3(1.0 / secs),
                     "wrs": wrs, "signaled": st.signaled, "checked": true,
+                    "cpu": r3(cpu),
                 }),
             );
         }

@@ -23,6 +23,8 @@
 //!   `guest_siw_client_vs_softrdma_storage_target`: rdma-core programs of
 //!   ours (`tests/guest/*.c`) on siw against the one-shot initiator and
 //!   the storage target.
+//! - `scattered_reads_from_guest_siw`: RDMA Reads into several local SGEs
+//!   (one sink STag bound over them) answered by siw (`tests/guest/read_source.c`).
 //!
 //! A missing guest image is a failure (run `scripts/setup.sh`), unless
 //! `SOFTRDMA_NO_GUEST=1` is set. Guest boots are serialised (one at a time).
@@ -2999,4 +3001,234 @@ fn guest_siw_client_vs_softrdma_storage_target() {
         );
     }
     assert!(c.rejected, "the wrong token's MPA reject was not seen");
+}
+
+/// Byte `i` of the guest's Read source (`pattern` in
+/// tests/guest/read_source.c).
+fn read_source_pat(i: u64) -> u8 {
+    ((i.wrapping_mul(2_654_435_761) as u32) >> 13) as u8 ^ (i >> 9) as u8
+}
+
+/// Scattered RDMA Reads against Linux siw as the responder (issue 29): a
+/// verbs program on siw in the guest (`tests/guest/read_source.c`, built
+/// here against rdma-core) registers 1 MiB with remote read and sends its
+/// address and rkey. Here one Read lands in six SGEs of two regions (1
+/// byte to 100 KiB, out of address order), one in 32 SGEs of 64 bytes,
+/// eight such Reads are outstanding at once, and the transfer planner
+/// reads 4,096 64-byte pieces into scattered buffers in 128 WRs. Each
+/// Read names one sink STag that the engine bound over its SGEs; siw
+/// answers it like any Read. Every byte is checked, the bytes between the
+/// SGEs keep a sentinel, and no binding is left afterwards.
+#[test]
+fn scattered_reads_from_guest_siw() {
+    use softrdma_transfer::{exec, Limits, Op, Planner, Transfer};
+    use softrdma_verbs::*;
+    let Some(env) = guest_env("scattered_reads_from_guest_siw") else {
+        return;
+    };
+    let _serial = lock_guest();
+    let work = Work::new("readsgl");
+    let bin = build_guest_program(&work, "read_source");
+    let src_len = 1usize << 20;
+    let host_port = free_ports(1)[0];
+    let guest_port = 7310;
+    let script = format!(
+        "{}/opt/read_source 10.0.2.15 {guest_port} {src_len} &\n\
+         spid=$!\n\
+         if wait_listen {guest_port}; then marker SOURCE-READY; else echo SOURCE-NOT-LISTENING; fi\n\
+         wait $spid; echo SOURCE-RC $?\n",
+        guest_prelude()
+    );
+    let mut guest = Guest::boot(
+        &env,
+        &work,
+        &script,
+        &[(host_port, guest_port)],
+        &[bin],
+        300,
+    );
+    loop {
+        match guest.next_line() {
+            Some(l) if l.contains("SOURCE-READY") => break,
+            Some(l) if l.contains("SOURCE-NOT-LISTENING") => {
+                guest.fail("the siw Read source did not listen")
+            }
+            Some(_) => {}
+            None => guest.fail("the guest ended before the Read source listened"),
+        }
+    }
+    let dev = Device::open(DeviceConfig {
+        same_host: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(4096).unwrap();
+    let mut attr = QpInitAttr::new(&cq);
+    attr.caps.max_send_sge = 32;
+    attr.caps.max_send_wr = 1024;
+    let qp = pd.create_qp(attr).unwrap();
+    let params = ConnParams {
+        timeout: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let msg = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    qp.modify(QpState::Init).unwrap();
+    qp.post_recv(&RecvWr::new(999, &[msg.sge(0, 64)])).unwrap();
+    qp.connect(("127.0.0.1", host_port), &params)
+        .expect("connect to the guest's Read source");
+    let wc = cq
+        .wait_one(Duration::from_secs(60))
+        .unwrap_or_else(|| guest.fail("no address from the siw Read source"));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (999, WcStatus::Success, 16)
+    );
+    let mut info = [0u8; 16];
+    msg.read_at(0, &mut info);
+    let raddr = u64::from_be_bytes(info[..8].try_into().unwrap());
+    let rkey = u32::from_be_bytes(info[8..12].try_into().unwrap());
+    assert_eq!(
+        u32::from_be_bytes(info[12..].try_into().unwrap()),
+        src_len as u32
+    );
+    let n = qp.conn_params().unwrap();
+    assert!(!n.one_shot && n.ord >= 8, "siw's IRD: {n:?}");
+
+    const SENTINEL: u8 = 0xEE;
+    let a = pd.alloc_mr(512 << 10, Access::LOCAL_WRITE).unwrap();
+    let b = pd.alloc_mr(512 << 10, Access::LOCAL_WRITE).unwrap();
+    let wait = |what: &str| {
+        let wc = cq
+            .wait_one(Duration::from_secs(120))
+            .unwrap_or_else(|| guest.fail(&format!("{what}: no completion (QP {:?})", qp.state())));
+        if wc.status != WcStatus::Success {
+            let ev = dev.next_event(Duration::from_secs(1));
+            guest.fail(&format!(
+                "{what}: WR {} {:?}; engine event {ev:?}",
+                wc.wr_id, wc.status
+            ));
+        }
+        wc
+    };
+    // Checks both regions against `pieces` (region b?, offset, len) read
+    // from remote offset `from`, in order; all else is the sentinel.
+    let check = |pieces: &[(bool, usize, usize)], from: usize, what: &str| {
+        let mut want = [vec![SENTINEL; a.len()], vec![SENTINEL; b.len()]];
+        let mut at = from as u64;
+        for &(in_b, off, len) in pieces {
+            for k in 0..len {
+                want[in_b as usize][off + k] = read_source_pat(at);
+                at += 1;
+            }
+        }
+        for (i, mr) in [&a, &b].into_iter().enumerate() {
+            let got = mr.to_vec();
+            if let Some(p) = got.iter().zip(&want[i]).position(|(x, y)| x != y) {
+                panic!(
+                    "{what}: region {i} byte {p}: got {:#x}, want {:#x}",
+                    got[p], want[i][p]
+                );
+            }
+        }
+    };
+    let clear = || {
+        a.write_at(0, &vec![SENTINEL; a.len()]);
+        b.write_at(0, &vec![SENTINEL; b.len()]);
+    };
+    let sgl_of = |pieces: &[(bool, usize, usize)]| -> Vec<Sge> {
+        pieces
+            .iter()
+            .map(|&(in_b, off, len)| {
+                if in_b {
+                    b.sge(off, len)
+                } else {
+                    a.sge(off, len)
+                }
+            })
+            .collect()
+    };
+    let rk = Rkey::from_raw(rkey);
+
+    // Six SGEs of two regions, out of address order.
+    let six = [
+        (false, 100, 5000),
+        (true, 7, 70_000),
+        (false, 20_000, 1),
+        (true, 80_000, 64),
+        (false, 30_000, 100_000),
+        (true, 90_000, 3),
+    ];
+    clear();
+    qp.post_send(&SendWr::read_sgl(1, &sgl_of(&six), raddr + 333, rk))
+        .unwrap();
+    assert_eq!(wait("six SGEs").byte_len, 175_068);
+    check(&six, 333, "six SGEs");
+
+    // 32 SGEs of 64 bytes, every other 64 bytes.
+    let thirty_two: Vec<(bool, usize, usize)> = (0..32).map(|i| (true, i * 128, 64)).collect();
+    clear();
+    qp.post_send(&SendWr::read_sgl(2, &sgl_of(&thirty_two), raddr + 4096, rk))
+        .unwrap();
+    wait("32 SGEs");
+    check(&thirty_two, 4096, "32 SGEs");
+
+    // Eight scattered Reads outstanding at once, each into 3 pieces of
+    // its own 32 KiB of `a` and `b`, from consecutive 24 KiB of the source.
+    clear();
+    let mut all = Vec::new();
+    let wrs: Vec<SendWr> = (0..8usize)
+        .map(|i| {
+            let p = [
+                (false, i * 32768 + 10, 10_000),
+                (true, i * 32768 + 5, 4_576),
+                (false, i * 32768 + 20_000, 10_000),
+            ];
+            all.extend_from_slice(&p);
+            let mut wr =
+                SendWr::read_sgl(10 + i as u64, &sgl_of(&p), raddr + (i * 24_576) as u64, rk);
+            if i < 7 {
+                wr.flags = SendFlags::NONE;
+            }
+            wr
+        })
+        .collect();
+    qp.post_send_batch(&wrs).unwrap();
+    assert_eq!(wait("eight outstanding").wr_id, 17);
+    check(&all, 0, "eight outstanding");
+
+    // The planner: 4,096 64-byte Reads of contiguous source bytes into
+    // every other 64 bytes of `a`, coalesced within the device's limits.
+    clear();
+    let ts: Vec<Transfer> = (0..4096usize)
+        .map(|i| Transfer {
+            op: Op::Read,
+            local: vec![a.sge(i * 128, 64)],
+            remote_addr: raddr + 64 * i as u64,
+            rkey,
+        })
+        .collect();
+    let planner = Planner::new(Limits::of_device(&dev, 16), ts);
+    assert_eq!(planner.announced().0, 128, "4,096 Reads in WRs of 32 SGEs");
+    let mut done = 0;
+    let st = exec::run(&qp, &cq, planner, Duration::from_secs(120), |_| done += 1)
+        .unwrap_or_else(|e| guest.fail(&format!("planned Reads: {e}")));
+    assert_eq!((st.wrs, done), (128, 4096));
+    let planned: Vec<(bool, usize, usize)> = (0..4096).map(|i| (false, i * 128, 64)).collect();
+    check(&planned, 0, "planned Reads");
+
+    assert!(
+        !dev.info().mrs.iter().any(|m| m.fast_reg),
+        "a Read's sink binding outlived it"
+    );
+    let done_msg = pd.alloc_mr(4, Access::LOCAL_WRITE).unwrap();
+    done_msg.write_at(0, b"DONE");
+    qp.post_send(&SendWr::send(3, &[done_msg.sge_all()]))
+        .unwrap();
+    wait("DONE");
+    qp.disconnect();
+    let rc = guest.finish();
+    assert_eq!(rc, 0, "guest script failed");
+    assert!(guest.log.iter().any(|l| l.contains("SERVED")));
+    assert!(guest.log.iter().any(|l| l.contains("SOURCE-RC 0")));
 }

@@ -1,39 +1,85 @@
-//! `softrdma transfer bench --json` (short run): both transports, the
-//! comparison line carries the speedup and the planner's WR count, the
-//! scattered transfers were checked byte for byte by the tool (it fails
-//! otherwise) in both directions.
+//! `softrdma transfer bench --json` (short run): both transports, 4,096
+//! 64-byte Writes and 4,096 64-byte Reads each posted one by one and
+//! coalesced (the coalesced line carries the speedup and the planner's WR
+//! count: Reads coalesce like Writes, at most a tenth of the WRs), every
+//! row with its rate, p99 and CPU; the scattered transfers were checked
+//! byte for byte by the tool (it fails otherwise) in both directions, the
+//! Read in as few WRs as the Write.
 
 mod common;
 use common::softrdma_json;
 
-#[test]
-fn transfer_bench_reports_and_checks() {
-    let lines = softrdma_json(&[
-        "transfer", "bench", "--json", "--rounds", "3", "--big", "67108864",
-    ]);
-    assert_eq!(lines.len(), 8);
-    for l in &lines {
-        for k in ["bench", "gbps", "ops_per_s", "transport", "wrs"] {
+fn check_lines(lines: &[serde_json::Value], transports: &[&str]) {
+    assert_eq!(lines.len(), 6 * transports.len(), "{lines:?}");
+    for l in lines {
+        for k in ["bench", "gbps", "ops_per_s", "transport", "wrs", "cpu"] {
             assert!(l.get(k).is_some(), "{k} missing in {l}");
         }
         assert!(l["gbps"].as_f64().unwrap() > 0.0, "{l}");
     }
-    for t in ["tcp", "same-host"] {
+    for &t in transports {
         let get = |b: &str| {
             lines
                 .iter()
                 .find(|l| l["bench"] == b && l["transport"] == t)
                 .unwrap_or_else(|| panic!("no {b} line for {t}"))
         };
-        let c = get("write64x4096_coalesced");
-        assert!(c["speedup"].as_f64().unwrap() > 0.0);
-        assert_eq!(c["wrs"], 128, "4,096 64-byte Writes in WRs of 32 SGEs");
-        assert_eq!(get("write64x4096_one_by_one")["wrs"], 4096);
+        for op in ["write", "read"] {
+            let one = get(&format!("{op}64x4096_one_by_one"));
+            let c = get(&format!("{op}64x4096_coalesced"));
+            assert!(c["speedup"].as_f64().unwrap() > 0.0);
+            assert_eq!(one["wrs"], 4096);
+            assert_eq!(c["wrs"], 128, "4,096 64-byte {op}s in WRs of 32 SGEs");
+            assert!(c["wrs"].as_u64().unwrap() * 10 <= one["wrs"].as_u64().unwrap());
+            for l in [one, c] {
+                let p99 = l["p99_round_us"].as_f64().unwrap();
+                assert!(
+                    p99 > 0.0 && p99 >= l["p50_round_us"].as_f64().unwrap(),
+                    "{l}"
+                );
+            }
+        }
         for b in ["scattered_1000_write", "scattered_1000_read"] {
             assert_eq!(get(b)["checked"], true);
             assert_eq!(get(b)["bytes"], 67108864);
         }
+        assert_eq!(
+            get("scattered_1000_read")["wrs"],
+            get("scattered_1000_write")["wrs"],
+            "scattered Reads coalesce like Writes"
+        );
     }
+}
+
+#[test]
+fn transfer_bench_reports_and_checks() {
+    let lines = softrdma_json(&[
+        "transfer", "bench", "--json", "--rounds", "3", "--big", "67108864",
+    ]);
+    check_lines(&lines, &["tcp", "same-host"]);
+}
+
+/// With the same-host transport turned off for the process, the bench
+/// measures the TCP path alone (what two hosts get).
+#[test]
+fn transfer_bench_over_tcp_only() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["transfer", "bench", "--json", "--rounds", "2"])
+        .args(["--big", "67108864"])
+        .env("SOFTRDMA_SAME_HOST", "0")
+        .output()
+        .expect("run softrdma");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    check_lines(&lines, &["tcp"]);
 }
 
 /// The bench's own checks can fail: one flipped byte of the target (or, for
@@ -48,6 +94,8 @@ fn transfer_bench_checks_catch_misplaced_bytes() {
     for (stage, want) in [
         ("one-by-one", "one-by-one: write 1234 landed wrong"),
         ("coalesced", "coalesced: write 1234 landed wrong"),
+        ("read-one-by-one", "read-one-by-one: read 1234 landed wrong"),
+        ("read-coalesced", "read-coalesced: read 1234 landed wrong"),
         ("scattered-write", "scattered Write: bytes differ"),
         ("scattered-read", "scattered Read: bytes differ"),
     ] {

@@ -37,7 +37,8 @@ pub struct Limits {
     /// Most SGEs per Write WR, at least 1.
     pub max_sge: usize,
     /// Most SGEs per Read WR, at least 1 (ibverbs' `max_sge_rd`; this
-    /// engine's Reads take one).
+    /// engine's Reads take as many as its Writes: it binds one sink STag
+    /// over a Read's SGEs, so any peer can answer it).
     pub max_sge_rd: usize,
     /// Send-queue slots the executor may fill, at least 1.
     pub slots: usize,
@@ -50,7 +51,7 @@ impl Limits {
         Limits {
             max_msg: a.max_msg_size.min(u32::MAX as u64) as u32,
             max_sge: a.max_sge as usize,
-            max_sge_rd: 1,
+            max_sge_rd: a.max_sge_rd as usize,
             slots,
         }
     }

@@ -1,10 +1,11 @@
 //! The executor on a real connected pair (iWARP over loopback TCP): random
 //! transfers, Writes then Reads back into other buffers, with few slots
-//! and small messages so that WRs are divided, coalesced and merged; every
-//! byte checked, each transfer reported exactly once, the WRs posted equal
-//! to the WRs announced.
+//! and small messages so that WRs are divided, coalesced and merged (Reads
+//! too: several local SGEs per Read WR); every byte checked, nothing
+//! written outside the buffers, each transfer reported exactly once, the
+//! WRs posted equal to the WRs announced.
 
-use softrdma_transfer::{exec, Limits, Op, Planner, Transfer};
+use softrdma_transfer::{exec, plan, Limits, Op, Planner, Transfer};
 use softrdma_verbs::*;
 use std::time::Duration;
 
@@ -58,6 +59,7 @@ fn random_transfers_move_every_byte_and_report_once() {
     let remote = spd
         .alloc_mr(1 << 20, Access::REMOTE_WRITE | Access::REMOTE_READ)
         .unwrap();
+    let mut scattered_reads = 0;
     for round in 0..20 {
         // Transfers: chains of 1-6 buffers (1-3000 bytes, some adjacent),
         // remote ranges back to back or apart.
@@ -91,7 +93,7 @@ fn random_transfers_move_every_byte_and_report_once() {
         let limits = Limits {
             max_msg: 1 + rnd(9000) as u32,
             max_sge: 1 + rnd(8) as usize,
-            max_sge_rd: 1,
+            max_sge_rd: 1 + rnd(8) as usize,
             slots: 1 + rnd(6) as usize,
         };
         let planner = Planner::new(limits, ts.clone());
@@ -142,8 +144,14 @@ fn random_transfers_move_every_byte_and_report_once() {
                 ..t.clone()
             })
             .collect();
+        // The sinks start as a sentinel: bytes no Read may touch keep it.
+        dst.write_at(0, &vec![SENTINEL; 1 << 20]);
+        scattered_reads += plan(limits, back.clone())
+            .iter()
+            .filter(|w| w.sgl.len() > 1)
+            .count();
         let mut n = 0;
-        exec::run(
+        let st = exec::run(
             &qp,
             &cq,
             Planner::new(limits, back.clone()),
@@ -152,15 +160,26 @@ fn random_transfers_move_every_byte_and_report_once() {
         )
         .unwrap();
         assert_eq!(n, back.len());
+        assert_eq!(st.wrs, Planner::new(limits, back).announced().0);
         let got = dst.to_vec();
+        let mut want = vec![SENTINEL; 1 << 20];
         for t in &ts {
             for s in &t.local {
                 let o = (s.addr - src.addr()) as usize;
-                assert!(
-                    got[o..o + s.length as usize] == pat[o..o + s.length as usize],
-                    "round {round}: read"
-                );
+                want[o..o + s.length as usize].copy_from_slice(&pat[o..o + s.length as usize]);
             }
         }
+        if let Some(at) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            panic!(
+                "round {round}: read: byte {at} is {:#x}, want {:#x}",
+                got[at], want[at]
+            );
+        }
     }
+    assert!(
+        scattered_reads > 20,
+        "only {scattered_reads} Read WRs had several SGEs"
+    );
 }
+
+const SENTINEL: u8 = 0xEE;

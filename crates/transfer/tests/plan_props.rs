@@ -1,8 +1,10 @@
 //! The planner against a model: random buffer chains, remote ranges
 //! (some contiguous, so they merge) and limits; every byte of every
 //! transfer is moved exactly once, to the right remote offset, by a WR of
-//! the transfer's kind and rkey; no WR exceeds a limit; the WRs planned
-//! are the WRs announced, in all and per transfer.
+//! the transfer's kind and rkey; no WR exceeds a limit (Reads their own
+//! SGE limit); the WRs planned are the WRs announced, in all and per
+//! transfer. Reads coalesce as Writes do: under equal SGE limits a queue
+//! of Reads is planned into exactly the WRs the same queue of Writes gets.
 
 use proptest::prelude::*;
 use softrdma_transfer::{plan, Limits, Op, Planner, Transfer};
@@ -19,7 +21,7 @@ struct Case {
 /// (adjacent buffers under one lkey may share an SGE); remote ranges follow
 /// the previous transfer's (a merge candidate) or jump.
 fn case() -> impl Strategy<Value = Case> {
-    let limits = (1u32..600, 1usize..6, 1usize..3, 1usize..5).prop_map(
+    let limits = (1u32..600, 1usize..6, 1usize..6, 1usize..5).prop_map(
         |(max_msg, max_sge, max_sge_rd, slots)| Limits {
             max_msg,
             max_sge,
@@ -118,6 +120,24 @@ proptest! {
         prop_assert!(moved.values().all(|&n| n == 1), "exactly once");
         prop_assert_eq!(per, need);
     }
+
+    #[test]
+    fn reads_coalesce_like_writes(c in case()) {
+        let as_op = |op| {
+            c.transfers
+                .iter()
+                .map(|t| Transfer { op, ..t.clone() })
+                .collect::<Vec<_>>()
+        };
+        let l = Limits { max_sge_rd: c.limits.max_sge, ..c.limits };
+        let reads = plan(l, as_op(Op::Read));
+        let writes = plan(l, as_op(Op::Write));
+        prop_assert_eq!(reads.len(), writes.len());
+        for (r, w) in reads.iter().zip(&writes) {
+            prop_assert_eq!(r.op, Op::Read);
+            prop_assert_eq!((&r.sgl, r.remote_addr, r.rkey, &r.parts), (&w.sgl, w.remote_addr, w.rkey, &w.parts));
+        }
+    }
 }
 
 fn sge(addr: u64, length: u32) -> Sge {
@@ -152,6 +172,42 @@ fn contiguous_small_writes_merge() {
     assert!(wrs
         .iter()
         .all(|w| w.sgl.len() == 32 && w.len == 2048 && w.parts.len() == 32));
+}
+
+/// 4,096 separate 64-byte Reads of contiguous remote memory into
+/// scattered local buffers, within this device's limits: merged into WRs
+/// of `max_sge_rd` SGEs, at most a tenth of the WRs (issue 29). Every
+/// buffer is filled once, in order, from the right remote offset.
+#[test]
+fn contiguous_small_reads_merge_within_the_device_limits() {
+    let dev = softrdma_verbs::Device::open_default().unwrap();
+    let l = Limits::of_device(&dev, 16);
+    assert_eq!(l.max_sge_rd as u32, dev.attr().max_sge_rd);
+    let ts: Vec<Transfer> = (0..4096u64)
+        .map(|i| Transfer {
+            op: Op::Read,
+            local: vec![sge(0x10000 + i * 128, 64)],
+            remote_addr: 0x900000 + i * 64,
+            rkey: 5,
+        })
+        .collect();
+    let wrs = plan(l, ts);
+    assert!(
+        wrs.len() <= 4096 / 10,
+        "{} Read WRs for 4,096 Reads",
+        wrs.len()
+    );
+    assert_eq!(wrs.len(), 4096usize.div_ceil(l.max_sge_rd));
+    let mut next = 0u64;
+    for w in &wrs {
+        assert!(w.op == Op::Read && w.sgl.len() <= l.max_sge_rd);
+        assert_eq!(w.remote_addr, 0x900000 + next * 64);
+        for s in &w.sgl {
+            assert_eq!((s.addr, s.length), (0x10000 + next * 128, 64));
+            next += 1;
+        }
+    }
+    assert_eq!(next, 4096);
 }
 
 /// Adjacent local buffers share an SGE; a buffer larger than the message

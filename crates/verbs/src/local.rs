@@ -745,7 +745,7 @@ pub(crate) fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(
         WrOp::AtomicFetchAdd { .. } | WrOp::AtomicCmpSwap { .. }
     );
     match &wr.op {
-        WrOp::RdmaRead { .. } if wr.sgl.len() != 1 => return Err(WcStatus::LocQpOpErr),
+        WrOp::RdmaRead { .. } if wr.sgl.is_empty() => return Err(WcStatus::LocQpOpErr),
         // The original value: one 8-byte SGE.
         _ if atomic && (wr.sgl.len() != 1 || wr.sgl[0].length != 8) => {
             return Err(WcStatus::LocQpOpErr)
@@ -777,8 +777,10 @@ pub(crate) fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(
             .map_err(|_| WcStatus::LocProtErr)?;
         mr.resolve(sge.addr, sge.length as u64, &mut w.spans);
         w.len += sge.length as u64;
-        if matches!(wr.op, WrOp::RdmaRead { .. }) || atomic {
-            w.sink = Some((mr.clone(), sge.addr));
+        // (A Read into several SGEs gets a sink bound over them when its
+        // request goes on the wire: `engine/sink.rs`.)
+        if wr.sgl.len() == 1 && (matches!(wr.op, WrOp::RdmaRead { .. }) || atomic) {
+            w.sink = Some(crate::engine::Sink::at(mr.clone(), sge.addr));
         }
     }
     if w.len > q.core.config.attr.max_msg_size {

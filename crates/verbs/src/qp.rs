@@ -319,6 +319,11 @@ impl QueuePair {
             if wr.sgl.len() > q.caps.max_send_sge {
                 return Err(Error::inval("too many SGEs"));
             }
+            if matches!(wr.op, WrOp::RdmaRead { .. })
+                && wr.sgl.len() > q.core.config.attr.max_sge_rd as usize
+            {
+                return Err(Error::inval("too many SGEs for an RDMA Read (max_sge_rd)"));
+            }
             q.core.check_post(&wr.sgl)?;
             let reads = matches!(
                 wr.op,

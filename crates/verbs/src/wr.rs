@@ -161,10 +161,15 @@ impl SendWr {
         }
     }
     pub fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: Rkey) -> SendWr {
+        SendWr::read_sgl(wr_id, &[sge], remote_addr, rkey)
+    }
+    /// An RDMA Read of `remote_addr` under `rkey` into the concatenation
+    /// of `sgl` (at most `DeviceAttr::max_sge_rd` SGEs).
+    pub fn read_sgl(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: Rkey) -> SendWr {
         SendWr {
             wr_id,
             op: WrOp::RdmaRead { remote_addr, rkey },
-            sgl: vec![sge],
+            sgl: sgl.to_vec(),
             flags: SendFlags::SIGNALED,
         }
     }

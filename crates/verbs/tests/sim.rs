@@ -3,7 +3,8 @@
 //! (`softrdma_verbs::pipe`) that splits, merges and delays the byte
 //! stream, all driven from this thread by a seed. Random workloads of
 //! Send, Send with Invalidate, Immediate Data, RDMA Write (with and
-//! without immediate), RDMA Read, Fetch-and-Add and Compare-and-Swap run
+//! without immediate), RDMA Read (into one SGE or up to four),
+//! Fetch-and-Add and Compare-and-Swap run
 //! both ways at once, with MPA CRC on and off, MPA revision 1 and 2, and
 //! each kind of peer-to-peer RTR; some seeds cut the connection (a reset
 //! or a disconnect) at a random moment.
@@ -21,7 +22,9 @@
 //!   or not), send completions in posting order, and nothing completes
 //!   successfully after the first flush on that queue;
 //! - the simulation never stalls: while work is outstanding, something can
-//!   always move (no deadlock between the two engines).
+//!   always move (no deadlock between the two engines);
+//! - no Read's sink binding (the STag bound over a scattered Read's SGEs)
+//!   outlives its WR, flushed or not.
 //!
 //! CI runs `SEEDS` seeds; `SOFTRDMA_SOAK=1` runs `SOAK_SEEDS` (or
 //! `SOFTRDMA_SIM_SEEDS=N`). A failure prints its seed; replay it alone with
@@ -127,7 +130,7 @@ struct Incoming {
 }
 
 struct End {
-    _pd: ProtectionDomain,
+    pd: ProtectionDomain,
     cq: CompletionQueue,
     qp: QueuePair,
     target: MemoryRegion,
@@ -195,7 +198,7 @@ impl End {
             ops_left: 0,
             completed: 0,
             target,
-            _pd: pd,
+            pd,
             cq,
             qp,
         }
@@ -385,12 +388,19 @@ impl World {
                 let off = rng.below((TARGET_LEN - len) as u64 + 1) as usize;
                 // Poison the sink: a Read that placed nothing shows.
                 e.local.write_at(base, &vec![0xA5; len]);
-                let mut wr = SendWr::read(
-                    wr_id,
-                    e.local.sge(base, len),
-                    p.target.addr() + off as u64,
-                    p.target.rkey(),
-                );
+                // One SGE, or the slot cut into up to four (the engine
+                // then binds one sink STag over them).
+                let mut cuts: Vec<usize> = (0..rng.below(4))
+                    .map(|_| rng.below(len as u64 + 1) as usize)
+                    .collect();
+                cuts.extend([0, len]);
+                cuts.sort_unstable();
+                let sgl: Vec<Sge> = cuts
+                    .windows(2)
+                    .map(|c| e.local.sge(base + c[0], c[1] - c[0]))
+                    .collect();
+                let mut wr =
+                    SendWr::read_sgl(wr_id, &sgl, p.target.addr() + off as u64, p.target.rkey());
                 if rng.chance(5) {
                     wr = wr.fenced();
                 }
@@ -718,6 +728,15 @@ impl World {
                         "end {i}: the target differs from the peer's Writes at byte {at}"
                     ));
                 }
+            }
+        }
+        // Every WR has completed: no Read's sink binding is left.
+        for (i, e) in self.ends.iter().enumerate() {
+            let pd = e.pd.id();
+            let info = e.pd.device().info();
+            let left = info.mrs.iter().filter(|m| m.fast_reg && m.pd == pd);
+            if left.count() != 0 {
+                self.fail(&format!("end {i}: a Read's sink binding outlived it"));
             }
         }
     }

@@ -21,10 +21,12 @@ use std::sync::Arc;
 
 mod qp;
 mod queues;
+mod sink;
 mod transport;
 pub use qp::QpCaps;
 pub(crate) use qp::QpInner;
 pub(crate) use queues::{RecvWqe, Sq, SqWqe, Stage};
+pub(crate) use sink::Sink;
 pub(crate) use transport::Transport;
 
 /// Limits of a device (`ibv_query_device`).
@@ -33,6 +35,10 @@ pub struct DeviceAttr {
     pub max_qp: u32,
     pub max_qp_wr: u32,
     pub max_sge: u32,
+    /// Most local SGEs of an RDMA Read (`ibv_device_attr.max_sge_rd`): a
+    /// Read into several is given one sink STag bound over them
+    /// (`engine/sink.rs`), so any peer can answer it.
+    pub max_sge_rd: u32,
     pub max_cqe: u32,
     pub max_mr: u32,
     /// Largest message (Send, Write or Read) in bytes.
@@ -49,6 +55,7 @@ impl Default for DeviceAttr {
             max_qp: 16384,
             max_qp_wr: 16384,
             max_sge: 32,
+            max_sge_rd: 32,
             max_cqe: 1 << 20,
             max_mr: (1 << 24) - 1,
             max_msg_size: 1 << 31,

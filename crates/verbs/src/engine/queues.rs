@@ -61,8 +61,8 @@ pub(crate) struct SqWqe {
     pub len: u64,
     pub keep: Vec<Arc<MrInner>>,
     pub stage: Stage,
-    /// For RDMA Read and atomics: the local sink.
-    pub sink: Option<(Arc<MrInner>, u64)>,
+    /// For RDMA Read and atomics: the local sink (`sink.rs`).
+    pub sink: Option<super::Sink>,
     /// Write with immediate: the Write went out, the Immediate Data
     /// message is next.
     pub imm_next: bool,

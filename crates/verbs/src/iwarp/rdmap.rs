@@ -154,7 +154,8 @@ pub(super) fn on_read_response(
             drop(sq);
             return Ok(Action::ReadResp);
         }
-        let (sink, sink_to) = w.sink.clone().expect("read has a sink");
+        let s = w.sink.as_ref().expect("a Read on the wire has a sink");
+        let (sink, sink_to) = (s.mr.clone(), s.to);
         let want_to = sink_to + rx.read_resp_off;
         if t.stag != sink.stag {
             return Err(fatal(

@@ -110,7 +110,23 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 if orq_len >= ord {
                     return None;
                 }
-                let (sink_stag, sink_to) = w.sink.as_ref().map_or((0, 0), |(m, to)| (m.stag, *to));
+                if !flush && w.sink.is_none() {
+                    // A Read into several SGEs: the request names one sink,
+                    // an STag bound over them (`engine/sink.rs`).
+                    let key = q.next_key.fetch_add(1, Ordering::Relaxed);
+                    let keep = std::mem::take(&mut w.keep);
+                    let spans = std::mem::take(&mut w.spans);
+                    match crate::engine::Sink::bind(&q.core, pd, key, keep, spans) {
+                        Ok(s) => w.sink = Some(s),
+                        Err(e) => {
+                            w.stage = Stage::Done(WcStatus::GeneralErr);
+                            sq.next_tx += 1;
+                            tx.pending_fail = Some(format!("no STag for a Read's sink: {e}"));
+                            return None;
+                        }
+                    }
+                }
+                let (sink_stag, sink_to) = w.sink.as_ref().map_or((0, 0), |s| (s.mr.stag, s.to));
                 let size = w.len as u32;
                 w.stage = Stage::AwaitResponse;
                 let hdr = DdpHeader::Untagged(UntaggedHeader {
