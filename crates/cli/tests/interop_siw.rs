@@ -19,7 +19,8 @@
 //!   `softrdma_client_vs_guest_ucmatose_server`: rdma-core's `ucmatose`
 //!   (Sends of any size, 1 byte to 1 MiB here) against `softrdma cmatose`,
 //!   both ways (docs/cmatose-protocol.md).
-//! - `one_shot_against_guest_siw_target` and
+//! - `one_shot_against_guest_siw_target` (both directions, solicited close,
+//!   cancel) and
 //!   `guest_siw_client_vs_softrdma_storage_target`: rdma-core programs of
 //!   ours (`tests/guest/*.c`) on siw against the one-shot initiator and
 //!   the storage target.
@@ -2671,28 +2672,55 @@ fn build_guest_program(work: &Work, name: &str) -> PathBuf {
 /// One-shot advertise/close against a standard peer (docs/one-shot.md): a
 /// verbs program on Linux siw in the guest (`tests/guest/oneshot_target.c`,
 /// built here against rdma-core) reads the advertised STag from the start
-/// of each command's payload, RDMA-Reads the advertised SGL (one or two
-/// pieces, 1,000 bytes to 200 KiB) at address 0 and closes with
-/// `IBV_WR_SEND_WITH_INV`. Each command is one `advertise` call and one
-/// completion here, which must carry the STag and the reference, with the
-/// binding already gone; the checksum siw computed of what it read must
-/// match the advertised bytes.
+/// of each command's payload and, for a read command, RDMA-Reads the
+/// advertised SGL (one or two pieces, 1,000 bytes to 200 KiB) at address
+/// 0, or for a write command (a storage read) RDMA-Writes its pattern
+/// there, into registered memory or `advertise_buffers` memory; then it
+/// closes with `IBV_WR_SEND_WITH_INV`, with `IBV_SEND_SOLICITED` where the
+/// command asks. Each command is one `advertise` call and one completion
+/// here, which must carry the STag and the reference, with the binding
+/// already gone; a solicited close must fire a solicited-only CQ
+/// notification. The checksum siw computed of what it read must match the
+/// advertised bytes; what it wrote must be exactly in the advertised
+/// pieces, nothing around them touched. The last command is cancelled
+/// before siw accesses it (siw waits for a "GO" sent after the cancel):
+/// siw's Write meets the dead STag, our side answers with the
+/// invalid-STag Terminate, and the memory is unchanged.
 #[test]
 fn one_shot_against_guest_siw_target() {
+    use softrdma_verbs::wire::terminate::codes;
     use softrdma_verbs::*;
+    // Command flags (tests/guest/oneshot_target.c).
+    const WRITE: u32 = 1;
+    const SOLICITED: u32 = 2;
+    const CANCELLED: u32 = 4;
+    // The bytes the target writes: byte k of command i (its `wpat`).
+    let wpat = |i: usize, k: usize| {
+        (k as u32)
+            .wrapping_mul(131)
+            .wrapping_add(i as u32 * 17)
+            .wrapping_add(k as u32 >> 9) as u8
+    };
     let Some(env) = guest_env("one_shot_against_guest_siw_target") else {
         return;
     };
     let _serial = lock_guest();
     let work = Work::new("oneshot");
     let bin = build_guest_program(&work, "oneshot_target");
-    let cases: [(usize, usize); 6] = [
-        (4096, 0),
-        (65536, 0),
-        (1000, 0),
-        (200 << 10, 0),
-        (30 << 10, 10 << 10),
-        (4096, 4096),
+    // (length, second piece, flags, in advertise_buffers memory)
+    let cases: [(usize, usize, u32, bool); 12] = [
+        (4096, 0, 0, false),
+        (65536, 0, 0, false),
+        (1000, 0, 0, false),
+        (200 << 10, 0, 0, false),
+        (30 << 10, 10 << 10, 0, false),
+        (4096, 4096, 0, false),
+        (64 << 10, 0, WRITE, false),
+        (30 << 10, 10 << 10, WRITE, false),
+        (20 << 10, 5 << 10, WRITE, true),
+        (8 << 10, 0, SOLICITED, false),
+        (8 << 10, 2 << 10, WRITE | SOLICITED, false),
+        (16 << 10, 0, WRITE | CANCELLED, false),
     ];
     let n = cases.len();
     let host_port = free_ports(1)[0];
@@ -2757,30 +2785,89 @@ fn one_shot_against_guest_siw_target() {
         .map(|i: usize| (i * 7 + i / 251) as u8)
         .collect();
     data.write_at(0, &pat);
+    const RAW_FILL: u8 = 0xA5;
+    let mut raw = vec![RAW_FILL; 64 << 10];
     let fnv = |b: &[u8]| {
         b.iter()
             .fold(2166136261u32, |h, &x| (h ^ x as u32).wrapping_mul(16777619))
     };
-    for (i, &(len, second)) in cases.iter().enumerate() {
-        qp.post_recv(&RecvWr::new(i as u64, &[resp.sge(0, 64)]))
-            .unwrap();
-        let mut sgl = vec![data.sge(0, len)];
-        let mut want = pat[..len].to_vec();
-        if second > 0 {
-            sgl.push(data.sge(300 << 10, second));
-            want.extend_from_slice(&pat[300 << 10..(300 << 10) + second]);
+    for (i, &(len, second, flags, buffers)) in cases.iter().enumerate() {
+        let write = flags & WRITE != 0;
+        let cancelled = flags & CANCELLED != 0;
+        if !cancelled {
+            qp.post_recv(&RecvWr::new(i as u64, &[resp.sge(0, 64)]))
+                .unwrap();
         }
-        let mut msg = (want.len() as u32).to_be_bytes().to_vec();
-        msg.extend_from_slice(b"WRITE");
-        let stag = qp
-            .advertise(
-                100 + i as u64,
-                &sgl,
-                Access::REMOTE_READ,
-                &msg,
-                1000 + i as u64,
-            )
-            .unwrap();
+        // The advertised pieces, as (offset, length) in `data` (or `raw`).
+        let mut pieces = vec![(0usize, len)];
+        if second > 0 {
+            pieces.push((if buffers { 32 << 10 } else { 300 << 10 }, second));
+        }
+        let total = len + second;
+        let mut msg = (total as u32).to_be_bytes().to_vec();
+        msg.extend_from_slice(&flags.to_be_bytes());
+        let access = if write {
+            Access::REMOTE_WRITE
+        } else {
+            Access::REMOTE_READ
+        };
+        if flags & SOLICITED != 0 {
+            cq.req_notify(true);
+        }
+        let stag = if buffers {
+            let base = raw.as_mut_ptr();
+            let bufs: Vec<(*mut u8, usize)> = pieces
+                .iter()
+                // SAFETY: the pieces lie inside `raw`.
+                .map(|&(o, l)| (unsafe { base.add(o) }, l))
+                .collect();
+            // SAFETY: `raw` outlives the QP (dropped after it).
+            unsafe { qp.advertise_buffers(100 + i as u64, &bufs, access, &msg, 1000 + i as u64) }
+                .unwrap()
+        } else {
+            let sgl: Vec<Sge> = pieces.iter().map(|&(o, l)| data.sge(o, l)).collect();
+            qp.advertise(100 + i as u64, &sgl, access, &msg, 1000 + i as u64)
+                .unwrap()
+        };
+        if cancelled {
+            assert!(qp.cancel_advertisement(stag), "command {i}: open");
+            let wc = cq.poll_one().expect("the cancel's completion");
+            assert_eq!(
+                (wc.opcode, wc.status, wc.reference, wc.invalidated_rkey),
+                (
+                    WcOpcode::AdvertiseEnd,
+                    WcStatus::Cancelled,
+                    Some(1000 + i as u64),
+                    Some(stag)
+                ),
+                "command {i}"
+            );
+            resp.write_at(128, b"GO");
+            qp.post_send(&SendWr::send(7777, &[resp.sge(128, 2)]))
+                .unwrap();
+            let wc = cq
+                .wait_one(Duration::from_secs(60))
+                .unwrap_or_else(|| guest.fail("the GO was not sent"));
+            assert_eq!((wc.wr_id, wc.status), (7777, WcStatus::Success));
+            if !qp.wait_state(QpState::Error, Duration::from_secs(60)) {
+                guest.fail(&format!(
+                    "command {i}: siw's access after the cancel was not refused"
+                ));
+            }
+            let ev = dev.next_event(Duration::from_secs(5));
+            assert!(
+                matches!(
+                    ev,
+                    Some(AsyncEvent::Terminated { code, by_peer: false, .. })
+                        if code == codes::DDP_TAGGED_INVALID_STAG
+                ),
+                "command {i}: {ev:?}"
+            );
+            let mut now = vec![0; 512 << 10];
+            data.read_at(0, &mut now);
+            assert!(now == pat, "command {i}: memory changed after the cancel");
+            break;
+        }
         let Some(wc) = cq.wait_one(Duration::from_secs(60)) else {
             // Collect what the guest said meanwhile, then fail.
             let until = Instant::now() + Duration::from_secs(5);
@@ -2806,27 +2893,88 @@ fn one_shot_against_guest_siw_target() {
         );
         assert_eq!(wc.invalidated_rkey, Some(stag), "command {i}");
         assert_eq!(wc.reference, Some(1000 + i as u64), "command {i}");
+        assert_eq!(wc.solicited, flags & SOLICITED != 0, "command {i}");
+        if flags & SOLICITED != 0 {
+            assert!(
+                cq.wait_event(Some(Duration::from_secs(10))),
+                "command {i}: the solicited close did not fire the notification"
+            );
+            cq.ack_events();
+        }
         assert_eq!(
             qp.open_advertisements(),
             0,
             "binding freed before the completion"
         );
+        // What the advertised pieces hold now, and what they must.
+        let mut got = Vec::new();
+        for &(o, l) in &pieces {
+            if buffers {
+                got.extend_from_slice(&raw[o..o + l]);
+            } else {
+                let mut b = vec![0; l];
+                data.read_at(o, &mut b);
+                got.extend_from_slice(&b);
+            }
+        }
+        let want: Vec<u8> = if write {
+            (0..total).map(|k| wpat(i, k)).collect()
+        } else {
+            pieces
+                .iter()
+                .flat_map(|&(o, l)| pat[o..o + l].iter().copied())
+                .collect()
+        };
+        assert!(got == want, "command {i}: the advertised bytes");
         let mut sum = [0u8; 4];
         resp.read_at(0, &mut sum);
         assert_eq!(
             u32::from_be_bytes(sum),
             fnv(&want),
-            "command {i}: siw read other bytes"
+            "command {i}: siw {} other bytes",
+            if write { "wrote" } else { "read" }
         );
+        if write {
+            // Nothing around the pieces was touched; then the pieces get
+            // their old bytes back for the next commands.
+            for &(o, l) in &pieces {
+                if buffers {
+                    let mut around = raw[o.saturating_sub(4096)..o]
+                        .iter()
+                        .chain(&raw[o + l..(o + l + 4096).min(raw.len())]);
+                    assert!(around.all(|&x| x == RAW_FILL), "command {i}");
+                    raw[o..o + l].fill(RAW_FILL);
+                } else {
+                    let (lo, hi) = (o.saturating_sub(4096), (o + l + 4096).min(pat.len()));
+                    let mut b = vec![0; hi - lo];
+                    data.read_at(lo, &mut b);
+                    assert!(b[..o - lo] == pat[lo..o], "command {i}: before a piece");
+                    assert!(
+                        b[o + l - lo..] == pat[o + l..hi],
+                        "command {i}: after a piece"
+                    );
+                    data.write_at(o, &pat[o..o + l]);
+                }
+            }
+        }
     }
     qp.disconnect();
     let rc = guest.finish();
     assert_eq!(rc, 0, "guest script failed");
     assert!(
+        guest
+            .log
+            .iter()
+            .any(|l| l.contains(&format!("ACCESS {}", n - 1))),
+        "the target did not report its access after the cancel"
+    );
+    assert!(
         guest.log.iter().any(|l| l.contains(&format!("DONE {n}"))),
         "the target did not finish"
     );
     assert!(guest.log.iter().any(|l| l.contains("TARGET-RC 0")));
+    drop(qp);
+    drop(raw);
 }
 
 /// The bytes the guest's storage client writes at partition offset `o` in

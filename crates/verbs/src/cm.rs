@@ -330,6 +330,8 @@ impl QueuePair {
             rfc7306: ext.is_some_and(|f| f & mpa::ext::RFC7306 != 0),
             same_host: link.as_ref().is_some_and(Link::direct),
             one_shot: ext.is_some_and(|f| f & mpa::ext::ONE_SHOT != 0),
+            one_shot_se: ext
+                .is_some_and(|f| f & mpa::ext::ONE_SHOT != 0 && f & mpa::ext::ONE_SHOT_SE != 0),
             softrdma_peer: ext.is_some(),
         };
         establish(self, s, n, rtr, link)?;
@@ -650,6 +652,7 @@ impl ConnectRequest {
                         rfc7306: false,
                         same_host: false,
                         one_shot: false,
+                        one_shot_se: false,
                         softrdma_peer: false,
                     },
                 )
@@ -667,6 +670,7 @@ impl ConnectRequest {
                     rfc7306: false,
                     same_host: false,
                     one_shot: false,
+                    one_shot_se: false,
                     softrdma_peer: false,
                 },
             ),
@@ -681,6 +685,7 @@ impl ConnectRequest {
                 n.large_segments = agreed & mpa::ext::LARGE_SEGMENTS != 0;
                 n.rfc7306 = agreed & mpa::ext::RFC7306 != 0;
                 n.one_shot = agreed & mpa::ext::ONE_SHOT != 0;
+                n.one_shot_se = n.one_shot && agreed & mpa::ext::ONE_SHOT_SE != 0;
                 // Same host: offer our segment if the initiator offered its
                 // own and the two are on one kernel and pid namespace.
                 let mut offer = match self.same_host {

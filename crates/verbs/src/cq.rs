@@ -38,6 +38,14 @@ pub enum WcStatus {
     /// Fatal error.
     FatalErr,
     GeneralErr,
+    /// A one-shot advertisement was cancelled
+    /// ([`crate::QueuePair::cancel_advertisement`]) before the peer closed
+    /// it (opcode [`WcOpcode::AdvertiseEnd`]; no libibverbs equivalent).
+    Cancelled,
+    /// A one-shot advertisement's deadline passed before the peer closed
+    /// it ([`crate::QueuePair::advertise_until`]; opcode
+    /// [`WcOpcode::AdvertiseEnd`]).
+    Expired,
 }
 
 /// What a completion was for.
@@ -58,6 +66,14 @@ pub enum WcOpcode {
     /// A [`crate::WrOp::Flush`] completed: the peer's earlier Writes are
     /// durable (or placed, for a region in memory).
     Flush,
+    /// A one-shot advertisement ended without the peer's close
+    /// (`docs/one-shot.md`): cancelled ([`WcStatus::Cancelled`]), expired
+    /// ([`WcStatus::Expired`]) or flushed with the QP
+    /// ([`WcStatus::WrFlushErr`]). On the receive CQ; `wr_id` is the
+    /// advertise call's, `invalidated_rkey` the STag, `reference` its
+    /// reference. The binding is already freed and no access to the memory
+    /// is in flight.
+    AdvertiseEnd,
 }
 
 /// One completion.
@@ -77,7 +93,11 @@ pub struct WorkCompletion {
     pub imm_data: Option<u32>,
     /// One-shot close (`docs/one-shot.md`): the reference number the
     /// initiator gave [`crate::QueuePair::advertise`] for the STag the peer
-    /// closed (in `invalidated_rkey`); the binding is already gone.
+    /// closed (in `invalidated_rkey`); the binding is already gone. Also
+    /// on a [`WcOpcode::AdvertiseEnd`] completion. A close that arrives
+    /// after its advertisement was cancelled or expired (a late close)
+    /// completes its receive with the STag in `invalidated_rkey` and no
+    /// reference: the advertisement's one completion was the cancel's.
     pub reference: Option<u64>,
     /// One-shot advertise received: the STag the peer advertised (in the
     /// RDMAP header, with a peer that negotiated the extension).

@@ -151,7 +151,7 @@ pub use error::{Error, Result};
 pub use mr::{Access, AccessGuard};
 pub use pin::{pinned_bytes, pinning_enabled, set_pin_limit, PinMap};
 pub use poller::{DrivenCq, Poller, Waker};
-pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair};
+pub use qp::{QpCaps, QpInitAttr, QpState, QueuePair, REG_CACHE_IDLE_BYTES, REG_CACHE_IDLE_MAX};
 pub use registry::{DeviceInfo, MrInfo, QpInfo};
 pub use samehost::{same_host_default, SameHostStats};
 pub use spans::MemSpans;

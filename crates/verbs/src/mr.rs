@@ -148,6 +148,11 @@ pub(crate) struct MrInner {
     /// binding over such a region): deregistration must wait until no
     /// engine access to it is in progress (see [`MrInner::enter`]).
     pub fenced: bool,
+    /// A binding whose own release waits for the accesses through it (a
+    /// one-shot advertisement's: its cancel must not return while the
+    /// engine places into the memory, whoever owns that memory). Implies
+    /// `fenced`.
+    pub gated: bool,
     /// Engine accesses to the memory in progress (fenced regions only).
     accessing: AtomicU32,
     /// Set by deregistration: no new access may start.
@@ -226,19 +231,27 @@ impl MrInner {
         if !self.fenced {
             return true;
         }
-        if let Backing::Parents(ps) = &self.backing {
+        let parents = match &self.backing {
+            Backing::Parents(ps) => Some(ps),
+            _ => None,
+        };
+        if parents.is_none() || self.gated {
+            self.accessing.fetch_add(1, Ordering::SeqCst);
+            if self.released.load(Ordering::SeqCst) {
+                self.accessing.fetch_sub(1, Ordering::Release);
+                return false;
+            }
+        }
+        if let Some(ps) = parents {
             for (i, p) in ps.iter().enumerate() {
                 if !p.enter() {
                     ps[..i].iter().for_each(|p| p.exit());
+                    if self.gated {
+                        self.accessing.fetch_sub(1, Ordering::Release);
+                    }
                     return false;
                 }
             }
-            return true;
-        }
-        self.accessing.fetch_add(1, Ordering::SeqCst);
-        if self.released.load(Ordering::SeqCst) {
-            self.accessing.fetch_sub(1, Ordering::Release);
-            return false;
         }
         true
     }
@@ -251,16 +264,19 @@ impl MrInner {
         }
         if let Backing::Parents(ps) = &self.backing {
             ps.iter().for_each(|p| p.exit());
-            return;
+            if !self.gated {
+                return;
+            }
         }
         let before = self.accessing.fetch_sub(1, Ordering::Release);
         debug_assert!(before > 0, "exit without enter");
     }
 
-    /// Deregistration of caller-owned memory: refuses new accesses and
-    /// waits until none is in progress; afterwards the caller may free it.
+    /// Deregistration of caller-owned memory (or the release of a gated
+    /// binding): refuses new accesses and waits until none is in progress;
+    /// afterwards the caller may free or reuse it.
     pub fn release_wait(&self) {
-        if !self.fenced || matches!(self.backing, Backing::Parents(_)) {
+        if !self.fenced || (matches!(self.backing, Backing::Parents(_)) && !self.gated) {
             return;
         }
         self.released.store(true, Ordering::SeqCst);
@@ -709,6 +725,7 @@ impl NewMr {
                 Backing::Parents(ps) => ps.iter().any(|p| p.fenced),
                 _ => false,
             },
+            gated: false,
             accessing: AtomicU32::new(0),
             released: AtomicBool::new(false),
             valid: AtomicBool::new(true),

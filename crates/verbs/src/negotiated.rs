@@ -25,6 +25,10 @@ pub struct Negotiated {
     /// Both ends agreed to `ext::ONE_SHOT` (`docs/one-shot.md`): advertise
     /// and close travel in RDMAP headers, not in payloads.
     pub one_shot: bool,
+    /// Both ends also agreed to `ext::ONE_SHOT_SE`: a close with Solicited
+    /// Event travels as opcode 0xE (else as a standard Send with Solicited
+    /// Event and Invalidate).
+    pub one_shot_se: bool,
     /// The peer is softrdma (it offered or accepted the extension block):
     /// no responder hold is needed with it.
     pub softrdma_peer: bool,

@@ -11,11 +11,13 @@ use crate::mr::{Access, MrInner};
 pub use crate::qp_state::QpState;
 
 mod oneshot;
+mod regcache;
 pub use crate::engine::QpCaps;
 pub(crate) use crate::engine::QpInner;
 pub(crate) use crate::engine::{RecvWqe, Sq, SqWqe, Stage};
 use crate::srq::SharedReceiveQueue;
 use crate::wr::{RecvWr, SendWr, WrOp};
+pub use oneshot::{REG_CACHE_IDLE_BYTES, REG_CACHE_IDLE_MAX};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -57,9 +59,8 @@ pub struct QueuePair {
     pub(crate) pd: ProtectionDomain,
     _srq: Option<SharedReceiveQueue>,
     /// Registrations [`QueuePair::advertise_buffers`] made for caller
-    /// memory, by page-aligned start: (end, region). Reused by later
-    /// advertisements of memory they cover; dropped with the QP.
-    reg_cache: Mutex<std::collections::BTreeMap<u64, (u64, crate::MemoryRegion)>>,
+    /// memory (`qp/regcache.rs`); the rest are dropped with the QP.
+    reg_cache: Arc<regcache::RegCache>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -123,7 +124,7 @@ impl QueuePair {
             inner,
             pd: pd.clone(),
             _srq: attr.srq,
-            reg_cache: Mutex::new(Default::default()),
+            reg_cache: Default::default(),
         })
     }
 
@@ -498,10 +499,9 @@ impl Drop for QueuePair {
             self.disconnect();
         }
         q.fail(WcStatus::WrFlushErr, None);
-        // One-shot bindings still open die with the QP.
-        for (_, (_, index)) in q.one_shot.lock().drain() {
-            q.core.stags.release(index);
-        }
+        // One-shot bindings still open die with the QP (`fail` ended them
+        // unless it had run before one was added).
+        q.flush_adverts();
         q.core.qps.write().remove(&q.qpn);
     }
 }

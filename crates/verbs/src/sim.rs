@@ -109,6 +109,7 @@ fn negotiated(p: &SimParams, initiator: bool) -> Negotiated {
         rfc7306: p.rfc7306,
         same_host: false,
         one_shot: false,
+        one_shot_se: false,
         softrdma_peer: true,
     }
 }

@@ -80,6 +80,8 @@ struct RawOpts {
     ord: u16,
     /// Offer softrdma's extension block (RFC 7306 among them).
     ext: bool,
+    /// The flags it offers ([`RAW_EXT`] unless a test says otherwise).
+    ext_flags: u8,
     /// Peer-to-peer mode: the RTR types offered (as initiator) or chosen
     /// (as responder): (zero-length Write, zero-length Read).
     p2p: Option<(bool, bool)>,
@@ -97,6 +99,7 @@ impl Default for RawOpts {
             ird: 8,
             ord: 8,
             ext: false,
+            ext_flags: RAW_EXT,
             p2p: None,
             reply: None,
             reply_crc: None,
@@ -177,7 +180,7 @@ impl Raw {
                 ..Default::default()
             }),
             private_data: if o.ext {
-                let mut pd = mpa::ext::encode(RAW_EXT).to_vec();
+                let mut pd = mpa::ext::encode(o.ext_flags).to_vec();
                 pd.extend_from_slice(b"bad input");
                 pd
             } else {
@@ -188,7 +191,11 @@ impl Raw {
         let rep = read_mpa_frame(&mut s);
         if o.ext {
             let (flags, _) = mpa::ext::strip(&rep.private_data);
-            assert_eq!(flags, Some(RAW_EXT), "the engine agrees to the extensions");
+            assert_eq!(
+                flags,
+                Some(o.ext_flags),
+                "the engine agrees to the extensions"
+            );
         }
         assert_eq!(rep.kind, MpaKind::Reply);
         assert!(!rep.reject && !rep.markers, "{rep:?}");
@@ -2711,4 +2718,65 @@ fn deregistering_raw_memory_waits_for_the_placement_in_flight() {
     assert_eq!(t.code, codes::DDP_TAGGED_INVALID_STAG, "{t:?}");
     drop(buf);
     srv.prove_usable();
+}
+
+/// A one-shot close with Solicited Event goes out as opcode 0xE only to a
+/// peer that agreed to `ONE_SHOT_SE`; to one that agreed to `ONE_SHOT`
+/// alone (an older softrdma) as the standard Send with Solicited Event and
+/// Invalidate (opcode 6), which such a peer also takes for a close. A
+/// close without the flag is 0xD either way (issue 29: the flag used to be
+/// dropped on the negotiated close).
+#[test]
+fn solicited_close_opcode_follows_the_negotiation() {
+    const STAG: u32 = 0x1234_5601;
+    for se in [false, true] {
+        let srv = Server::new();
+        let flags = RAW_EXT | mpa::ext::ONE_SHOT | if se { mpa::ext::ONE_SHOT_SE } else { 0 };
+        let (s, mut raw) = srv.accept_raw(
+            &ConnParams {
+                extensions: true,
+                ..Default::default()
+            },
+            RawOpts {
+                ext: true,
+                ext_flags: flags,
+                ..Default::default()
+            },
+        );
+        let n = s.qp.conn_params().unwrap();
+        assert_eq!((n.one_shot, n.one_shot_se), (true, se));
+        let buf = s.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        s.qp.post_recv(&RecvWr::new(1, &[buf.sge(0, 256)])).unwrap();
+        let u = raw.send_ulpdu(Opcode::SendAdvertise, STAG, b"cmd");
+        raw.send_fpdu(&u);
+        let wc = common::wait(&s.cq);
+        assert_eq!(wc.advertised_stag, Some(Rkey::from_raw(STAG)));
+        let ext = softrdma_verbs::wire::Ext {
+            rfc7306: true,
+            one_shot: true,
+            one_shot_se: se,
+        };
+        for solicited in [false, true] {
+            let mut close = SendWr::send_close(2, &[buf.sge(0, 4)], Rkey::from_raw(STAG));
+            if solicited {
+                close.flags = close.flags | SendFlags::SOLICITED;
+            }
+            s.qp.post_send(&close).unwrap();
+            let u = raw.read_fpdu().expect("the close");
+            let want = match (solicited, se) {
+                (false, _) => Opcode::SendClose,
+                (true, true) => Opcode::SendCloseSe,
+                (true, false) => Opcode::SendSeInvalidate,
+            };
+            match DdpHeader::decode_ext(&u, ext).expect("a valid header") {
+                DdpHeader::Untagged(h) => assert_eq!(
+                    (h.opcode, h.inval_stag),
+                    (want, STAG),
+                    "ONE_SHOT_SE {se}, solicited {solicited}"
+                ),
+                h => panic!("{h:?}"),
+            }
+            assert!(common::wait(&s.cq).is_ok());
+        }
+    }
 }

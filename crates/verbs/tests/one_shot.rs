@@ -135,29 +135,46 @@ fn standard_peer_fallback() {
 
 /// A close naming an STag the initiator never advertised (here: another
 /// key byte) is a protocol violation: RemInvReqErr, the connection ends,
-/// and the real binding is released with the QP.
+/// and the real binding ends with the QP's flush (a flush completion with
+/// its reference), whether the close asked for a solicited event or not.
 #[test]
 fn close_of_an_unknown_stag_is_a_protocol_violation() {
-    let (a, b) = pair_with(ext(), ext(), |_| {});
-    let data = a.pd.alloc_mr(128 << 10, Access::LOCAL_WRITE).unwrap();
-    let bbuf = b.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
-    let (stag, _) = advertise(&a, &b, &data, &bbuf, 42);
-    a.qp.post_recv(&RecvWr::new(20, &[data.sge(100 << 10, 64)]))
-        .unwrap();
-    b.qp.post_send(&SendWr::send_close(
-        5,
-        &[bbuf.sge(0, 2)],
-        Rkey::from_raw(stag.raw() ^ 0x55),
-    ))
-    .unwrap();
-    let wc = wait(&a.cq);
-    assert_eq!((wc.wr_id, wc.status), (20, WcStatus::RemInvReqErr));
-    assert!(a.qp.wait_state(QpState::Error, T));
-    assert_eq!(
-        a.qp.open_advertisements(),
-        1,
-        "the real binding is still ours"
-    );
+    for solicited in [false, true] {
+        let (a, b) = pair_with(ext(), ext(), |_| {});
+        assert!(a.qp.conn_params().unwrap().one_shot_se);
+        let data = a.pd.alloc_mr(128 << 10, Access::LOCAL_WRITE).unwrap();
+        let bbuf = b.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+        let (stag, _) = advertise(&a, &b, &data, &bbuf, 42);
+        a.qp.post_recv(&RecvWr::new(20, &[data.sge(100 << 10, 64)]))
+            .unwrap();
+        let mut close = SendWr::send_close(5, &[bbuf.sge(0, 2)], Rkey::from_raw(stag.raw() ^ 0x55));
+        if solicited {
+            close.flags = close.flags | SendFlags::SOLICITED;
+        }
+        b.qp.post_send(&close).unwrap();
+        let wc = wait(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (20, WcStatus::RemInvReqErr));
+        assert!(a.qp.wait_state(QpState::Error, T));
+        let wc = wait(&a.cq);
+        assert_eq!(
+            (
+                wc.wr_id,
+                wc.status,
+                wc.opcode,
+                wc.reference,
+                wc.invalidated_rkey
+            ),
+            (
+                10,
+                WcStatus::WrFlushErr,
+                WcOpcode::AdvertiseEnd,
+                Some(42),
+                Some(stag)
+            ),
+            "the real binding ends with the QP"
+        );
+        assert_eq!(a.qp.open_advertisements(), 0);
+    }
 }
 
 /// Memory that was never registered: `advertise_buffers` registers its
@@ -248,4 +265,201 @@ fn unregistered_buffers_are_registered_once_and_reused() {
     drop(a);
     drop(other);
     drop(mem);
+}
+
+/// Devices without the same-host transport: every Write and Read crosses
+/// the connection's stream, where the receiver places it.
+fn pair_over_tcp(params: ConnParams) -> (Side, Side) {
+    let cfg = || DeviceConfig {
+        same_host: false,
+        ..Default::default()
+    };
+    let (dc, ds) = (Device::open(cfg()).unwrap(), Device::open(cfg()).unwrap());
+    pair_on(&dc, &ds, params.clone(), params, |_| {})
+}
+
+/// A close sent with `SendFlags::SOLICITED` gives the advertiser a
+/// solicited receive completion, which fires a solicited-only CQ
+/// notification; a close without it does not. With the extension both
+/// ways (0xE here; the negotiated close used to drop the flag), and
+/// without it (a standard Send with Solicited Event and Invalidate, as a
+/// siw peer sends), posted as a close or as a Send with Invalidate.
+#[test]
+fn solicited_close_wakes_a_solicited_only_notification() {
+    for (extensions, standard_close) in [(true, false), (false, false), (false, true)] {
+        let case = format!("extensions {extensions}, standard close {standard_close}");
+        let params = if extensions {
+            ext()
+        } else {
+            ConnParams::default()
+        };
+        let (a, b) = pair_with(params.clone(), params, |_| {});
+        assert_eq!(a.qp.conn_params().unwrap().one_shot, extensions);
+        let data = a.pd.alloc_mr(128 << 10, Access::LOCAL_WRITE).unwrap();
+        let bbuf = b.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+        for (round, solicited) in [(0u64, false), (1, true)] {
+            let (stag, _) = advertise(&a, &b, &data, &bbuf, 42 + round);
+            a.qp.post_recv(&RecvWr::new(20 + round, &[data.sge(100 << 10, 64)]))
+                .unwrap();
+            a.cq.req_notify(true);
+            let mut close = if standard_close {
+                SendWr::send_inv(5, &[bbuf.sge(0, 2)], stag)
+            } else {
+                SendWr::send_close(5, &[bbuf.sge(0, 2)], stag)
+            };
+            if solicited {
+                close.flags = close.flags | SendFlags::SOLICITED;
+            }
+            b.qp.post_send(&close).unwrap();
+            assert_eq!(wait(&b.cq).status, WcStatus::Success, "{case}");
+            let wc = wait(&a.cq);
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode, wc.reference),
+                (
+                    20 + round,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    Some(42 + round)
+                ),
+                "{case}"
+            );
+            assert_eq!(wc.invalidated_rkey, Some(stag), "{case}");
+            assert_eq!(wc.solicited, solicited, "{case}: the completion's flag");
+            if solicited {
+                assert!(
+                    a.cq.wait_event(Some(T)),
+                    "{case}: the solicited close did not fire the notification"
+                );
+                a.cq.ack_events();
+            } else {
+                assert!(
+                    !a.cq.cancel_notify(),
+                    "{case}: a close without Solicited Event fired a solicited-only notification"
+                );
+            }
+            assert_eq!(a.qp.open_advertisements(), 0);
+        }
+        assert_eq!(a.qp.state(), QpState::Rts, "{case}");
+    }
+}
+
+/// The write direction (a storage read): A advertises a two-piece SGL for
+/// the peer to write; B RDMA-Writes 40 KiB at address 0 of the STag in
+/// two Writes (the second crosses from the first piece into the second)
+/// and closes. A's
+/// single completion carries the reference; the advertised bytes hold
+/// exactly what B wrote, and the memory around the pieces is untouched.
+/// Registered memory and `advertise_buffers` memory, with the extension and
+/// without it, with and without the same-host transport.
+#[test]
+fn write_direction_peer_writes_then_closes() {
+    const FILL: u8 = 0x5A;
+    for (extensions, tcp_only, buffers) in [
+        (true, false, false),
+        (true, true, false),
+        (false, false, false),
+        (true, true, true),
+        (false, true, true),
+    ] {
+        let case = format!("extensions {extensions}, TCP only {tcp_only}, buffers {buffers}");
+        let params = if extensions {
+            ext()
+        } else {
+            ConnParams::default()
+        };
+        let (a, b) = if tcp_only {
+            pair_over_tcp(params)
+        } else {
+            pair_with(params.clone(), params, |_| {})
+        };
+        let data = a.pd.alloc_mr(128 << 10, Access::LOCAL_WRITE).unwrap();
+        data.write_at(0, &[FILL; 128 << 10]);
+        let mut raw = vec![FILL; 128 << 10];
+        let bbuf = b.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+        let want = pattern(40 << 10, 77);
+        bbuf.write_at(4096, &want);
+        b.qp.post_recv(&RecvWr::new(1, &[bbuf.sge(0, 256)]))
+            .unwrap();
+        let access = Access::REMOTE_WRITE;
+        let stag = if buffers {
+            let base = raw.as_mut_ptr();
+            // SAFETY: `raw` outlives the close awaited below and the QP.
+            unsafe {
+                a.qp.advertise_buffers(
+                    10,
+                    &[(base, 30 << 10), (base.add(50 << 10), 10 << 10)],
+                    access,
+                    b"READ lba=7 len=40K",
+                    42,
+                )
+            }
+            .unwrap()
+        } else {
+            a.qp.advertise(
+                10,
+                &[data.sge(0, 30 << 10), data.sge(50 << 10, 10 << 10)],
+                access,
+                b"READ lba=7 len=40K",
+                42,
+            )
+            .unwrap()
+        };
+        let wc = wait(&b.cq);
+        assert_eq!(wc.status, WcStatus::Success, "{case}");
+        let seen = match wc.advertised_stag {
+            Some(s) => s,
+            None => {
+                let mut h = [0; 4];
+                bbuf.read_at(0, &mut h);
+                Rkey::from_raw(u32::from_be_bytes(h))
+            }
+        };
+        assert_eq!(seen, stag, "{case}");
+        // Two Writes, the second crossing from the first piece into the
+        // second.
+        b.qp.post_send(&SendWr::write(2, &[bbuf.sge(4096, 20 << 10)], 0, stag))
+            .unwrap();
+        b.qp.post_send(&SendWr::write(
+            3,
+            &[bbuf.sge(4096 + (20 << 10), 20 << 10)],
+            20 << 10,
+            stag,
+        ))
+        .unwrap();
+        a.qp.post_recv(&RecvWr::new(20, &[data.sge(100 << 10, 64)]))
+            .unwrap();
+        b.qp.post_send(&SendWr::send_close(5, &[bbuf.sge(0, 2)], stag))
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(wait(&b.cq).status, WcStatus::Success, "{case}");
+        }
+        let wc = wait(&a.cq);
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.reference, wc.invalidated_rkey),
+            (20, WcStatus::Success, Some(42), Some(stag)),
+            "{case}"
+        );
+        assert_eq!(a.qp.open_advertisements(), 0, "{case}");
+        let mut got = vec![0; 128 << 10];
+        if buffers {
+            got.copy_from_slice(&raw);
+        } else {
+            data.read_at(0, &mut got);
+        }
+        assert!(got[..30 << 10] == want[..30 << 10], "{case}: first piece");
+        assert!(
+            got[50 << 10..60 << 10] == want[30 << 10..],
+            "{case}: second piece"
+        );
+        assert!(
+            got[30 << 10..50 << 10].iter().all(|&x| x == FILL),
+            "{case}: between the pieces"
+        );
+        assert!(
+            got[60 << 10..100 << 10].iter().all(|&x| x == FILL),
+            "{case}: after the pieces"
+        );
+        drop(a);
+        drop(raw);
+    }
 }

@@ -110,6 +110,10 @@ pub enum Opcode {
     /// 0, that closes the STag in its Invalidate STag field: the receiver
     /// invalidates it and frees its binding before the completion.
     SendClose = 0xD,
+    /// 1110b (unassigned; one-shot extension with `mpa::ext::ONE_SHOT_SE`):
+    /// [`Opcode::SendClose`] with Solicited Event, as RFC 5040 pairs Send
+    /// (3) with Send with Solicited Event (5).
+    SendCloseSe = 0xE,
 }
 
 /// Optional opcode sets a stream negotiated.
@@ -119,6 +123,8 @@ pub struct Ext {
     pub rfc7306: bool,
     /// softrdma's one-shot SendAdvertise and SendClose.
     pub one_shot: bool,
+    /// The one-shot close with Solicited Event (needs `one_shot` too).
+    pub one_shot_se: bool,
 }
 
 impl Opcode {
@@ -143,7 +149,7 @@ impl Opcode {
             v,
             Ext {
                 rfc7306,
-                one_shot: false,
+                ..Ext::default()
             },
         )
     }
@@ -157,6 +163,7 @@ impl Opcode {
             0xB if ext.rfc7306 => Opcode::AtomicResponse,
             0xC if ext.one_shot => Opcode::SendAdvertise,
             0xD if ext.one_shot => Opcode::SendClose,
+            0xE if ext.one_shot && ext.one_shot_se => Opcode::SendCloseSe,
             other => return Opcode::from_u8(other),
         })
     }
@@ -168,7 +175,15 @@ impl Opcode {
 
     /// Whether this is one of the one-shot extension's opcodes.
     pub fn is_one_shot(self) -> bool {
-        matches!(self, Opcode::SendAdvertise | Opcode::SendClose)
+        matches!(
+            self,
+            Opcode::SendAdvertise | Opcode::SendClose | Opcode::SendCloseSe
+        )
+    }
+
+    /// A one-shot close, with or without Solicited Event.
+    pub fn is_close(self) -> bool {
+        matches!(self, Opcode::SendClose | Opcode::SendCloseSe)
     }
 
     /// Immediate Data, with or without Solicited Event.
@@ -201,20 +216,27 @@ impl Opcode {
                 | Opcode::SendSeInvalidate
                 | Opcode::SendAdvertise
                 | Opcode::SendClose
+                | Opcode::SendCloseSe
         )
     }
 
     pub fn solicited(self) -> bool {
         matches!(
             self,
-            Opcode::SendSe | Opcode::SendSeInvalidate | Opcode::ImmediateDataSe
+            Opcode::SendSe
+                | Opcode::SendSeInvalidate
+                | Opcode::ImmediateDataSe
+                | Opcode::SendCloseSe
         )
     }
 
     pub fn invalidates(self) -> bool {
         matches!(
             self,
-            Opcode::SendInvalidate | Opcode::SendSeInvalidate | Opcode::SendClose
+            Opcode::SendInvalidate
+                | Opcode::SendSeInvalidate
+                | Opcode::SendClose
+                | Opcode::SendCloseSe
         )
     }
 
@@ -327,7 +349,7 @@ impl DdpHeader {
             buf,
             Ext {
                 rfc7306,
-                one_shot: false,
+                ..Ext::default()
             },
         )
     }

@@ -407,8 +407,14 @@ pub mod ext {
     /// One-shot operations (`docs/one-shot.md`): the unassigned RDMAP
     /// opcodes 0xC (Send advertising an STag) and 0xD (Send closing one).
     pub const ONE_SHOT: u8 = 0x08;
+    /// The one-shot close with Solicited Event (`docs/one-shot.md`): RDMAP
+    /// opcode 0xE. Meaningful only with [`ONE_SHOT`]; a peer that agreed
+    /// to `ONE_SHOT` alone gets a solicited close as a standard Send with
+    /// Solicited Event and Invalidate (opcode 6), which it also takes for
+    /// a close.
+    pub const ONE_SHOT_SE: u8 = 0x10;
     /// Flags this implementation understands.
-    pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306 | SAME_HOST | ONE_SHOT;
+    pub const KNOWN: u8 = LARGE_SEGMENTS | RFC7306 | SAME_HOST | ONE_SHOT | ONE_SHOT_SE;
     /// Length of the [`SameHost`] record.
     pub const SAME_HOST_LEN: usize = 56;
 

@@ -566,13 +566,18 @@ fn ext_block_roundtrip_and_foreign_data() {
     }
 }
 
-/// The one-shot opcodes (0xC advertise, 0xD close) decode only on a stream
-/// that negotiated them; they are Sends on queue 0 carrying an STag, and a
+/// The one-shot opcodes (0xC advertise, 0xD close, 0xE close with
+/// Solicited Event) decode only on a stream that negotiated them (0xE:
+/// also `ONE_SHOT_SE`); they are Sends on queue 0 carrying an STag, and a
 /// close invalidates it.
 #[test]
 fn one_shot_opcodes_need_the_extension() {
     use softrdma_wire::{Ext, UntaggedHeader};
-    for (op, invalidates) in [(Opcode::SendAdvertise, false), (Opcode::SendClose, true)] {
+    for (op, invalidates, solicited) in [
+        (Opcode::SendAdvertise, false, false),
+        (Opcode::SendClose, true, false),
+        (Opcode::SendCloseSe, true, true),
+    ] {
         let h = DdpHeader::Untagged(UntaggedHeader {
             last: true,
             opcode: op,
@@ -586,8 +591,18 @@ fn one_shot_opcodes_need_the_extension() {
         let on = Ext {
             rfc7306: false,
             one_shot: true,
+            one_shot_se: true,
         };
         assert_eq!(DdpHeader::decode_ext(&b, on).unwrap(), h);
+        let without_se = Ext {
+            one_shot_se: false,
+            ..on
+        };
+        assert_eq!(
+            DdpHeader::decode_ext(&b, without_se).is_ok(),
+            !solicited,
+            "{op:?} with ONE_SHOT alone"
+        );
         assert!(
             DdpHeader::decode_with(&b, true).is_err(),
             "{op:?} without the extension"
@@ -595,6 +610,8 @@ fn one_shot_opcodes_need_the_extension() {
         assert!(DdpHeader::decode(&b).is_err());
         assert!(op.is_send() && op.is_one_shot() && !op.is_rfc7306());
         assert_eq!(op.invalidates(), invalidates);
+        assert_eq!(op.is_close(), invalidates);
+        assert_eq!(op.solicited(), solicited);
         assert_eq!(op.queue(), Some(0));
     }
 }

@@ -19,10 +19,12 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+mod oneshot;
 mod qp;
 mod queues;
 mod sink;
 mod transport;
+pub(crate) use oneshot::{Advert, AdvertHold, Close, OneShot};
 pub use qp::QpCaps;
 pub(crate) use qp::QpInner;
 pub(crate) use queues::{RecvWqe, Sq, SqWqe, Stage};
@@ -215,6 +217,8 @@ impl crate::progress::Host for Core {
     }
     fn on_timer(&self, qpn: u32) {
         if let Some(q) = self.qp(qpn) {
+            // One-shot deadlines (`oneshot.rs`) share the QP's timers.
+            q.expire_adverts();
             if let Some(t) = q.transport.get() {
                 t.on_timer(&q);
             }
@@ -276,8 +280,46 @@ pub(crate) fn fast_reg_build(
     keep: Vec<Arc<MrInner>>,
     spans: Vec<RawSpan>,
 ) {
+    core.stags
+        .install(Arc::new(binding(pd, index, key, iova, access, keep, spans)));
+}
+
+/// Builds and installs a one-shot advertisement's binding
+/// (`docs/one-shot.md`): like [`fast_reg_build`] at address 0, but gated
+/// (`MrInner::gated`: its release waits until no access through it is in
+/// flight, whoever owns the memory, so a cancel returns only once the
+/// engine is done with the memory) and refusing every access from
+/// `deadline` on (a `sys::mono_ns` instant, `mr::NO_DEADLINE`: none), as
+/// a region's `set_valid_until` does, before any thread acts on it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn one_shot_build(
+    core: &Core,
+    pd: u32,
+    index: u32,
+    key: u8,
+    access: Access,
+    keep: Vec<Arc<MrInner>>,
+    spans: Vec<RawSpan>,
+    deadline: u64,
+) {
+    let mut mr = binding(pd, index, key, 0, access, keep, spans);
+    mr.gated = true;
+    mr.fenced = true;
+    mr.deadline = std::sync::atomic::AtomicU64::new(deadline);
+    core.stags.install(Arc::new(mr));
+}
+
+fn binding(
+    pd: u32,
+    index: u32,
+    key: u8,
+    iova: u64,
+    access: Access,
+    keep: Vec<Arc<MrInner>>,
+    spans: Vec<RawSpan>,
+) -> MrInner {
     let guards = keep.iter().flat_map(|p| p.guards.iter().copied()).collect();
-    let mr = NewMr {
+    NewMr {
         pd,
         access,
         iova,
@@ -290,8 +332,7 @@ pub(crate) fn fast_reg_build(
         pins: Vec::new(), // the parents are pinned
         guards,
     }
-    .build(Stag::new(index, key).raw());
-    core.stags.install(Arc::new(mr));
+    .build(Stag::new(index, key).raw())
 }
 
 pub(crate) struct SrqInner {

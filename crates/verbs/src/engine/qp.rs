@@ -43,9 +43,9 @@ pub(crate) struct QpInner {
     /// What carries the QP's operations once it is connected: iWARP over
     /// TCP (`iwarp`), or the local transport (`local.rs`). Set once.
     pub transport: OnceLock<Arc<dyn Transport>>,
-    /// One-shot bindings this QP advertised and the peer has not closed:
-    /// STag -> (reference, STag index) (`docs/one-shot.md`).
-    pub one_shot: Mutex<std::collections::HashMap<u32, (u64, u32)>>,
+    /// One-shot bindings this QP advertised that are still open, and how
+    /// they end (`oneshot.rs`, `docs/one-shot.md`).
+    pub one_shot: Mutex<super::OneShot>,
     /// Key byte of the next one-shot binding.
     pub(crate) next_key: std::sync::atomic::AtomicU8,
     pub relaxed: bool,
@@ -180,6 +180,8 @@ impl QpInner {
                 ..Default::default()
             });
         }
+        // The advertisements end too, each with a flush completion.
+        self.flush_adverts();
         if let Some(ev) = event {
             self.core.post_event(ev);
         }

@@ -91,23 +91,34 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 DdpHeader::Untagged(u) => (u.opcode, u.inval_stag),
                 _ => unreachable!("Sends are untagged"),
             };
+            let wc = |invalidated: Option<u32>, reference| WorkCompletion {
+                wr_id: cur.wqe.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len: cur.received as u32,
+                qp_num: crate::Qpn::from_raw(q.qpn),
+                invalidated_rkey: invalidated.map(crate::Rkey::from_raw),
+                solicited: opcode.solicited(),
+                imm_data: None,
+                reference,
+                advertised_stag: (opcode == Opcode::SendAdvertise)
+                    .then_some(crate::Rkey::from_raw(inval)),
+            };
+            // A one-shot binding this QP advertised: it ends (invalidated,
+            // freed) and the completion carries its reference; or a late
+            // close of one that was cancelled or expired
+            // (docs/one-shot.md, `engine/oneshot.rs`).
+            if opcode.invalidates()
+                && q.close_advert(inval, |r| q.recv_cq.push(wc(Some(inval), r)))
+                    != crate::engine::Close::Unknown
+            {
+                return None;
+            }
             let mut invalidated = None;
-            let mut reference = None;
             if opcode.invalidates() {
                 match q.core.stags.lookup(inval) {
-                    // A one-shot binding this QP advertised: invalidate it,
-                    // free it, report its reference (docs/one-shot.md).
-                    Some(mr) if mr.pd == q.pd && q.one_shot.lock().contains_key(&inval) => {
-                        let (r, index) = q.one_shot.lock().remove(&inval).expect("present");
-                        q.core.stags.set_valid(&mr, false);
-                        q.core.stags.release(index);
-                        invalidated = Some(inval);
-                        reference = Some(r);
-                    }
                     // A close must name one of ours: a protocol violation.
-                    Some(mr)
-                        if opcode != Opcode::SendClose && mr.pd == q.pd && mr.invalidatable =>
-                    {
+                    Some(mr) if !opcode.is_close() && mr.pd == q.pd && mr.invalidatable => {
                         q.core.stags.set_valid(&mr, false);
                         invalidated = Some(inval);
                     }
@@ -135,19 +146,7 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                     }
                 }
             }
-            q.recv_cq.push(WorkCompletion {
-                wr_id: cur.wqe.wr_id,
-                status: WcStatus::Success,
-                opcode: WcOpcode::Recv,
-                byte_len: cur.received as u32,
-                qp_num: crate::Qpn::from_raw(q.qpn),
-                invalidated_rkey: invalidated.map(crate::Rkey::from_raw),
-                solicited: opcode.solicited(),
-                imm_data: None,
-                reference,
-                advertised_stag: (opcode == Opcode::SendAdvertise)
-                    .then_some(crate::Rkey::from_raw(inval)),
-            });
+            q.recv_cq.push(wc(invalidated, None));
             None
         }
         Action::Imm(wqe, imm, solicited) => {

@@ -371,6 +371,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> 
     let ext = softrdma_wire::Ext {
         rfc7306: c.params.rfc7306,
         one_shot: c.params.one_shot,
+        one_shot_se: c.params.one_shot_se,
     };
     let hdr = match DdpHeader::decode_ext(raw, ext) {
         Ok(h) => h,
@@ -439,7 +440,8 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> 
             | Opcode::SendInvalidate
             | Opcode::SendSeInvalidate
             | Opcode::SendAdvertise
-            | Opcode::SendClose => rdmap::on_send(q, rx, u, &g)?,
+            | Opcode::SendClose
+            | Opcode::SendCloseSe => rdmap::on_send(q, rx, u, &g)?,
             Opcode::ReadRequest => rdmap::on_read_request(q, rx, c, u, &g)?,
             Opcode::ImmediateData | Opcode::ImmediateDataSe => rdmap::on_immediate(q, rx, u, &g)?,
             Opcode::AtomicRequest => rdmap::on_atomic_request(q, rx, c, u, &g)?,

@@ -279,12 +279,18 @@ pub(super) fn next_msg(q: &QpInner, sq: &mut Sq, tx: &mut Tx, c: &Conn) -> Optio
                 // One-shot opcodes only to a peer that negotiated them;
                 // otherwise a plain Send (advertise put the STag in the
                 // payload) and a Send with Invalidate.
-                let one_shot = c.params.one_shot;
+                // A solicited close: opcode 0xE where agreed, else the
+                // standard Send with Solicited Event and Invalidate (any
+                // softrdma peer takes it for a close too).
+                let (one_shot, se) = (c.params.one_shot, c.params.one_shot_se);
                 let (opcode, inval) = match (op, w.solicited) {
                     (WrOp::SendAdvertise { stag }, _) if one_shot => {
                         (Opcode::SendAdvertise, stag.raw())
                     }
-                    (WrOp::SendClose { stag }, _) if one_shot => (Opcode::SendClose, stag.raw()),
+                    (WrOp::SendClose { stag }, false) if one_shot => {
+                        (Opcode::SendClose, stag.raw())
+                    }
+                    (WrOp::SendClose { stag }, true) if se => (Opcode::SendCloseSe, stag.raw()),
                     (WrOp::SendWithInv { rkey } | WrOp::SendClose { stag: rkey }, false) => {
                         (Opcode::SendInvalidate, rkey.raw())
                     }

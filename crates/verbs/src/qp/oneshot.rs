@@ -1,10 +1,13 @@
 //! One-shot advertise on a queue pair (`docs/one-shot.md`): bind a fresh
-//! STag over caller memory and send it in one call; the registrations
-//! `advertise_buffers` makes for caller memory are cached per QP. A
-//! service the verbs API offers, kept apart from the QP's state machine
-//! and posting (`qp.rs`).
+//! STag over caller memory and send it in one call, optionally with a
+//! deadline; cancel it; the registrations `advertise_buffers` makes for
+//! caller memory are cached per QP (`regcache.rs`). A service the verbs
+//! API offers, kept apart from the QP's state machine and posting
+//! (`qp.rs`); how an advertisement ends is the engine's
+//! (`engine/oneshot.rs`).
 
 use super::*;
+pub use regcache::{IDLE_BYTES as REG_CACHE_IDLE_BYTES, IDLE_MAX as REG_CACHE_IDLE_MAX};
 
 impl QueuePair {
     /// One-shot advertise (`docs/one-shot.md`), in one call: binds a fresh
@@ -25,6 +28,12 @@ impl QueuePair {
     /// not in the table is a protocol violation: that receive completes with
     /// `RemInvReqErr` and the connection ends with the RDMAP "cannot
     /// invalidate" Terminate.
+    ///
+    /// An advertisement the peer does not close ends by
+    /// [`QueuePair::cancel_advertisement`], by its deadline
+    /// ([`QueuePair::advertise_until`]) or with the QP (a flush
+    /// completion when the QP fails): each gives one
+    /// [`WcOpcode::AdvertiseEnd`] completion instead of the close's.
     pub fn advertise(
         &self,
         wr_id: u64,
@@ -32,6 +41,39 @@ impl QueuePair {
         access: Access,
         msg: &[u8],
         reference: u64,
+    ) -> Result<crate::Rkey> {
+        self.advertise_inner(wr_id, sgl, access, msg, reference, None, None)
+    }
+
+    /// [`QueuePair::advertise`] with a deadline: if the peer has not closed
+    /// the advertisement by `deadline` (`None`: never), the engine ends it
+    /// as a cancel does, with [`WcStatus::Expired`]. From `deadline` on
+    /// the STag grants no access even before the engine acts (a peer
+    /// access gets the invalid-STag Terminate); the engine acts on the
+    /// progress thread's timer for the QP, within a few milliseconds. A
+    /// close that arrives after the deadline is a late close.
+    pub fn advertise_until(
+        &self,
+        wr_id: u64,
+        sgl: &[crate::Sge],
+        access: Access,
+        msg: &[u8],
+        reference: u64,
+        deadline: Option<Instant>,
+    ) -> Result<crate::Rkey> {
+        self.advertise_inner(wr_id, sgl, access, msg, reference, deadline, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn advertise_inner(
+        &self,
+        wr_id: u64,
+        sgl: &[crate::Sge],
+        access: Access,
+        msg: &[u8],
+        reference: u64,
+        deadline: Option<Instant>,
+        hold: Option<Box<dyn crate::engine::AdvertHold>>,
     ) -> Result<crate::Rkey> {
         let q = &self.inner;
         let n = q
@@ -75,20 +117,29 @@ impl QueuePair {
         let index = q.core.stags.reserve(None, q.pd)?;
         let key = q.next_key.fetch_add(1, Ordering::Relaxed);
         let stag = crate::stag::Stag::new(index, key).raw();
-        crate::engine::fast_reg_build(&q.core, q.pd, index, key, 0, access, keep, spans);
+        let until = deadline.map_or(crate::mr::NO_DEADLINE, crate::sys::instant_ns);
+        crate::engine::one_shot_build(&q.core, q.pd, index, key, access, keep, spans, until);
         if !n.one_shot {
             payload.extend_from_slice(&stag.to_be_bytes());
         }
         payload.extend_from_slice(msg);
-        q.one_shot.lock().insert(stag, (reference, index));
+        q.add_advert(
+            stag,
+            crate::engine::Advert {
+                reference,
+                index,
+                wr_id,
+                deadline,
+                hold,
+            },
+        );
         // The message leaves from a holder of its own, kept by the WQE.
         let len = payload.len() as u64;
         let holder = Arc::new(MrInner::holding(payload.into_boxed_slice(), 0));
         let mut sq = q.sq.lock();
         if sq.wqes.len() >= q.caps.max_send_wr {
             drop(sq);
-            q.one_shot.lock().remove(&stag);
-            q.core.stags.release(index);
+            q.take_back_advert(stag);
             return Err(Error::SendQueueFull);
         }
         let seq = sq.next_seq;
@@ -112,22 +163,56 @@ impl QueuePair {
             imm_next: false,
         });
         q.kick_with(sq);
+        if q.state() == QpState::Error {
+            // The QP failed meanwhile, maybe before the advertisement was
+            // in its table: it ends with the others.
+            q.flush_adverts();
+        }
         Ok(crate::Rkey::from_raw(stag))
+    }
+
+    /// Cancels one-shot advertisement `stag` before the peer closes it:
+    /// invalidates the STag (a peer access from now on gets the
+    /// invalid-STag Terminate, which ends the connection), waits until no
+    /// access to the memory through it is in flight (a placement, a Read
+    /// Response being sent: as deregistration waits), frees the binding
+    /// and lets go of the registrations `advertise_buffers` made for it
+    /// that no other open advertisement uses (`regcache.rs`). Its one
+    /// completion, queued before this returns, is a
+    /// [`WcOpcode::AdvertiseEnd`] with [`WcStatus::Cancelled`] on the
+    /// receive CQ, with the advertise call's `wr_id`, the STag in
+    /// `invalidated_rkey` and the reference. When this returns, the engine
+    /// no longer touches the memory.
+    ///
+    /// Returns false, doing nothing, when the advertisement is not open:
+    /// the peer closed it (a close that wins a race with this call is done
+    /// with the memory, and its completion queued, before this returns),
+    /// it expired or was cancelled before, or `stag` was never advertised
+    /// here. A close that arrives after the cancel is a late close: its
+    /// receive completes without a reference (`docs/one-shot.md`).
+    pub fn cancel_advertisement(&self, stag: crate::Rkey) -> bool {
+        self.inner.cancel_advert(stag.raw())
     }
 
     /// [`QueuePair::advertise`] for memory that need not be registered:
     /// each buffer is covered by a registration of its pages, made here on
     /// first use and reused by later advertisements of memory it covers
-    /// (a registration cache, like an RDMA storage initiator keeps; it
-    /// lives as long as the QP). The cached registrations allow local
+    /// (a registration cache, like an RDMA storage initiator keeps). Its
+    /// policy (`docs/one-shot.md`): a registration is released at once
+    /// when its last advertisement is cancelled, expires or is flushed;
+    /// after a close it stays cached, up to [`REG_CACHE_IDLE_MAX`] idle
+    /// registrations of [`REG_CACHE_IDLE_BYTES`] in all (least recently
+    /// used released first); [`QueuePair::trim_registration_cache`]
+    /// releases the idle ones now. The cached registrations allow local
     /// access only: the peer reaches the memory through the one-shot
     /// binding alone.
     ///
     /// # Safety
     /// Every buffer must be valid for reads (and for writes if `access`
-    /// has `REMOTE_WRITE`) until the close completion for the returned STag
-    /// arrives or the QP is destroyed; the peer may access it at any time
-    /// until then.
+    /// has `REMOTE_WRITE`) until the advertisement ends (its close or
+    /// `AdvertiseEnd` completion arrives, or `cancel_advertisement`
+    /// returns true) or the QP is destroyed; the peer may access it at any
+    /// time until then.
     pub unsafe fn advertise_buffers(
         &self,
         wr_id: u64,
@@ -136,78 +221,50 @@ impl QueuePair {
         msg: &[u8],
         reference: u64,
     ) -> Result<crate::Rkey> {
-        let page = crate::sys::page_size() as u64;
-        let covered = |cache: &std::collections::BTreeMap<u64, (u64, crate::MemoryRegion)>,
-                       a: u64,
-                       b: u64| {
-            // Any registration starting at or before `a` may cover it (they
-            // can overlap), not only the nearest.
-            cache
-                .range(..=a)
-                .rev()
-                .find(|(_, (end, _))| *end >= b)
-                .map(|(_, (_, mr))| mr.lkey())
-        };
-        let mut cache = self.reg_cache.lock();
-        // The pages of buffers no registration covers, merged where they
-        // touch, are registered once each.
-        let mut need: Vec<(u64, u64)> = Vec::new();
-        for &(ptr, len) in bufs {
-            if ptr.is_null() || len == 0 || len > u32::MAX as usize {
-                return Err(Error::inval(
-                    "advertise_buffers: empty, null or oversized buffer",
-                ));
-            }
-            let (a, b) = (ptr as u64, ptr as u64 + len as u64);
-            if covered(&cache, a, b).is_none() {
-                need.push((a / page * page, b.div_ceil(page) * page));
-            }
-        }
-        need.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::new();
-        for (s0, e0) in need {
-            match merged.last_mut() {
-                Some(last) if s0 <= last.1 => last.1 = last.1.max(e0),
-                _ => merged.push((s0, e0)),
-            }
-        }
-        for (start, end) in merged {
-            // SAFETY: the pages hold the caller's buffers, valid for as long
-            // as any binding over them exists (this function's contract);
-            // outside such a binding nothing reaches them through this
-            // registration (local access only, and only advertise_buffers
-            // names it).
-            let mr = unsafe {
-                self.pd.register_raw(
-                    start as *mut u8,
-                    (end - start) as usize,
-                    Access::LOCAL_WRITE,
-                    crate::RegOptions::default(),
-                )?
-            };
-            cache.insert(start, (end, mr));
-        }
-        let sgl: Vec<crate::Sge> = bufs
-            .iter()
-            .map(|&(ptr, len)| {
-                let (a, b) = (ptr as u64, ptr as u64 + len as u64);
-                crate::Sge {
-                    addr: a,
-                    length: len as u32,
-                    lkey: covered(&cache, a, b).expect("registered above"),
-                }
-            })
-            .collect();
-        drop(cache);
-        self.advertise(wr_id, &sgl, access, msg, reference)
+        // SAFETY: the caller's contract is ours.
+        unsafe { self.advertise_buffers_until(wr_id, bufs, access, msg, reference, None) }
+    }
+
+    /// [`QueuePair::advertise_buffers`] with a deadline, as
+    /// [`QueuePair::advertise_until`].
+    ///
+    /// # Safety
+    /// As [`QueuePair::advertise_buffers`].
+    pub unsafe fn advertise_buffers_until(
+        &self,
+        wr_id: u64,
+        bufs: &[(*mut u8, usize)],
+        access: Access,
+        msg: &[u8],
+        reference: u64,
+        deadline: Option<Instant>,
+    ) -> Result<crate::Rkey> {
+        // SAFETY: the caller's contract is the cache's.
+        let (sgl, uses) = unsafe { self.reg_cache.cover(&self.pd, bufs)? };
+        self.advertise_inner(
+            wr_id,
+            &sgl,
+            access,
+            msg,
+            reference,
+            deadline,
+            Some(Box::new(uses)),
+        )
     }
 
     /// Registrations cached by [`QueuePair::advertise_buffers`].
     pub fn cached_registrations(&self) -> usize {
-        self.reg_cache.lock().len()
+        self.reg_cache.len()
     }
 
-    /// One-shot bindings advertised and not yet closed.
+    /// Releases the registrations cached by
+    /// [`QueuePair::advertise_buffers`] that no open advertisement uses;
+    /// returns how many.
+    pub fn trim_registration_cache(&self) -> usize {
+        self.reg_cache.trim()
+    }
+
+    /// One-shot bindings advertised and not yet ended.
     pub fn open_advertisements(&self) -> usize {
         self.inner.one_shot.lock().len()
     }
