@@ -899,6 +899,12 @@ fn find_units(seg: &Segment, n: u32) -> Option<u32> {
     scan(hint, units).or_else(|| scan(0, (hint + n - 1).min(units)))
 }
 
+/// The id after `n` releases of a descriptor at id `g`: ids count 1, 2,
+/// ... and wrap from 2^32 - 1 to 1 (0 is never an id).
+fn advance_id(g: u32, n: u64) -> u32 {
+    ((g as u64 - 1 + n) % 0xFFFF_FFFF) as u32 + 1
+}
+
 /// With the lock held: releases block `i` at id `g` if it is empty (or
 /// `force`: its owner died). The word's compare-and-swap commits it.
 fn release_locked(seg: &Segment, i: u32, g: u32, force: bool) -> bool {
@@ -911,7 +917,7 @@ fn release_locked(seg: &Segment, i: u32, g: u32, force: bool) -> bool {
         }
         match d.word.compare_exchange(
             w,
-            pack(g.wrapping_add(1).max(1), FREE, 0),
+            pack(advance_id(g, shared::id_step()), FREE, 0),
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {

@@ -546,6 +546,21 @@ pub fn crash_point(point: &str) {
     }
 }
 
+/// Test hook: `SOFTRDMA_HEAP_ID_STEP=N` makes each release of this process
+/// advance the block id as N releases would (as if the descriptor had been
+/// obtained and released N - 1 more times in between), so that a test can
+/// bring an id to where it wraps without 2^32 releases.
+pub fn id_step() -> u64 {
+    static STEP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *STEP.get_or_init(|| {
+        std::env::var("SOFTRDMA_HEAP_ID_STEP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(1)
+    })
+}
+
 /// The start time of process `pid` in clock ticks after boot
 /// (`/proc/PID/stat` field 22); `None` if it is gone or a zombie (a
 /// zombie holds nothing), or when `/proc` cannot tell.
