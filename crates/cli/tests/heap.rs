@@ -13,6 +13,9 @@
 //!   matches), for RDMA Writes and Reads, slab and huge (multi-unit)
 //!   blocks, over TCP and over the same-host path: B's bytes stay
 //!   untouched, and a refused Read brings none of them.
+//! * `a_wrapped_block_id_grants_no_remote_access`: the same after the
+//!   descriptor's id went round to the stale registration's id (or its low
+//!   32 bits) again.
 //! * `killed_processes_leave_the_table_consistent`: processes are killed
 //!   while they allocate and free, and inside the table lock at each of its
 //!   crash points; the survivors repair (robust lock) and reap, and the
@@ -398,6 +401,26 @@ fn a_stale_rkey_grants_no_remote_access() {
             for huge in [false, true] {
                 stale_rkey_case(same_host, access, huge, 1);
             }
+        }
+    }
+}
+
+/// Block ids are per descriptor and count up at each release. A release
+/// that brings the descriptor's id back to the value a stale registration
+/// was made at (the hook `SOFTRDMA_HEAP_ID_STEP` stands for the releases
+/// in between) must not make that registration valid again: with 2^32 - 1
+/// steps a 32-bit id (which skips 0) is back where it was; with 2^32 its
+/// low 32 bits are.
+#[test]
+fn a_wrapped_block_id_grants_no_remote_access() {
+    for same_host in [false, true] {
+        for (access, id_step) in [
+            (Access::Write, (1u64 << 32) - 1),
+            (Access::Read, (1 << 32) - 1),
+            (Access::Write, 1 << 32),
+            (Access::Read, 1 << 32),
+        ] {
+            stale_rkey_case(same_host, access, false, id_step);
         }
     }
 }
