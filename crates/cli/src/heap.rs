@@ -381,11 +381,23 @@ impl Worker {
                 self.buf(num(f, 1)?)?.fill(byte);
                 json!({"ok": true})
             }
+            // verify <id> <byte> [<offset> <len>]: every byte (of the
+            // range) is <byte>.
             "verify" => {
                 let byte = num(f, 2)? as u8;
                 let b = self.buf(num(f, 1)?)?;
-                let bad = b.to_vec().iter().position(|&x| x != byte);
-                json!({"ok": bad.is_none(), "first_bad": bad})
+                let (off, len) = match f.get(3) {
+                    Some(_) => (num(f, 3)? as usize, num(f, 4)? as usize),
+                    None => (0, b.len()),
+                };
+                if off.checked_add(len).is_none_or(|e| e > b.len()) {
+                    bail!("range {off}+{len} outside the buffer");
+                }
+                let mut v = vec![0u8; len];
+                b.read_at(off, &mut v);
+                let bad = v.iter().position(|&x| x != byte);
+                json!({"ok": bad.is_none(), "first_bad": bad.map(|i| i + off),
+                    "found": bad.map(|i| v[i])})
             }
             "free" => {
                 let id = num(f, 1)?;
@@ -442,6 +454,21 @@ impl Worker {
             "write" => {
                 let sge = self.buf(num(f, 1)?)?.sge_all();
                 self.rdma_write(sge, num(f, 2)?, num(f, 3)? as u32)?
+            }
+            // read <id> <remote_addr> <rkey> [<len>]: RDMA Read of the
+            // peer's memory into the buffer (its first <len> bytes),
+            // completion awaited.
+            "read" => {
+                let b = self.buf(num(f, 1)?)?;
+                let len = match f.get(4) {
+                    Some(_) => num(f, 4)? as usize,
+                    None => b.len(),
+                };
+                if len > b.len() {
+                    bail!("read of {len} bytes into a buffer of {}", b.len());
+                }
+                let sge = b.sge(0, len);
+                self.rdma_read(sge, num(f, 2)?, num(f, 3)? as u32)?
             }
             // write_from <offset> <len> <remote_addr> <rkey>: the source is
             // any heap memory (another process's allocation, say), keys
@@ -535,6 +562,32 @@ impl Worker {
             }
             c => bail!("unknown command {c:?}"),
         })
+    }
+
+    fn rdma_read(
+        &mut self,
+        sge: softrdma_verbs::Sge,
+        raddr: u64,
+        rkey: u32,
+    ) -> Result<serde_json::Value> {
+        let (qp, cq) = self
+            .out_qp
+            .as_ref()
+            .ok_or_else(|| anyhow!("not connected"))?;
+        let id = self.next_wr;
+        self.next_wr += 1;
+        if let Err(e) = qp.post_send(&SendWr::read(
+            id,
+            sge,
+            raddr,
+            softrdma_verbs::Rkey::from_raw(rkey),
+        )) {
+            return Ok(json!({"refused": e.to_string()}));
+        }
+        let wc = cq
+            .wait_one(Duration::from_secs(10))
+            .ok_or_else(|| anyhow!("no Read completion"))?;
+        Ok(json!({"ok": wc.is_ok(), "status": format!("{:?}", wc.status)}))
     }
 
     fn rdma_write(

@@ -9,8 +9,13 @@
 //!   leave it empty.
 //! * `a_stale_rkey_grants_no_remote_access`: a remote peer holding process
 //!   A's rkey for a heap block that process C freed and process B then
-//!   reused is refused by A's engine (the descriptor's block id no longer matches),
-//!   over TCP and over the same-host path, and B's bytes stay untouched.
+//!   reused is refused by A's engine (the descriptor's block id no longer
+//!   matches), for RDMA Writes and Reads, slab and huge (multi-unit)
+//!   blocks, over TCP and over the same-host path: B's bytes stay
+//!   untouched, and a refused Read brings none of them.
+//! * `a_wrapped_block_id_grants_no_remote_access`: the same after the
+//!   descriptor's id went round to the stale registration's id (or its low
+//!   32 bits) again.
 //! * `killed_processes_leave_the_table_consistent`: processes are killed
 //!   while they allocate and free, and inside the table lock at each of its
 //!   crash points; the survivors repair (robust lock) and reap, and the
@@ -251,62 +256,172 @@ fn four_processes_write_into_each_other() {
     last.exit();
 }
 
+/// How a remote peer uses a stale rkey in [`stale_rkey_case`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Access {
+    Write,
+    Read,
+}
+
+/// One run of the stale-rkey scenario: R (the remote peer) holds A's rkey
+/// for the block of a buffer that C allocated (a 1000-byte slab slot, or
+/// with `huge` a 1.5 MiB allocation: a block of two units, addressed in its
+/// second unit, which look-up finds through the unit map). C frees it and
+/// releases the block (with `SOFTRDMA_HEAP_ID_STEP=id_step`: as if it had
+/// been released that many times, see the wrap test); B then allocates
+/// every free unit (its first block under C's old descriptor, the head of
+/// the free list) and fills them with 34. R's Write or Read through the
+/// old rkey must be refused: B's bytes stay 34, and a Read brings none of
+/// them into R's buffer (filled with 51).
+fn stale_rkey_case(same_host: bool, access: Access, huge: bool, id_step: u64) {
+    let what = format!("same_host {same_host}, {access:?}, huge {huge}, id step {id_step}");
+    let name = format!(
+        "stale-{}-{}-{:?}-{}-{id_step}",
+        std::process::id(),
+        same_host,
+        access,
+        huge
+    );
+    // 1 MiB units: R's two blocks (its buffer, the 64-byte scratch of the
+    // flush Read), C's block (one or two units), the rest B's.
+    let _u = create(&name, 1 << 20, 8);
+    let step = id_step.to_string();
+    let mut r = Worker::start(&name, same_host, &[]);
+    let mut a = Worker::start(&name, same_host, &[]);
+    let mut b = Worker::start(&name, same_host, &[]);
+    let mut c = Worker::start(&name, same_host, &[("SOFTRDMA_HEAP_ID_STEP", &step)]);
+    let src = r.ask("alloc 1000");
+    let sid = u(&src, "id");
+    r.ask(&format!("fill {sid} 51"));
+    let port = u(&a.ask("listen"), "port");
+    let conn = r.ask(&format!("connect {port}"));
+    assert_eq!(conn["same_host"], same_host, "{what}: {conn}");
+    // C allocates; A looks up 1000 bytes of it (registering C's block in
+    // A) and hands out its own (addr, rkey).
+    let x = c.ask(if huge { "alloc 1572864" } else { "alloc 1000" });
+    let xid = u(&x, "id");
+    c.ask(&format!("fill {xid} 17"));
+    let within = if huge { (1 << 20) + 8192 } else { 0 };
+    let k = a.ask(&format!("lookup {} 1000", u(&x, "offset") + within));
+    assert_eq!(u(&k, "block"), u(&x, "block"), "{what}: {k} vs {x}");
+    let (addr, rkey) = (u(&k, "addr"), u(&k, "rkey"));
+    // While C's buffer lives, the peer's access works: a Write lands in C's
+    // buffer, a Read brings C's bytes.
+    match access {
+        Access::Write => {
+            let w = r.ask(&format!("write {sid} {addr} {rkey}"));
+            assert_eq!(w["ok"], true, "{what}: {w}");
+            let v = c.ask(&format!("verify {xid} 51 {within} 1000"));
+            assert_eq!(v["ok"], true, "{what}: {v}");
+        }
+        Access::Read => {
+            let rd = r.ask(&format!("read {sid} {addr} {rkey}"));
+            assert_eq!(rd["ok"], true, "{what}: {rd}");
+            let v = r.ask(&format!("verify {sid} 17"));
+            assert_eq!(v["ok"], true, "{what}: {v}");
+            r.ask(&format!("fill {sid} 51"));
+        }
+    }
+    // C frees the buffer and releases its block (a huge block goes with
+    // its one allocation, a slab block at the trim); B's allocations take
+    // every free unit, C's old ones included.
+    c.ask(&format!("free {xid}"));
+    c.ask("trim");
+    let st = c.ask("stats");
+    assert_eq!(u(&st, "blocks_released"), 1, "{what}: {st}");
+    let mut bbufs = Vec::new();
+    loop {
+        b.send("alloc 600000");
+        let y = b.line();
+        if let Some(e) = y.get("error") {
+            let e = e.as_str().unwrap_or_default();
+            assert!(
+                e.contains("no room") || e.contains("table full"),
+                "{what}: {y}"
+            );
+            break;
+        }
+        b.ask(&format!("fill {} 34", u(&y, "id")));
+        bbufs.push(y);
+    }
+    assert_eq!(
+        u(&bbufs[0], "block"),
+        u(&x, "block"),
+        "{what}: B's first block reuses C's descriptor"
+    );
+    let old = u(&x, "offset") >> 20;
+    let old_units = if huge { old..old + 2 } else { old..old + 1 };
+    for unit in old_units {
+        assert!(
+            bbufs.iter().any(|y| u(y, "offset") >> 20 == unit),
+            "{what}: B reused unit {unit}: {bbufs:?} vs {x}"
+        );
+    }
+    // A still holds its registration (nobody told it), but the peer's
+    // access through the old rkey is refused.
+    match access {
+        Access::Write => {
+            // The flush Read after the Write fails with the connection.
+            let w = r.ask(&format!("write {sid} {addr} {rkey}"));
+            assert_eq!(w["ok"], false, "{what}: a stale Write was let through: {w}");
+        }
+        Access::Read => {
+            let rd = r.ask(&format!("read {sid} {addr} {rkey}"));
+            assert_eq!(
+                rd["ok"], false,
+                "{what}: a stale Read was let through: {rd}"
+            );
+            let v = r.ask(&format!("verify {sid} 51"));
+            assert_eq!(
+                v["ok"], true,
+                "{what}: the refused Read brought the new owner's bytes: {v}"
+            );
+        }
+    }
+    for y in &bbufs {
+        let v = b.ask(&format!("verify {} 34", u(y, "id")));
+        assert_eq!(v["ok"], true, "{what}: B's bytes: {v}");
+    }
+    let held = a.ask("stats");
+    assert_eq!(
+        u(&held, "held"),
+        1,
+        "{what}: A kept the stale registration: {held}"
+    );
+    r.kill();
+    a.kill();
+    b.kill();
+    c.kill();
+}
+
 #[test]
 fn a_stale_rkey_grants_no_remote_access() {
     for same_host in [false, true] {
-        let name = format!("stale-rkey-{}-{same_host}", std::process::id());
-        // Four 1 MiB units: the remote peer's two blocks, C's block, one
-        // spare, so that B's two one-unit allocations must cover C's.
-        let _u = create(&name, 1 << 20, 4);
-        let mut r = Worker::start(&name, same_host, &[]);
-        let mut a = Worker::start(&name, same_host, &[]);
-        let mut b = Worker::start(&name, same_host, &[]);
-        let mut c = Worker::start(&name, same_host, &[]);
-        let src = r.ask("alloc 1000");
-        r.ask(&format!("fill {} 51", u(&src, "id")));
-        let port = u(&a.ask("listen"), "port");
-        let conn = r.ask(&format!("connect {port}"));
-        assert_eq!(conn["same_host"], same_host, "{conn}");
-        // C allocates; A looks the buffer up (registering C's block in A)
-        // and hands out its own (addr, rkey); the peer writes: fine.
-        let x = c.ask("alloc 1000");
-        c.ask(&format!("fill {} 17", u(&x, "id")));
-        let k = a.ask(&format!("lookup {} 1000", u(&x, "offset")));
-        let (addr, rkey) = (u(&k, "addr"), u(&k, "rkey"));
-        let w = r.ask(&format!("write {} {addr} {rkey}", u(&src, "id")));
-        assert_eq!(w["ok"], true, "same_host {same_host}: {w}");
-        let v = c.ask(&format!("verify {} 51", u(&x, "id")));
-        assert_eq!(v["ok"], true, "{v}");
-        // C frees the buffer and releases its block; B's allocations take
-        // every free unit, C's old one included.
-        c.ask(&format!("free {}", u(&x, "id")));
-        assert_eq!(u(&c.ask("trim"), "released"), 1);
-        let mut bbufs = Vec::new();
-        for _ in 0..2 {
-            let y = b.ask("alloc 600000");
-            b.ask(&format!("fill {} 34", u(&y, "id")));
-            bbufs.push(y);
+        for access in [Access::Write, Access::Read] {
+            for huge in [false, true] {
+                stale_rkey_case(same_host, access, huge, 1);
+            }
         }
-        let old_unit = u(&x, "offset") >> 20;
-        assert!(
-            bbufs.iter().any(|y| u(y, "offset") >> 20 == old_unit),
-            "B reused the released unit: {bbufs:?} vs {x}"
-        );
-        // A still holds its registration (nobody told it), but the peer's
-        // Write through the old rkey is refused: the flush Read after it
-        // fails with the connection, and B's bytes are intact.
-        let w = r.ask(&format!("write {} {addr} {rkey}", u(&src, "id")));
-        assert_eq!(w["ok"], false, "same_host {same_host}: {w}");
-        for y in &bbufs {
-            let v = b.ask(&format!("verify {} 34", u(y, "id")));
-            assert_eq!(v["ok"], true, "same_host {same_host}: B's bytes: {v}");
+    }
+}
+
+/// Block ids are per descriptor and count up at each release. A release
+/// that brings the descriptor's id back to the value a stale registration
+/// was made at (the hook `SOFTRDMA_HEAP_ID_STEP` stands for the releases
+/// in between) must not make that registration valid again: with 2^32 - 1
+/// steps a 32-bit id (which skips 0) is back where it was; with 2^32 its
+/// low 32 bits are.
+#[test]
+fn a_wrapped_block_id_grants_no_remote_access() {
+    for same_host in [false, true] {
+        for (access, id_step) in [
+            (Access::Write, (1u64 << 32) - 1),
+            (Access::Read, (1 << 32) - 1),
+            (Access::Write, 1 << 32),
+            (Access::Read, 1 << 32),
+        ] {
+            stale_rkey_case(same_host, access, false, id_step);
         }
-        let held = a.ask("stats");
-        assert_eq!(u(&held, "held"), 1, "A kept the stale registration: {held}");
-        r.kill();
-        a.kill();
-        b.kill();
-        c.kill();
     }
 }
 

@@ -18,7 +18,8 @@
 //!   `block_size / 4`, powers of two); larger allocations get a block of
 //!   their own spanning several units.
 //! * A **shared descriptor table** of `max_blocks` entries (in the same
-//!   segment): each entry holds the block id (a generation counter), the
+//!   segment): each entry holds the block id (a 64-bit generation counter
+//!   that never comes back to a value it had), the
 //!   block's location and its size (`shared.rs` has the layout and the
 //!   commit protocol).
 //! * Each process keeps a **private registration table** indexed like the
@@ -77,9 +78,17 @@ use std::sync::{Arc, Weak};
 
 pub use shared::path_of;
 
-/// The bits of a descriptor word that name a block: its id (generation)
-/// and its state (`shared::pack`).
-const GEN_STATE_MASK: u64 = 0xFFFF_FFFF_0000_0000 | 3 << 30;
+/// The 64-bit id of descriptor `d`'s live block and the word it was read
+/// with; `None` when it holds no live block, or while a release is between
+/// its commit (the word) and its new id (the two disagree for a moment).
+fn live_id(d: &shared::Desc) -> Option<(u64, u64)> {
+    let w = d.word.load(Ordering::Acquire);
+    if state_of(w) != ACTIVE {
+        return None;
+    }
+    let id = d.id.load(Ordering::Acquire);
+    (id as u32 == gen_of(w)).then_some((id, w))
+}
 
 /// Errors of the heap.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -92,6 +101,12 @@ pub enum HeapError {
     Config(String),
     #[error("heap segment is damaged or foreign: {0}")]
     Corrupt(String),
+    #[error(
+        "heap {name:?} has segment layout version {found}, this build uses version {want} \
+         (64-bit block ids since version 2); it cannot be read: once no process uses it, \
+         remove it (softrdma heap unlink {name}) and create it again"
+    )]
+    Version { name: String, found: u32, want: u32 },
     #[error("descriptor table full ({0} blocks)")]
     TableFull(u32),
     #[error("no room for a block of {0} bytes in the heap's area")]
@@ -159,9 +174,10 @@ fn check_name(name: &str) -> Result<()> {
 pub struct Keys {
     pub lkey: u32,
     pub rkey: u32,
-    /// The descriptor index and block id of the block.
+    /// The descriptor index and block id (64 bits: never reused) of the
+    /// block.
     pub block: u32,
-    pub gen: u32,
+    pub gen: u64,
     /// The registered region: its first address and length.
     pub region_addr: u64,
     pub region_len: u64,
@@ -197,7 +213,7 @@ pub struct TableReport {
 }
 
 struct Reg {
-    id: u32,
+    id: u64,
     mr: MemoryRegion,
 }
 
@@ -219,9 +235,9 @@ struct Inner {
     /// Private registration table, indexed like the descriptor table.
     regs: Mutex<Vec<Option<Reg>>>,
     /// lkey -> (block, id) of our registrations, for the post check.
-    lkeys: RwLock<HashMap<softrdma_verbs::Lkey, (u32, u32)>>,
+    lkeys: RwLock<HashMap<softrdma_verbs::Lkey, (u32, u64)>>,
     /// Per size class: the block (index, id) this process allocates from.
-    current: Mutex<Vec<Option<(u32, u32)>>>,
+    current: Mutex<Vec<Option<(u32, u64)>>>,
     pid: u32,
     start: u64,
     check_id: Mutex<Option<u64>>,
@@ -446,7 +462,7 @@ impl Heap {
         self.finish_alloc(i, g, s, 0, len)
     }
 
-    fn finish_alloc(&self, i: u32, g: u32, s: u32, slot: u64, len: usize) -> Result<HeapBuf> {
+    fn finish_alloc(&self, i: u32, g: u64, s: u32, slot: u64, len: usize) -> Result<HeapBuf> {
         let inner = &self.inner;
         let loc = inner.seg.desc(i).location.load(Ordering::Acquire);
         let data_off = inner.seg.block(loc).data_off.load(Ordering::Acquire) as u64;
@@ -511,7 +527,11 @@ impl Heap {
             if off < loc + data_off || off + len as u64 > loc + size {
                 return Err(HeapError::NotInHeap(addr));
             }
-            return inner.ensure_reg(i, gen_of(w));
+            let id = d.id.load(Ordering::Acquire);
+            if id as u32 != gen_of(w) {
+                continue; // released just now
+            }
+            return inner.ensure_reg(i, id);
         }
         Err(HeapError::NotInHeap(addr))
     }
@@ -532,12 +552,10 @@ impl Heap {
         drop(cur);
         for i in 0..inner.seg.geo.max_blocks {
             let d = inner.seg.desc(i);
-            let w = d.word.load(Ordering::Acquire);
-            if state_of(w) == ACTIVE
-                && used_of(w) == 0
-                && inner.owns(d)
-                && inner.release(i, gen_of(w))?
-            {
+            let Some((id, w)) = live_id(d) else {
+                continue;
+            };
+            if used_of(w) == 0 && inner.owns(d) && inner.release(i, id)? {
                 n += 1;
             }
         }
@@ -572,18 +590,20 @@ impl Inner {
     /// Claims a slot of block `i` at id `g`: reserves a count in the
     /// descriptor word (fails if the block is full, released or replaced),
     /// then a bit of the bitmap.
-    fn take_slot(&self, i: u32, g: u32) -> Option<u32> {
+    fn take_slot(&self, i: u32, g: u64) -> Option<u32> {
         let seg = &self.seg;
         let d = seg.desc(i);
         let loc = d.location.load(Ordering::Acquire);
-        if loc == NONE {
+        // The whole id first: the word holds only its low 32 bits (it
+        // cannot change 2^32 times before the compare-and-swap below).
+        if loc == NONE || d.id.load(Ordering::Acquire) != g {
             return None;
         }
         let hdr = seg.block(loc);
         let slots = hdr.slots.load(Ordering::Acquire);
         let mut w = d.word.load(Ordering::Acquire);
         loop {
-            if gen_of(w) != g || state_of(w) != ACTIVE || used_of(w) >= slots {
+            if gen_of(w) != g as u32 || state_of(w) != ACTIVE || used_of(w) >= slots {
                 return None;
             }
             match d
@@ -622,7 +642,7 @@ impl Inner {
 
     /// Frees slot `s` of block `i`; releases the block when it empties and
     /// is not a current block of this process.
-    fn free_slot(&self, i: u32, g: u32, s: u32) {
+    fn free_slot(&self, i: u32, g: u64, s: u32) {
         let seg = &self.seg;
         let d = seg.desc(i);
         let loc = d.location.load(Ordering::Acquire);
@@ -634,7 +654,7 @@ impl Inner {
             "double free of slot {s} in block {i}"
         );
         let w = d.word.fetch_sub(1, Ordering::AcqRel);
-        debug_assert_eq!(gen_of(w), g, "a block with live slots changed id");
+        debug_assert_eq!(gen_of(w), g as u32, "a block with live slots changed id");
         if used_of(w) == 1 {
             let current = self.current.lock().contains(&Some((i, g)));
             if !current {
@@ -646,21 +666,19 @@ impl Inner {
     }
 
     /// Another block of ours of slot size `class` with a free slot.
-    fn find_own_block(&self, class: u32, not: Option<(u32, u32)>) -> Option<(u32, u32)> {
+    fn find_own_block(&self, class: u32, not: Option<(u32, u64)>) -> Option<(u32, u64)> {
         let seg = &self.seg;
         for i in 0..seg.geo.max_blocks {
             let d = seg.desc(i);
-            let w = d.word.load(Ordering::Acquire);
-            if state_of(w) != ACTIVE
-                || Some((i, gen_of(w))) == not
-                || d.class.load(Ordering::Relaxed) != class
-                || !self.owns(d)
-            {
+            let Some((id, w)) = live_id(d) else {
+                continue;
+            };
+            if Some((i, id)) == not || d.class.load(Ordering::Relaxed) != class || !self.owns(d) {
                 continue;
             }
             let loc = d.location.load(Ordering::Acquire);
             if loc != NONE && used_of(w) < seg.block(loc).slots.load(Ordering::Acquire) {
-                return Some((i, gen_of(w)));
+                return Some((i, id));
             }
         }
         None
@@ -669,7 +687,7 @@ impl Inner {
     /// Obtains a block of `units` units for slot size `class` from the OS:
     /// a free descriptor, free units, the header; committed by turning the
     /// descriptor ACTIVE. Returns (index, id).
-    fn obtain(&self, class: u32, units: u32) -> Result<(u32, u32)> {
+    fn obtain(&self, class: u32, units: u32) -> Result<(u32, u64)> {
         match self.obtain_once(class, units) {
             // Full: blocks of dead processes may make room, once.
             Err(e @ (HeapError::TableFull(_) | HeapError::AreaFull(_))) => {
@@ -683,7 +701,7 @@ impl Inner {
         }
     }
 
-    fn obtain_once(&self, class: u32, units: u32) -> Result<(u32, u32)> {
+    fn obtain_once(&self, class: u32, units: u32) -> Result<(u32, u64)> {
         let seg = &self.seg;
         let bs = seg.geo.block_size;
         let h = seg.header();
@@ -696,6 +714,9 @@ impl Inner {
         let d = seg.desc(i);
         let w = d.word.load(Ordering::Relaxed);
         assert_eq!(state_of(w), FREE, "free list names a live descriptor {i}");
+        // The new block's id (set when the previous one was released).
+        let id = d.id.load(Ordering::Relaxed);
+        assert_eq!(id as u32, gen_of(w), "descriptor {i}: id and word disagree");
         let Some(u0) = find_units(seg, units) else {
             return Err(HeapError::AreaFull(units as u64 * bs));
         };
@@ -716,7 +737,7 @@ impl Inner {
         let hdr = seg.block(loc);
         hdr.magic.store(shared::BLOCK_MAGIC, Ordering::Relaxed);
         hdr.index.store(i, Ordering::Relaxed);
-        hdr.gen.store(gen_of(w), Ordering::Relaxed);
+        hdr.gen.store(id, Ordering::Relaxed);
         hdr.class.store(class, Ordering::Relaxed);
         hdr.slots.store(slots, Ordering::Relaxed);
         hdr.data_off.store(data_off as u32, Ordering::Relaxed);
@@ -732,15 +753,15 @@ impl Inner {
         d.next_free.store(0, Ordering::Relaxed);
         shared::crash_point("obtain-late");
         // Commit: everything above is visible to whoever sees ACTIVE.
-        d.word.store(pack(gen_of(w), ACTIVE, 0), Ordering::Release);
+        d.word.store(pack(id, ACTIVE, 0), Ordering::Release);
         h.obtained.fetch_add(1, Ordering::Relaxed);
         self.c.obtained.fetch_add(1, Ordering::Relaxed);
-        Ok((i, gen_of(w)))
+        Ok((i, id))
     }
 
     /// Releases block `i` if it is still id `g` and empty; `Ok(false)` if
     /// it is not (someone allocated from it meanwhile, or it is gone).
-    fn release(&self, i: u32, g: u32) -> Result<bool> {
+    fn release(&self, i: u32, g: u64) -> Result<bool> {
         let seg = &self.seg;
         let _l = seg.lock(repair)?;
         let done = release_locked(seg, i, g, false);
@@ -754,7 +775,7 @@ impl Inner {
         Ok(done)
     }
 
-    fn retire(&self, i: u32, g: u32) {
+    fn retire(&self, i: u32, g: u64) {
         let old = {
             let mut regs = self.regs.lock();
             match &regs[i as usize] {
@@ -790,7 +811,7 @@ impl Inner {
             if (pid == self.pid && start == self.start) || shared::alive(pid, start) {
                 continue;
             }
-            if release_locked(seg, i, gen_of(w), true) {
+            if release_locked(seg, i, d.id.load(Ordering::Relaxed), true) {
                 seg.header().reaped.fetch_add(1, Ordering::Relaxed);
                 n += 1;
             }
@@ -804,7 +825,7 @@ impl Inner {
 
     /// This process's registration of block `i` at id `g`, made if missing
     /// or stale (the id check of the design).
-    fn ensure_reg(&self, i: u32, g: u32) -> Result<Keys> {
+    fn ensure_reg(&self, i: u32, g: u64) -> Result<Keys> {
         let seg = &self.seg;
         let mut regs = self.regs.lock();
         if let Some(r) = &regs[i as usize] {
@@ -828,18 +849,18 @@ impl Inner {
         let len = (size - data_off) as usize;
         let file_off = seg.area_off as u64 + loc + data_off;
         // Remote (and local) accesses through this registration are
-        // allowed only while the descriptor still says "block i, id g,
-        // active": once the block is released (and maybe reused by another
-        // process) a peer holding our old rkey is refused by the engine
-        // with the protection Terminate, although nobody told us.
-        let word = &d.word as *const AtomicU64 as u64;
-        let mask = GEN_STATE_MASK;
+        // allowed only while the descriptor's 64-bit id is still g: once
+        // the block is released (and maybe reused by another process) a
+        // peer holding our old rkey is refused by the engine with the
+        // protection Terminate, although nobody told us. The id moves on
+        // at every release and never comes back (2^64 releases).
+        let word = &d.id as *const AtomicU64 as u64;
         let opts = RegOptions {
             shared: Some((seg.fd(), file_off)),
             guard: Some(AccessGuard {
                 word: word as usize,
-                mask,
-                expect: pack(g, ACTIVE, 0) & mask,
+                mask: u64::MAX,
+                expect: g,
                 file_off: Some(word - seg.base()),
             }),
             ..RegOptions::default()
@@ -852,8 +873,7 @@ impl Inner {
         let mr = unsafe { self.pd.register_owned(ptr, len, self.access, opts, owner) }
             .map_err(|e| HeapError::Register(e.to_string()))?;
         // The block may have been released while we registered it.
-        let w = d.word.load(Ordering::Acquire);
-        if gen_of(w) != g || state_of(w) != ACTIVE {
+        if live_id(d).map(|(id, _)| id) != Some(g) {
             return Err(HeapError::NotInHeap(ptr as u64));
         }
         self.c.registrations.fetch_add(1, Ordering::Relaxed);
@@ -864,7 +884,7 @@ impl Inner {
     }
 }
 
-fn keys_of(i: u32, g: u32, mr: &MemoryRegion) -> Keys {
+fn keys_of(i: u32, g: u64, mr: &MemoryRegion) -> Keys {
     Keys {
         lkey: mr.lkey().raw(),
         rkey: mr.rkey().raw(),
@@ -901,25 +921,33 @@ fn find_units(seg: &Segment, n: u32) -> Option<u32> {
 
 /// With the lock held: releases block `i` at id `g` if it is empty (or
 /// `force`: its owner died). The word's compare-and-swap commits it.
-fn release_locked(seg: &Segment, i: u32, g: u32, force: bool) -> bool {
+fn release_locked(seg: &Segment, i: u32, g: u64, force: bool) -> bool {
     let d = seg.desc(i);
     let h = seg.header();
+    // The id changes only under the lock, which we hold.
+    if d.id.load(Ordering::Relaxed) != g {
+        return false;
+    }
+    // Ids count 1, 2, ... (0 is never one); the test hook may skip ahead.
+    let next = g.wrapping_add(shared::id_step()).max(1);
     let mut w = d.word.load(Ordering::Acquire);
     loop {
-        if gen_of(w) != g || state_of(w) != ACTIVE || (!force && used_of(w) != 0) {
+        if gen_of(w) != g as u32 || state_of(w) != ACTIVE || (!force && used_of(w) != 0) {
             return false;
         }
-        match d.word.compare_exchange(
-            w,
-            pack(g.wrapping_add(1).max(1), FREE, 0),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
+        match d
+            .word
+            .compare_exchange(w, pack(next, FREE, 0), Ordering::AcqRel, Ordering::Acquire)
+        {
             Ok(_) => break,
             Err(x) => w = x,
         }
     }
     shared::crash_point("release");
+    // Registrations of id g grant no access from here on. Until this store
+    // a peer could still reach the block, now empty and not yet reused
+    // (reuse takes the lock), and its pages are given back only below.
+    d.id.store(next, Ordering::Release);
     let loc = d.location.load(Ordering::Relaxed);
     let size = d.size.load(Ordering::Relaxed);
     // Back to the OS before the units can be reused.
@@ -951,6 +979,13 @@ fn repair(seg: &Segment) {
     for i in (0..seg.geo.max_blocks).rev() {
         let d = seg.desc(i);
         let w = d.word.load(Ordering::Acquire);
+        // A release that committed (the word) but died before storing the
+        // new id: the id catches up with the word's low 32 bits.
+        let id = d.id.load(Ordering::Relaxed);
+        if id as u32 != gen_of(w) {
+            let next = id.wrapping_add(gen_of(w).wrapping_sub(id as u32) as u64);
+            d.id.store(next, Ordering::Release);
+        }
         if state_of(w) == ACTIVE {
             let (loc, size) = (
                 d.location.load(Ordering::Relaxed),
@@ -1000,8 +1035,15 @@ fn check_locked(seg: &Segment, quiet: bool) -> std::result::Result<TableReport, 
             d.location.load(Ordering::Relaxed),
             d.size.load(Ordering::Relaxed),
         );
-        if gen_of(w) == 0 {
+        let id = d.id.load(Ordering::Relaxed);
+        if id == 0 {
             return Err(format!("descriptor {i} has block id 0"));
+        }
+        if id as u32 != gen_of(w) {
+            return Err(format!(
+                "descriptor {i}: block id {id} but its word says {}",
+                gen_of(w)
+            ));
         }
         if state_of(w) == ACTIVE {
             rep.active_blocks += 1;
@@ -1026,7 +1068,7 @@ fn check_locked(seg: &Segment, quiet: bool) -> std::result::Result<TableReport, 
             let hdr = seg.block(loc);
             if hdr.magic.load(Ordering::Relaxed) != shared::BLOCK_MAGIC
                 || hdr.index.load(Ordering::Relaxed) != i
-                || hdr.gen.load(Ordering::Relaxed) != gen_of(w)
+                || hdr.gen.load(Ordering::Relaxed) != id
             {
                 return Err(format!("block {i}: header does not name it"));
             }
@@ -1108,7 +1150,7 @@ impl Drop for Inner {
             if state_of(w) == ACTIVE && self.owns(d) {
                 // Only empty ones: a leaked buffer's block stays (and is
                 // reaped after this process exits).
-                release_locked(seg, i, gen_of(w), false);
+                release_locked(seg, i, d.id.load(Ordering::Relaxed), false);
             }
         }
     }
@@ -1127,13 +1169,14 @@ impl PostCheck for StaleCheck {
         let Some(&(i, g)) = h.lkeys.read().get(&sge.lkey) else {
             return Ok(()); // not one of the heap's registrations
         };
-        let w = h.seg.desc(i).word.load(Ordering::Acquire);
-        if gen_of(w) != g || state_of(w) != ACTIVE {
+        let d = h.seg.desc(i);
+        let id = d.id.load(Ordering::Acquire);
+        let w = d.word.load(Ordering::Acquire);
+        if id != g || state_of(w) != ACTIVE {
             return Err(format!(
-                "lkey {:#x} is a stale heap registration: block {i} was id {g}, is now id {} ({})",
+                "lkey {:#x} is a stale heap registration: block {i} was id {g}, is now id {id} ({})",
                 sge.lkey,
-                gen_of(w),
-                if state_of(w) == ACTIVE {
+                if state_of(w) == ACTIVE && id != g {
                     "replaced"
                 } else {
                     "released"
@@ -1155,7 +1198,7 @@ pub struct HeapBuf {
     ptr: NonNull<u8>,
     len: usize,
     block: u32,
-    gen: u32,
+    gen: u64,
     slot: u32,
     lkey: u32,
     rkey: u32,
@@ -1184,7 +1227,7 @@ impl HeapBuf {
         self.addr() - self.heap.area_base()
     }
     /// (descriptor index, block id) of its block.
-    pub fn block(&self) -> (u32, u32) {
+    pub fn block(&self) -> (u32, u64) {
         (self.block, self.gen)
     }
     /// An SGE of `len` bytes at `offset` in the buffer.
@@ -1299,11 +1342,10 @@ mod tests {
     }
 
     #[test]
-    fn the_access_guard_mask_sees_id_and_state_but_not_use() {
-        let expect = pack(7, ACTIVE, 0) & GEN_STATE_MASK;
-        assert_eq!(pack(7, ACTIVE, 999) & GEN_STATE_MASK, expect);
-        assert_ne!(pack(8, ACTIVE, 0) & GEN_STATE_MASK, expect);
-        assert_ne!(pack(7, FREE, 0) & GEN_STATE_MASK, expect);
+    fn the_word_holds_the_low_32_bits_of_the_id() {
+        let w = pack((5 << 32) + 7, ACTIVE, 3);
+        assert_eq!((gen_of(w), state_of(w), used_of(w)), (7, ACTIVE, 3));
+        assert_eq!(pack(1 << 32, FREE, 0), pack(0, FREE, 0));
     }
 
     #[test]

@@ -11,13 +11,17 @@
 //! ```
 //!
 //! A descriptor's `word` is the commit point of every change to it:
-//! `generation (32 bits) | state (2) | slots in use (30)`. A block becomes
+//! `id (low 32 bits) | state (2) | slots in use (30)`. A block becomes
 //! live when its word turns ACTIVE (after its location, size, unit map and
 //! header are written) and dies when a compare-and-swap from
 //! `(g, ACTIVE, 0 in use)` to `(g + 1, FREE, 0)` succeeds: an allocation
-//! racing with the release fails its own compare-and-swap on the same word,
-//! and every process holding a registration of generation `g` sees it is
-//! stale without being told.
+//! racing with the release fails its own compare-and-swap on the same word.
+//! The block id is 64 bits: the descriptor's `id` holds all of it (the
+//! word, its low 32 bits), changes only under the table lock, right after
+//! a release commits, and never comes back to a value it had (2^64
+//! releases of one descriptor). Every process holding a registration of id
+//! `g` sees it is stale without being told, and the access guard of each
+//! registration compares `id` with `g`.
 //!
 //! Obtaining and releasing blocks take the table lock, a robust
 //! process-shared `pthread` mutex: if its holder dies, the next locker gets
@@ -36,7 +40,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SRHEAP01");
 pub const BLOCK_MAGIC: u64 = u64::from_le_bytes(*b"SRBLOCK1");
-pub const VERSION: u32 = 1;
+/// Layout version: 2 since block ids are 64 bits (the descriptor's `id`,
+/// the block header's `gen`); a segment of another version is refused.
+pub const VERSION: u32 = 2;
 
 /// Descriptor states.
 pub const FREE: u64 = 0;
@@ -51,11 +57,13 @@ pub const HUGE: u32 = u32::MAX;
 /// Bytes of a block header before its bitmap.
 pub const BLOCK_HDR: usize = 64;
 
+/// A descriptor word: the low 32 bits of block id `id`, a state, a count.
 #[inline]
-pub fn pack(gen: u32, state: u64, used: u32) -> u64 {
+pub fn pack(id: u64, state: u64, used: u32) -> u64 {
     debug_assert!(used < 1 << 30);
-    (gen as u64) << 32 | state << 30 | used as u64
+    (id as u32 as u64) << 32 | state << 30 | used as u64
 }
+/// The low 32 bits of the block id in a descriptor word.
 #[inline]
 pub fn gen_of(w: u64) -> u32 {
     (w >> 32) as u32
@@ -115,7 +123,11 @@ pub struct Desc {
     /// The owner's start time (clock ticks after boot): with the pid it
     /// names one process even after the pid is reused.
     pub owner_start: AtomicU64,
-    _pad2: [u64; 2],
+    /// The block id, 64 bits: of the live block (ACTIVE), or the one the
+    /// next block will have (FREE). Its low 32 bits are the word's. The
+    /// access guard of every registration of the block watches it.
+    pub id: AtomicU64,
+    _pad2: u64,
 }
 
 /// The start of a block (in the block's own memory, outside its
@@ -124,13 +136,14 @@ pub struct Desc {
 pub struct BlockHeader {
     pub magic: AtomicU64,
     pub index: AtomicU32,
-    pub gen: AtomicU32,
     pub class: AtomicU32,
+    /// The block id (the descriptor's `id` when it was obtained).
+    pub gen: AtomicU64,
     pub slots: AtomicU32,
     pub data_off: AtomicU32,
     /// Bitmap word where the next slot search starts.
     pub hint: AtomicU32,
-    _pad: [u64; 4],
+    _pad: [u32; 7],
 }
 
 const _: () = assert!(std::mem::size_of::<Desc>() == 64);
@@ -324,6 +337,7 @@ impl Segment {
         for i in 0..self.geo.max_blocks {
             let d = self.desc(i);
             d.word.store(pack(1, FREE, 0), Ordering::Relaxed);
+            d.id.store(1, Ordering::Relaxed);
             d.location.store(NONE, Ordering::Relaxed);
             d.next_free.store(
                 if i + 1 < self.geo.max_blocks {
@@ -375,10 +389,10 @@ impl Segment {
                     io(&format!("open {}", path.display()), e)
                 }
             })?;
-        Self::open_file(file)
+        Self::open_file(file, name)
     }
 
-    fn open_file(file: File) -> Result<Segment> {
+    fn open_file(file: File, name: &str) -> Result<Segment> {
         let size = file.metadata().map_err(|e| io("stat", e))?.len() as usize;
         let hdr = std::mem::size_of::<Header>();
         if size < hdr {
@@ -394,7 +408,11 @@ impl Segment {
             return Err(HeapError::Corrupt("not a softrdma heap (bad magic)".into()));
         }
         if word32(8) != VERSION {
-            return Err(HeapError::Corrupt(format!("heap version {}", word32(8))));
+            return Err(HeapError::Version {
+                name: name.to_string(),
+                found: word32(8),
+                want: VERSION,
+            });
         }
         let geo = Geometry {
             max_blocks: word32(12),
@@ -544,6 +562,21 @@ pub fn crash_point(point: &str) {
         // SAFETY: raising a signal at ourselves.
         unsafe { libc::raise(libc::SIGKILL) };
     }
+}
+
+/// Test hook: `SOFTRDMA_HEAP_ID_STEP=N` makes each release of this process
+/// advance the block id as N releases would (as if the descriptor had been
+/// obtained and released N - 1 more times in between), so that a test can
+/// bring an id to where it wraps without 2^32 releases.
+pub fn id_step() -> u64 {
+    static STEP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *STEP.get_or_init(|| {
+        std::env::var("SOFTRDMA_HEAP_ID_STEP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(1)
+    })
 }
 
 /// The start time of process `pid` in clock ticks after boot

@@ -266,6 +266,54 @@ fn limits_and_bad_settings_are_clear_errors() {
     ));
 }
 
+/// A segment of layout version 1 (32-bit block ids) is refused with an
+/// error that says what to do, and left as it was: it is never read with
+/// the wrong layout.
+#[test]
+fn a_segment_of_the_old_layout_is_refused_clearly() {
+    use std::os::unix::fs::FileExt;
+    let n = name("v1");
+    let _u = Unlink(n.clone());
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    drop(Heap::create(&pd, &cfg(&n)).unwrap());
+    let path = softrdma_heap::path_of(&n);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    // The header's version field (after the 8-byte magic).
+    f.write_at(&1u32.to_le_bytes(), 8).unwrap();
+    drop(f);
+    let before = std::fs::read(&path).unwrap();
+    let e = Heap::open(&pd, &n, Access::LOCAL_WRITE, false).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            HeapError::Version {
+                found: 1,
+                want: 2,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("version 1")
+            && msg.contains("64-bit block ids")
+            && msg.contains(&format!("softrdma heap unlink {n}")),
+        "{msg}"
+    );
+    let cfg = cfg(&n);
+    assert!(matches!(
+        Heap::open_or_create(&pd, &cfg),
+        Err(HeapError::Version { .. })
+    ));
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the segment was not touched"
+    );
+}
+
 /// Threads of one process allocate and free concurrently from the same
 /// classes: no two live buffers overlap and the counts add up.
 #[test]

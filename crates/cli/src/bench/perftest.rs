@@ -338,6 +338,10 @@ struct Session {
     /// `pingpong_dest`s received, and those since the test connections.
     dests: u64,
     dests_connected: usize,
+    /// Test Sends received when the last `pingpong_dest` arrived: 0 with
+    /// Sends received means the client never sent the closing exchange
+    /// that follows its Sends (it failed on its own side, see `finish`).
+    sends_at_last_dest: u64,
     client_version: String,
     next_send: usize,
     tests: Vec<Test>,
@@ -425,6 +429,7 @@ fn run_session(dev: &Device, req: ConnectRequest, expect: Expect) -> Result<()> 
         msgs: 0,
         dests: 0,
         dests_connected: 0,
+        sends_at_last_dest: 0,
         client_version: String::new(),
         next_send: 0,
         tests: Vec::new(),
@@ -573,6 +578,7 @@ impl Session {
 
     fn on_dest(&mut self, msg: &[u8]) -> Result<Vec<u8>> {
         self.dests += 1;
+        self.sends_at_last_dest = self.sends;
         match self.phase {
             Phase::Setup => {
                 self.open_collecting()?;
@@ -914,7 +920,19 @@ impl Session {
         if !self.test_errors.is_empty() {
             bail!("{}; {summary}", self.test_errors.join("; "));
         }
-        println!("{summary}, done");
+        // A send_bw or send_lat client sends a `pingpong_dest` after its
+        // Sends (the closing exchange, `ctx_close_connection`) before it
+        // disconnects. One that leaves without it failed after its test, on
+        // its own side: perftest exits 1 with `Can't produce a report` when
+        // its clock calibration fails (a CPU-starved guest) and `-F` is not
+        // given (docs/perftest-protocol.md, section 7).
+        let note = if self.sends > 0 && self.sends_at_last_dest == 0 {
+            "; the client left after its Sends without its closing exchange (a failure on \
+             its side: see its output)"
+        } else {
+            ""
+        };
+        println!("{summary}{note}, done");
         Ok(())
     }
 }
