@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use softrdma_storage::endpoint::{
-    connect, decode_accept, decode_control_reply, encode_control, ControlOp, ControlStatus,
-    PartitionRegion, CTRL_MAX,
+    connect, decode_accept, decode_control_reply, decode_listing, encode_control, list_partitions,
+    ControlOp, ControlStatus, PartitionRegion, CTRL_MAX, GRANT_POLL,
 };
 use softrdma_storage::layout::Rights;
 use softrdma_storage::{InitOptions, PartitionSpec, Store};
@@ -323,7 +323,7 @@ fn grants_reach_new_connections_while_serving() {
     let t = Target::start(&path);
 
     let mut live = client();
-    let first = connect(&live.qp, t.addr, &bob, false).unwrap();
+    let first = connect(&live.qp, &live.cq, t.addr, &bob, false).unwrap();
     assert_eq!(first.len(), 1);
     assert_eq!((first[0].index, first[0].rights), (0, Rights::READ));
 
@@ -333,7 +333,8 @@ fn grants_reach_new_connections_while_serving() {
     let carol = grant_new(&path, "0", "carol", "r");
 
     let mut again = client();
-    let rs = connect(&again.qp, t.addr, &bob, false).expect("bob connects after the grant");
+    let rs =
+        connect(&again.qp, &again.cq, t.addr, &bob, false).expect("bob connects after the grant");
     let p1 =
         region(&rs, 1).unwrap_or_else(|| panic!("no partition 1 for bob after the grant: {rs:?}"));
     assert_eq!(p1.rights, Rights::READ_WRITE);
@@ -349,8 +350,8 @@ fn grants_reach_new_connections_while_serving() {
     assert_eq!(file_bytes(&path, off[1] + 4096, 8192), data);
 
     let c = client();
-    let rs =
-        connect(&c.qp, t.addr, &carol, false).expect("a principal created while serving connects");
+    let rs = connect(&c.qp, &c.cq, t.addr, &carol, false)
+        .expect("a principal created while serving connects");
     assert_eq!(rs.len(), 1);
     assert_eq!((rs[0].index, rs[0].rights), (0, Rights::READ));
 
@@ -362,76 +363,97 @@ fn grants_reach_new_connections_while_serving() {
 
 /// (b) A full revoke while the peer is connected and writing: its next
 /// access after the target applied it gets the protection Terminate,
-/// within the stated delay after `storage revoke` returned; no Write
-/// checked after that point reached the store, every earlier one did.
+/// within the stated delay after `storage revoke` returned; every Write
+/// the target accepted before is in the store, none after. Five rounds
+/// (grant, connect, write, revoke), each timed.
 #[test]
 fn revoke_terminates_the_next_access_of_a_live_connection() {
     let w = Work::new("grants-revoke");
     let path = store(&w, 2, 8 * MIB);
     let alice = {
         let mut s = Store::open(&path).unwrap();
-        let a = s.grant("0", "alice", Rights::READ_WRITE).unwrap().unwrap();
-        s.grant("1", "alice", Rights::READ).unwrap();
-        a
+        s.grant("1", "alice", Rights::READ).unwrap().unwrap()
     };
     let off = offsets(&path);
+    let p = path.to_str().unwrap();
     let t = Target::start(&path);
-    let mut c = client();
-    let rs = connect(&c.qp, t.addr, &alice, false).unwrap();
-    let p0 = region(&rs, 0).unwrap().rkey;
-
-    // Writes of 4 KiB into 16 slots, each read back before the next.
     const SLOTS: usize = 16;
     let mut model = vec![0u8; SLOTS * 4096];
-    let put = |c: &mut Client, model: &mut Vec<u8>, k: usize| {
-        let slot = k % SLOTS;
-        let data = pattern(4096, k as u64 + 1);
-        let (st, ok) = c.write_read(p0, (slot * 4096) as u64, &data);
-        if ok {
-            model[slot * 4096..(slot + 1) * 4096].copy_from_slice(&data);
+    let mut delays = Vec::new();
+    for round in 0..5u64 {
+        cli(&["grant", p, "0", "alice", "rw"]);
+        let mut c = client();
+        let rs = connect(&c.qp, &c.cq, t.addr, &alice, false).unwrap();
+        let p0 = region(&rs, 0).expect("partition 0 granted again").rkey;
+        // 4 KiB Writes into 16 slots, each read back before the next.
+        let put = |c: &mut Client, k: usize| {
+            let slot = k % SLOTS;
+            let data = pattern(4096, round << 32 | k as u64);
+            let (st, ok) = c.write_read(p0, (slot * 4096) as u64, &data);
+            (st, ok, slot, data)
+        };
+        let mut apply = |slot: usize, data: &[u8]| {
+            model[slot * 4096..(slot + 1) * 4096].copy_from_slice(data);
+        };
+        for k in 0..SLOTS {
+            let (st, ok, slot, data) = put(&mut c, k);
+            assert!(st == WcStatus::Success && ok);
+            apply(slot, &data);
         }
-        st
-    };
-    for k in 0..SLOTS {
-        assert_eq!(put(&mut c, &mut model, k), WcStatus::Success);
-    }
 
-    let p = path.to_str().unwrap();
-    cli(&["revoke", p, "0", "alice", "rw"]);
-    let revoked = Instant::now();
-    let mut k = SLOTS;
-    let refused_at = loop {
-        let st = put(&mut c, &mut model, k);
-        if st != WcStatus::Success {
-            break Instant::now();
+        cli(&["revoke", p, "0", "alice", "rw"]);
+        let revoked = Instant::now();
+        let mut k = SLOTS;
+        let (refused_at, slot, data) = loop {
+            let (st, ok, slot, data) = put(&mut c, k);
+            if st != WcStatus::Success {
+                break (Instant::now(), slot, data);
+            }
+            assert!(ok, "read back other bytes");
+            apply(slot, &data);
+            assert!(
+                revoked.elapsed() < EFFECT_DEADLINE,
+                "the revoke never took effect on the live connection ({} Writes after it went through)",
+                k - SLOTS
+            );
+            k += 1;
+        };
+        let delay = refused_at - revoked;
+        delays.push(delay);
+        let code = c.terminate().expect("a Terminate from the target");
+        assert!(is_protection(code), "not a protection error: {code}");
+        // Which message the revoke refused: a Write segment (DDP tagged
+        // buffer error: that Write placed nothing) or the Read behind an
+        // accepted Write (RDMAP: the Write was checked before the revoke
+        // took effect, and is stored).
+        if code.layer == Layer::Rdmap {
+            apply(slot, &data);
         }
+        // The file as the target left it: every accepted Write, nothing
+        // refused.
         assert!(
-            revoked.elapsed() < EFFECT_DEADLINE,
-            "the revoke never took effect on the live connection ({} Writes after it went through)",
+            file_bytes(&path, off[0], SLOTS * 4096) == model,
+            "round {round}: the store differs from the accepted Writes ({code})"
+        );
+        eprintln!(
+            "round {round}: revoke took effect {:.1} ms after `storage revoke` returned \
+             ({} accesses went through before; refused: {code})",
+            delay.as_secs_f64() * 1e3,
             k - SLOTS
         );
-        k += 1;
-    };
-    let delay = refused_at - revoked;
-    eprintln!(
-        "revoke took effect {:.1} ms after `storage revoke` returned ({} accesses went through before)",
-        delay.as_secs_f64() * 1e3,
-        k - SLOTS
-    );
-    let code = c.terminate().expect("a Terminate from the target");
-    assert!(is_protection(code), "not a protection error: {code}");
+    }
+    // The stated bound is one poll interval (20 ms) plus the time to read
+    // the metadata and narrow; the assertion allows for scheduling on a
+    // loaded host.
+    let worst = delays.iter().max().unwrap();
     assert!(
-        delay < Duration::from_millis(500),
-        "the revoke took {delay:?} to take effect"
+        *worst < GRANT_POLL + Duration::from_millis(480),
+        "a revoke took {worst:?} to take effect"
     );
-    // Every Write read back before is in the store, the refused one not.
-    drop(t);
-    assert!(file_bytes(&path, off[0], SLOTS * 4096) == model);
 
     // A new connection: partition 0 is gone, partition 1 is still there.
-    let t = Target::start(&path);
     let c = client();
-    let rs = connect(&c.qp, t.addr, &alice, false).unwrap();
+    let rs = connect(&c.qp, &c.cq, t.addr, &alice, false).unwrap();
     assert_eq!(rs.len(), 1);
     assert_eq!((rs[0].index, rs[0].rights), (1, Rights::READ));
 }
@@ -451,7 +473,7 @@ fn narrowing_write_to_read_keeps_reads_working() {
     let off = offsets(&path);
     let t = Target::start(&path);
     let mut c = client();
-    let rs = connect(&c.qp, t.addr, &alice, false).unwrap();
+    let rs = connect(&c.qp, &c.cq, t.addr, &alice, false).unwrap();
     assert_eq!(rs.len(), 1);
     let p0 = rs[0].rkey;
     let a = pattern(8192, 1);
@@ -487,7 +509,7 @@ fn narrowing_write_to_read_keeps_reads_working() {
     assert_eq!(file_bytes(&path, off[0], 8192), a);
 }
 
-/// (d) A principal with rights on 40 partitions (more than the 24 one MPA
+/// (d) A principal with rights on 40 partitions (more than the 15 one MPA
 /// reply lists) connects and uses every one of them.
 #[test]
 fn forty_partitions_are_all_reachable() {
@@ -510,14 +532,31 @@ fn forty_partitions_are_all_reachable() {
     let off = offsets(&path);
     let t = Target::start(&path);
     let mut c = client();
-    let mut rs = connect(&c.qp, t.addr, &alice, false).expect("connect with 40 partitions");
-    // What the reply did not list, over the connection.
-    let mut rest = c.info();
-    rest.retain(|r| region(&rs, r.index).is_none());
-    rs.extend(rest);
-    rs.sort_by_key(|r| r.index);
+    // `connect` fetches what the MPA reply did not list over the
+    // connection (Info pages).
+    let rs = connect(&c.qp, &c.cq, t.addr, &alice, false).expect("connect with 40 partitions");
     assert_eq!(rs.len(), 40, "{rs:?}");
-    assert_eq!(c.info(), rs, "Info lists the same");
+    assert_eq!(c.info(), rs, "Info pages list the same");
+    assert_eq!(list_partitions(&c.qp, &c.cq).unwrap(), rs);
+    // The MPA reply itself: the first 15 (what siw's 256 bytes of private
+    // data hold), and the number in all.
+    let raw = {
+        let x = client();
+        let params = ConnParams {
+            private_data: softrdma_storage::endpoint::encode_request(&alice, false),
+            ..Default::default()
+        };
+        x.qp.connect(t.addr, &params).unwrap()
+    };
+    let accept = decode_listing(&raw).unwrap();
+    assert_eq!((accept.regions.len(), accept.total), (15, 40));
+    // (Another connection: other STags.)
+    let shape = |r: &PartitionRegion| (r.index, r.rights, r.len);
+    assert!(accept
+        .regions
+        .iter()
+        .map(shape)
+        .eq(rs[..15].iter().map(shape)));
     for (i, r) in rs.iter().enumerate() {
         assert_eq!(r.index, i as u32);
         assert_eq!(r.len, MIB);
