@@ -965,4 +965,47 @@ mod tests {
         src.copy_to(4, &mut out);
         assert_eq!(out, [5, 6, 7, 8]);
     }
+
+    /// A narrowed backend refuses what its STag check may have let
+    /// through before the revoke (a Write staged by the engine), keeps
+    /// what is left, and never widens again.
+    #[test]
+    fn a_narrowed_backend_refuses_lost_rights() {
+        let p = std::env::temp_dir().join(format!("softrdma-narrow-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        let _ = std::fs::remove_file(&p);
+        f.set_len(1 << 20).unwrap();
+        let b = PartitionBackend {
+            file: Arc::new(DevFile {
+                buffered: f,
+                direct: None,
+                ring: None,
+            }),
+            base: 4096,
+            len: 65536,
+            pipe: None,
+            allowed: AtomicU8::new(Rights::READ_WRITE.bits()),
+            gate: RwLock::new(()),
+        };
+        b.write_at(0, &[7; 100]).unwrap();
+        b.narrow(Rights::READ);
+        let e = b.write_at(0, &[9; 100]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        let mut got = [0u8; 100];
+        b.read_at(0, &mut got).unwrap();
+        assert_eq!(got, [7; 100], "the refused write changed nothing");
+        b.narrow(Rights::READ_WRITE);
+        assert!(b.write_at(0, &[9; 100]).is_err(), "a right came back");
+        b.narrow(Rights::NONE);
+        assert!(b.read_at(0, &mut got).is_err());
+        let (tx, rx) = std::sync::mpsc::channel();
+        b.submit_read(0, 10, Box::new(move |r| tx.send(r.is_err()).unwrap()));
+        assert!(rx.recv().unwrap(), "an asynchronous read after the revoke");
+    }
 }

@@ -77,19 +77,26 @@ impl Target {
 
     /// Serves until `stop` is set (checked every 100 ms), with the grants
     /// watcher on a thread of its own (a slow handshake never delays a
-    /// revoke).
+    /// revoke). Should the watcher ever end by itself (a bug: it panicked),
+    /// the target stops serving rather than go on with rights nobody
+    /// narrows; the panic then propagates.
     pub fn run(&self, stop: &AtomicBool) {
         std::thread::scope(|s| {
-            std::thread::Builder::new()
+            let watcher = std::thread::Builder::new()
                 .name("storage-grants".into())
                 .spawn_scoped(s, || self.watch(stop))
                 .expect("spawning the grants watcher");
-            self.accept_loop(stop);
+            self.accept_loop(stop, &|| watcher.is_finished());
         });
     }
 
-    fn accept_loop(&self, stop: &AtomicBool) {
+    fn accept_loop(&self, stop: &AtomicBool, watcher_gone: &dyn Fn() -> bool) {
         while !stop.load(Ordering::Relaxed) {
+            if watcher_gone() {
+                tracing::error!("storage target: the grants watcher ended; no longer serving");
+                self.conns.lock().clear();
+                return;
+            }
             // Ended connections go; joining their control threads happens
             // outside the lock the watcher takes.
             let dead: Vec<Conn> = {
