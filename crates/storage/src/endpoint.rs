@@ -6,7 +6,8 @@
 //!
 //! - **Locally**, [`Endpoint::attach`] registers the partitions in a
 //!   protection domain of the caller's device and a QP of that domain
-//!   reaches them with [`QueuePair::connect_local`](softrdma_verbs::QueuePair::connect_local) (no network).
+//!   reaches them with [`softrdma_verbs::QueuePair::connect_local`] (no
+//!   network).
 //! - **Remotely**, [`Target`] (the CLI's `softrdma storage serve`) accepts
 //!   iWARP connections whose MPA private data carries a principal's token
 //!   (the formats: [`crate::wire`], re-exported here); an unknown token is
@@ -287,9 +288,7 @@ impl PartitionBackend {
     /// O_DIRECT Writes included): when this returns, nothing of the
     /// session touches the partition without a right it still has.
     fn narrow(&self, keep: Rights) {
-        let now = Rights::from_bits_lossy(self.allowed.load(Ordering::Acquire));
-        self.allowed
-            .store(now.intersect(keep).bits(), Ordering::Release);
+        self.allowed.fetch_and(keep.bits(), Ordering::AcqRel);
         drop(self.gate.write());
         if let Some(p) = &self.pipe {
             p.settle();
@@ -829,9 +828,9 @@ impl Endpoint {
     /// Registers every partition `principal` has rights on now, as a
     /// region of `pd` with exactly those rights (`REMOTE_READ`,
     /// `REMOTE_WRITE`), for use in this process through local QPs
-    /// ([`QueuePair::connect_local`](softrdma_verbs::QueuePair::connect_local)): every access is done when its WR
-    /// completes. Nothing watches the grants for a local session; call
-    /// [`Endpoint::refresh`] to apply revokes to it.
+    /// ([`softrdma_verbs::QueuePair::connect_local`]): every access is
+    /// done when its WR completes. Nothing watches the grants for a local
+    /// session; call [`Endpoint::refresh`] to apply revokes to it.
     pub fn attach(&self, pd: &ProtectionDomain, principal: &str) -> Result<Session, StorageError> {
         // The local QP orders its own WRs (strict or relaxed); the pipe
         // only keeps buffered and direct I/O of one page apart.
