@@ -6,8 +6,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use softrdma_storage::endpoint::{
-    decode_accept, decode_control, decode_control_reply, decode_request, encode_accept,
-    encode_control, encode_request, ControlOp,
+    decode_control, decode_control_reply, decode_listing, decode_request, encode_control_arg,
+    encode_listing, encode_request, ControlOp,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -17,14 +17,14 @@ fuzz_target!(|data: &[u8]| {
             Ok((token, relaxed))
         );
     }
-    if let Ok(regions) = decode_accept(data) {
-        let again = encode_accept(&regions).expect("decoded lists fit");
-        assert_eq!(decode_accept(&again), Ok(regions));
+    if let Ok(listing) = decode_listing(data) {
+        let again = encode_listing(&listing.regions, listing.total);
+        assert_eq!(decode_listing(&again), Ok(listing));
     }
-    if let Some((op, id)) = decode_control(data) {
-        let mut again = encode_control(ControlOp::Ping, id);
+    if let Some((op, arg, id)) = decode_control(data) {
+        let mut again = encode_control_arg(ControlOp::Info, arg, id);
         again[5] = op;
-        assert_eq!(decode_control(&again), Some((op, id)));
+        assert_eq!(decode_control(&again), Some((op, arg, id)));
     }
     let _ = decode_control_reply(data);
 });

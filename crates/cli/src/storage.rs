@@ -44,14 +44,17 @@ enum Cmd {
         json: bool,
     },
     /// Give PRINCIPAL rights (r, w or rw) on PARTITION (index or name). A
-    /// new principal gets a random token, printed once.
+    /// new principal gets a random token, printed once. A running target
+    /// applies it to the next connection.
     Grant {
         path: PathBuf,
         partition: String,
         principal: String,
         rights: Rights,
     },
-    /// Take rights (r, w or rw) on PARTITION away from PRINCIPAL.
+    /// Take rights (r, w or rw) on PARTITION away from PRINCIPAL. A running
+    /// target narrows its live connections within about 20 ms (their next
+    /// access without the right gets the protection Terminate).
     Revoke {
         path: PathBuf,
         partition: String,

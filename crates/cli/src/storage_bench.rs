@@ -343,7 +343,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
         let mut a = QpInitAttr::new(&cq);
         a.caps.max_send_wr = 64;
         let qp = cpd.create_qp(a)?;
-        let regions = connect(&qp, taddr, &token, relaxed)?;
+        let regions = connect(&qp, &cq, taddr, &token, relaxed)?;
         Ok((qp, cq, regions[0].rkey))
     };
     // TCP baseline server.

@@ -247,10 +247,15 @@ impl Drop for HostProc {
 
 impl HostProc {
     fn spawn(work: &Work, name: &str, args: &[String]) -> HostProc {
+        Self::spawn_env(work, name, args, &[])
+    }
+
+    fn spawn_env(work: &Work, name: &str, args: &[String], env: &[(&str, &str)]) -> HostProc {
         let out = work.path(&format!("{name}.out"));
         let err = work.path(&format!("{name}.err"));
         let child = Command::new(SOFTRDMA)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(fs::File::create(&out).unwrap())
             .stderr(fs::File::create(&err).unwrap())
@@ -3166,15 +3171,19 @@ fn storage_pat(o: u64, k: u32) -> u8 {
 /// `tests/guest/storage_client.c`, built here against rdma-core, connects
 /// from the guest with a principal's token in its MPA private data. A wrong
 /// token is refused at connect time; with the right one it reads the
-/// partition list from the accept, pings over Send/Receive, RDMA-Writes
-/// overlapping ranges into its read-write partition, flushes with a
-/// zero-length RDMA Read and with the FlushAll control message, reads
-/// everything back, reads the read-only partition and fails the connection
-/// by Writing to it; then Writes, flushes and reads back on a
-/// relaxed-ordering connection. Afterwards the target is SIGKILLed and the
-/// store file itself must hold exactly the modelled bytes (the later of two
-/// overlapping strict Writes wins; the refused Write changed nothing), and
-/// every captured FPDU decodes cleanly in tshark, our Terminate included.
+/// partition list from the accept and the rest of it with Info control
+/// messages (20 partitions, the accept lists 15), reads the last one, pings
+/// over Send/Receive, RDMA-Writes overlapping ranges into its read-write
+/// partition, flushes with a zero-length RDMA Read and with the FlushAll
+/// control message, reads everything back, reads the read-only partition
+/// and fails the connection by Writing to it; then Writes, flushes and
+/// reads back on a relaxed-ordering connection; then, connected again,
+/// waits while the host runs `storage revoke ... w`, sees partition 0
+/// narrowed to read in Info (same STag), reads it and has its Write
+/// refused. Afterwards the target is SIGKILLed and the store file itself
+/// must hold exactly the modelled bytes (the later of two overlapping
+/// strict Writes wins; the refused Writes changed nothing), and every
+/// captured FPDU decodes cleanly in tshark, our Terminate included.
 #[test]
 fn guest_siw_client_vs_softrdma_storage_target() {
     use softrdma_storage::layout::Rights;
@@ -3186,14 +3195,18 @@ fn guest_siw_client_vs_softrdma_storage_target() {
     let _serial = lock_guest();
     let work = Work::new("storage");
     let bin = build_guest_program(&work, "storage_client");
-    // Two 8 MiB partitions: the guest's principal may write 0 and read 1.
+    // Two 8 MiB partitions: the guest's principal may write 0 and read 1;
+    // and 18 of 1 MiB it may read, so that it reaches 20, more than the
+    // accept lists (15): the client asks for the rest with Info.
     const MIB: u64 = 1 << 20;
+    const PARTS: usize = 20;
     let path = work.path("store.img");
+    let spec = format!("8MiB,8MiB{}", ",1MiB".repeat(PARTS - 2));
     let mut store = Store::init(
         &path,
         &InitOptions {
-            size: Some(18 * MIB),
-            partitions: PartitionSpec::Equal(2),
+            size: Some(35 * MIB),
+            partitions: PartitionSpec::Layout(softrdma_storage::parse_layout(&spec).unwrap()),
             align: MIB,
             force: false,
         },
@@ -3203,7 +3216,9 @@ fn guest_siw_client_vs_softrdma_storage_target() {
         .grant("0", "guest", Rights::READ_WRITE)
         .unwrap()
         .expect("a new principal gets a token");
-    store.grant("1", "guest", Rights::READ).unwrap();
+    for i in 1..PARTS {
+        store.grant(&i.to_string(), "guest", Rights::READ).unwrap();
+    }
     let parts: Vec<(u64, u64)> = store
         .layout()
         .partitions
@@ -3215,6 +3230,9 @@ fn guest_siw_client_vs_softrdma_storage_target() {
     let ro_fill: Vec<u8> = (0..256 << 10).map(|o| storage_pat(o, 99)).collect();
     let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(&ro_fill, p1.0).unwrap();
+    // The last partition, which only Info lists: 4 KiB the client checks.
+    let last: Vec<u8> = (0..4096).map(|o| storage_pat(o, 77)).collect();
+    f.write_all_at(&last, parts[PARTS - 1].0).unwrap();
     drop(f);
     let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
 
@@ -3231,7 +3249,9 @@ fn guest_siw_client_vs_softrdma_storage_target() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut server = HostProc::spawn(&work, "target", &args);
+    // (Its log at info level names each admitted connection: the host
+    // revokes once the client's fourth connection is up.)
+    let mut server = HostProc::spawn_env(&work, "target", &args, &[("RUST_LOG", "info")]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !host_listening(port) {
         if server.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
@@ -3245,11 +3265,48 @@ fn guest_siw_client_vs_softrdma_storage_target() {
         guest_prelude()
     );
     let mut guest = Guest::boot(&env, &work, &script, &[], &[bin], 300);
+    // Step 4: the client holds its fourth connection open (the third
+    // admitted: the first had a wrong token); revoke its write right on
+    // partition 0 from another process while it is connected. (Waiting
+    // for the target's log, not the guest's REVOKE-READY line: under TCG
+    // the guest's console output can lag its program by minutes.)
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let log = fs::read_to_string(&server.err).unwrap_or_default();
+        let admitted = log
+            .lines()
+            .filter(|l| l.contains("storage connection") && !l.contains("refused"))
+            .count();
+        if admitted >= 3 {
+            break;
+        }
+        if server.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            guest.fail(&format!(
+                "the client's fourth connection never came: {}",
+                server.premature()
+            ));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let revoke = Command::new(SOFTRDMA)
+        .args(["storage", "revoke"])
+        .arg(&path)
+        .args(["0", "guest", "w"])
+        .output()
+        .unwrap();
+    if !revoke.status.success() {
+        guest.fail(&format!(
+            "storage revoke: {}",
+            String::from_utf8_lossy(&revoke.stderr)
+        ));
+    }
     let exit = guest.finish();
     let pcap = cap.stop();
     let has = |s: &str| guest.log.iter().any(|l| l.contains(s));
     for want in [
         "REJECTED",
+        "LISTED 20 PARTITIONS (5 by Info)",
+        "LAST-PARTITION 19 READ OK",
         "PING OK",
         "FLUSH OK",
         "FLUSHALL OK",
@@ -3257,6 +3314,9 @@ fn guest_siw_client_vs_softrdma_storage_target() {
         "RO-READ OK",
         "RO-WRITE REFUSED",
         "RELAXED VERIFIED",
+        "NARROWED after",
+        "NARROWED-READ OK",
+        "NARROWED-WRITE REFUSED",
         "DONE",
         "CLIENT-RC 0",
     ] {

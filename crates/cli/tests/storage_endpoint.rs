@@ -179,7 +179,7 @@ fn remote_rights_tokens_and_flush() {
     let off1 = partition_offset(&path, 1);
 
     let c = client();
-    let regions = connect(&c.qp, addr, &alice, false).unwrap();
+    let regions = connect(&c.qp, &c.cq, addr, &alice, false).unwrap();
     let want = |i, rights| PartitionRegion {
         index: i,
         rkey: regions.iter().find(|r| r.index == i).unwrap().rkey,
@@ -291,7 +291,7 @@ fn remote_rights_tokens_and_flush() {
 
     // bob may read partition 0 but not write it.
     let b = client();
-    let r = connect(&b.qp, addr, &bob, false).unwrap();
+    let r = connect(&b.qp, &b.cq, addr, &bob, false).unwrap();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].rights, Rights::READ);
     let bsrc =
@@ -325,7 +325,7 @@ fn remote_rights_tokens_and_flush() {
 
     // An unknown token: refused before any QP exists on the target.
     let x = client();
-    match connect(&x.qp, addr, &[7; 32], false) {
+    match connect(&x.qp, &x.cq, addr, &[7; 32], false) {
         Err(ConnectError::Refused(why)) => assert!(why.contains("unknown token"), "{why}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
@@ -758,7 +758,7 @@ fn remote_direct_writes_are_queued_in_order() {
     let mut rnd = rng(0x1234_5678_9abc_def1u64);
     // Strict.
     let c = client();
-    let p0 = connect(&c.qp, addr, &alice, false).unwrap()[0].rkey;
+    let p0 = connect(&c.qp, &c.cq, addr, &alice, false).unwrap()[0].rkey;
     let mut model = file_bytes(&path, off0, SPAN);
     let src = c.pd.alloc_mr(OPS * 4 * BLK, Access::LOCAL_WRITE).unwrap();
     let dst = c.pd.alloc_mr(OPS * 4 * BLK, Access::LOCAL_WRITE).unwrap();
@@ -816,7 +816,7 @@ fn remote_direct_writes_are_queued_in_order() {
 
     // Relaxed: 64 disjoint Writes, a Flush, then Reads of everything.
     let c = client();
-    let p0 = connect(&c.qp, addr, &alice, true).unwrap()[0].rkey;
+    let p0 = connect(&c.qp, &c.cq, addr, &alice, true).unwrap()[0].rkey;
     let src = c.pd.alloc_mr(64 * 2 * BLK, Access::LOCAL_WRITE).unwrap();
     let dst = c.pd.alloc_mr(64 * 2 * BLK, Access::LOCAL_WRITE).unwrap();
     let bytes = pattern(64 * 2 * BLK, 99);
@@ -883,7 +883,7 @@ fn flushed_writes_survive_kill_9() {
         let (mut child, addr) = serve(&path, direct);
         let c = client();
         let relaxed = round % 2 == 1;
-        let regions = connect(&c.qp, addr, &alice, relaxed).unwrap();
+        let regions = connect(&c.qp, &c.cq, addr, &alice, relaxed).unwrap();
         let p0 = regions[0].rkey;
         // Everything must equal the durable image from the rounds before.
         let check = c.pd.alloc_mr(SPAN, Access::LOCAL_WRITE).unwrap();

@@ -6,12 +6,19 @@
 //!
 //! - **Locally**, [`Endpoint::attach`] registers the partitions in a
 //!   protection domain of the caller's device and a QP of that domain
-//!   reaches them with [`QueuePair::connect_local`] (no network).
-//! - **Remotely**, [`serve`] (the CLI's `softrdma storage serve`) accepts
+//!   reaches them with [`softrdma_verbs::QueuePair::connect_local`] (no
+//!   network).
+//! - **Remotely**, [`Target`] (the CLI's `softrdma storage serve`) accepts
 //!   iWARP connections whose MPA private data carries a principal's token
-//!   ([`ConnectRequest`] below); an unknown token is rejected in the MPA
-//!   reply with a reason; the accept lists each reachable partition's STag
-//!   and length. [`connect`] is the client side.
+//!   (the formats: [`crate::wire`], re-exported here); an unknown token is
+//!   rejected in the MPA reply with a reason; the accept lists the
+//!   reachable partitions' STags and lengths (the first 15; the rest over
+//!   the connection). [`connect`] is the client side.
+//!
+//! Grants are read from the device, not from a copy taken at open: at
+//! each admission, and by the target's watcher, which narrows or ends the
+//! rights of live connections when a revoke changed the metadata
+//! ([`Session::narrow_to`], `target.rs`).
 //!
 //! Ordering, remote: strict by default (the result is that of executing
 //! the connection's messages one by one: a Read sees every earlier
@@ -28,22 +35,22 @@
 //! every earlier Write and then makes them durable, and a failed earlier
 //! Write fails the Flush.
 
-use crate::layout::Rights;
+use crate::layout::{Layout, Rights};
+pub use crate::target::{Target, GRANT_POLL};
 use crate::uring::{Aligned, Ring};
-use crate::{StorageError, Store};
-use parking_lot::{Condvar, Mutex};
+pub use crate::wire::*;
+use crate::{MetaStamp, StorageError, Store};
+use parking_lot::{Condvar, Mutex, RwLock};
 use softrdma_verbs::{
-    Access, ConnParams, Device, IoDone, MemSpans, MemoryRegion, ProtectionDomain, QpState,
-    QueuePair, RegOptions, RegionBackend,
+    Access, IoDone, MemSpans, MemoryRegion, ProtectionDomain, RegOptions, RegionBackend,
 };
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Whether the endpoint bypasses the page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -231,13 +238,26 @@ impl DevFile {
     }
 }
 
-/// One partition's bytes on the device.
+/// One partition's bytes on the device, as one session (a connection, or
+/// a local attachment) reaches them.
 pub struct PartitionBackend {
     file: Arc<DevFile>,
     base: u64,
     len: u64,
     /// A remote connection's Writes, queued to io_uring (O_DIRECT).
     pipe: Option<Arc<Pipe>>,
+    /// What the session may still do here (`Rights` bits): a revoke
+    /// narrows it (never widens), and from then on the backend refuses a
+    /// transfer its STag check let through before the revoke (a Write
+    /// message whose segments were being received, say).
+    allowed: AtomicU8,
+    /// Held shared by every call that moves bytes, exclusive by a revoke
+    /// to wait for the ones in progress ([`PartitionBackend::narrow`]).
+    /// Shared holders take it recursively (a completion callback may
+    /// start the next request), so a waiting revoke never blocks them: a
+    /// remote connection's calls come one at a time from its progress
+    /// thread, and the revoke gets the lock between two.
+    gate: RwLock<()>,
 }
 
 impl PartitionBackend {
@@ -250,10 +270,38 @@ impl PartitionBackend {
             )),
         }
     }
-}
 
-impl PartitionBackend {
+    /// The right `need` is still the session's (checked under the gate).
+    fn may(&self, need: Rights) -> io::Result<()> {
+        if Rights::from_bits_lossy(self.allowed.load(Ordering::Acquire)).contains(need) {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the right on this partition was revoked",
+            ))
+        }
+    }
+
+    /// Takes every right outside `keep` away, then waits until no
+    /// transfer that started before is still moving bytes (queued
+    /// O_DIRECT Writes included): when this returns, nothing of the
+    /// session touches the partition without a right it still has.
+    fn narrow(&self, keep: Rights) {
+        self.allowed.fetch_and(keep.bits(), Ordering::AcqRel);
+        drop(self.gate.write());
+        if let Some(p) = &self.pipe {
+            p.settle();
+        }
+    }
+
     fn store(&self, off: u64, data: Src<'_>) -> io::Result<()> {
+        let _g = self.gate.read_recursive();
+        self.may(Rights::WRITE)?;
+        self.store_now(off, data)
+    }
+
+    fn store_now(&self, off: u64, data: Src<'_>) -> io::Result<()> {
         let at = self.check(off, data.len())?;
         match &self.pipe {
             Some(p) => p.write(at, data),
@@ -262,6 +310,8 @@ impl PartitionBackend {
     }
 
     fn load(&self, off: u64, buf: Dst<'_>) -> io::Result<()> {
+        let _g = self.gate.read_recursive();
+        self.may(Rights::READ)?;
         let at = self.check(off, buf.len())?;
         if let Some(p) = &self.pipe {
             p.before_read(at, buf.len());
@@ -270,14 +320,29 @@ impl PartitionBackend {
     }
 
     fn submit_store(&self, off: u64, data: Src<'_>, done: IoDone) {
+        let g = self.gate.read_recursive();
+        if let Err(e) = self.may(Rights::WRITE) {
+            drop(g);
+            return done(Err(e));
+        }
         let total = data.len();
         let at = match self.check(off, total) {
             Ok(at) => at,
-            Err(e) => return done(Err(e)),
+            Err(e) => {
+                drop(g);
+                return done(Err(e));
+            }
         };
         match (&self.pipe, self.file.direct_for(at, total)) {
-            (Some(p), Some(_)) => p.submit(at, data, done),
-            _ => done(self.store(off, data).map(|()| &[][..])),
+            (Some(p), Some(_)) => {
+                // Queued: the pipe counts it until it is on the device.
+                p.submit(at, data, done);
+            }
+            _ => {
+                let r = self.store_now(off, data);
+                drop(g);
+                done(r.map(|()| &[][..]))
+            }
         }
     }
 }
@@ -331,9 +396,13 @@ impl RegionBackend for PartitionBackend {
         self.submit_store(off, Src::Mem(src), done)
     }
     fn submit_read(&self, off: u64, len: usize, done: IoDone) {
-        let at = match self.check(off, len) {
+        let g = self.gate.read_recursive();
+        let at = match self.may(Rights::READ).and_then(|()| self.check(off, len)) {
             Ok(at) => at,
-            Err(e) => return done(Err(e)),
+            Err(e) => {
+                drop(g);
+                return done(Err(e));
+            }
         };
         if let Some(p) = &self.pipe {
             p.before_read(at, len);
@@ -343,6 +412,7 @@ impl RegionBackend for PartitionBackend {
             _ => {
                 let mut v = vec![0u8; len];
                 let r = self.file.read(at, Dst::Slice(&mut v));
+                drop(g);
                 done(r.map(|()| &v[..]))
             }
         }
@@ -484,6 +554,18 @@ impl Pipe {
         self.wait_clear(&mut st, at, len, |_| true);
     }
 
+    /// Waits for every queued Write, leaving a failure for the next
+    /// Flush to report.
+    fn settle(&self) {
+        let mut st = self.st.lock();
+        while !st.inflight.is_empty() {
+            if let Some(r) = &self.file.ring {
+                r.kick();
+            }
+            self.cv.wait(&mut st);
+        }
+    }
+
     /// Waits for every queued Write; returns (and clears) the first error.
     fn drain(&self) -> io::Result<()> {
         let mut st = self.st.lock();
@@ -510,37 +592,135 @@ pub struct PartitionRegion {
     pub rights: Rights,
 }
 
+/// One partition registered in a session.
+struct Part {
+    index: u32,
+    /// Where the partition was when registered: a later layout that moves
+    /// or resizes it (a re-initialised store) leaves the session nothing.
+    offset: u64,
+    size: u64,
+    mr: MemoryRegion,
+    backend: Arc<PartitionBackend>,
+}
+
 /// The partitions registered for one principal in one protection domain.
 /// Dropping it deregisters them.
+///
+/// Its rights only narrow: [`Session::narrow_to`] (what a storage target
+/// does for each live connection when the grants on the device change)
+/// takes rights a newer layout no longer grants away from the
+/// registrations in place. A right granted later reaches new sessions only.
 pub struct Session {
     /// Who.
     pub principal: String,
-    /// The reachable partitions (rights not empty), by index.
-    pub regions: Vec<PartitionRegion>,
-    _mrs: Vec<MemoryRegion>,
-    backends: Vec<Arc<PartitionBackend>>,
+    token: [u8; 32],
+    parts: Vec<Part>,
+    /// The reachable partitions with their rights now, by index.
+    regions: Mutex<Vec<PartitionRegion>>,
+    /// The layout the rights were last reconciled with.
+    seen: Mutex<Arc<Layout>>,
 }
 
 impl Session {
     /// Makes every Write placed so far on any of the session's partitions
     /// durable (what the `FLUSH_ALL` control message does).
     pub fn flush_all(&self) -> io::Result<()> {
-        for b in &self.backends {
-            b.flush()?;
+        for p in &self.parts {
+            p.backend.flush()?;
         }
         Ok(())
     }
 
-    /// The region of partition `index`, if reachable.
-    pub fn region(&self, index: u32) -> Option<&PartitionRegion> {
-        self.regions.iter().find(|r| r.index == index)
+    /// The region of partition `index`, if reachable now.
+    pub fn region(&self, index: u32) -> Option<PartitionRegion> {
+        self.regions
+            .lock()
+            .iter()
+            .find(|r| r.index == index)
+            .cloned()
     }
+
+    /// The reachable partitions with their rights now, by index.
+    pub fn regions(&self) -> Vec<PartitionRegion> {
+        self.regions.lock().clone()
+    }
+
+    /// Reconciles the session with `layout` (newer than the one it was
+    /// registered with): each partition keeps the rights it has *and*
+    /// `layout` grants the session's principal (found by its token), and
+    /// none if the principal or the partition is gone or moved. A
+    /// partition that loses a right is narrowed in place, keeping its STag
+    /// (the STag check refuses the lost right: RFC 5040's protection
+    /// Terminate for a peer); one that loses every right is invalidated
+    /// (its STag stays reserved for the session, so it is never reused for
+    /// another region while the peer may still name it). Each narrowing
+    /// also closes the partition's backend to the lost rights and waits
+    /// for transfers already moving bytes: when this returns, no byte is
+    /// read or written without a right the session still has. Returns the
+    /// changes, (partition, before, after). Cheap when `layout` is the one
+    /// seen last.
+    pub fn narrow_to(&self, layout: &Arc<Layout>) -> Vec<(u32, Rights, Rights)> {
+        let mut seen = self.seen.lock();
+        if Arc::ptr_eq(&seen, layout) {
+            return Vec::new();
+        }
+        let who = layout
+            .authenticate(&self.token)
+            .filter(|&q| layout.principals[q as usize].name == self.principal);
+        let mut changes = Vec::new();
+        for p in &self.parts {
+            let Some(now) = self.region(p.index).map(|r| r.rights) else {
+                continue;
+            };
+            let same_place = layout
+                .partitions
+                .get(p.index as usize)
+                .is_some_and(|l| l.offset == p.offset && l.size == p.size);
+            let granted = match who {
+                Some(q) if same_place => layout.rights(p.index, q),
+                _ => Rights::NONE,
+            };
+            let keep = now.intersect(granted);
+            if keep == now {
+                continue;
+            }
+            if keep.is_empty() {
+                p.mr.set_valid(false);
+            } else {
+                p.mr.restrict_access(access_for(keep));
+            }
+            p.backend.narrow(keep);
+            let mut rs = self.regions.lock();
+            if keep.is_empty() {
+                rs.retain(|r| r.index != p.index);
+            } else if let Some(r) = rs.iter_mut().find(|r| r.index == p.index) {
+                r.rights = keep;
+            }
+            changes.push((p.index, now, keep));
+        }
+        *seen = layout.clone();
+        changes
+    }
+}
+
+/// The STag rights of a partition's region for `rights`.
+fn access_for(rights: Rights) -> Access {
+    let mut access = Access::LOCAL_READ;
+    if rights.contains(Rights::READ) {
+        access = access | Access::REMOTE_READ;
+    }
+    if rights.contains(Rights::WRITE) {
+        access = access | Access::REMOTE_WRITE;
+    }
+    access
 }
 
 /// An opened store, ready to serve its partitions.
 pub struct Endpoint {
     store: Store,
     file: Arc<DevFile>,
+    /// The metadata as last read from the device, and its stamp.
+    meta: Mutex<Option<(MetaStamp, Arc<Layout>)>>,
 }
 
 impl Endpoint {
@@ -593,6 +773,7 @@ impl Endpoint {
         };
         Ok(Endpoint {
             store,
+            meta: Mutex::new(None),
             file: Arc::new(DevFile {
                 buffered,
                 direct: direct_file,
@@ -617,26 +798,53 @@ impl Endpoint {
         format!("storage:{}", self.store.path().display())
     }
 
-    /// The store behind it.
+    /// The store behind it (its [`Store::layout`] is the metadata as it
+    /// was at open; [`Endpoint::layout`] reads it as it is now).
     pub fn store(&self) -> &Store {
         &self.store
     }
 
-    /// The principal a token belongs to (constant-time comparison).
-    pub fn authenticate(&self, token: &[u8]) -> Option<String> {
-        let l = self.store.layout();
-        l.authenticate(token)
-            .map(|i| l.principals[i as usize].name.clone())
+    /// The metadata as it is on the device now: `storage grant` and
+    /// `revoke` in other processes update it while the endpoint is open.
+    /// Each call checks the device ([`Store::reload`]: under a shared lock,
+    /// two small reads per copy while nothing changed); the same `Arc`
+    /// comes back until something did. An unreadable device is an error
+    /// (the caller refuses what it was about to allow).
+    pub fn layout(&self) -> Result<Arc<Layout>, StorageError> {
+        let mut m = self.meta.lock();
+        if let Some((stamp, layout)) = self.store.reload(m.as_ref().map(|x| &x.0))? {
+            *m = Some((stamp, Arc::new(layout)));
+        }
+        Ok(m.as_ref().expect("read above").1.clone())
     }
 
-    /// Registers every partition `principal` has rights on, as a region of
-    /// `pd` with exactly those rights (`REMOTE_READ`, `REMOTE_WRITE`), for
-    /// use in this process through local QPs ([`QueuePair::connect_local`]):
-    /// every access is done when its WR completes.
+    /// The principal a token belongs to now (constant-time comparison).
+    pub fn authenticate(&self, token: &[u8]) -> Result<Option<String>, StorageError> {
+        let l = self.layout()?;
+        Ok(l.authenticate(token)
+            .map(|i| l.principals[i as usize].name.clone()))
+    }
+
+    /// Registers every partition `principal` has rights on now, as a
+    /// region of `pd` with exactly those rights (`REMOTE_READ`,
+    /// `REMOTE_WRITE`), for use in this process through local QPs
+    /// ([`softrdma_verbs::QueuePair::connect_local`]): every access is
+    /// done when its WR completes. Nothing watches the grants for a local
+    /// session; call [`Endpoint::refresh`] to apply revokes to it.
     pub fn attach(&self, pd: &ProtectionDomain, principal: &str) -> Result<Session, StorageError> {
         // The local QP orders its own WRs (strict or relaxed); the pipe
         // only keeps buffered and direct I/O of one page apart.
-        self.register(pd, principal, self.pipe(false, false))
+        let l = self.layout()?;
+        let q = l
+            .principal(principal)
+            .ok_or_else(|| StorageError::NoSuchPrincipal(principal.into()))?;
+        self.register(&l, q, pd, self.pipe(false, false))
+    }
+
+    /// Narrows `session` to the grants on the device now
+    /// ([`Session::narrow_to`]); the changes made.
+    pub fn refresh(&self, session: &Session) -> Result<Vec<(u32, Rights, Rights)>, StorageError> {
+        Ok(session.narrow_to(&self.layout()?))
     }
 
     fn pipe(&self, strict: bool, queue: bool) -> Option<Arc<Pipe>> {
@@ -652,57 +860,52 @@ impl Endpoint {
     }
 
     /// [`Endpoint::attach`] for a remote connection (what [`Target`]
-    /// does): on an O_DIRECT endpoint with io_uring, the connection's
-    /// Writes are queued to the device as they arrive (see the module's
-    /// notes on ordering; `relaxed` as the peer asked).
+    /// does), as the principal `principal` (an index) of `layout` (one
+    /// [`Endpoint::layout`] returned): on an O_DIRECT endpoint with
+    /// io_uring, the connection's Writes are queued to the device as they
+    /// arrive (see the module's notes on ordering; `relaxed` as the peer
+    /// asked).
     pub fn attach_connection(
         &self,
+        layout: &Arc<Layout>,
+        principal: u32,
         pd: &ProtectionDomain,
-        principal: &str,
         relaxed: bool,
     ) -> Result<Session, StorageError> {
-        self.register(pd, principal, self.pipe(!relaxed, true))
+        self.register(layout, principal, pd, self.pipe(!relaxed, true))
     }
 
     fn register(
         &self,
+        l: &Arc<Layout>,
+        who: u32,
         pd: &ProtectionDomain,
-        principal: &str,
         pipe: Option<Arc<Pipe>>,
     ) -> Result<Session, StorageError> {
-        let l = self.store.layout();
-        let who = l
+        let principal = l
             .principals
-            .iter()
-            .position(|p| p.name == principal)
-            .ok_or_else(|| StorageError::NoSuchPrincipal(principal.into()))?;
+            .get(who as usize)
+            .ok_or_else(|| StorageError::NoSuchPrincipal(format!("#{who}")))?;
         let mut regions = Vec::new();
-        let mut mrs = Vec::new();
-        let mut backends = Vec::new();
+        let mut parts = Vec::new();
         for (i, p) in l.partitions.iter().enumerate() {
-            let rights = l.rights(i as u32, who as u32);
+            let rights = l.rights(i as u32, who);
             if rights.is_empty() {
                 continue;
-            }
-            let mut access = Access::LOCAL_READ;
-            if rights.contains(Rights::READ) {
-                access = access | Access::REMOTE_READ;
-            }
-            if rights.contains(Rights::WRITE) {
-                access = access | Access::REMOTE_WRITE;
             }
             let b = Arc::new(PartitionBackend {
                 file: self.file.clone(),
                 base: p.offset,
                 len: p.size,
                 pipe: pipe.clone(),
+                allowed: AtomicU8::new(rights.bits()),
+                gate: RwLock::new(()),
             });
-            backends.push(b.clone());
             let mr = pd
                 .register_backend(
-                    b,
+                    b.clone(),
                     p.size,
-                    access,
+                    access_for(rights),
                     RegOptions {
                         iova: Some(0),
                         ..Default::default()
@@ -715,433 +918,27 @@ impl Endpoint {
                 len: p.size,
                 rights,
             });
-            mrs.push(mr);
+            parts.push(Part {
+                index: i as u32,
+                offset: p.offset,
+                size: p.size,
+                mr,
+                backend: b,
+            });
         }
         Ok(Session {
-            principal: principal.into(),
-            regions,
-            _mrs: mrs,
-            backends,
+            principal: principal.name.clone(),
+            token: principal.token,
+            parts,
+            regions: Mutex::new(regions),
+            seen: Mutex::new(l.clone()),
         })
-    }
-}
-
-// ------------------------------------------------------------ wire format
-
-/// Connect request private data: magic, version, flags, token.
-const REQ_MAGIC: &[u8; 4] = b"SRSQ";
-/// Accept private data: magic, version, count, then the partitions.
-const ACC_MAGIC: &[u8; 4] = b"SRSA";
-/// Reject private data: magic, then a UTF-8 reason.
-const REJ_MAGIC: &[u8; 4] = b"SRSJ";
-const VERSION: u8 = 1;
-/// Flag: relaxed ordering.
-const FLAG_RELAXED: u8 = 1;
-const REQ_LEN: usize = 8 + 32;
-const ENTRY_LEN: usize = 16;
-/// Partitions an accept can list (MPA private data is at most 512 bytes).
-pub const MAX_LISTED: usize = 24;
-
-/// What a client sends in its MPA request.
-pub fn encode_request(token: &[u8; 32], relaxed: bool) -> Vec<u8> {
-    let mut v = Vec::with_capacity(REQ_LEN);
-    v.extend_from_slice(REQ_MAGIC);
-    v.push(VERSION);
-    v.push(if relaxed { FLAG_RELAXED } else { 0 });
-    v.extend_from_slice(&[0, 0]);
-    v.extend_from_slice(token);
-    v
-}
-
-/// Parses a connect request: (token, relaxed).
-pub fn decode_request(b: &[u8]) -> Result<([u8; 32], bool), String> {
-    if b.len() != REQ_LEN || &b[..4] != REQ_MAGIC {
-        return Err("not a softrdma storage connect request".into());
-    }
-    if b[4] != VERSION {
-        return Err(format!("unsupported request version {}", b[4]));
-    }
-    if b[5] & !FLAG_RELAXED != 0 {
-        return Err(format!("unknown flags {:#x}", b[5]));
-    }
-    let mut t = [0; 32];
-    t.copy_from_slice(&b[8..]);
-    Ok((t, b[5] & FLAG_RELAXED != 0))
-}
-
-/// The accept's list of partitions.
-pub fn encode_accept(regions: &[PartitionRegion]) -> Result<Vec<u8>, String> {
-    if regions.len() > MAX_LISTED {
-        return Err(format!(
-            "{} partitions reachable; a connection lists at most {MAX_LISTED}",
-            regions.len()
-        ));
-    }
-    let mut v = Vec::with_capacity(8 + regions.len() * ENTRY_LEN);
-    v.extend_from_slice(ACC_MAGIC);
-    v.push(VERSION);
-    v.push(regions.len() as u8);
-    v.extend_from_slice(&[0, 0]);
-    for r in regions {
-        v.extend_from_slice(&(r.index as u16).to_be_bytes());
-        v.push(rights_bits(r.rights));
-        v.push(0);
-        v.extend_from_slice(&r.rkey.to_be_bytes());
-        v.extend_from_slice(&r.len.to_be_bytes());
-    }
-    Ok(v)
-}
-
-fn rights_bits(r: Rights) -> u8 {
-    (r.contains(Rights::READ) as u8) | (r.contains(Rights::WRITE) as u8) << 1
-}
-
-/// Parses an accept.
-pub fn decode_accept(b: &[u8]) -> Result<Vec<PartitionRegion>, String> {
-    if b.len() < 8 || &b[..4] != ACC_MAGIC || b[4] != VERSION {
-        return Err("not a softrdma storage accept".into());
-    }
-    let n = b[5] as usize;
-    if n > MAX_LISTED || b.len() != 8 + n * ENTRY_LEN {
-        return Err("malformed storage accept".into());
-    }
-    b[8..]
-        .chunks_exact(ENTRY_LEN)
-        .map(|e| {
-            let rights = match e[2] {
-                1 => Rights::READ,
-                2 => Rights::WRITE,
-                3 => Rights::READ_WRITE,
-                x => return Err(format!("bad rights {x:#x}")),
-            };
-            Ok(PartitionRegion {
-                index: u16::from_be_bytes([e[0], e[1]]) as u32,
-                rights,
-                rkey: u32::from_be_bytes(e[4..8].try_into().expect("4 bytes")),
-                len: u64::from_be_bytes(e[8..16].try_into().expect("8 bytes")),
-            })
-        })
-        .collect()
-}
-
-/// Why a connection to a storage target failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// The target refused: unknown token, or a malformed request.
-    #[error("the storage target refused the connection: {0}")]
-    Refused(String),
-    /// Anything else (network, MPA, a malformed accept).
-    #[error("{0}")]
-    Other(String),
-}
-
-/// Connects `qp` to a storage target at `addr` as the principal whose
-/// token is `token`; returns the partitions it may reach.
-pub fn connect(
-    qp: &QueuePair,
-    addr: std::net::SocketAddr,
-    token: &[u8; 32],
-    relaxed: bool,
-) -> Result<Vec<PartitionRegion>, ConnectError> {
-    let params = ConnParams {
-        private_data: encode_request(token, relaxed),
-        ..Default::default()
-    };
-    match qp.connect(addr, &params) {
-        Ok(pd) => decode_accept(&pd).map_err(ConnectError::Other),
-        Err(softrdma_verbs::Error::Rejected { private_data }) => {
-            let why = match private_data.strip_prefix(REJ_MAGIC) {
-                Some(r) => String::from_utf8_lossy(r).into_owned(),
-                None => "rejected (no reason given)".into(),
-            };
-            Err(ConnectError::Refused(why))
-        }
-        Err(e) => Err(ConnectError::Other(e.to_string())),
-    }
-}
-
-/// A storage target: accepts connections until `stop` is set.
-pub struct Target {
-    ep: Arc<Endpoint>,
-    dev: Device,
-    listener: softrdma_verbs::Listener,
-}
-
-struct Conn {
-    qp: Arc<QueuePair>,
-    principal: String,
-    control: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Target {
-    /// Listens on `addr` on a device of its own.
-    pub fn bind(ep: Arc<Endpoint>, addr: std::net::SocketAddr) -> Result<Target, String> {
-        let dev = Device::open(softrdma_verbs::DeviceConfig {
-            // Backed regions never take the same-host path; nothing to
-            // offer.
-            same_host: false,
-            ..Default::default()
-        })
-        .map_err(|e| e.to_string())?;
-        let listener = dev.listen(addr).map_err(|e| e.to_string())?;
-        Ok(Target { ep, dev, listener })
-    }
-
-    /// Where it listens.
-    pub fn local_addr(&self) -> std::net::SocketAddr {
-        self.listener.local_addr().expect("bound listener")
-    }
-
-    /// Serves until `stop` is set (checked every 100 ms).
-    pub fn run(&self, stop: &AtomicBool) {
-        let mut conns: Vec<Conn> = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            conns.retain(|c| c.qp.state() != QpState::Error);
-            let req = match self
-                .listener
-                .get_request_timeout(Duration::from_millis(100))
-            {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!("storage target: connection request failed: {e}");
-                    continue;
-                }
-            };
-            let peer = req.peer_addr();
-            match self.admit(req) {
-                Ok(c) => {
-                    tracing::info!(%peer, principal = %c.principal, "storage connection");
-                    conns.push(c)
-                }
-                Err(e) => tracing::warn!(%peer, "storage connection refused: {e}"),
-            }
-        }
-    }
-
-    fn admit(&self, req: softrdma_verbs::ConnectRequest) -> Result<Conn, String> {
-        let refuse = |req: softrdma_verbs::ConnectRequest, why: String| {
-            let mut pd = REJ_MAGIC.to_vec();
-            pd.extend_from_slice(why.as_bytes());
-            let _ = req.reject(&pd);
-            Err(why)
-        };
-        let (token, relaxed) = match decode_request(req.private_data()) {
-            Ok(x) => x,
-            Err(e) => return refuse(req, e),
-        };
-        let Some(principal) = self.ep.authenticate(&token) else {
-            return refuse(req, "unknown token".into());
-        };
-        let pd = self.dev.alloc_pd().map_err(|e| e.to_string())?;
-        let session = self
-            .ep
-            .attach_connection(&pd, &principal, relaxed)
-            .map_err(|e| e.to_string())?;
-        let accept = match encode_accept(&session.regions) {
-            Ok(a) => a,
-            Err(e) => return refuse(req, e),
-        };
-        let cq = self.dev.create_cq(64).map_err(|e| e.to_string())?;
-        let qp = pd
-            .create_qp(softrdma_verbs::QpInitAttr::new(&cq))
-            .map_err(|e| e.to_string())?;
-        // Control messages: receives posted (in INIT) before the peer can
-        // send.
-        qp.modify(QpState::Init).map_err(|e| e.to_string())?;
-        let bufs = pd
-            .alloc_mr(CTRL_SLOTS * CTRL_MAX, Access::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        for i in 0..CTRL_SLOTS {
-            qp.post_recv(&softrdma_verbs::RecvWr::new(
-                i as u64,
-                &[bufs.sge(i * CTRL_MAX, CTRL_MAX)],
-            ))
-            .map_err(|e| e.to_string())?;
-        }
-        let listing = accept.clone();
-        req.accept(
-            &qp,
-            &ConnParams {
-                private_data: accept,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let qp = Arc::new(qp);
-        let principal = session.principal.clone();
-        let q = qp.clone();
-        let control = std::thread::Builder::new()
-            .name("storage-ctl".into())
-            .spawn(move || {
-                control_loop(&q, &cq, &pd, &bufs, &session, &listing);
-            })
-            .map_err(|e| e.to_string())?;
-        Ok(Conn {
-            qp,
-            principal,
-            control: Some(control),
-        })
-    }
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        self.qp.disconnect();
-        if let Some(t) = self.control.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-// ------------------------------------------------------- control messages
-
-/// Receives posted for control messages per connection.
-const CTRL_SLOTS: usize = 8;
-/// Largest control message (request or reply).
-pub const CTRL_MAX: usize = 512;
-const CTRL_REQ: &[u8; 4] = b"SRSC";
-const CTRL_REP: &[u8; 4] = b"SRSR";
-
-/// A control request's operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ControlOp {
-    /// Answered at once (liveness, round trip).
-    Ping = 1,
-    /// Every Write the target received before this message is durable
-    /// when the reply is sent (all partitions of the connection).
-    FlushAll = 2,
-    /// The reply carries the accept's partition list again.
-    Info = 3,
-}
-
-/// A control reply's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ControlStatus {
-    /// Done.
-    Ok = 0,
-    /// The operation failed (the payload says why).
-    Failed = 1,
-    /// Not a control request this target knows.
-    Unknown = 2,
-}
-
-/// A control request: `SRSC`, version 1, operation, two zero bytes, the
-/// caller's 64-bit id (echoed in the reply).
-pub fn encode_control(op: ControlOp, id: u64) -> Vec<u8> {
-    let mut v = CTRL_REQ.to_vec();
-    v.extend_from_slice(&[VERSION, op as u8, 0, 0]);
-    v.extend_from_slice(&id.to_be_bytes());
-    v
-}
-
-/// Parses a control request: (operation byte, id).
-pub fn decode_control(b: &[u8]) -> Option<(u8, u64)> {
-    if b.len() != 16 || &b[..4] != CTRL_REQ || b[4] != VERSION {
-        return None;
-    }
-    Some((b[5], u64::from_be_bytes(b[8..16].try_into().ok()?)))
-}
-
-/// A control reply: `SRSR`, version 1, operation, status, zero, the id,
-/// then the payload (Info: the partition list; Failed: a reason).
-pub fn encode_control_reply(op: u8, status: ControlStatus, id: u64, payload: &[u8]) -> Vec<u8> {
-    let mut v = CTRL_REP.to_vec();
-    v.extend_from_slice(&[VERSION, op, status as u8, 0]);
-    v.extend_from_slice(&id.to_be_bytes());
-    let room = CTRL_MAX - v.len();
-    v.extend_from_slice(&payload[..payload.len().min(room)]);
-    v
-}
-
-/// Parses a control reply: (operation byte, status byte, id, payload).
-pub fn decode_control_reply(b: &[u8]) -> Option<(u8, u8, u64, &[u8])> {
-    if b.len() < 16 || b.len() > CTRL_MAX || &b[..4] != CTRL_REP || b[4] != VERSION {
-        return None;
-    }
-    Some((
-        b[5],
-        b[6],
-        u64::from_be_bytes(b[8..16].try_into().ok()?),
-        &b[16..],
-    ))
-}
-
-/// Answers a connection's control messages until it ends.
-fn control_loop(
-    qp: &QueuePair,
-    cq: &softrdma_verbs::CompletionQueue,
-    pd: &ProtectionDomain,
-    bufs: &MemoryRegion,
-    session: &Session,
-    listing: &[u8],
-) {
-    use softrdma_verbs::{RecvWr, SendWr, WcOpcode, WcStatus};
-    // Replies in flight, each in a registration of its own until its send
-    // completes (a peer may send requests faster than replies drain).
-    let mut sending = std::collections::HashMap::new();
-    let mut next_id = 0u64;
-    loop {
-        let Some(wc) = cq.wait_one(Duration::from_millis(200)) else {
-            if qp.state() == QpState::Error {
-                return;
-            }
-            continue;
-        };
-        if wc.opcode != WcOpcode::Recv {
-            sending.remove(&wc.wr_id);
-            continue;
-        }
-        if wc.status != WcStatus::Success {
-            return;
-        }
-        let slot = wc.wr_id as usize;
-        let mut msg = vec![0u8; wc.byte_len as usize];
-        bufs.read_at(slot * CTRL_MAX, &mut msg);
-        let reply = match decode_control(&msg) {
-            Some((op, id)) if op == ControlOp::Ping as u8 => {
-                encode_control_reply(op, ControlStatus::Ok, id, &[])
-            }
-            Some((op, id)) if op == ControlOp::FlushAll as u8 => match session.flush_all() {
-                Ok(()) => encode_control_reply(op, ControlStatus::Ok, id, &[]),
-                Err(e) => {
-                    encode_control_reply(op, ControlStatus::Failed, id, e.to_string().as_bytes())
-                }
-            },
-            Some((op, id)) if op == ControlOp::Info as u8 => {
-                encode_control_reply(op, ControlStatus::Ok, id, listing)
-            }
-            Some((op, id)) => encode_control_reply(op, ControlStatus::Unknown, id, &[]),
-            None => encode_control_reply(0, ControlStatus::Unknown, 0, b"not a control request"),
-        };
-        // The receive goes back first, so the peer may send again at once.
-        let len = reply.len();
-        let ok = qp
-            .post_recv(&RecvWr::new(
-                slot as u64,
-                &[bufs.sge(slot * CTRL_MAX, CTRL_MAX)],
-            ))
-            .and_then(|_| pd.register(reply, Access::LOCAL_READ))
-            .and_then(|mr| {
-                next_id += 1;
-                qp.post_send(&SendWr::send(next_id, &[mr.sge(0, len)]))?;
-                sending.insert(next_id, mr);
-                Ok(())
-            });
-        if let Err(e) = ok {
-            // The connection is ending (the QP left RTS); nothing to answer.
-            tracing::debug!(qpn = %qp.qp_num(), "control message loop ends: {e}");
-            return;
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
     /// A range of several slices is written slice by slice where each
     /// part lands, and copied out the same way.
@@ -1168,96 +965,46 @@ mod tests {
         assert_eq!(out, [5, 6, 7, 8]);
     }
 
-    fn rights() -> impl Strategy<Value = Rights> {
-        prop_oneof![
-            Just(Rights::READ),
-            Just(Rights::WRITE),
-            Just(Rights::READ_WRITE)
-        ]
-    }
-
-    fn region() -> impl Strategy<Value = PartitionRegion> {
-        (0u32..=u16::MAX as u32, any::<u32>(), any::<u64>(), rights()).prop_map(
-            |(index, rkey, len, rights)| PartitionRegion {
-                index,
-                rkey,
-                len,
-                rights,
-            },
-        )
-    }
-
-    proptest! {
-        #[test]
-        fn request_round_trips(token in any::<[u8; 32]>(), relaxed in any::<bool>()) {
-            let b = encode_request(&token, relaxed);
-            prop_assert_eq!(decode_request(&b), Ok((token, relaxed)));
-        }
-
-        #[test]
-        fn accept_round_trips(rs in prop::collection::vec(region(), 0..=MAX_LISTED)) {
-            let b = encode_accept(&rs).unwrap();
-            prop_assert!(b.len() <= 8 + MAX_LISTED * ENTRY_LEN);
-            prop_assert_eq!(decode_accept(&b), Ok(rs));
-        }
-
-                #[test]
-        fn control_round_trips(op in any::<u8>(), st in 0u8..3, id in any::<u64>(),
-                               payload in prop::collection::vec(any::<u8>(), 0..600)) {
-            let mut req = encode_control(ControlOp::Ping, id);
-            req[5] = op;
-            prop_assert_eq!(decode_control(&req), Some((op, id)));
-            let status = [ControlStatus::Ok, ControlStatus::Failed, ControlStatus::Unknown][st as usize];
-            let rep = encode_control_reply(op, status, id, &payload);
-            prop_assert!(rep.len() <= CTRL_MAX);
-            let (o, s, i, p) = decode_control_reply(&rep).unwrap();
-            prop_assert_eq!((o, s, i), (op, st, id));
-            prop_assert_eq!(p, &payload[..payload.len().min(CTRL_MAX - 16)]);
-        }
-
-        /// Arbitrary bytes: no panic; whatever decodes re-encodes to the
-        /// same bytes (nothing is silently ignored).
-        #[test]
-        fn arbitrary_bytes_decode_safely(b in prop::collection::vec(any::<u8>(), 0..600)) {
-            let _ = decode_control(&b);
-            let _ = decode_control_reply(&b);
-            if let Ok((t, r)) = decode_request(&b) {
-                let mut again = encode_request(&t, r);
-                // The two reserved bytes are not checked.
-                again[6..8].copy_from_slice(&b[6..8]);
-                prop_assert_eq!(again, b.clone());
-            }
-            if let Ok(rs) = decode_accept(&b) {
-                let mut again = encode_accept(&rs).unwrap();
-                again[6..8].copy_from_slice(&b[6..8]);
-                for (i, e) in again[8..].chunks_exact_mut(ENTRY_LEN).enumerate() {
-                    e[3] = b[8 + i * ENTRY_LEN + 3];
-                }
-                prop_assert_eq!(again, b);
-            }
-        }
-    }
-
+    /// A narrowed backend refuses what its STag check may have let
+    /// through before the revoke (a Write staged by the engine), keeps
+    /// what is left, and never widens again.
     #[test]
-    fn bad_requests_are_refused_with_a_reason() {
-        let good = encode_request(&[1; 32], false);
-        let mut v = good.clone();
-        v[4] = 9;
-        assert!(decode_request(&v).unwrap_err().contains("version"));
-        let mut v = good.clone();
-        v[5] = 0x80;
-        assert!(decode_request(&v).unwrap_err().contains("flags"));
-        assert!(decode_request(&good[..39]).is_err());
-        assert!(decode_request(b"").is_err());
-        let too_many = vec![
-            PartitionRegion {
-                index: 0,
-                rkey: 1,
-                len: 1,
-                rights: Rights::READ
-            };
-            MAX_LISTED + 1
-        ];
-        assert!(encode_accept(&too_many).is_err());
+    fn a_narrowed_backend_refuses_lost_rights() {
+        let p = std::env::temp_dir().join(format!("softrdma-narrow-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        let _ = std::fs::remove_file(&p);
+        f.set_len(1 << 20).unwrap();
+        let b = PartitionBackend {
+            file: Arc::new(DevFile {
+                buffered: f,
+                direct: None,
+                ring: None,
+            }),
+            base: 4096,
+            len: 65536,
+            pipe: None,
+            allowed: AtomicU8::new(Rights::READ_WRITE.bits()),
+            gate: RwLock::new(()),
+        };
+        b.write_at(0, &[7; 100]).unwrap();
+        b.narrow(Rights::READ);
+        let e = b.write_at(0, &[9; 100]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        let mut got = [0u8; 100];
+        b.read_at(0, &mut got).unwrap();
+        assert_eq!(got, [7; 100], "the refused write changed nothing");
+        b.narrow(Rights::READ_WRITE);
+        assert!(b.write_at(0, &[9; 100]).is_err(), "a right came back");
+        b.narrow(Rights::NONE);
+        assert!(b.read_at(0, &mut got).is_err());
+        let (tx, rx) = std::sync::mpsc::channel();
+        b.submit_read(0, 10, Box::new(move |r| tx.send(r.is_err()).unwrap()));
+        assert!(rx.recv().unwrap(), "an asynchronous read after the revoke");
     }
 }

@@ -85,9 +85,21 @@ impl Rights {
     pub fn without(self, other: Rights) -> Rights {
         Rights(self.0 & !other.0)
     }
+    /// Intersection.
+    pub fn intersect(self, other: Rights) -> Rights {
+        Rights(self.0 & other.0)
+    }
     /// No right at all.
     pub fn is_empty(self) -> bool {
         self.0 == 0
+    }
+    /// The bits (1 read, 2 write), as stored.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+    /// The rights among `b`'s bits, others ignored.
+    pub fn from_bits_lossy(b: u8) -> Rights {
+        Rights(b & 3)
     }
     fn from_bits(b: u8) -> Option<Rights> {
         (b != 0 && b & !3 == 0).then_some(Rights(b))

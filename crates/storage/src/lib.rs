@@ -16,7 +16,9 @@
 
 pub mod endpoint;
 pub mod layout;
+mod target;
 mod uring;
+pub mod wire;
 
 use layout::{Grant, Layout, LayoutError, Partition, Principal, Rights, META_LEN};
 use std::fs::{File, OpenOptions};
@@ -301,7 +303,10 @@ impl Store {
             .or_else(|_| File::open(path))
             .map_err(io)?;
         let len = device_len(&file, block).map_err(io)?;
+        // Shared lock: an update in progress is never half-read.
+        let lock = Flock::shared(&file).map_err(io)?;
         let meta = read_meta(&file, len).map_err(io)?;
+        drop(lock);
         let (layout, damaged) = Layout::read(&meta).map_err(|err| StorageError::Layout {
             path: path.to_path_buf(),
             err,
@@ -354,6 +359,46 @@ impl Store {
     /// other copy was used; the next update rewrites the older copy).
     pub fn damaged_copies(&self) -> &[usize] {
         &self.damaged
+    }
+
+    /// The metadata as it is on the device now, if it differs from what
+    /// `known` stamped: another process (`storage grant`, `revoke`) may
+    /// have updated it since this store was opened. `None`: unchanged.
+    ///
+    /// Read under a shared `flock`, the counterpart of the exclusive one
+    /// every update holds while it writes and syncs: no update is ever
+    /// half-read, and of the two copies the valid one with the higher
+    /// generation is taken (a copy damaged some other way is skipped, as
+    /// at open). The stamp alone (each copy's header and checksum, two
+    /// small reads per copy) decides whether anything changed, so asking
+    /// often is cheap; every update changes it (a new generation, and a
+    /// new checksum). The returned layout does not replace
+    /// [`Store::layout`], which stays as read at open.
+    pub fn reload(&self, known: Option<&MetaStamp>) -> Result<Option<(MetaStamp, Layout)>> {
+        let io = |err| StorageError::Io {
+            path: self.path.clone(),
+            err,
+        };
+        let _lock = Flock::shared(&self.file).map_err(io)?;
+        let stamp = MetaStamp::read(&self.file, self.device_len).map_err(io)?;
+        if known == Some(&stamp) {
+            return Ok(None);
+        }
+        let meta = read_meta(&self.file, self.device_len).map_err(io)?;
+        let (layout, _) = Layout::read(&meta).map_err(|err| StorageError::Layout {
+            path: self.path.clone(),
+            err,
+        })?;
+        if layout.device_size > self.device_len {
+            return Err(StorageError::Layout {
+                path: self.path.clone(),
+                err: LayoutError::Corrupt(format!(
+                    "the superblock says {} bytes but the device has {}",
+                    layout.device_size, self.device_len
+                )),
+            });
+        }
+        Ok(Some((stamp, layout)))
     }
 
     /// The index of the partition `sel` names: its index or its name.
@@ -594,15 +639,54 @@ fn random_token() -> std::io::Result<[u8; 32]> {
     Ok(b)
 }
 
-/// An exclusive `flock` on a device, released on drop (or when the process
-/// dies: the kernel drops it with the descriptor).
+/// What identifies the metadata on a device as it is now: each copy's
+/// header (magic, version, length, store id, generation) and checksum.
+/// Any update changes it (see [`Store::reload`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaStamp(Vec<u8>);
+
+impl MetaStamp {
+    /// Header bytes per copy in the stamp (up to and with the generation).
+    const HEAD: usize = 40;
+
+    fn read(f: &File, len: u64) -> std::io::Result<MetaStamp> {
+        let mut v = Vec::with_capacity(2 * (Self::HEAD + 4));
+        for copy in 0..2u64 {
+            let base = copy * layout::COPY_LEN;
+            let mut head = [0u8; Self::HEAD];
+            if base + Self::HEAD as u64 <= len {
+                f.read_exact_at(&mut head, base)?;
+            }
+            let clen = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as u64;
+            let mut crc = [0u8; 4];
+            if clen + 4 <= layout::COPY_LEN && base + clen + 4 <= len {
+                f.read_exact_at(&mut crc, base + clen)?;
+            }
+            v.extend_from_slice(&head);
+            v.extend_from_slice(&crc);
+        }
+        Ok(MetaStamp(v))
+    }
+}
+
+/// A `flock` on a device, released on drop (or when the process dies: the
+/// kernel drops it with the descriptor). Updates hold it exclusive,
+/// readers that must not see one half-written ([`Store::reload`]) shared.
 struct Flock(std::os::fd::RawFd);
 
 impl Flock {
     fn exclusive(f: &File) -> std::io::Result<Flock> {
+        Flock::take(f, libc::LOCK_EX)
+    }
+
+    fn shared(f: &File) -> std::io::Result<Flock> {
+        Flock::take(f, libc::LOCK_SH)
+    }
+
+    fn take(f: &File, how: libc::c_int) -> std::io::Result<Flock> {
         loop {
             // SAFETY: flock on a valid descriptor; no pointers.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
                 return Ok(Flock(f.as_raw_fd()));
             }
             let e = std::io::Error::last_os_error();
@@ -679,6 +763,71 @@ mod tests {
         let l = plan(64 << 20, &o, [1; 16]).unwrap();
         assert_eq!(l.partitions[1].offset, 9 << 20);
         assert_eq!(l.partitions[1].size, 55 << 20);
+    }
+
+    /// A reader of the metadata while other handles (other open file
+    /// descriptions, as other processes have) update it as fast as they
+    /// can: every read gets a valid layout, never an older generation
+    /// than one it saw, and the stamp notices changes. (A smoke test: it
+    /// passes without the shared lock too, since a torn copy fails its
+    /// checksum and the other copy is used; the lock closes the rare
+    /// window where one read meets two updates and finds both copies
+    /// torn.)
+    #[test]
+    fn reading_while_others_update_is_safe() {
+        let p = std::env::temp_dir().join(format!("softrdma-reload-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let o = InitOptions {
+            size: Some(8 << 20),
+            partitions: PartitionSpec::Equal(4),
+            ..Default::default()
+        };
+        Store::init(&p, &o).unwrap();
+        Store::open(&p)
+            .unwrap()
+            .grant("0", "a", Rights::READ)
+            .unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let reader = Store::open(&p).unwrap();
+        std::thread::scope(|sc| {
+            for w in 0..2 {
+                let (p, stop) = (&p, &stop);
+                sc.spawn(move || {
+                    let mut s = Store::open(p).unwrap();
+                    for i in 0..150 {
+                        let part = ((i + w) % 4).to_string();
+                        s.grant(&part, "a", Rights::WRITE).unwrap();
+                        s.revoke(&part, "a", Rights::WRITE).unwrap();
+                    }
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                });
+            }
+            let (mut last, mut stamp, mut reads, mut changes) = (0, None, 0, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // A full read each time, and one through the stamp.
+                let (_, l) = reader.reload(None).unwrap().expect("a layout");
+                assert!(
+                    l.generation >= last,
+                    "generation {} after {last}",
+                    l.generation
+                );
+                last = l.generation;
+                if let Some((st, l)) = reader.reload(stamp.as_ref()).unwrap() {
+                    assert!(l.generation >= last);
+                    stamp = Some(st);
+                    changes += 1;
+                }
+                Store::open(&p).unwrap();
+                reads += 1;
+            }
+            assert!(
+                reads > 10 && changes > 10,
+                "{reads} reads, {changes} changes"
+            );
+        });
+        let (_, l) = reader.reload(None).unwrap().unwrap();
+        assert_eq!(l.generation, 2 + 2 * 2 * 150);
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]

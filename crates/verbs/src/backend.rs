@@ -26,6 +26,13 @@
 //! misaligned ones, and the same-host transport never maps it (its Writes
 //! and Reads go on the stream, where the engine calls the backend).
 //!
+//! A backend may refuse an access with `std::io::ErrorKind::PermissionDenied`
+//! (its owner withdrew the right after the STag check let the access in: a
+//! storage target applying a revoke to a Write being received): the peer
+//! gets the protection Terminate (DDP tagged "invalid STag" for a Write,
+//! RDMAP "invalid STag" for a Read), as if the check had come later. Any
+//! other error is the device's: RDMAP's catastrophic Terminate.
+//!
 //! A backend's calls run on the engine's progress thread for the QP, in the
 //! order the QP's messages arrived. A backend that queues work instead
 //! (relaxed ordering) must still make `flush` wait for every write it

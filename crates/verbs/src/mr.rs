@@ -122,7 +122,11 @@ impl Drop for AlignedBuf {
 pub(crate) struct MrInner {
     pub stag: u32,
     pub pd: u32,
+    /// The rights it was registered with; see also `withdrawn`.
     pub access: Access,
+    /// Rights taken away since (`MemoryRegion::restrict_access`): they
+    /// only grow, so a check never sees a right come back.
+    withdrawn: AtomicU32,
     pub iova: u64,
     pub len: u64,
     /// The memory, in order; lengths add up to `len`.
@@ -382,6 +386,11 @@ impl AccessError {
 pub(crate) const NO_DEADLINE: u64 = u64::MAX;
 
 impl MrInner {
+    /// The rights an access is checked against now.
+    pub fn access_now(&self) -> Access {
+        Access(self.access.0 & !self.withdrawn.load(Ordering::Acquire))
+    }
+
     /// Whether the region's deadline has passed.
     pub fn expired(&self) -> bool {
         let d = self.deadline.load(Ordering::Acquire);
@@ -402,7 +411,7 @@ impl MrInner {
         if self.pd != pd {
             return Err(AccessError::WrongPd);
         }
-        if !self.access.contains(need) {
+        if !self.access_now().contains(need) {
             return Err(AccessError::Rights);
         }
         let end = to.checked_add(len).ok_or(AccessError::ToWrap)?;
@@ -514,6 +523,7 @@ impl StagTable {
     fn publish(&self, mr: &MrInner) {
         let Some(shm) = &self.shm else { return };
         let remote = Access(Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0);
+        let access = mr.access_now();
         // A guarded region is reachable only if peers can check its guard:
         // one guard whose word is in the region's own chunk.
         let guard = match (mr.guards.as_slice(), mr.chunk) {
@@ -523,7 +533,7 @@ impl StagTable {
         };
         let addr = match mr.spans.as_slice() {
             [s] if mr.valid.load(Ordering::Acquire)
-                && mr.access.0 & remote.0 != 0
+                && access.0 & remote.0 != 0
                 && (mr.guards.is_empty() || guard.is_some()) =>
             {
                 s.ptr as u64
@@ -535,7 +545,7 @@ impl StagTable {
             &crate::shm::Publication {
                 stag: mr.stag,
                 pd: mr.pd,
-                access: mr.access.0,
+                access: access.0,
                 iova: mr.iova,
                 len: mr.len,
                 addr,
@@ -570,6 +580,15 @@ impl StagTable {
     /// peer is inside an access to it.
     pub fn set_valid(&self, mr: &MrInner, valid: bool) {
         mr.valid.store(valid, Ordering::Release);
+        if self.lookup(mr.stag).is_some_and(|m| std::ptr::eq(&*m, mr)) {
+            self.publish(mr);
+        }
+    }
+
+    /// Takes every right outside `keep` away from `mr` for good
+    /// (`MemoryRegion::restrict_access`), published to same-host peers.
+    pub fn restrict(&self, mr: &MrInner, keep: Access) {
+        mr.withdrawn.fetch_or(!keep.0, Ordering::AcqRel);
         if self.lookup(mr.stag).is_some_and(|m| std::ptr::eq(&*m, mr)) {
             self.publish(mr);
         }
@@ -726,6 +745,7 @@ impl NewMr {
                 _ => false,
             },
             gated: false,
+            withdrawn: AtomicU32::new(0),
             accessing: AtomicU32::new(0),
             released: AtomicBool::new(false),
             valid: AtomicBool::new(true),

@@ -227,6 +227,62 @@ fn out_of_bounds_and_backend_errors_end_the_connection() {
     }
 }
 
+/// A backend that refuses with `PermissionDenied` (a right withdrawn after
+/// the STag check, as a storage target's revoke does): the peer gets the
+/// protection Terminate, DDP "invalid STag" for a Write and RDMAP
+/// "invalid STag" for a Read, not the catastrophic one of a device error;
+/// nothing is placed.
+#[test]
+fn a_backend_that_withdraws_access_gets_the_protection_terminate() {
+    struct Closed;
+    impl RegionBackend for Closed {
+        fn write_at(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::PermissionDenied.into())
+        }
+        fn read_at(&self, _: u64, _: &mut [u8]) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::PermissionDenied.into())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    use softrdma_verbs::wire::terminate::codes;
+    for write in [true, false] {
+        let (c, s) = pair();
+        let r =
+            s.pd.register_backend(
+                Arc::new(Closed),
+                8192,
+                Access::REMOTE_WRITE | Access::REMOTE_READ,
+                RegOptions::default(),
+            )
+            .unwrap();
+        let buf = c.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let wr = if write {
+            SendWr::write(1, &[buf.sge(0, 4096)], 0, r.rkey())
+        } else {
+            SendWr::read(1, buf.sge(0, 4096), 0, r.rkey())
+        };
+        c.qp.post_send(&wr).unwrap();
+        c.qp.post_send(&SendWr::flush(2, 0, r.rkey())).unwrap();
+        let statuses = [wait(&c.cq).status, wait(&c.cq).status];
+        assert!(statuses.contains(&WcStatus::RemAccessErr), "{statuses:?}");
+        let code = loop {
+            match c.dev.next_event(T) {
+                Some(AsyncEvent::Terminated { code, .. }) => break code,
+                Some(_) => continue,
+                None => panic!("no Terminate"),
+            }
+        };
+        let want = if write {
+            codes::DDP_TAGGED_INVALID_STAG
+        } else {
+            codes::RDMAP_INVALID_STAG
+        };
+        assert_eq!(code, want, "write={write}");
+    }
+}
+
 /// Such a region is remote-only: registering it with local or atomic
 /// rights fails, and naming it in a local SGE is a local protection error.
 #[test]

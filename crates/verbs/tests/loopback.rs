@@ -574,6 +574,61 @@ fn set_valid_toggles_the_stag_and_keeps_its_index() {
     assert!(mr.is_valid());
 }
 
+/// `restrict_access` narrows a live registration in place: the STag stays,
+/// Reads through it go on, a Write is refused with the protection
+/// Terminate (DDP tagged "invalid STag", as siw words a rights error) and
+/// places nothing; no later call gives a right back.
+#[test]
+fn restrict_access_narrows_a_live_stag() {
+    let (c, s) = common::pair();
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let mr = s.pd.alloc_mr(4096, rw).unwrap();
+    let src = c.pd.register(vec![5; 4096], Access::LOCAL_WRITE).unwrap();
+    let sink = c.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    c.qp.post_send(&SendWr::write(1, &[src.sge(0, 64)], mr.addr(), mr.rkey()))
+        .unwrap();
+    // (A Write completes when sent; the Read behind it, once the Write was
+    // placed.)
+    c.qp.post_send(&SendWr::read(9, sink.sge(0, 64), mr.addr(), mr.rkey()))
+        .unwrap();
+    assert!(wait(&c.cq).is_ok() && wait(&c.cq).is_ok());
+    mr.restrict_access(Access::LOCAL_WRITE | Access::REMOTE_READ);
+    assert_eq!(mr.access(), Access::LOCAL_WRITE | Access::REMOTE_READ);
+    mr.restrict_access(rw);
+    assert!(
+        !mr.access().contains(Access::REMOTE_WRITE),
+        "a right came back"
+    );
+    for id in 2..4 {
+        c.qp.post_send(&SendWr::read(id, sink.sge(0, 64), mr.addr(), mr.rkey()))
+            .unwrap();
+        let wc = wait(&c.cq);
+        assert!(wc.is_ok(), "a Read after narrowing to read: {wc:?}");
+        assert_eq!(sink.to_vec()[..64], [5; 64]);
+    }
+    src.write_at(0, &[9; 64]);
+    c.qp.post_send(&SendWr::write(4, &[src.sge(0, 64)], mr.addr(), mr.rkey()))
+        .unwrap();
+    c.qp.post_send(&SendWr::read(5, sink.sge(0, 64), mr.addr(), mr.rkey()))
+        .unwrap();
+    let statuses = [wait(&c.cq).status, wait(&c.cq).status];
+    assert!(
+        statuses.iter().any(|s| *s != WcStatus::Success),
+        "{statuses:?}"
+    );
+    let code = loop {
+        match c.dev.next_event(common::T) {
+            Some(AsyncEvent::Terminated { code, .. }) => break code,
+            Some(_) => continue,
+            None => panic!("no Terminate"),
+        }
+    };
+    use softrdma_verbs::wire::{terminate::codes, Layer};
+    assert_eq!(code.layer, Layer::Ddp);
+    assert_eq!(code, codes::DDP_TAGGED_INVALID_STAG);
+    assert_eq!(mr.to_vec()[..64], [5; 64], "the refused Write placed bytes");
+}
+
 /// The receiver handles at most a budget of segments per wake-up and reads
 /// a little ahead of what it needs, so when a burst ends just past the
 /// budget the last FPDUs sit in its stage with the socket empty: epoll

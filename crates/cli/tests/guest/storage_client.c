@@ -10,7 +10,11 @@
  * 1. Connects with a wrong token: the target must refuse (REJECTED line,
  *    with the reason from the reject's private data when siw passes it).
  * 2. Connects (strict ordering) with the token, lists the partitions from
- *    the accept, pings over Send/Receive, RDMA-Writes N ranges (two of
+ *    the accept (at most 15; it says how many there are in all) and, when
+ *    there are more, asks for the rest with Info control messages (pages
+ *    from a partition index on), reads 4 KiB of the last partition (one
+ *    only Info listed; the host filled it), pings over Send/Receive,
+ *    RDMA-Writes N ranges (two of
  *    them overlap: the later Write must win) into the read-write partition,
  *    issues a zero-length RDMA Read (the flush), a FlushAll control
  *    message, reads everything back and compares it with its own model;
@@ -20,6 +24,10 @@
  *    error).
  * 3. Connects with relaxed ordering, Writes 16 disjoint ranges, flushes and
  *    reads them back.
+ * 4. Connects again, prints REVOKE-READY and waits (asking Info) until the
+ *    host's `storage revoke ... w` has narrowed the read-write partition
+ *    to read on this live connection; reads it through the same STag,
+ *    then Writes to it, which the target must refuse (a Terminate).
  * Prints one line per step; the host checks the lines and then the bytes
  * in the store file itself. Exits non-zero on the first failed check.
  *
@@ -33,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); printf("FAILED\n"); fflush(stdout); exit(1); } while (0)
 #define MODEL (2u << 20)
@@ -54,6 +63,10 @@ struct conn {
 	uint8_t accept[256];
 	int accept_len;
 };
+
+/* The payload of the last control reply. */
+static uint8_t reply[CTRL];
+static int reply_len;
 
 static uint8_t *ctrl_slot(struct conn *c, int i) { return c->buf + BUFLEN + (size_t)i * CTRL; }
 
@@ -141,15 +154,17 @@ static int connect_to(struct conn *c, const char *host, int port, const uint8_t 
 
 struct part { unsigned index, rights; uint32_t stag; uint64_t len; };
 
-/* The accept's partition list (the target's private data may carry
- * trailing zeros from rdma_cm's fixed-size copy: the count decides). */
-static int partitions(struct conn *c, struct part *out, int max) {
-	const uint8_t *a = c->accept;
-	if (memcmp(a, "SRSA", 4) || a[4] != 1)
-		DIE("not a storage accept");
+/* A partition listing (an accept, or an Info reply's payload): its entries
+ * into out (at most max), the number in all into *total. (The target's
+ * private data may carry trailing zeros from rdma_cm's fixed-size copy:
+ * the count decides.) */
+static int listing(const uint8_t *a, int alen, struct part *out, int max, int *total) {
+	if (alen < 8 || memcmp(a, "SRSA", 4) || a[4] != 1)
+		DIE("not a storage partition listing");
 	int n = a[5];
-	if (n > max || 8 + 16 * n > c->accept_len)
-		DIE("accept lists %d partitions in %d bytes", n, c->accept_len);
+	*total = a[6] << 8 | a[7];
+	if (n > max || 8 + 16 * n > alen || *total < n)
+		DIE("listing of %d partitions (of %d) in %d bytes", n, *total, alen);
 	for (int i = 0; i < n; i++) {
 		const uint8_t *e = a + 8 + 16 * i;
 		uint32_t stag;
@@ -159,6 +174,31 @@ static int partitions(struct conn *c, struct part *out, int max) {
 			len = len << 8 | e[8 + k];
 		out[i] = (struct part){ (unsigned)(e[0] << 8 | e[1]), e[2], ntohl(stag), len };
 	}
+	return n;
+}
+
+static int control_arg(struct conn *c, uint8_t op, uint16_t arg, uint64_t id);
+
+/* Every partition of the connection: the accept's, then Info pages from
+ * the index after the last one known until a page lists nothing more. */
+static int partitions(struct conn *c, struct part *out, int max, int *by_info) {
+	int total;
+	int n = listing(c->accept, c->accept_len, out, max, &total);
+	*by_info = 0;
+	while (n < total) {
+		uint16_t start = n ? (uint16_t)(out[n - 1].index + 1) : 0;
+		if (control_arg(c, 3, start, 500 + n) != 0)
+			DIE("Info failed");
+		int t, k = listing(reply, reply_len, out + n, max - n, &t);
+		if (k == 0)
+			break;
+		if (out[n].index < start)
+			DIE("Info page starts at partition %u, asked for %u", out[n].index, start);
+		n += k;
+		*by_info += k;
+	}
+	if (n != total)
+		DIE("%d partitions listed, %d reachable", n, total);
 	return n;
 }
 
@@ -195,10 +235,11 @@ static void wait_ok(struct conn *c, int n, const char *what) {
 	}
 }
 
-/* One control request and its reply; returns the reply's status. */
-static int control(struct conn *c, uint8_t op, uint64_t id) {
+/* One control request (`arg`: Info's first partition index) and its
+ * reply; returns the reply's status, the payload in reply/reply_len. */
+static int control_arg(struct conn *c, uint8_t op, uint16_t arg, uint64_t id) {
 	uint8_t *m = ctrl_slot(c, RECVS);
-	uint8_t req[16] = { 'S', 'R', 'S', 'C', 1, op, 0, 0 };
+	uint8_t req[16] = { 'S', 'R', 'S', 'C', 1, op, (uint8_t)(arg >> 8), (uint8_t)arg };
 	for (int k = 0; k < 8; k++)
 		req[8 + k] = (uint8_t)(id >> (56 - 8 * k));
 	memcpy(m, req, 16);
@@ -214,9 +255,13 @@ static int control(struct conn *c, uint8_t op, uint64_t id) {
 	if (wc.byte_len < 16 || memcmp(r, "SRSR", 4) || r[4] != 1 || r[5] != op || memcmp(r + 8, req + 8, 8))
 		DIE("control reply malformed (%u bytes)", wc.byte_len);
 	int status = r[6];
+	reply_len = (int)wc.byte_len - 16;
+	memcpy(reply, r + 16, reply_len);
 	post_ctrl_recv(c, (int)wc.wr_id);
 	return status;
 }
+
+static int control(struct conn *c, uint8_t op, uint64_t id) { return control_arg(c, op, 0, id); }
 
 static void teardown(struct conn *c) {
 	rdma_destroy_qp(c->id);
@@ -272,8 +317,10 @@ int main(int argc, char **argv) {
 	/* 2: strict. */
 	if (!connect_to(&c, host, port, token, 0, why, sizeof why))
 		DIE("refused: %s", why);
-	struct part ps[24];
-	int np = partitions(&c, ps, 24);
+	struct part ps[64];
+	int by_info;
+	int np = partitions(&c, ps, 64, &by_info);
+	printf("LISTED %d PARTITIONS (%d by Info)\n", np, by_info);
 	struct part *rw = NULL, *ro = NULL;
 	for (int i = 0; i < np; i++) {
 		printf("PARTITION %u rights %u stag %#x len %llu\n", ps[i].index, ps[i].rights,
@@ -288,6 +335,16 @@ int main(int argc, char **argv) {
 	if (control(&c, 1, 0x1122334455667788ull) != 0)
 		DIE("Ping failed");
 	printf("PING OK\n");
+	/* The last partition: listed by Info only when the accept could not
+	 * hold it; the host filled its first 4 KiB with pat(o, 77). */
+	struct part *last = &ps[np - 1];
+	post(&c, IBV_WR_RDMA_READ, 40, c.buf, 4096, last->stag, 0);
+	wait_ok(&c, 1, "Read of the last partition");
+	for (uint32_t i = 0; i < 4096; i++)
+		if (c.buf[i] != pat(i, 77))
+			DIE("last partition (%u): byte %u differs", last->index, i);
+	printf("LAST-PARTITION %u READ OK\n", last->index);
+	fflush(stdout);
 	fflush(stdout);
 
 	/* The model of the partition's first MODEL bytes and its last 4 KiB. */
@@ -383,7 +440,7 @@ int main(int argc, char **argv) {
 	/* 3: relaxed ordering: 16 disjoint Writes of 8-68 KiB, flush, read back. */
 	if (!connect_to(&c, host, port, token, 1, why, sizeof why))
 		DIE("relaxed connection refused: %s", why);
-	np = partitions(&c, ps, 24);
+	np = partitions(&c, ps, 64, &by_info);
 	rw = NULL;
 	for (int i = 0; i < np; i++)
 		if (ps[i].rights == 3)
@@ -418,6 +475,70 @@ int main(int argc, char **argv) {
 		off += len;
 	}
 	printf("RELAXED VERIFIED %llu bytes\n", (unsigned long long)total);
+	disconnect(&c);
+
+	/* 4: a revoke while connected. */
+	if (!connect_to(&c, host, port, token, 0, why, sizeof why))
+		DIE("fourth connection refused: %s", why);
+	np = partitions(&c, ps, 64, &by_info);
+	if (ps[0].index != 0 || ps[0].rights != 3)
+		DIE("partition 0 is not read-write before the revoke");
+	uint32_t stag0 = ps[0].stag;
+	printf("REVOKE-READY\n");
+	fflush(stdout);
+	for (int tries = 0;; tries++) {
+		struct part now[64];
+		int t, k = 0;
+		if (control_arg(&c, 3, 0, 900 + tries) != 0)
+			DIE("Info failed");
+		k = listing(reply, reply_len, now, 64, &t);
+		if (k > 0 && now[0].index == 0 && now[0].rights == 1) {
+			if (now[0].stag != stag0)
+				DIE("the narrowed partition has another STag");
+			printf("NARROWED after %d Info requests\n", tries + 1);
+			break;
+		}
+		if (tries > 6000)
+			DIE("partition 0 was never narrowed to read");
+		/* Not a busy loop: under TCG a spinning client starves the
+		 * guest's console, and REVOKE-READY would reach the host only
+		 * after it gave up. */
+		usleep(20000);
+	}
+	data = c.buf;
+	post(&c, IBV_WR_RDMA_READ, 70, data, 4096, stag0, 0);
+	wait_ok(&c, 1, "Read after narrowing");
+	for (uint32_t i = 0; i < 4096; i++)
+		if (data[i] != model[i])
+			DIE("narrowed: byte %u differs", i);
+	printf("NARROWED-READ OK\n");
+	fflush(stdout);
+	memset(data, 0xcd, 4096);
+	post(&c, IBV_WR_RDMA_WRITE, 80, data, 4096, stag0, 0);
+	failed = 0;
+	posted = 1;
+	if (try_post(&c, IBV_WR_RDMA_READ, 81, data + 4096, 0, stag0, 0))
+		failed = 1;
+	else
+		posted = 2;
+	for (int n = 0; n < posted && !failed;) {
+		struct ibv_wc wc;
+		int got = ibv_poll_cq(c.scq, 1, &wc);
+		if (got < 0)
+			DIE("ibv_poll_cq failed");
+		if (got == 0)
+			continue;
+		n++;
+		if (wc.status != IBV_WC_SUCCESS) {
+			printf("NARROWED-WRITE wr %llu %s\n", (unsigned long long)wc.wr_id,
+			       ibv_wc_status_str(wc.status));
+			failed = 1;
+		}
+	}
+	if (!failed)
+		DIE("a Write after the revoke went through");
+	printf("NARROWED-WRITE REFUSED\n");
+	fflush(stdout);
 	disconnect(&c);
 	printf("DONE\n");
 	fflush(stdout);

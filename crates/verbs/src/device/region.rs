@@ -73,8 +73,10 @@ impl MemoryRegion {
     pub fn is_empty(&self) -> bool {
         self.inner.len == 0
     }
+    /// The rights accesses are checked against now (those it was
+    /// registered with, less any [`Self::restrict_access`] took away).
     pub fn access(&self) -> Access {
-        self.inner.access
+        self.inner.access_now()
     }
     /// Whether the STag is still valid (not invalidated).
     pub fn is_valid(&self) -> bool {
@@ -97,6 +99,19 @@ impl MemoryRegion {
     pub fn set_valid(&self, valid: bool) {
         self.dev.rt.core.stags.set_valid(&self.inner, valid);
     }
+    /// Narrows the region's rights to those in `keep`, in place and for
+    /// good, keeping its STag (as `ibv_rereg_mr` with
+    /// `IBV_REREG_MR_CHANGE_ACCESS` would, without a new key): every access
+    /// checked after this returns needs a right that is left, or is refused
+    /// like any access without the right (a peer's Write or Read gets the
+    /// protection Terminate: RDMAP "access rights", DDP "invalid STag").
+    /// Rights never come back (a later call can only take more away);
+    /// transfers already being placed finish. What a storage target does
+    /// when a principal's right is revoked while it is connected.
+    pub fn restrict_access(&self, keep: Access) {
+        self.dev.rt.core.stags.restrict(&self.inner, keep);
+    }
+
     /// Bounds the STag's validity in time: from `deadline` on (and until
     /// another call moves it) every access through the STag is refused as
     /// if it were invalid, local or remote, over TCP or by a same-host

@@ -250,7 +250,7 @@ impl Core {
                 pd: m.pd,
                 iova: m.iova,
                 len: m.len,
-                access: m.access,
+                access: m.access_now(),
                 valid: m.valid.load(Ordering::Acquire),
                 fast_reg: m.fast_reg,
             })

@@ -35,8 +35,27 @@ pub(super) fn flush_backed(rx: &mut Rx, unit: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// A backend's refusal of a Write it was handed: `PermissionDenied` means
+/// the access was withdrawn after the segment's STag check (its owner
+/// revoked the right meanwhile, `backend.rs`), and gets the protection
+/// Terminate the check would have given a moment later; any other error
+/// is the device's, a catastrophic one.
 pub(super) fn backed_failed(q: &QpInner, raw: &[u8], e: io::Error) -> RxEnd {
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        tracing::warn!(qpn = q.qpn, "backed write refused: {e}");
+        return fatal(codes::DDP_TAGGED_INVALID_STAG, raw, WcStatus::WrFlushErr);
+    }
     tracing::error!(qpn = q.qpn, "backed write failed: {e}");
+    fatal(codes::RDMAP_CATASTROPHIC_STREAM, raw, WcStatus::WrFlushErr)
+}
+
+/// The same for a Read Request the backend could not answer.
+pub(super) fn backed_read_failed(q: &QpInner, stag: u32, raw: &[u8], e: io::Error) -> RxEnd {
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        tracing::warn!(qpn = q.qpn, stag, "backed read refused: {e}");
+        return fatal(codes::RDMAP_INVALID_STAG, raw, WcStatus::WrFlushErr);
+    }
+    tracing::error!(qpn = q.qpn, stag, "backed read failed: {e}");
     fatal(codes::RDMAP_CATASTROPHIC_STREAM, raw, WcStatus::WrFlushErr)
 }
 

@@ -235,13 +235,8 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
                 Some(mr) if mr.backend.is_some() => match backed_read(&mr, &rr) {
                     Ok(m) => Some(m),
                     Err(e) => {
-                        tracing::error!(qpn = q.qpn, stag = mr.stag, "backed read failed: {e}");
                         let raw = rx.hdr_bytes[..ddp::UNTAGGED_LEN + ReadRequest::LEN].to_vec();
-                        return Some(fatal(
-                            codes::RDMAP_CATASTROPHIC_STREAM,
-                            &raw,
-                            WcStatus::WrFlushErr,
-                        ));
+                        return Some(backed_read_failed(q, mr.stag, &raw, e));
                     }
                 },
                 other => other,
