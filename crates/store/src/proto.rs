@@ -1069,7 +1069,8 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
             let seq = r.u64()?;
             let client = r.u64()?;
             let req_id = r.u64()?;
-            let n = r.count(9)?;
+            // (The smallest effect, `Stag`, is a tag and a u32.)
+            let n = r.count(5)?;
             let mut effects = Vec::with_capacity(n);
             for _ in 0..n {
                 effects.push(dec_effect(r)?);
