@@ -1069,11 +1069,15 @@ impl<M: Memory> Node<M> {
                 version: o.version,
                 data: o.data,
             }),
-            Err(object::ObjectError::Torn) => Err(StoreError::Torn),
-            // A live allocation whose bytes are not exposed yet: another
-            // object's, being written (a pointer is handed out only once
-            // its object is committed).
-            Err(object::ObjectError::Empty) => Err(StoreError::StalePointer { expected: ptr.gen }),
+            // A live allocation whose bytes are not exposed yet (empty, or
+            // what an older object left there, which does not decode):
+            // another object's, being written. (This loop is the only
+            // writer of the arena, so a committed object never reads torn
+            // here; and a pointer is handed out only once its object is
+            // committed.)
+            Err(object::ObjectError::Empty | object::ObjectError::Torn) => {
+                Err(StoreError::StalePointer { expected: ptr.gen })
+            }
             Err(e) => Err(StoreError::Other(e.to_string())),
         }
     }
