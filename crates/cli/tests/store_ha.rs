@@ -399,6 +399,7 @@ fn crash_primary_20_times() {
     let mut worst_gap: f64 = 0.0;
     let mut one_sided_at = std::collections::BTreeMap::new();
     let mut reuse_forced = 0;
+    let mut ptr_reuse_forced = 0;
     for seed in 1..=rounds {
         let (child, rx) = start_load(&g, seed, 2.0);
         wait_progress(&rx, 0.5 + (seed % 5) as f64 * 0.2);
@@ -419,6 +420,7 @@ fn crash_primary_20_times() {
         assert_eq!(s["lost_writes"], 0, "round {seed}: {s}");
         assert_eq!(s["resurrected"], 0, "round {seed}: {s}");
         assert_eq!(s["wrong_key"], 0, "round {seed}: {s}");
+        assert_eq!(s["stale_reached"], 0, "round {seed}: {s}");
         assert_eq!(s["errors"], 0, "round {seed}: {s}");
         assert!(s["verified"].as_u64().unwrap() > 0, "round {seed}: {s}");
         // The verification read the keys one-sided from the new primary
@@ -436,6 +438,7 @@ fn crash_primary_20_times() {
             *one_sided_at.entry(a.clone()).or_insert(0) += n.as_u64().unwrap();
         }
         reuse_forced += s["reuse_forced"].as_u64().unwrap();
+        ptr_reuse_forced += s["ptr_reuse_forced"].as_u64().unwrap();
         total_ops += s["ops"].as_u64().unwrap();
         worst_gap = worst_gap.max(s["max_gap_ms"].as_f64().unwrap());
         let np = g.wait_redundant(Duration::from_secs(30), e);
@@ -447,7 +450,8 @@ fn crash_primary_20_times() {
     println!(
         "{rounds} primary crashes: {total_ops} acknowledged ops verified, worst gap \
          {worst_gap:.0} ms; keyed one-sided look-ups by node {one_sided_at:?}; \
-         {reuse_forced} stale cached pointers forced"
+         {reuse_forced} stale cached pointers forced, {ptr_reuse_forced} pointer-API spaces \
+         reused under stale pointers"
     );
     // Both nodes served one-sided look-ups (a broken STag on either would
     // show here, not hide behind the server-side fallback), and the
@@ -459,6 +463,8 @@ fn crash_primary_20_times() {
         );
     }
     assert!(reuse_forced > 0, "no stale cached pointer was forced");
+    // And stale pointers of the pointer API (issue 29, finding 3).
+    assert!(ptr_reuse_forced > 0, "no pointer-API space was reused");
     let _ = std::fs::remove_dir_all(&g.dir);
 }
 
