@@ -319,6 +319,9 @@ pub enum Admission {
 pub struct Gate {
     /// The credentials (swapped on reload).
     creds: RwLock<Arc<Credentials>>,
+    /// Bumped by every [`Gate::set_credentials`]: a session checks this
+    /// word per request, and the credentials only when it moved.
+    changes: std::sync::atomic::AtomicU64,
     /// The group.
     pub group: String,
     /// Admit unproven loopback peers when no credential is configured.
@@ -341,6 +344,7 @@ impl Gate {
     pub fn new(group: String, creds: Credentials, protected_mode: bool) -> Gate {
         Gate {
             creds: RwLock::new(Arc::new(creds)),
+            changes: std::sync::atomic::AtomicU64::new(0),
             group,
             protected_mode,
             issuer: Issuer::new(),
@@ -357,6 +361,14 @@ impl Gate {
     /// these at once).
     pub fn set_credentials(&self, creds: Arc<Credentials>) {
         *self.creds.write().unwrap_or_else(|e| e.into_inner()) = creds;
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// How many times the credentials were replaced (see
+    /// [`Gate::credentials`]).
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Decides about connect private data `data` from `peer`; `me` and

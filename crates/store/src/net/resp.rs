@@ -259,6 +259,9 @@ fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
     let Ok(mut input) = conn.try_clone() else {
         return;
     };
+    // (Read in this order, a change in between is seen at the first
+    // request.)
+    let seen_changes = shared.gate.changes();
     let creds = shared.gate.credentials();
     let loopback = conn.peer_addr().is_ok_and(|a| a.ip().is_loopback());
     if !creds.configured() && shared.protected_mode && !loopback {
@@ -272,6 +275,7 @@ fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
     let mut session = Session {
         user,
         creds,
+        seen_changes,
         shared: shared.clone(),
         retry: None,
         id: super::random_u64(),
@@ -332,6 +336,8 @@ struct Session {
     user: Option<(String, Rights)>,
     /// The credentials `user` was checked against.
     creds: Arc<Credentials>,
+    /// `Gate::changes` when `creds` was taken.
+    seen_changes: u64,
     shared: Arc<Shared>,
     /// A client under this connection's id, made only to retry a write
     /// whose answer did not come through the node loop (the same request
@@ -557,15 +563,16 @@ impl Session {
         }
     }
 
-    /// Runs one command, its reply written to `out`; whether to close the
-    /// connection.
     /// Whether the connection may run `cmd`; otherwise the reply (and
     /// whether to close). Credentials that changed since `AUTH` are
     /// checked again first: a removed user or a changed password ends the
     /// connection (issue 29: revocation is live).
     fn admit(&mut self, cmd: &str) -> Result<(), (Reply, bool)> {
-        let now = self.shared.gate.credentials();
-        if !Arc::ptr_eq(&now, &self.creds) {
+        // One atomic load per request; the credentials only when they changed.
+        let changes = self.shared.gate.changes();
+        if changes != self.seen_changes {
+            self.seen_changes = changes;
+            let now = self.shared.gate.credentials();
             let keeps = match &self.user {
                 Some((u, _)) if self.creds.configured() => now.still_grants(&self.creds, u),
                 // Admitted while none were configured: only while none are.
@@ -618,6 +625,8 @@ impl Session {
         }
     }
 
+    /// Runs one command, its reply written to `out`; whether to close the
+    /// connection.
     fn exec(&mut self, args: &[Vec<u8>], out: &mut Out) -> bool {
         let cmd = upper(&args[0]);
         let n = args.len();
