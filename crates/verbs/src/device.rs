@@ -389,7 +389,7 @@ impl ProtectionDomain {
         let iova = opts.iova.unwrap_or(spans[0].ptr as u64);
         // Pin before the STag becomes valid; a failure releases the index.
         let mut pins = Vec::new();
-        if !fast_reg {
+        if !fast_reg && !opts.unpinned {
             for s in &spans {
                 match crate::pin::pin(s.ptr, s.len) {
                     Ok(p) => pins.extend(p),

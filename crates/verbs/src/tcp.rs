@@ -79,6 +79,10 @@ fn policy(forced: Option<&str>, local: SocketAddr, peer: SocketAddr) -> Option<S
 
 /// Whether `ip` is an address of this host (loopback, unspecified, or one
 /// a socket can bind to).
+pub fn is_local_addr(ip: std::net::IpAddr) -> bool {
+    is_own_ip(ip)
+}
+
 fn is_own_ip(ip: std::net::IpAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }

@@ -26,6 +26,11 @@ pub struct RegOptions {
     /// given value for any access through the region to be allowed (see
     /// [`crate::AccessGuard`]).
     pub guard: Option<crate::mr::AccessGuard>,
+    /// Do not pin the pages, whatever the process's pinning policy (a
+    /// caller that met `RLIMIT_MEMLOCK` and degrades, as the libibverbs
+    /// drop-in does: user-space memory needs no pinning to be read and
+    /// written by the engine).
+    pub unpinned: bool,
 }
 
 impl RegOptions {
