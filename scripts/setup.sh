@@ -20,7 +20,10 @@ set -euo pipefail
 
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null || (cd "$(dirname "$0")/.." && pwd))
 SHARED=${SOFTRDMA_SHARED:-$ROOT/../shared}
-PKGS=(etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential mount libibverbs-dev librdmacm-dev)
+# rdmacm-utils, ibverbs-utils, perftest, qperf: the unmodified RDMA
+# applications tests/dropin.rs runs on softrdma's libibverbs (issue 30);
+# util-linux: runuser, for the test as `nobody`.
+PKGS=(etcd-server tshark fio redis-server redis-tools iproute2 ucx-utils hyperfine build-essential mount libibverbs-dev librdmacm-dev rdmacm-utils ibverbs-utils perftest qperf util-linux binutils)
 LOG=$(mktemp /tmp/softrdma-setup.XXXXXX.log)
 trap 'rm -f "$LOG"' EXIT
 

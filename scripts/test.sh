@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it:
 #   1. scripts/setup.sh        (Debian packages + the siw guest; skip with SOFTRDMA_SKIP_SETUP=1)
-#   2. cargo build --release --workspace --bins
+#   2. cargo build --release --workspace  (binaries and the C ABI libraries)
 #   3. cargo test --workspace --release   (includes the interop tests against Linux siw)
 #   4. scripts/fuzz.sh                   (every fuzz target for SOFTRDMA_FUZZ_SECS, default 60 s;
 #                                         0 skips)
@@ -21,8 +21,11 @@ else
   scripts/setup.sh
 fi
 
-step "cargo build --release --workspace --bins"
-cargo build --release --workspace --bins
+# Every target: the binaries and the C ABI libraries (libibverbs.so,
+# librdmacm.so, libmlx5.so, libefa.so) that tests/dropin.rs runs
+# unmodified applications on.
+step "cargo build --release --workspace"
+cargo build --release --workspace
 
 step "cargo test --workspace --release${SOFTRDMA_SOAK:+ (SOFTRDMA_SOAK=$SOFTRDMA_SOAK)}"
 # Release: the interop and engine tests move real data; debug builds are slow.

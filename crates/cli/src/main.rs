@@ -11,6 +11,7 @@ mod net;
 mod oneshot;
 mod resp_wait;
 mod rping;
+mod run;
 mod storage;
 mod storage_bench;
 mod store;
@@ -64,6 +65,10 @@ enum Cmd {
     /// the primary is killed half-way, the secondary takes over, the old
     /// node rejoins; prints `lost writes: N` (must be 0). About 20 s.
     Demo(demo::Args),
+    /// Run an unmodified RDMA application (rping, perftest, qperf, ...) on
+    /// softrdma's user-space libibverbs and librdmacm: no kernel module,
+    /// no root (docs/libibverbs.md). `softrdma run -- rping -s -a 0.0.0.0`
+    Run(run::Args),
 }
 
 fn main() {
@@ -103,6 +108,7 @@ fn main() {
         Cmd::Transfer(a) => transfer::run(a),
         Cmd::Heap(a) => heap::run(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Run(a) => run::run(a),
     };
     if let Err(e) = res {
         eprintln!("softrdma: error: {e:#}");

@@ -73,6 +73,8 @@ struct IdState {
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
     listen: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// The listener `rdma_bind_addr` opened for a port it picked.
+    early: Option<Listener>,
     req: Option<ConnectRequest>,
     /// `rdma_create_ep` on a passive id: what `rdma_get_request` creates
     /// each new id's QP with.
@@ -511,8 +513,19 @@ pub extern "C" fn softrdma_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
-fn bind(id: &Id, addr: SocketAddr) -> Result<(), c_int> {
+fn bind(id: &Id, mut addr: SocketAddr) -> Result<(), c_int> {
     let cm = cm()?;
+    if addr.port() == 0 {
+        // rdma_bind_addr picks the port at once, and some applications
+        // hand it to their peer before `rdma_listen` returns (Debian's
+        // qperf 0.4.11 does): listen on it now, so that a connection that
+        // comes first waits in the listener's queue for `rdma_listen`
+        // instead of being refused. An id that connects instead drops it.
+        let rt = objects::runtime()?;
+        let l = rt.dev.listen(addr).map_err(|e| errno_of(&e))?;
+        addr = l.local_addr().map_err(|e| errno_of(&e))?;
+        id.st.lock().early = Some(l);
+    }
     id.set_addr(Some(addr), None);
     id.set_verbs(cm.ctx);
     Ok(())
@@ -531,6 +544,7 @@ pub extern "C" fn softrdma_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockad
 fn resolve_addr(id: &Id, src: Option<SocketAddr>, dst: SocketAddr) -> Result<(), c_int> {
     let cm = cm()?;
     let src = src.unwrap_or_else(|| source_for(dst));
+    id.st.lock().early.take();
     id.set_addr(Some(src), Some(dst));
     id.set_verbs(cm.ctx);
     id.event(RDMA_CM_EVENT_ADDR_RESOLVED, 0, &[], std::ptr::null_mut());
@@ -581,9 +595,16 @@ pub extern "C" fn softrdma_rdma_listen(idp: *mut rdma_cm_id, _backlog: c_int) ->
         // SAFETY: the caller's id.
         let id = unsafe { id_of(idp) }.ok_or(libc::EINVAL)?;
         let rt = objects::runtime()?;
-        let src = id.st.lock().src.ok_or(libc::EINVAL)?;
-        let l = rt.dev.listen(src).map_err(|e| errno_of(&e))?;
+        let (src, early) = {
+            let mut st = id.st.lock();
+            (st.src.ok_or(libc::EINVAL)?, st.early.take())
+        };
+        let l = match early {
+            Some(l) => l,
+            None => rt.dev.listen(src).map_err(|e| errno_of(&e))?,
+        };
         let bound = l.local_addr().map_err(|e| errno_of(&e))?;
+        tracing::debug!(%bound, "rdma_listen");
         id.set_addr(Some(bound), None);
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -791,6 +812,7 @@ pub extern "C" fn softrdma_rdma_connect(
         let mut params = conn_params(param, rt.cfg.crc);
         params.extensions = rt.cfg.offer_extensions(&dst);
         let idu = idp as usize;
+        tracing::debug!(%dst, "rdma_connect");
         let run = move || {
             let r = qp.connect(dst, &params);
             let Ok(cm) = cm() else { return };
