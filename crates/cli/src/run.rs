@@ -95,11 +95,13 @@ fn soname_dir(libs: &Path) -> Result<PathBuf> {
         libs.hash(&mut h);
         h.finish()
     };
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = base.join(format!("softrdma-libs-{uid}-{tag:016x}"));
+    let name = format!("softrdma-libs-{uid}-{tag:016x}");
+    // XDG_RUNTIME_DIR when this user can write there (a `runuser` or
+    // `sudo` may leave another user's), else the temporary directory.
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(|p| PathBuf::from(p).join(&name))
+        .filter(|d| std::fs::create_dir_all(d).is_ok())
+        .unwrap_or_else(|| std::env::temp_dir().join(&name));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (file, soname) in LIBS {
         let target = libs.join(file);

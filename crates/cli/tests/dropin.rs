@@ -630,16 +630,36 @@ fn an_unprivileged_user_runs_rping_and_ib_write_bw() {
         root,
         "this test switches to `nobody` and needs to start as root (CI does)"
     );
+    // `nobody` may not reach the checkout (under /root, say): the binary
+    // and the libraries go to a directory it can read (`softrdma run` finds
+    // the libraries next to the binary).
+    let work = Work::new("nobody");
+    let dir = work.path("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "softrdma",
+        "libibverbs.so",
+        "librdmacm.so",
+        "libmlx5.so",
+        "libefa.so",
+    ] {
+        std::fs::copy(lib_dir().join(f), dir.join(f)).unwrap();
+    }
+    for d in [&work.dir, &dir] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let bin = dir.join("softrdma");
     let nobody = |prog: &str, args: Vec<String>| {
         let mut c = Command::new("runuser");
         c.args(["-u", "nobody", "--", "sh", "-c"]);
         // Debian's default limit, whatever this shell had.
-        let mut line = format!("ulimit -l 8192; exec {SOFTRDMA} run -- {prog}");
+        let mut line = format!("ulimit -l 8192; exec {} run -- {prog}", bin.display());
         for a in &args {
             line.push(' ');
             line.push_str(a);
         }
         c.arg(line)
+            .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
