@@ -1,6 +1,6 @@
 //! `librdmacm.so.1`: every `rdma_*` function an application imports is a
 //! jump to `softrdma_rdma_*` in softrdma's `libibverbs.so.1`, where the
-//! connection manager and the engine live (`crates/ibverbs/src/cm.rs`).
+//! connection manager and the engine live (`crates/ibverbs/src/cm/`).
 //! One engine per process: two libraries each with their own would give
 //! an application's `rdma_cm_id` a context that its `ibv_*` calls do not
 //! know.
