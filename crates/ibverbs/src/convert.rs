@@ -3,7 +3,7 @@
 
 use crate::abi::*;
 use softrdma_verbs::{
-    Lkey, RecvWr, Rkey, SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp,
+    Lkey, Rkey, SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp,
 };
 
 pub fn wc_status(s: WcStatus) -> ibv_wc_status {
@@ -139,8 +139,4 @@ pub fn send_wr(w: &ibv_send_wr) -> Result<SendWr, i32> {
         sgl: Vec::new(),
         flags,
     })
-}
-
-pub fn recv_wr(wr_id: u64, sgl: Vec<Sge>) -> RecvWr {
-    RecvWr { wr_id, sgl }
 }

@@ -14,6 +14,8 @@
 //!   `Channel`, `Qp`), and the process's one engine device.
 //! - `convert`: work requests and completions between the two worlds.
 //! - `errno`: the engine's errors as the errno a kernel provider returns.
+//! - `events`: the thread that turns the engine's asynchronous events into
+//!   verbs and CM events.
 //! - `verbs_*`: the exported functions, thin: check the pointers, call
 //!   safe code, map the result.
 //! - `cm`: librdmacm's semantics on the engine's connection manager; its
@@ -30,6 +32,8 @@ mod config;
 #[allow(unsafe_code)]
 mod convert;
 mod errno;
+#[allow(unsafe_code)]
+mod events;
 #[allow(unsafe_code)]
 mod objects;
 #[allow(unsafe_code)]

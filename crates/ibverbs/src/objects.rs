@@ -26,6 +26,9 @@ pub struct Runtime {
     ibdev: DevPtr,
     /// Live QPs by number: where their asynchronous events go.
     pub qps: Mutex<HashMap<u32, QpRoute>>,
+    /// What the connection manager does when a QP of one of its ids
+    /// disconnects (set by `cm`, called by the event thread, `events.rs`).
+    pub on_disconnected: OnceLock<fn(usize)>,
 }
 
 struct DevPtr(*mut ibv_device);
@@ -82,6 +85,7 @@ pub fn runtime() -> Result<&'static Runtime, i32> {
                     cfg,
                     ibdev: DevPtr(Box::into_raw(Box::new(d))),
                     qps: Mutex::new(HashMap::new()),
+                    on_disconnected: OnceLock::new(),
                 };
                 Ok(rt)
             }
@@ -89,11 +93,7 @@ pub fn runtime() -> Result<&'static Runtime, i32> {
         }
     });
     match r {
-        Ok(rt) => {
-            static EVENTS: std::sync::Once = std::sync::Once::new();
-            EVENTS.call_once(|| crate::verbs_other::start_event_thread(rt));
-            Ok(rt)
-        }
+        Ok(rt) => Ok(rt),
         Err(e) => {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| eprintln!("softrdma: the device did not start: {e}"));
@@ -163,6 +163,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// A context without its operations (`verbs_device` fills them).
     pub fn new(rt: &'static Runtime) -> Result<Box<Ctx>, i32> {
         let async_fd = semaphore_fd()?;
         // SAFETY: `verbs_context` is plain data (pointers, integers,
@@ -176,7 +177,6 @@ impl Ctx {
         v.context.num_comp_vectors = 1;
         // `verbs_get_ctx` in verbs.h: the extended ops are there.
         v.context.abi_compat = usize::MAX as *mut libc::c_void;
-        crate::verbs_device::fill_ops(&mut v);
         Ok(Box::new(Ctx {
             v,
             rt,

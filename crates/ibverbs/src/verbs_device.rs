@@ -107,7 +107,9 @@ pub extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
             return std::ptr::null_mut();
         }
         match Ctx::new(rt) {
-            Ok(ctx) => {
+            Ok(mut ctx) => {
+                fill_ops(&mut ctx.v);
+                crate::events::start(rt);
                 let ctx = Box::into_raw(ctx);
                 // SAFETY: just made; the application owns it until close.
                 unsafe { (*ctx).ibv() }

@@ -3,7 +3,7 @@
 use crate::abi::*;
 use crate::objects::{ctx_of, mr_of, pd_of, Mr, Pd};
 use libc::{c_int, c_void};
-use softrdma_cabi::{export, guard, guard_errno, guard_ptr, set_errno};
+use softrdma_cabi::{export, guard_errno, guard_ptr, set_errno};
 use softrdma_verbs::{Access, RegOptions};
 
 /// verbs.h's `IBV_ACCESS_OPTIONAL_RANGE` (a macro, so not in the
@@ -197,5 +197,5 @@ pub extern "C" fn ibv_rereg_mr(
     _len: usize,
     _access: c_int,
 ) -> c_int {
-    guard(libc::EOPNOTSUPP, || libc::EOPNOTSUPP)
+    libc::EOPNOTSUPP
 }

@@ -1,14 +1,10 @@
 //! What iWARP or this library does not offer, answered with the errno a
 //! kernel provider gives (siw: no address handles, no multicast, no memory
-//! windows; SRQs not through this library yet), and the thread that turns
-//! the engine's asynchronous events into verbs and CM events.
+//! windows; SRQs not through this library yet).
 
 use crate::abi::*;
-use crate::objects::{ctx_of, AsyncEv, Runtime};
 use libc::c_int;
 use softrdma_cabi::{export, set_errno};
-use softrdma_verbs::AsyncEvent;
-use std::time::Duration;
 
 export!("IBVERBS_1.1": ibv_create_srq, ibv_destroy_srq, ibv_modify_srq, ibv_query_srq,
     ibv_create_ah, ibv_destroy_ah, ibv_create_ah_from_wc, ibv_init_ah_from_wc,
@@ -90,46 +86,4 @@ pub extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid:
 #[no_mangle]
 pub extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
     libc::EOPNOTSUPP
-}
-
-/// Starts the thread that delivers the engine's asynchronous events: a
-/// QP's fatal error to its context's queue (`ibv_get_async_event`), a
-/// disconnection to the CM id that owns the QP.
-pub fn start_event_thread(rt: &'static Runtime) {
-    let r = std::thread::Builder::new()
-        .name("softrdma-events".into())
-        .spawn(move || loop {
-            let Some(ev) = rt.dev.next_event(Duration::from_secs(1)) else {
-                continue;
-            };
-            let (qpn, kind) = match &ev {
-                AsyncEvent::Disconnected { qpn } => (*qpn, None),
-                AsyncEvent::Terminated { qpn, .. } | AsyncEvent::QpFatal { qpn, .. } => {
-                    (*qpn, Some(IBV_EVENT_QP_FATAL))
-                }
-                AsyncEvent::SqDrained { qpn } => (*qpn, Some(IBV_EVENT_SQ_DRAINED)),
-            };
-            tracing::debug!(?ev, "asynchronous event");
-            let routes = rt.qps.lock();
-            let Some(route) = routes.get(&qpn.raw()).copied() else {
-                continue;
-            };
-            if let Some(kind) = kind {
-                // SAFETY: a route names a live QP of a live context (the
-                // QP is removed under this lock before it is destroyed).
-                if let Some(c) = unsafe { ctx_of(route.ctx as *mut ibv_context) } {
-                    c.push_event(AsyncEv {
-                        kind,
-                        object: route.qp,
-                    });
-                }
-            }
-            if kind != Some(IBV_EVENT_SQ_DRAINED) && route.cm_id != 0 {
-                crate::cm::on_disconnected(route.cm_id);
-            }
-            drop(routes);
-        });
-    if let Err(e) = r {
-        eprintln!("softrdma: cannot start the event thread: {e}");
-    }
 }

@@ -11,7 +11,7 @@ use crate::objects::{cq_of, ctx_of, pd_of, qp_of, InlineRing, Qp, QpRoute};
 use libc::c_int;
 use parking_lot::Mutex;
 use softrdma_cabi::{export, guard, guard_errno, guard_ptr, set_errno};
-use softrdma_verbs::{Access, QpCaps, QpInitAttr, QpState, Sge};
+use softrdma_verbs::{Access, QpCaps, QpInitAttr, QpState, RecvWr, Sge};
 
 export!("IBVERBS_1.1": ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_query_qp);
 export!("IBVERBS_1.6": ibv_qp_to_qp_ex);
@@ -145,6 +145,23 @@ pub extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) ->
     })
 }
 
+/// The plain attributes of `ibv_qp_init_attr_ex`; EOPNOTSUPP for what it
+/// asks beyond them (anything but a PD in `comp_mask`, creation flags).
+pub fn plain_attr(a: &ibv_qp_init_attr_ex) -> Result<ibv_qp_init_attr, c_int> {
+    if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 || a.create_flags != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    })
+}
+
 /// `verbs_context.create_qp_ex`: the plain attributes only (no send ops
 /// flags: the `ibv_wr_*` API is not offered; no XRC, no RSS, no TSO).
 pub unsafe extern "C" fn create_qp_ex(
@@ -158,22 +175,16 @@ pub unsafe extern "C" fn create_qp_ex(
         }
         // SAFETY: the caller's attributes.
         let a = unsafe { &mut *attr };
-        if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 || a.create_flags != 0 {
-            set_errno(libc::EOPNOTSUPP);
-            return std::ptr::null_mut();
-        }
-        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
-            set_errno(libc::EINVAL);
-            return std::ptr::null_mut();
-        }
-        let mut basic = ibv_qp_init_attr {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
+        let mut basic = match plain_attr(a) {
+            Ok(b) if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 => b,
+            Ok(_) => {
+                set_errno(libc::EINVAL);
+                return std::ptr::null_mut();
+            }
+            Err(e) => {
+                set_errno(e);
+                return std::ptr::null_mut();
+            }
         };
         match create(a.pd, &mut basic) {
             Ok(q) => {
@@ -209,7 +220,6 @@ pub extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
             // naming this QP after this.
             c.rt.qps.lock().remove(&qp.ibv.qp_num);
         }
-        crate::cm::qp_destroyed(q);
         // SAFETY: the Box leaked by creation, given back. Work in flight
         // completes with WR_FLUSH_ERR (the engine's QP outlives this
         // handle while a connection thread holds it; every registration a
@@ -410,7 +420,10 @@ pub unsafe extern "C" fn post_recv(
             let w = unsafe { &*cur };
             // SAFETY: the WR's SGE array.
             let sgl = unsafe { crate::convert::sgl(w.sg_list, w.num_sge) };
-            if let Err(e) = qp.qp.post_recv(&crate::convert::recv_wr(w.wr_id, sgl)) {
+            if let Err(e) = qp.qp.post_recv(&RecvWr {
+                wr_id: w.wr_id,
+                sgl,
+            }) {
                 if !bad.is_null() {
                     // SAFETY: the caller's out pointer.
                     unsafe { *bad = cur };

@@ -80,10 +80,6 @@ fn policy(forced: Option<&str>, local: SocketAddr, peer: SocketAddr) -> Option<S
 /// Whether `ip` is an address of this host (loopback, unspecified, or one
 /// a socket can bind to).
 pub fn is_local_addr(ip: std::net::IpAddr) -> bool {
-    is_own_ip(ip)
-}
-
-fn is_own_ip(ip: std::net::IpAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
@@ -114,7 +110,7 @@ fn system_default() -> Option<&'static str> {
 pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     // The local address is not known yet: "this host" is any of its own.
-    let local = if is_own_ip(addr.ip()) {
+    let local = if is_local_addr(addr.ip()) {
         addr
     } else {
         SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0)
@@ -237,9 +233,9 @@ mod tests {
             assert_eq!(congestion_of(&s).as_deref(), Some(LOOPBACK_CONGESTION));
         }
         assert!(c.nodelay().unwrap() && s.nodelay().unwrap());
-        assert!(is_own_ip("127.0.0.1".parse().unwrap()));
+        assert!(is_local_addr("127.0.0.1".parse().unwrap()));
         // TEST-NET-1 (RFC 5737) is never this host's.
-        assert!(!is_own_ip("192.0.2.1".parse().unwrap()));
+        assert!(!is_local_addr("192.0.2.1".parse().unwrap()));
     }
 
     #[test]

@@ -55,14 +55,17 @@ pub extern "C" fn softrdma_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         // SAFETY: registered until just now; the Box leaked by `new_id`.
         let b = unsafe { Box::from_raw(id.cast::<Id>()) };
-        let mut st = b.st.lock();
-        if let Some((stop, t)) = st.listen.take() {
+        let (listen, cqs) = {
+            let mut st = b.st.lock();
+            st.req.take();
+            (st.listen.take(), std::mem::take(&mut st.own_cqs))
+        };
+        // Outside the id's lock: the listening thread takes it for each
+        // request it hands over.
+        if let Some((stop, t)) = listen {
             stop.store(true, Ordering::Release);
             let _ = t.join();
         }
-        st.req.take();
-        let cqs = std::mem::take(&mut st.own_cqs);
-        drop(st);
         for (cq, ch) in cqs {
             crate::verbs_cq::ibv_destroy_cq(cq as *mut ibv_cq);
             crate::verbs_cq::ibv_destroy_comp_channel(ch as *mut ibv_comp_channel);
@@ -81,8 +84,8 @@ fn bind(id: &Id, mut addr: SocketAddr) -> Result<(), c_int> {
         // comes first waits in the listener's queue for `rdma_listen`
         // instead of being refused. An id that connects instead drops it.
         let rt = objects::runtime()?;
-        let l = rt.dev.listen(addr).map_err(|e| errno_of(&e))?;
-        addr = l.local_addr().map_err(|e| errno_of(&e))?;
+        let l = rt.dev.listen(addr).map_err(|e| crate::errno::of(&e))?;
+        addr = l.local_addr().map_err(|e| crate::errno::of(&e))?;
         id.st.lock().early = Some(l);
     }
     id.set_addr(Some(addr), None);
@@ -160,9 +163,9 @@ pub extern "C" fn softrdma_rdma_listen(idp: *mut rdma_cm_id, _backlog: c_int) ->
         };
         let l = match early {
             Some(l) => l,
-            None => rt.dev.listen(src).map_err(|e| errno_of(&e))?,
+            None => rt.dev.listen(src).map_err(|e| crate::errno::of(&e))?,
         };
-        let bound = l.local_addr().map_err(|e| errno_of(&e))?;
+        let bound = l.local_addr().map_err(|e| crate::errno::of(&e))?;
         tracing::debug!(%bound, "rdma_listen");
         id.set_addr(Some(bound), None);
         let stop = Arc::new(AtomicBool::new(false));
@@ -321,22 +324,11 @@ pub extern "C" fn softrdma_rdma_create_qp_ex(
                 attr.as_mut().ok_or(libc::EINVAL)?,
             )
         };
-        if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 || a.create_flags != 0 {
-            return Err(libc::EOPNOTSUPP);
-        }
+        let mut basic = crate::verbs_qp::plain_attr(a)?;
         let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
             a.pd
         } else {
             std::ptr::null_mut()
-        };
-        let mut basic = ibv_qp_init_attr {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
         };
         create_qp(id, pd, &mut basic)?;
         a.cap = basic.cap;
@@ -394,7 +386,7 @@ pub extern "C" fn softrdma_rdma_connect(
                     std::ptr::null_mut(),
                 ),
                 Err(e) => {
-                    let errno = errno_of(&e);
+                    let errno = crate::errno::of(&e);
                     let kind = match errno {
                         libc::ECONNREFUSED | libc::ECONNRESET => RDMA_CM_EVENT_REJECTED,
                         libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH => {
@@ -427,7 +419,7 @@ pub extern "C" fn softrdma_rdma_accept(idp: *mut rdma_cm_id, param: *mut rdma_co
         let qp = engine_qp(id).ok_or(libc::EINVAL)?;
         let req = id.st.lock().req.take().ok_or(libc::EINVAL)?;
         let params = conn_params(param, rt.cfg.crc);
-        req.accept(&qp, &params).map_err(|e| errno_of(&e))?;
+        req.accept(&qp, &params).map_err(|e| crate::errno::of(&e))?;
         id.st.lock().connected = true;
         mark_rts(id);
         id.event(RDMA_CM_EVENT_ESTABLISHED, 0, &[], std::ptr::null_mut());
@@ -450,7 +442,7 @@ pub extern "C" fn softrdma_rdma_reject(idp: *mut rdma_cm_id, pd: *const c_void, 
             // SAFETY: `len` readable bytes.
             unsafe { std::slice::from_raw_parts(pd.cast::<u8>(), len as usize) }
         };
-        req.reject(data).map_err(|e| errno_of(&e))
+        req.reject(data).map_err(|e| crate::errno::of(&e))
     })
 }
 

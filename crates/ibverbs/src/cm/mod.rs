@@ -104,6 +104,7 @@ fn cm() -> Result<&'static Cm, c_int> {
     static CM: OnceLock<Result<Cm, c_int>> = OnceLock::new();
     CM.get_or_init(|| {
         let rt = objects::runtime()?;
+        let _ = rt.on_disconnected.set(on_disconnected);
         let ctx = crate::verbs_device::ibv_open_device(rt.ibv_device());
         if ctx.is_null() {
             return Err(libc::ENODEV);
@@ -335,10 +336,6 @@ fn mark_rts(id: &Id) {
     }
 }
 
-fn errno_of(e: &Error) -> c_int {
-    crate::errno::of(e)
-}
-
 /// The engine says a QP's connection ended (peer closed, Terminate, local
 /// failure): DISCONNECTED for its id, once.
 pub fn on_disconnected(id: usize) {
@@ -356,10 +353,6 @@ pub fn on_disconnected(id: usize) {
         id.event(RDMA_CM_EVENT_DISCONNECTED, 0, &[], std::ptr::null_mut());
     }
 }
-
-/// A QP is being destroyed: nothing here holds it (ids hold the engine's
-/// handle only while connecting).
-pub fn qp_destroyed(_qp: *mut ibv_qp) {}
 
 fn route_qp_to(id: &Id) {
     let Ok(rt) = objects::runtime() else { return };
