@@ -423,6 +423,55 @@ fn rdma_server_and_client_on_both_paths() {
     }
 }
 
+/// The refusal a perftest client reports when its test connection comes
+/// before the server listens again.
+const PERFTEST_RELISTEN_RACE: &str = "Event: RDMA_CM_EVENT_REJECTED; error: -111.";
+
+/// A perftest `-R` pair, run again (at most twice) when it lost a race of
+/// Debian's perftest 4.5 itself: the server accepts the control
+/// connection, drops its listener, exchanges its parameters over that
+/// connection and only then listens again on the same port, while the
+/// client connects for the test as soon as the exchange is over. A client
+/// that comes first is refused (ECONNREFUSED, as the kernel's iWARP CM
+/// refuses it: no listener) and gives up, and the server waits for a
+/// client that never comes. Fixed upstream (linux-rdma/perftest 3d9d8d0,
+/// a retry of refused connections); Debian 12 has the older one. Only that
+/// exact refusal is run again, and a NOTE says so; anything else fails.
+fn perftest_pair(path: Path_, prog: &str, srv: &[String], cli: &[String], port: u16) -> (Ran, Ran) {
+    for attempt in 1.. {
+        let _g = PAIR_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut s = run_cmd(path, prog, srv, false).spawn().unwrap();
+        while !listening(port) {
+            if s.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                kill_group(&s);
+                let r = finish(s, deadline, "server");
+                panic!(
+                    "{prog} server did not listen on {port}:\n{}\n{}",
+                    r.out, r.err
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let c = run_cmd(path, prog, cli, false).spawn().unwrap();
+        let cr = finish(c, deadline, "client");
+        if !cr.ok && cr.err.contains(PERFTEST_RELISTEN_RACE) && attempt < 3 {
+            kill_group(&s);
+            let _ = finish(s, deadline, "server");
+            eprintln!(
+                "NOTE: {prog} {path:?} {}: the client came before the server listened again \
+                 (perftest 4.5's relisten race); attempt {} of 3",
+                srv.join(" "),
+                attempt + 1
+            );
+            continue;
+        }
+        let sr = finish(s, deadline, "server");
+        return (sr, cr);
+    }
+    unreachable!()
+}
+
 #[test]
 fn perftest_rdma_cm_tests_at_three_sizes_on_both_paths() {
     lib_dir();
@@ -443,7 +492,7 @@ fn perftest_rdma_cm_tests_at_three_sizes_on_both_paths() {
                 let srv = strs(&common);
                 let mut cli = strs(&common);
                 cli.push("127.0.0.1".into());
-                let r = pair(path, t, &srv, &cli, port.parse().unwrap(), 90, false);
+                let r = perftest_pair(path, t, &srv, &cli, port.parse().unwrap());
                 assert_pair(&format!("{t} {path:?} -s {size}"), &r);
                 let row =
                     r.1.out

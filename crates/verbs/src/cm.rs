@@ -395,6 +395,12 @@ pub struct Listener {
     addr: SocketAddr,
     requests: std::sync::Mutex<std::sync::mpsc::Receiver<ConnectRequest>>,
     stop: Arc<AtomicBool>,
+    /// The listening socket (a second descriptor of it) and the acceptor
+    /// that owns the first, so that `drop` can close both before it
+    /// returns: the port is free again at once, as after the kernel's
+    /// `rdma_destroy_id` (perftest listens again on it straight away).
+    socket: TcpListener,
+    acceptor: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Handshakes read at once per listener; connections beyond are closed.
@@ -403,13 +409,13 @@ const MAX_HANDSHAKES: usize = 256;
 impl Drop for Listener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the acceptor out of accept().
-        let wake = if self.addr.ip().is_unspecified() {
-            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), self.addr.port())
-        } else {
-            self.addr
-        };
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        // Shutting a listening socket down wakes a thread in accept()
+        // (EINVAL on Linux); the acceptor sees `stop` and returns, closing
+        // its descriptor, and ours closes when the fields drop.
+        let _ = socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -423,7 +429,8 @@ impl Device {
         let stop = Arc::new(AtomicBool::new(false));
         let deadline = self.rt.core.config.handshake_timeout;
         let st = stop.clone();
-        std::thread::Builder::new()
+        let socket = listener.try_clone()?;
+        let acceptor = std::thread::Builder::new()
             .name("softrdma-accept".into())
             .spawn(move || accept_loop(listener, tx, st, deadline))?;
         Ok(Listener {
@@ -431,6 +438,8 @@ impl Device {
             addr: local,
             requests: std::sync::Mutex::new(rx),
             stop,
+            socket,
+            acceptor: Some(acceptor),
         })
     }
 }
