@@ -755,3 +755,19 @@ fn an_unprivileged_user_runs_rping_and_ib_write_bw() {
         }
     }
 }
+
+#[test]
+fn ibv_query_qp_reports_the_capabilities_the_qp_got() {
+    lib_dir();
+    let bin = verbs_check().to_str().unwrap().to_string();
+    let c = run_cmd(Path_::Tcp, &bin, &strs(&["query-qp"]), false)
+        .spawn()
+        .unwrap();
+    let r = finish(c, Instant::now() + Duration::from_secs(30), "query-qp");
+    assert!(r.ok, "query-qp:\n{}\n{}", r.out, r.err);
+    assert!(
+        r.out.contains("caps 8 4 2 1 16, init caps 8 4 2 1 16"),
+        "{}",
+        r.out
+    );
+}

@@ -288,7 +288,9 @@ pub struct Qp {
     /// Shared with a connection in progress (`rdma_connect` runs on its
     /// own thread), so destroying the QP meanwhile frees nothing it uses.
     pub qp: std::sync::Arc<QueuePair>,
-    pub max_inline: u32,
+    /// What the QP got (`ibv_create_qp` wrote it back; `ibv_query_qp`
+    /// reports it).
+    pub cap: ibv_qp_cap,
     pub inline: Mutex<Option<InlineRing>>,
     pub send_cq: usize,
     pub recv_cq: usize,

@@ -108,7 +108,7 @@ pub fn create(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*mut ibv_q
     let b = Box::into_raw(Box::new(Qp {
         ibv,
         qp: std::sync::Arc::new(qp),
-        max_inline: cap.max_inline_data,
+        cap: attr.cap,
         inline: Mutex::new(inline),
         send_cq: attr.send_cq as usize,
         recv_cq: attr.recv_cq as usize,
@@ -294,15 +294,7 @@ pub extern "C" fn ibv_query_qp(
             a.max_rd_atomic = n.ord.min(255) as u8;
             a.max_dest_rd_atomic = n.ird.min(255) as u8;
         }
-        let ring = qp.inline.lock();
-        let cap = ibv_qp_cap {
-            max_send_wr: ring.as_ref().map_or(0, |r| r.slots as u32 / 2),
-            max_recv_wr: 0,
-            max_send_sge: 0,
-            max_recv_sge: 0,
-            max_inline_data: qp.max_inline,
-        };
-        drop(ring);
+        let cap = qp.cap;
         a.cap = cap;
         // SAFETY: the caller's buffers.
         unsafe {
@@ -369,7 +361,7 @@ fn post_one(qp: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
         return qp.qp.post_send(&swr).map_err(|e| crate::errno::of(&e));
     }
     let total: u64 = sgl.iter().map(|s| s.length as u64).sum();
-    if total > qp.max_inline as u64 {
+    if total > qp.cap.max_inline_data as u64 {
         return Err(libc::EINVAL);
     }
     let mut guard = qp.inline.lock();

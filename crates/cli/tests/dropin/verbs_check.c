@@ -406,6 +406,33 @@ static int misuse(const char *what)
 	return 2;
 }
 
+/* ibv_query_qp reports the capabilities the QP was created with. */
+static int query_qp(void)
+{
+	struct ibv_device **l = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = ibv_open_device(l[0]);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				      .cap = { 8, 4, 2, 1, 16 } };
+	struct ibv_qp *qp = ibv_create_qp(pd, &a);
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	if (!qp)
+		DIE("ibv_create_qp");
+	if (ibv_query_qp(qp, &qa, IBV_QP_CAP, &qi))
+		DIE("ibv_query_qp");
+	printf("caps %u %u %u %u %u, init caps %u %u %u %u %u\n", qa.cap.max_send_wr, qa.cap.max_recv_wr,
+	       qa.cap.max_send_sge, qa.cap.max_recv_sge, qa.cap.max_inline_data, qi.cap.max_send_wr,
+	       qi.cap.max_recv_wr, qi.cap.max_send_sge, qi.cap.max_recv_sge, qi.cap.max_inline_data);
+	ibv_destroy_qp(qp);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	ibv_free_device_list(l);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -413,6 +440,8 @@ int main(int argc, char **argv)
 		return server(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "client"))
 		return client(argv[2], argv[3]);
+	if (argc == 2 && !strcmp(argv[1], "query-qp"))
+		return query_qp();
 	if (argc == 3 && !strcmp(argv[1], "misuse"))
 		return misuse(argv[2]);
 	fprintf(stderr, "usage: verbs_check server PORT | client HOST PORT | misuse CASE\n");
