@@ -661,6 +661,20 @@ fn a_cq_overrun_is_an_error_and_an_async_event() {
     );
 }
 
+/// librdmacm's `rdma_destroy_id` waits until every event handed out for the
+/// id has been acknowledged: rping's CM thread still reads DISCONNECTED's
+/// id while its main thread destroys that id (the drop-in freed it at once,
+/// and rping against siw then failed now and then with
+/// `rdma_get_cm_event: Bad file descriptor`, tests/dropin_siw.rs).
+#[test]
+fn destroying_an_id_waits_until_its_events_are_acknowledged() {
+    let out = misuse("destroy-unacked");
+    assert!(
+        out.contains("destroy: 0, after the event was acknowledged; the event's id context intact"),
+        "{out}"
+    );
+}
+
 // ------------------------------------------------------------ no root
 
 /// `runuser -u nobody -- softrdma run -- ...`: no root, Debian's default

@@ -3,6 +3,7 @@
 //! Wireshark's iWARP dissectors.
 #![allow(dead_code)]
 
+pub mod guest;
 pub mod history;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -7,7 +7,10 @@
  *   verbs_check client HOST PORT     Write, Read back, Send; check bytes
  *   verbs_check misuse CASE          one misuse on a connected pair in
  *                                    this process: reset-post, sge-bounds,
- *                                    dereg, destroy-busy, cq-overrun
+ *                                    dereg, destroy-busy, cq-overrun; or
+ *                                    destroy-unacked (librdmacm's
+ *                                    rdma_destroy_id waits until the
+ *                                    id's events are acknowledged)
  *
  * The server's buffer starts as a pattern the client knows; the client
  * writes another pattern, reads it back, and sends a message whose bytes
@@ -17,6 +20,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,6 +292,32 @@ static void pair(struct end *c, struct end *s, int cqe)
 	}
 }
 
+/* destroy-unacked: a CM thread, as rping has, holds DISCONNECTED while the
+ * main thread destroys the id; it reads the event's id after a while, then
+ * acknowledges. */
+struct holder {
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	volatile int got;
+	void *context;
+	double acked;
+};
+
+static void *hold_event(void *arg)
+{
+	struct holder *h = arg;
+	struct rdma_cm_event *e;
+	/* The channel also carries the accepting side's DISCONNECTED. */
+	while ((e = expect(h->ch, RDMA_CM_EVENT_DISCONNECTED))->id != h->id)
+		rdma_ack_cm_event(e);
+	h->got = 1;
+	usleep(300 * 1000);
+	h->context = e->id->context;
+	h->acked = now();
+	rdma_ack_cm_event(e);
+	return NULL;
+}
+
 static int misuse(const char *what)
 {
 	struct end c, s;
@@ -401,6 +431,29 @@ static int misuse(const char *what)
 		printf("async event: %s\n", ibv_event_type_str(ev.event_type));
 		ibv_ack_async_event(&ev);
 		return ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == c.cq ? 0 : 1;
+	}
+	if (!strcmp(what, "destroy-unacked")) {
+		struct holder h = { 0 };
+		pthread_t t;
+		double destroyed;
+		int ours = 0x5eed;
+		pair(&c, &s, 64);
+		c.id->context = &ours;
+		h.ch = c.id->channel;
+		h.id = c.id;
+		if (pthread_create(&t, NULL, hold_event, &h))
+			DIE("pthread_create");
+		if (rdma_disconnect(c.id))
+			DIE("rdma_disconnect");
+		while (!h.got)
+			usleep(1000);
+		rdma_destroy_qp(c.id);
+		r = rdma_destroy_id(c.id);
+		destroyed = now();
+		pthread_join(t, NULL);
+		printf("destroy: %d, %s the event was acknowledged; the event's id context %s\n", r,
+		       destroyed >= h.acked ? "after" : "BEFORE", h.context == &ours ? "intact" : "LOST");
+		return r == 0 && destroyed >= h.acked && h.context == &ours ? 0 : 1;
 	}
 	fprintf(stderr, "unknown case %s\n", what);
 	return 2;

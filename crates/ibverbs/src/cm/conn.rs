@@ -53,7 +53,20 @@ pub extern "C" fn softrdma_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if !cm.ids.lock().remove(&(id as usize)) {
             return Err(libc::EINVAL);
         }
-        // SAFETY: registered until just now; the Box leaked by `new_id`.
+        // As librdmacm: no new events for the id now, and the call waits
+        // until the application has acknowledged every event it was handed
+        // for the id. Another thread may be reading one (its `id` points
+        // here): rping's CM thread takes DISCONNECTED and reads the id's
+        // context while its main thread destroys the id.
+        {
+            // SAFETY: registered until just now; freed below, by us.
+            let live = unsafe { &*id.cast::<Id>() };
+            let mut st = live.st.lock();
+            while st.unacked > 0 {
+                live.acked.wait(&mut st);
+            }
+        }
+        // SAFETY: the Box leaked by `new_id`; no event refers to it now.
         let b = unsafe { Box::from_raw(id.cast::<Id>()) };
         let (listen, cqs) = {
             let mut st = b.st.lock();
@@ -221,7 +234,11 @@ fn listen_loop(l: Listener, listen_id: usize, stop: Arc<AtomicBool>) {
         ev.id = child.cast();
         ev.listen_id = listen_id as *mut rdma_cm_id;
         ev.event = RDMA_CM_EVENT_CONNECT_REQUEST;
-        let mut e = Box::new(Event { c: ev, private });
+        let mut e = Box::new(Event {
+            c: ev,
+            private,
+            counted: 0,
+        });
         // The union's connection member; its pointer aims into the event.
         e.c.param.conn.private_data = e.private.as_ptr().cast();
         e.c.param.conn.private_data_len = e.private.len().min(255) as u8;
@@ -366,6 +383,9 @@ pub extern "C" fn softrdma_rdma_connect(
         tracing::debug!(%dst, "rdma_connect");
         let run = move || {
             let r = qp.connect(dst, &params);
+            if r.is_ok() && !qp.conn_params().is_some_and(|n| n.softrdma_peer || n.p2p) {
+                std::thread::sleep(FIRST_SEND_GRACE);
+            }
             let Ok(cm) = cm() else { return };
             let ids = cm.ids.lock();
             if !ids.contains(&idu) {
@@ -475,7 +495,21 @@ pub extern "C" fn softrdma_rdma_get_cm_event(
         if out.is_null() {
             return Err(libc::EINVAL);
         }
-        let e = ch.take()?;
+        let mut e = ch.take()?;
+        let who = if e.c.event == RDMA_CM_EVENT_CONNECT_REQUEST && !e.c.listen_id.is_null() {
+            e.c.listen_id
+        } else {
+            e.c.id
+        } as usize;
+        if let Ok(cm) = cm() {
+            let ids = cm.ids.lock();
+            if ids.contains(&who) {
+                // SAFETY: registered, so live while we hold the lock.
+                let id = unsafe { &*(who as *const Id) };
+                id.st.lock().unacked += 1;
+                e.counted = who;
+            }
+        }
         // SAFETY: the caller's out pointer; the event is freed by
         // `rdma_ack_cm_event`.
         unsafe { *out = Box::into_raw(e).cast() };
@@ -490,7 +524,15 @@ pub extern "C" fn softrdma_rdma_ack_cm_event(e: *mut rdma_cm_event) -> c_int {
             return Err(libc::EINVAL);
         }
         // SAFETY: an event from `rdma_get_cm_event`, given back.
-        drop(unsafe { Box::from_raw(e.cast::<Event>()) });
+        let e = unsafe { Box::from_raw(e.cast::<Event>()) };
+        if e.counted != 0 {
+            // SAFETY: an id with an event not yet acknowledged is not
+            // freed (`rdma_destroy_id` waits for this).
+            let id = unsafe { &*(e.counted as *const Id) };
+            let mut st = id.st.lock();
+            st.unacked = st.unacked.saturating_sub(1);
+            id.acked.notify_all();
+        }
         Ok(())
     })
 }

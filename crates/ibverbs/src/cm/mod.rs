@@ -29,7 +29,7 @@ use crate::abi::*;
 use crate::objects::{self, qp_of, semaphore_fd, take_semaphore};
 use addr::{read_sockaddr, write_sockaddr};
 use libc::{c_char, c_int, c_void};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use softrdma_cabi::{export, guard_ptr, guard_rc, set_errno};
 use softrdma_verbs::{ConnParams, ConnectRequest, Error, Listener, QueuePair};
 use std::collections::{HashSet, VecDeque};
@@ -38,6 +38,20 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// How long an initiator whose peer is not softrdma (no extensions, no
+/// peer-to-peer mode) holds ESTABLISHED back after the MPA reply, so that
+/// the application's first FPDU does not follow the reply at once. Linux
+/// siw as the responder installs its RDMA-mode receive callback only after
+/// sending the MPA reply (`siw_accept`); an FPDU that arrives in between
+/// stays unnoticed in its socket until more data comes, and an application
+/// whose responder waits for the initiator's first message (rping,
+/// perftest's `-R` control exchange) hangs. rdma-core's applications on a
+/// kernel initiator are never that quick; ours on the engine are (our
+/// Send went 0.3 to 0.6 ms after siw's reply, and 4 of 16 guest servers
+/// hung, docs/libibverbs.md). `softrdma rping` waits the same 50 ms
+/// (`--first-send-delay-ms`).
+const FIRST_SEND_GRACE: Duration = Duration::from_millis(50);
 
 /// rdma_cma.h's `RAI_*` flags (macros, so not in the bindings).
 const RAI_PASSIVE: u32 = 1;
@@ -58,6 +72,10 @@ pub struct Channel {
 pub struct Event {
     c: rdma_cm_event,
     private: Vec<u8>,
+    /// The id this event counts against once `rdma_get_cm_event` handed it
+    /// out (a connection request: the listening id), 0 before: it stays
+    /// live until `rdma_ack_cm_event` (see `rdma_destroy_id`).
+    counted: usize,
 }
 
 #[derive(Default)]
@@ -73,6 +91,8 @@ struct IdState {
     ep_qp: Option<(usize, ibv_qp_init_attr)>,
     connected: bool,
     disconnected: bool,
+    /// Events handed out for this id and not yet acknowledged.
+    unacked: u32,
     /// CQs and channels this library made for the id's QP.
     own_cqs: Vec<(usize, usize)>,
 }
@@ -84,6 +104,8 @@ pub struct Id {
     /// A synchronous id's private channel (made without one).
     private: Option<Box<Channel>>,
     st: Mutex<IdState>,
+    /// Signalled when `unacked` falls.
+    acked: Condvar,
 }
 
 // SAFETY: the C struct's pointers are the application's handles; they are
@@ -194,6 +216,7 @@ impl Id {
         let mut e = Box::new(Event {
             c,
             private: private.to_vec(),
+            counted: 0,
         });
         // `conn` is the union member for connection events; its pointer
         // aims into the event's own vector, freed with it.
@@ -297,6 +320,7 @@ fn new_id(
         c,
         private,
         st: Mutex::new(IdState::default()),
+        acked: Condvar::new(),
     }));
     cm.ids.lock().insert(id as usize);
     Ok(id)
