@@ -393,7 +393,9 @@ fn check_siw_private_data(app: usize, v2: bool) -> Result<()> {
 pub struct Listener {
     dev: Device,
     addr: SocketAddr,
-    requests: std::sync::Mutex<std::sync::mpsc::Receiver<ConnectRequest>>,
+    /// Requests, and `None` from [`Listener::close`] to wake a waiter.
+    requests: std::sync::Mutex<std::sync::mpsc::Receiver<Option<ConnectRequest>>>,
+    wake: std::sync::mpsc::Sender<Option<ConnectRequest>>,
     stop: Arc<AtomicBool>,
     /// The listening socket (a second descriptor of it) and the acceptor
     /// that owns the first, so that `drop` can close both before it
@@ -408,11 +410,7 @@ const MAX_HANDSHAKES: usize = 256;
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Shutting a listening socket down wakes a thread in accept()
-        // (EINVAL on Linux); the acceptor sees `stop` and returns, closing
-        // its descriptor, and ours closes when the fields drop.
-        let _ = socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Both);
+        self.close();
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }
@@ -430,6 +428,7 @@ impl Device {
         let deadline = self.rt.core.config.handshake_timeout;
         let st = stop.clone();
         let socket = listener.try_clone()?;
+        let wake = tx.clone();
         let acceptor = std::thread::Builder::new()
             .name("softrdma-accept".into())
             .spawn(move || accept_loop(listener, tx, st, deadline))?;
@@ -437,6 +436,7 @@ impl Device {
             dev: self.clone(),
             addr: local,
             requests: std::sync::Mutex::new(rx),
+            wake,
             stop,
             socket,
             acceptor: Some(acceptor),
@@ -447,7 +447,7 @@ impl Device {
 /// The acceptor: one handshake thread per connection.
 fn accept_loop(
     listener: TcpListener,
-    tx: std::sync::mpsc::Sender<ConnectRequest>,
+    tx: std::sync::mpsc::Sender<Option<ConnectRequest>>,
     stop: Arc<AtomicBool>,
     deadline: Duration,
 ) {
@@ -475,7 +475,7 @@ fn accept_loop(
             .name("softrdma-mpa".into())
             .spawn(move || {
                 if let Some(req) = handshake(s, peer, deadline) {
-                    let _ = tx.send(req);
+                    let _ = tx.send(Some(req));
                 }
                 active.fetch_sub(1, Ordering::AcqRel);
             });
@@ -523,26 +523,54 @@ impl Listener {
         &self.dev
     }
 
+    /// Stops listening: the port is free once the last descriptor closes
+    /// (at once when no other thread is in the acceptor; `drop` waits for
+    /// it), new connections are refused, and a thread waiting in
+    /// [`Listener::get_request`] or [`Listener::get_request_timeout`] returns
+    /// [`Error::Closed`] at once, as they do from then on. Requests already
+    /// taken in but not yet handed out are dropped (their connections close).
+    pub fn close(&self) {
+        if self.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Shutting a listening socket down wakes a thread in accept()
+        // (EINVAL on Linux); the acceptor sees `stop` and returns, closing
+        // its descriptor, and ours closes when the fields drop.
+        let _ = socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Both);
+        let _ = self.wake.send(None);
+    }
+
     /// Waits for the next valid connection request. Connections whose MPA
     /// request is malformed (or asks for markers) are refused and skipped.
     pub fn get_request(&self) -> Result<ConnectRequest> {
-        self.requests
+        if self.stop.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        match self
+            .requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .recv()
-            .map_err(|_| Error::Closed)
+        {
+            Ok(Some(r)) if !self.stop.load(Ordering::Acquire) => Ok(r),
+            _ => Err(Error::Closed),
+        }
     }
 
     /// Like [`Listener::get_request`], giving up after `timeout` when no
     /// valid request arrives.
     pub fn get_request_timeout(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
+        if self.stop.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
         match self
             .requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .recv_timeout(timeout)
         {
-            Ok(r) => Ok(Some(r)),
+            Ok(Some(r)) if !self.stop.load(Ordering::Acquire) => Ok(Some(r)),
+            Ok(_) => Err(Error::Closed),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Closed),
         }

@@ -762,3 +762,30 @@ fn a_dropped_listener_frees_its_port_at_once() {
         drop(l);
     }
 }
+
+/// `Listener::close` wakes a thread blocked in `get_request` (how
+/// `rdma_destroy_id` stops the drop-in's listening thread without polling),
+/// and the port is free once the listener drops.
+#[test]
+fn closing_a_listener_wakes_its_waiter() {
+    let dev = Device::open_default().unwrap();
+    let l = std::sync::Arc::new(dev.listen("127.0.0.1:0").unwrap());
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let l2 = l.clone();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(l2.get_request().map(|_| ()));
+    });
+    l.close();
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("get_request still blocked 20 s after close");
+    assert!(matches!(got, Err(Error::Closed)), "{got:?}");
+    waiter.join().unwrap();
+    assert!(matches!(
+        l.get_request_timeout(std::time::Duration::from_secs(5)),
+        Err(Error::Closed)
+    ));
+    drop(l);
+    dev.listen(addr).expect("the port is free after the drop");
+}

@@ -75,8 +75,8 @@ pub extern "C" fn softrdma_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         };
         // Outside the id's lock: the listening thread takes it for each
         // request it hands over.
-        if let Some((stop, t)) = listen {
-            stop.store(true, Ordering::Release);
+        if let Some((l, t)) = listen {
+            l.close();
             let _ = t.join();
         }
         for (cq, ch) in cqs {
@@ -181,28 +181,22 @@ pub extern "C" fn softrdma_rdma_listen(idp: *mut rdma_cm_id, _backlog: c_int) ->
         let bound = l.local_addr().map_err(|e| crate::errno::of(&e))?;
         tracing::debug!(%bound, "rdma_listen");
         id.set_addr(Some(bound), None);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
+        let l = Arc::new(l);
+        let l2 = l.clone();
         let idu = idp as usize;
         let t = std::thread::Builder::new()
             .name("softrdma-listen".into())
-            .spawn(move || listen_loop(l, idu, stop2))
+            .spawn(move || listen_loop(&l2, idu))
             .map_err(|_| libc::EAGAIN)?;
-        id.st.lock().listen = Some((stop, t));
+        id.st.lock().listen = Some((l, t));
         Ok(())
     })
 }
 
-fn listen_loop(l: Listener, listen_id: usize, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::Acquire) {
-        let req = match l.get_request_timeout(Duration::from_millis(100)) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::debug!(error = %e, "a connection request failed");
-                continue;
-            }
-        };
+/// Hands each connection request to the application until
+/// `rdma_destroy_id` closes the listener (which wakes it at once).
+fn listen_loop(l: &Listener, listen_id: usize) {
+    while let Ok(req) = l.get_request() {
         let Ok(cm) = cm() else { return };
         let ids = cm.ids.lock();
         if !ids.contains(&listen_id) {

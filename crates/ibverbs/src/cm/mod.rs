@@ -35,7 +35,6 @@ use softrdma_verbs::{ConnParams, ConnectRequest, Error, Listener, QueuePair};
 use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -82,7 +81,7 @@ pub struct Event {
 struct IdState {
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
-    listen: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    listen: Option<(Arc<Listener>, std::thread::JoinHandle<()>)>,
     /// The listener `rdma_bind_addr` opened for a port it picked.
     early: Option<Listener>,
     req: Option<ConnectRequest>,
