@@ -133,6 +133,17 @@ fn siw_own_crc_was_sent(own: u32, sent: &BTreeSet<u32>) -> bool {
 /// once `gate` fires. With `ask_crc` it sets the CRC bit (0x40 of byte 16)
 /// in the MPA request passing through, so two siw ends (neither of which asks
 /// for CRC by itself) negotiate CRC. Reports the bytes copied each way.
+///
+/// It passes the initiator's bytes after its MPA request on only
+/// [`FIRST_FPDU_GRACE`] after the MPA reply went back: Linux siw as the
+/// responder installs its RDMA-mode socket callback only after it sent the
+/// reply (`siw_accept`), and an FPDU that arrives in between stays unnoticed
+/// in its socket until more data comes, so rping's server waits for the
+/// client's first Send forever. Guest-to-guest through the host that window
+/// is normally missed, but not on a loaded host: `loopcrc` hung once in CI
+/// beside a CPU hog (client "wait for RDMA_WRITE_ADV state 10", server killed
+/// at its timeout, exit 143). The drop-in and `softrdma rping` wait the same
+/// 50 ms for the same reason (`FIRST_SEND_GRACE`, `--first-send-delay-ms`).
 fn start_relay(
     target: u16,
     gate: Receiver<()>,
@@ -148,20 +159,35 @@ fn start_relay(
                 .map_err(|_| io::Error::other("relay: gate never opened"))?;
             let b = TcpStream::connect(("127.0.0.1", target))?;
             let (mut a2, mut b2) = (a.try_clone()?, b.try_clone()?);
+            // When the MPA reply went back to the initiator.
+            let (replied_tx, replied) = mpsc::channel::<Instant>();
             let up = thread::spawn(move || -> io::Result<u64> {
-                // The MPA request: 16-byte key, flags, revision, PD length.
-                let mut head = [0u8; 20];
-                a2.read_exact(&mut head)?;
+                // The MPA request: 16-byte key, flags, revision, PD length,
+                // then the private data.
+                let (mut head, pd) = read_mpa_frame(&mut a2)?;
                 if ask_crc {
                     head[16] |= 0x40;
                 }
                 io::Write::write_all(&mut b2, &head)?;
+                io::Write::write_all(&mut b2, &pd)?;
+                // Nothing more before the reply; if none comes (the
+                // responder went away), pass the rest on anyway.
+                if let Ok(at) = replied.recv() {
+                    thread::sleep(FIRST_FPDU_GRACE.saturating_sub(at.elapsed()));
+                }
                 let n = io::copy(&mut a2, &mut b2);
                 let _ = b2.shutdown(Shutdown::Write);
-                Ok(n? + 20)
+                Ok(n? + 20 + pd.len() as u64)
             });
             let (mut a3, mut b3) = (a, b);
-            let down = io::copy(&mut b3, &mut a3);
+            let reply = read_mpa_frame(&mut b3).and_then(|(head, pd)| {
+                io::Write::write_all(&mut a3, &head)?;
+                io::Write::write_all(&mut a3, &pd)?;
+                Ok(20 + pd.len() as u64)
+            });
+            let _ = replied_tx.send(Instant::now());
+            drop(replied_tx);
+            let down = reply.and_then(|n| Ok(n + io::copy(&mut b3, &mut a3)?));
             let _ = a3.shutdown(Shutdown::Write);
             let up = up
                 .join()
@@ -171,6 +197,20 @@ fn start_relay(
         let _ = tx.send(r);
     });
     (port, rx)
+}
+
+/// How long [`start_relay`] holds the initiator's first FPDU after the MPA
+/// reply (not synchronisation with anything observable: the siw responder
+/// race it describes).
+const FIRST_FPDU_GRACE: Duration = Duration::from_millis(50);
+
+/// An MPA request or reply: its 20-byte header and its private data.
+fn read_mpa_frame(s: &mut TcpStream) -> io::Result<([u8; 20], Vec<u8>)> {
+    let mut head = [0u8; 20];
+    s.read_exact(&mut head)?;
+    let mut pd = vec![0u8; u16::from_be_bytes([head[18], head[19]]) as usize];
+    s.read_exact(&mut pd)?;
+    Ok((head, pd))
 }
 
 // ---------------------------------------------------------------------------
