@@ -772,10 +772,15 @@ fn closing_a_listener_wakes_its_waiter() {
     let l = std::sync::Arc::new(dev.listen("127.0.0.1:0").unwrap());
     let addr = l.local_addr().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let (started_tx, started) = std::sync::mpsc::channel();
     let l2 = l.clone();
     let waiter = std::thread::spawn(move || {
+        let _ = started_tx.send(());
         let _ = tx.send(l2.get_request().map(|_| ()));
     });
+    // Close once the waiter is (all but) inside get_request, so that the
+    // close has to wake it rather than find it not yet waiting.
+    started.recv().unwrap();
     l.close();
     let got = rx
         .recv_timeout(std::time::Duration::from_secs(20))
