@@ -266,7 +266,32 @@ fn a_backend_that_withdraws_access_gets_the_protection_terminate() {
         c.qp.post_send(&wr).unwrap();
         c.qp.post_send(&SendWr::flush(2, 0, r.rkey())).unwrap();
         let statuses = [wait(&c.cq).status, wait(&c.cq).status];
-        assert!(statuses.contains(&WcStatus::RemAccessErr), "{statuses:?}");
+        if write {
+            // A Write has no response: it completes once sent. The Flush
+            // behind it gets the Terminate's status if it was on the wire
+            // when the Terminate came back, or is flushed if it was not
+            // yet sent (seen 4 in 100 beside two CPU hogs): both are what
+            // an RC queue pair reports (and the Write itself takes the
+            // error should the Terminate be handled before its send is
+            // marked done); the Terminate's code below is the check.
+            assert!(
+                matches!(
+                    statuses,
+                    [
+                        WcStatus::Success,
+                        WcStatus::RemAccessErr | WcStatus::WrFlushErr
+                    ] | [WcStatus::RemAccessErr, WcStatus::WrFlushErr]
+                ),
+                "{statuses:?}"
+            );
+        } else {
+            // The Read itself is refused, the Flush behind it flushed.
+            assert_eq!(
+                statuses,
+                [WcStatus::RemAccessErr, WcStatus::WrFlushErr],
+                "{statuses:?}"
+            );
+        }
         let code = loop {
             match c.dev.next_event(T) {
                 Some(AsyncEvent::Terminated { code, .. }) => break code,
