@@ -182,12 +182,24 @@ pub extern "C" fn ibv_get_cq_event(
         // SAFETY: fcntl on a valid fd.
         let nonblock = unsafe { libc::fcntl(ep, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: one event slot.
-        let n = unsafe { libc::epoll_wait(ep, &mut ev, 1, if nonblock { 0 } else { -1 }) };
-        if n < 0 {
-            set_errno(last_errno());
-            return -1;
-        }
+        let n = loop {
+            // SAFETY: one event slot.
+            let n = unsafe { libc::epoll_wait(ep, &mut ev, 1, if nonblock { 0 } else { -1 }) };
+            if n >= 0 {
+                break n;
+            }
+            let e = last_errno();
+            // epoll_wait fails with EINTR after SIGSTOP/SIGCONT (signal(7))
+            // and after any handler; the kernel's read() of a channel
+            // restarts after a stop and after an SA_RESTART handler, and
+            // fails with EINTR after a handler without it (qperf ends its
+            // timed tests so). Which signal it was is not known here: wait
+            // on unless the process has such a handler.
+            if e != libc::EINTR || a_handler_interrupts() {
+                set_errno(e);
+                return -1;
+            }
+        };
         if n == 0 {
             set_errno(libc::EAGAIN);
             return -1;
@@ -210,6 +222,21 @@ pub extern "C" fn ibv_get_cq_event(
             }
         }
         0
+    })
+}
+
+/// Whether the process has a signal handler installed without
+/// `SA_RESTART`: a blocking `read` would fail with EINTR after it ran.
+fn a_handler_interrupts() -> bool {
+    (1..libc::SIGRTMAX()).any(|sig| {
+        // SAFETY: an all-zero sigaction is a valid out value.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: reads the disposition only (no new action).
+        let r = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+        r == 0
+            && old.sa_sigaction != libc::SIG_DFL
+            && old.sa_sigaction != libc::SIG_IGN
+            && old.sa_flags & libc::SA_RESTART == 0
     })
 }
 
@@ -281,7 +308,8 @@ pub unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) ->
         let Some(cq) = (unsafe { cq_of(c) }) else {
             return libc::EINVAL;
         };
-        cq.cq.req_notify(solicited_only != 0);
+        // The next completion only, as siw and rxe arm it.
+        cq.cq.req_notify_next(solicited_only != 0);
         0
     })
 }

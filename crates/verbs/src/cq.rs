@@ -265,6 +265,23 @@ impl CompletionQueue {
         }
     }
 
+    /// Arms the event fd for the next completion added from now on, as
+    /// `ibv_req_notify_cq` does on Linux siw and rxe: completions already
+    /// queued fire nothing (a consumer arms, polls the CQ empty, then
+    /// sleeps). The C ABI uses this; [`CompletionQueue::req_notify`]
+    /// fires at once for queued completions, for Rust callers that arm
+    /// after polling. (perftest's `-e` server re-arms its send CQ without
+    /// polling it: with the fire-at-once kind it spun in
+    /// `ibv_get_cq_event` at 100% CPU.)
+    pub fn req_notify_next(&self, solicited_only: bool) {
+        let arm = if solicited_only {
+            ARM_SOLICITED
+        } else {
+            ARM_ANY
+        };
+        self.inner.armed.store(arm, Ordering::Release);
+    }
+
     /// Withdraws an armed notification that has not fired (a thread that
     /// armed the CQ before sleeping, woke for another reason and will now
     /// poll the CQ itself does not want its own completions to ring the
@@ -348,5 +365,28 @@ mod tests {
         assert!(cq.cancel_notify(), "not armed reads as fired");
         cq.inner.push(wc(3));
         assert_eq!(cq.ack_events(), 0);
+    }
+
+    #[test]
+    fn req_notify_fires_for_queued_completions_and_req_notify_next_does_not() {
+        let cq = CompletionQueue::new(1, 8).unwrap();
+        cq.inner.push(wc(1));
+        cq.req_notify_next(false);
+        assert_eq!(cq.ack_events(), 0, "fired for a completion already queued");
+        cq.inner.push(wc(2));
+        assert_eq!(cq.ack_events(), 1, "the next completion did not fire");
+        cq.inner.push(wc(3));
+        assert_eq!(cq.ack_events(), 0, "fired twice for one arming");
+        cq.req_notify(false);
+        assert_eq!(cq.ack_events(), 1, "req_notify fires for queued ones");
+        // Solicited-only: an unsolicited success does not fire it.
+        cq.req_notify_next(true);
+        cq.inner.push(wc(4));
+        assert_eq!(cq.ack_events(), 0);
+        cq.inner.push(WorkCompletion {
+            solicited: true,
+            ..wc(5)
+        });
+        assert_eq!(cq.ack_events(), 1);
     }
 }

@@ -11,6 +11,13 @@
  *                                    destroy-unacked (librdmacm's
  *                                    rdma_destroy_id waits until the
  *                                    id's events are acknowledged)
+ *   verbs_check notify CASE          completion events on a connected
+ *                                    pair: next-only (a notification
+ *                                    requested with completions already
+ *                                    queued fires for the next one only)
+ *                                    or stop-continue (a wait in
+ *                                    ibv_get_cq_event survives SIGSTOP and
+ *                                    SIGCONT)
  *
  * The server's buffer starts as a pattern the client knows; the client
  * writes another pattern, reads it back, and sends a message whose bytes
@@ -18,6 +25,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -27,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/wait.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
@@ -40,6 +50,7 @@ struct ad { uint64_t addr; uint32_t rkey; uint32_t len; };
 struct end {
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd;
+	struct ibv_comp_channel *ch;
 	struct ibv_cq *cq;
 	struct ibv_mr *mr;
 	char *buf;
@@ -70,7 +81,8 @@ static void setup(struct end *x, struct rdma_cm_id *id, int cqe)
 	struct ibv_qp_init_attr a;
 	x->id = id;
 	x->pd = ibv_alloc_pd(id->verbs);
-	x->cq = ibv_create_cq(id->verbs, cqe, NULL, NULL, 0);
+	x->ch = ibv_create_comp_channel(id->verbs);
+	x->cq = x->ch ? ibv_create_cq(id->verbs, cqe, NULL, x->ch, 0) : NULL;
 	if (!x->pd || !x->cq)
 		DIE("pd/cq");
 	x->buf = aligned_alloc(4096, BUF);
@@ -459,6 +471,121 @@ static int misuse(const char *what)
 	return 2;
 }
 
+/* notify CASE: ibv_req_notify_cq and ibv_get_cq_event as the kernel's
+ * providers (siw, rxe) give them. */
+struct poster {
+	struct end *c, *s;
+	pid_t child;
+};
+
+static void *post_after_child(void *arg)
+{
+	struct poster *p = arg;
+	int st;
+	/* The child stops and continues this process, then exits: only then
+	 * does the completion the main thread waits for come. */
+	waitpid(p->child, &st, 0);
+	post(p->c, IBV_WR_RDMA_WRITE, 0, 8, &(struct ad){ (uintptr_t)p->s->buf, p->s->mr->rkey, BUF }, 0);
+	return NULL;
+}
+
+static char thread_state(pid_t pid)
+{
+	char path[64], buf[256], *q;
+	FILE *f;
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, pid);
+	f = fopen(path, "r");
+	if (!f)
+		return '?';
+	q = fgets(buf, sizeof(buf), f);
+	fclose(f);
+	q = q ? strrchr(buf, ')') : NULL;
+	return q && q[1] == ' ' ? q[2] : '?';
+}
+
+static int notify(const char *what)
+{
+	struct end c, s;
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	struct ibv_wc wc[4];
+	struct ad to;
+	int r, n;
+
+	pair(&c, &s, 64);
+	to = (struct ad){ (uintptr_t)s.buf, s.mr->rkey, BUF };
+	if (ibv_req_notify_cq(c.cq, 0))
+		DIE("ibv_req_notify_cq");
+	if (!strcmp(what, "next-only")) {
+		/* One completion, its event taken: the completion stays queued. */
+		post(&c, IBV_WR_RDMA_WRITE, 0, 8, &to, 0);
+		if (ibv_get_cq_event(c.ch, &ev_cq, &ev_ctx))
+			DIE("ibv_get_cq_event");
+		ibv_ack_cq_events(ev_cq, 1);
+		/* Armed again with it still queued: no event for it. */
+		if (ibv_req_notify_cq(c.cq, 0))
+			DIE("ibv_req_notify_cq");
+		if (fcntl(c.ch->fd, F_SETFL, fcntl(c.ch->fd, F_GETFL) | O_NONBLOCK))
+			DIE("fcntl");
+		r = ibv_get_cq_event(c.ch, &ev_cq, &ev_ctx);
+		printf("queued completion after arming: %s\n",
+		       r == 0 ? "an event" : errno == EAGAIN ? "no event (EAGAIN)" : strerror(errno));
+		if (r == 0)
+			ibv_ack_cq_events(ev_cq, 1);
+		/* The next completion fires it. */
+		post(&c, IBV_WR_RDMA_WRITE, 0, 8, &to, 0);
+		struct pollfd pf = { c.ch->fd, POLLIN, 0 };
+		int ready = poll(&pf, 1, 10000);
+		int r2 = ready == 1 ? ibv_get_cq_event(c.ch, &ev_cq, &ev_ctx) : -1;
+		if (r2 == 0)
+			ibv_ack_cq_events(ev_cq, 1);
+		n = 0;
+		for (double end = now() + 10; n < 2 && now() < end;) {
+			int got = ibv_poll_cq(c.cq, 4, wc);
+			if (got < 0)
+				DIE("ibv_poll_cq");
+			n += got;
+		}
+		printf("next completion: %s; completions polled: %d\n", r2 == 0 ? "an event" : "NO EVENT", n);
+		return r != 0 && errno == EAGAIN && r2 == 0 && n == 2 ? 0 : 1;
+	}
+	if (!strcmp(what, "stop-continue")) {
+		/* The main thread waits in ibv_get_cq_event; a child stops and
+		 * continues this process; then a thread posts the Write that
+		 * completes. The kernel's read() of a completion channel
+		 * restarts after SIGSTOP/SIGCONT; the wait must go on too, not
+		 * fail with EINTR. */
+		struct poster p = { &c, &s, 0 };
+		pthread_t t;
+		pid_t parent = getpid();
+		p.child = fork();
+		if (p.child < 0)
+			DIE("fork");
+		if (p.child == 0) {
+			double end = now() + 10;
+			while (thread_state(parent) != 'S')
+				if (now() > end)
+					_exit(3);
+			kill(parent, SIGSTOP);
+			while (thread_state(parent) != 'T')
+				if (now() > end)
+					_exit(4);
+			kill(parent, SIGCONT);
+			_exit(0);
+		}
+		if (pthread_create(&t, NULL, post_after_child, &p))
+			DIE("pthread_create");
+		r = ibv_get_cq_event(c.ch, &ev_cq, &ev_ctx);
+		printf("wait across SIGSTOP/SIGCONT: %s\n", r == 0 ? "the event" : strerror(errno));
+		pthread_join(t, NULL);
+		if (r == 0)
+			ibv_ack_cq_events(ev_cq, 1);
+		return r == 0 ? 0 : 1;
+	}
+	fprintf(stderr, "unknown case %s\n", what);
+	return 2;
+}
+
 /* ibv_query_qp reports the capabilities the QP was created with. */
 static int query_qp(void)
 {
@@ -497,6 +624,8 @@ int main(int argc, char **argv)
 		return query_qp();
 	if (argc == 3 && !strcmp(argv[1], "misuse"))
 		return misuse(argv[2]);
-	fprintf(stderr, "usage: verbs_check server PORT | client HOST PORT | misuse CASE\n");
+	if (argc == 3 && !strcmp(argv[1], "notify"))
+		return notify(argv[2]);
+	fprintf(stderr, "usage: verbs_check server PORT | client HOST PORT | misuse CASE | notify CASE\n");
 	return 2;
 }
