@@ -638,6 +638,19 @@ fn a_notification_fires_for_the_next_completion_only() {
     );
 }
 
+/// A thread spinning on an empty CQ drives every QP of the process
+/// (`crates/ibverbs/src/spin.rs`); once it stops polling, without arming a
+/// CQ, the progress threads take the input back within the lease (1 ms):
+/// a Write lands while nobody polls anything.
+#[test]
+fn a_spinning_pollers_qps_go_back_when_it_stops() {
+    let out = checker("notify", "spin-then-stop");
+    assert!(
+        out.contains("the Write landed after the poller stopped"),
+        "{out}"
+    );
+}
+
 /// A wait in `ibv_get_cq_event` goes on across SIGSTOP/SIGCONT (Ctrl-Z and
 /// `fg`, a debugger attaching), as the kernel's `read` of the channel
 /// does; `epoll_wait` returns EINTR there, and the application failed.

@@ -23,7 +23,16 @@ fn spawn(rt: &'static Runtime) {
     let r = std::thread::Builder::new()
         .name("softrdma-events".into())
         .spawn(move || loop {
-            let Some(ev) = rt.dev.next_event(Duration::from_secs(1)) else {
+            // While a spinning poller holds the lease, look as often as it
+            // lasts whether the poller stopped (`spin`); otherwise sleep long.
+            let tick = if rt.spin.held() {
+                crate::spin::LEASE
+            } else {
+                Duration::from_millis(200)
+            };
+            let ev = rt.dev.next_event(tick);
+            rt.spin.release_if_stale();
+            let Some(ev) = ev else {
                 continue;
             };
             let (qpn, kind) = match &ev {

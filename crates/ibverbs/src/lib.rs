@@ -36,6 +36,7 @@ mod errno;
 mod events;
 #[allow(unsafe_code)]
 mod objects;
+mod spin;
 #[allow(unsafe_code)]
 mod verbs_cq;
 #[allow(unsafe_code)]

@@ -26,6 +26,8 @@ pub struct Runtime {
     ibdev: DevPtr,
     /// Live QPs by number: where their asynchronous events go.
     pub qps: Mutex<HashMap<u32, QpRoute>>,
+    /// The QPs a spinning poller drives, and its lease (`spin`).
+    pub spin: crate::spin::Spin,
     /// What the connection manager does when a QP of one of its ids
     /// disconnects (set by `cm`, called by the event thread, `events.rs`).
     pub on_disconnected: OnceLock<fn(usize)>,
@@ -85,6 +87,7 @@ pub fn runtime() -> Result<&'static Runtime, i32> {
                     cfg,
                     ibdev: DevPtr(Box::into_raw(Box::new(d))),
                     qps: Mutex::new(HashMap::new()),
+                    spin: Default::default(),
                     on_disconnected: OnceLock::new(),
                 };
                 Ok(rt)

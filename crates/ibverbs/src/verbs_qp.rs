@@ -105,9 +105,14 @@ pub fn create(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*mut ibv_q
     };
     let qpn = ibv.qp_num;
     let ctx = ibv.context as usize;
+    let qp = std::sync::Arc::new(qp);
+    // SAFETY: a live context (the PD's).
+    if let Some(c) = unsafe { ctx_of(ctx as *mut ibv_context) } {
+        c.rt.spin.add(qpn, &qp);
+    }
     let b = Box::into_raw(Box::new(Qp {
         ibv,
-        qp: std::sync::Arc::new(qp),
+        qp,
         cap: attr.cap,
         inline: Mutex::new(inline),
         send_cq: attr.send_cq as usize,
@@ -219,6 +224,7 @@ pub extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
             // Under the routes' lock: the event thread delivers no event
             // naming this QP after this.
             c.rt.qps.lock().remove(&qp.ibv.qp_num);
+            c.rt.spin.remove(qp.ibv.qp_num);
         }
         // SAFETY: the Box leaked by creation, given back. Work in flight
         // completes with WR_FLUSH_ERR (the engine's QP outlives this

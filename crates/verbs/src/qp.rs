@@ -402,6 +402,17 @@ impl QueuePair {
             .iwarp()
             .ok_or(Error::inval("busy-poll needs a connected QP"))?;
         c.set_polled(on, self.inner.qpn)?;
+        // Handed back: over TCP the socket's readiness wakes the progress
+        // thread (re-armed above), but the same-host ring rings no doorbell
+        // for bytes written while the receiver was busy-polled. Ask for one,
+        // and read what is there already on this thread (that read parks
+        // the ring again when it is empty).
+        if !on && !c.arm_input() {
+            // Until the ring is empty: a receiver that stops at its budget
+            // leaves the ring unparked. (The ring holds at most its size
+            // beyond what the peer writes meanwhile.)
+            while self.progress() {}
+        }
         Ok(())
     }
 

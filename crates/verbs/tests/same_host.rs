@@ -638,3 +638,62 @@ fn deadline_bounds_remote_reads_on_both_paths() {
         }
     }
 }
+
+/// Busy-poll mode handed back with messages already in the ring: the
+/// progress thread takes them (nobody calls `progress`). In busy-poll mode
+/// the peer rings no doorbell, so without a look at the ring when the
+/// mode ends they waited for the next doorbell, which might never come
+/// (an application that stopped spinning and went to sleep on its CQ).
+#[test]
+fn ending_busy_poll_hands_queued_input_to_the_progress_thread() {
+    for round in 0..20u8 {
+        let (c, s) = pair_with(ext(), ConnParams::default(), |_| {});
+        let dst = s.pd.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+        for i in 0..2 {
+            s.qp.post_recv(&RecvWr::new(i, &[dst.sge(i as usize * 4096, 4096)]))
+                .unwrap();
+        }
+        s.qp.set_busy_poll(true).unwrap();
+        let src = c.pd.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+        let data = pattern(8192, round);
+        src.write_at(0, &data);
+        let deadline = std::time::Instant::now() + T;
+        // The first message is taken by the application's own `progress`,
+        // which leaves the ring without asking for a doorbell.
+        c.qp.post_send(&SendWr::send(0, &[src.sge(0, 4096)]))
+            .unwrap();
+        assert!(wait(&c.cq).is_ok(), "round {round}: send 0");
+        let first = loop {
+            s.qp.progress();
+            if let Some(wc) = s.cq.poll_one() {
+                break wc;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no first message"
+            );
+        };
+        assert!(first.is_ok(), "{first:?}");
+        // Until the ring and the socket are empty (the doorbell the first
+        // message rang read too).
+        while s.qp.progress() {}
+        s.qp.progress();
+        // The second lands in the ring with no doorbell.
+        c.qp.post_send(&SendWr::send(1, &[src.sge(4096, 4096)]))
+            .unwrap();
+        assert!(wait(&c.cq).is_ok(), "round {round}: send 1");
+        while !s.qp.input_waiting() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: never in the ring"
+            );
+            std::thread::yield_now();
+        }
+        s.qp.set_busy_poll(false).unwrap();
+        let wc =
+            s.cq.wait_one(std::time::Duration::from_secs(5))
+                .unwrap_or_else(|| panic!("round {round}: the queued message stayed in the ring"));
+        assert!(wc.is_ok(), "{wc:?}");
+        assert!(dst.to_vec() == data, "round {round}");
+    }
+}

@@ -17,7 +17,9 @@
  *                                    queued fires for the next one only)
  *                                    or stop-continue (a wait in
  *                                    ibv_get_cq_event survives SIGSTOP and
- *                                    SIGCONT)
+ *                                    SIGCONT) or spin-then-stop (a
+ *                                    spinning poller's QPs go back to
+ *                                    the progress threads when it stops)
  *
  * The server's buffer starts as a pattern the client knows; the client
  * writes another pattern, reads it back, and sends a message whose bytes
@@ -581,6 +583,28 @@ static int notify(const char *what)
 		if (r == 0)
 			ibv_ack_cq_events(ev_cq, 1);
 		return r == 0 ? 0 : 1;
+	}
+	if (!strcmp(what, "spin-then-stop")) {
+		/* A thread that spins on an empty CQ drives every QP of the
+		 * process; when it stops polling (and does not arm a CQ), the
+		 * progress threads must take the input back: a Write lands with
+		 * nobody polling anything. */
+		unsigned char want[64];
+		double end;
+		for (int i = 0; i < 1000; i++)
+			if (ibv_poll_cq(c.cq, 4, wc) < 0)
+				DIE("ibv_poll_cq");
+		for (int i = 0; i < 64; i++)
+			want[i] = c.buf[i] = pat(i, 9);
+		post(&c, IBV_WR_RDMA_WRITE, 0, 64, &to, 0);
+		end = now() + 10;
+		while (memcmp(s.buf, want, 64) != 0)
+			if (now() > end) {
+				printf("the Write never landed after the poller stopped\n");
+				return 1;
+			}
+		printf("the Write landed after the poller stopped\n");
+		return 0;
 	}
 	fprintf(stderr, "unknown case %s\n", what);
 	return 2;

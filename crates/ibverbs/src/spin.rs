@@ -1,0 +1,134 @@
+//! A thread that spins on `ibv_poll_cq` does the engine's work.
+//!
+//! perftest and many RDMA applications poll their CQs in a loop, often in
+//! both processes (perftest's `-R` write server spins on its control
+//! connection's CQ while the data arrives on another QP). A spinning thread
+//! holds a core; left idle there, it starves the progress threads that
+//! place the data (on two cores a write_bw pair ran at a third of the
+//! bench's speed). So an empty poll takes a lease: every QP of the process
+//! goes into the engine's busy-poll mode and the polling thread runs their
+//! receivers (`QueuePair::progress`); the progress threads then leave the
+//! input alone and only finish blocked transmissions and notice hang-ups.
+//!
+//! The lease must not outlive the spinning, or input would wait for a
+//! `progress` nobody calls. It ends when the application arms a CQ
+//! (`ibv_req_notify_cq`: it is about to sleep on a channel) and, failing
+//! that, when no thread polled an empty CQ for [`LEASE`]: the event thread
+//! looks that often while a lease is held ([`release_if_stale`]). Ending
+//! it hands each QP back with `set_busy_poll(false)`, which also reads what
+//! arrived meanwhile (tests/dropin.rs and verbs' same_host tests).
+
+use parking_lot::{Mutex, RwLock};
+use softrdma_verbs::QueuePair;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// The QPs by number, shared by the snapshot's readers.
+type Qps = Arc<Vec<(u32, Weak<QueuePair>)>>;
+
+/// How long a lease lasts without an empty poll.
+pub const LEASE: Duration = Duration::from_millis(1);
+
+/// The process's QPs as the spinning thread sees them, and its lease.
+#[derive(Default)]
+pub struct Spin {
+    /// A snapshot replaced on create and destroy, so an empty poll takes
+    /// no lock but a read lock and allocates nothing.
+    qps: RwLock<Qps>,
+    /// Serializes the snapshot's writers.
+    edit: Mutex<()>,
+    held: AtomicBool,
+    /// Microseconds since `epoch()` of the last empty poll.
+    last: AtomicU64,
+    /// Off with `SOFTRDMA_SPIN=0`.
+    off: OnceLock<bool>,
+}
+
+fn epoch() -> Instant {
+    static E: OnceLock<Instant> = OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+fn now_us() -> u64 {
+    epoch().elapsed().as_micros() as u64
+}
+
+impl Spin {
+    fn off(&self) -> bool {
+        *self
+            .off
+            .get_or_init(|| std::env::var("SOFTRDMA_SPIN").is_ok_and(|v| v == "0"))
+    }
+
+    /// A QP the application made.
+    pub fn add(&self, qpn: u32, qp: &Arc<QueuePair>) {
+        let _e = self.edit.lock();
+        let mut v: Vec<_> = self.qps.read().as_ref().clone();
+        v.push((qpn, Arc::downgrade(qp)));
+        *self.qps.write() = Arc::new(v);
+    }
+
+    /// A QP the application destroyed.
+    pub fn remove(&self, qpn: u32) {
+        let _e = self.edit.lock();
+        let mut v: Vec<_> = self.qps.read().as_ref().clone();
+        v.retain(|(n, _)| *n != qpn);
+        *self.qps.write() = Arc::new(v);
+    }
+
+    /// Whether a lease is held (the event thread then looks every
+    /// [`LEASE`]).
+    pub fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// An empty poll: take or renew the lease and run every QP's receiver
+    /// on this thread.
+    pub fn drive(&self) {
+        if self.off() {
+            return;
+        }
+        self.last.store(now_us(), Ordering::Release);
+        let qps = self.qps.read().clone();
+        let live = || qps.iter().filter_map(|(_, w)| w.upgrade());
+        if !self.held() {
+            for q in live() {
+                // Fails for a QP not connected yet: nothing to drive.
+                let _ = q.set_busy_poll(true);
+            }
+            // After the QPs went busy, so that a concurrent `release`
+            // (which clears the flag first, then the QPs) never leaves a
+            // QP busy with the flag clear: the event thread would not look
+            // again.
+            self.held.store(true, Ordering::Release);
+        }
+        for q in live() {
+            if !q.is_busy_poll() {
+                // Connected since the lease was taken.
+                let _ = q.set_busy_poll(true);
+            }
+            q.progress();
+        }
+    }
+
+    /// Ends the lease: every QP's input goes back to the progress threads.
+    pub fn release(&self) {
+        if self.held.swap(false, Ordering::AcqRel) {
+            let qps = self.qps.read().clone();
+            for q in qps.iter().filter_map(|(_, w)| w.upgrade()) {
+                if q.is_busy_poll() {
+                    let _ = q.set_busy_poll(false);
+                }
+            }
+        }
+    }
+
+    /// [`Spin::release`] if no thread polled an empty CQ for [`LEASE`].
+    pub fn release_if_stale(&self) {
+        let idle = now_us().saturating_sub(self.last.load(Ordering::Acquire));
+        if self.held() && idle > LEASE.as_micros() as u64 {
+            self.release();
+        }
+    }
+}
