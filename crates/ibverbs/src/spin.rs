@@ -18,7 +18,7 @@
 //! it hands each QP back with `set_busy_poll(false)`, which also reads what
 //! arrived meanwhile (tests/dropin.rs and verbs' same_host tests).
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use softrdma_verbs::QueuePair;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -36,8 +36,6 @@ pub struct Spin {
     /// A snapshot replaced on create and destroy, so an empty poll takes
     /// no lock but a read lock and allocates nothing.
     qps: RwLock<Qps>,
-    /// Serializes the snapshot's writers.
-    edit: Mutex<()>,
     held: AtomicBool,
     /// Microseconds since `epoch()` of the last empty poll.
     last: AtomicU64,
@@ -63,18 +61,18 @@ impl Spin {
 
     /// A QP the application made.
     pub fn add(&self, qpn: u32, qp: &Arc<QueuePair>) {
-        let _e = self.edit.lock();
-        let mut v: Vec<_> = self.qps.read().as_ref().clone();
+        let mut g = self.qps.write();
+        let mut v = g.as_ref().clone();
         v.push((qpn, Arc::downgrade(qp)));
-        *self.qps.write() = Arc::new(v);
+        *g = Arc::new(v);
     }
 
     /// A QP the application destroyed.
     pub fn remove(&self, qpn: u32) {
-        let _e = self.edit.lock();
-        let mut v: Vec<_> = self.qps.read().as_ref().clone();
+        let mut g = self.qps.write();
+        let mut v = g.as_ref().clone();
         v.retain(|(n, _)| *n != qpn);
-        *self.qps.write() = Arc::new(v);
+        *g = Arc::new(v);
     }
 
     /// Whether a lease is held (the event thread then looks every
@@ -91,25 +89,17 @@ impl Spin {
         }
         self.last.store(now_us(), Ordering::Release);
         let qps = self.qps.read().clone();
-        let live = || qps.iter().filter_map(|(_, w)| w.upgrade());
-        if !self.held() {
-            for q in live() {
-                // Fails for a QP not connected yet: nothing to drive.
-                let _ = q.set_busy_poll(true);
-            }
-            // After the QPs went busy, so that a concurrent `release`
-            // (which clears the flag first, then the QPs) never leaves a
-            // QP busy with the flag clear: the event thread would not look
-            // again.
-            self.held.store(true, Ordering::Release);
-        }
-        for q in live() {
+        for q in qps.iter().filter_map(|(_, w)| w.upgrade()) {
             if !q.is_busy_poll() {
-                // Connected since the lease was taken.
+                // Fails for a QP not connected yet: nothing to drive.
                 let _ = q.set_busy_poll(true);
             }
             q.progress();
         }
+        // After the QPs went busy, so that a concurrent `release` (which
+        // clears the flag first, then the QPs) never leaves a QP busy with
+        // the flag clear: the event thread would not look again.
+        self.held.store(true, Ordering::Release);
     }
 
     /// Ends the lease: every QP's input goes back to the progress threads.

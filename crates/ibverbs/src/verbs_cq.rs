@@ -234,7 +234,7 @@ pub extern "C" fn ibv_get_cq_event(
 /// Whether the process has a signal handler installed without
 /// `SA_RESTART`: a blocking `read` would fail with EINTR after it ran.
 fn a_handler_interrupts() -> bool {
-    (1..libc::SIGRTMAX()).any(|sig| {
+    (1..=libc::SIGRTMAX()).any(|sig| {
         // SAFETY: an all-zero sigaction is a valid out value.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: reads the disposition only (no new action).

@@ -114,6 +114,14 @@ const ARM_NONE: u8 = 0;
 const ARM_ANY: u8 = 1;
 const ARM_SOLICITED: u8 = 2;
 
+fn arm_bits(solicited_only: bool) -> u8 {
+    if solicited_only {
+        ARM_SOLICITED
+    } else {
+        ARM_ANY
+    }
+}
+
 pub(crate) struct CqInner {
     pub id: u32,
     q: Mutex<VecDeque<WorkCompletion>>,
@@ -243,11 +251,7 @@ impl CompletionQueue {
     /// `ibv_req_notify_cq`. If completions are already queued and would
     /// qualify, the event fires at once, so a waiter never misses one.
     pub fn req_notify(&self, solicited_only: bool) {
-        let arm = if solicited_only {
-            ARM_SOLICITED
-        } else {
-            ARM_ANY
-        };
+        let arm = arm_bits(solicited_only);
         self.inner.armed.store(arm, Ordering::Release);
         let q = self.inner.q.lock();
         let ready = q
@@ -274,12 +278,9 @@ impl CompletionQueue {
     /// polling it: with the fire-at-once kind it spun in
     /// `ibv_get_cq_event` at 100% CPU.)
     pub fn req_notify_next(&self, solicited_only: bool) {
-        let arm = if solicited_only {
-            ARM_SOLICITED
-        } else {
-            ARM_ANY
-        };
-        self.inner.armed.store(arm, Ordering::Release);
+        self.inner
+            .armed
+            .store(arm_bits(solicited_only), Ordering::Release);
     }
 
     /// Withdraws an armed notification that has not fired (a thread that
