@@ -1847,103 +1847,126 @@ fn guest_siw_terminates_are_decoded() {
             &[0, 1, 2, 3, 7],
         ),
     ];
-    let ports = free_ports(cases.len());
-    let mut procs = Vec::new();
-    let mut script = guest_prelude();
-    for ((name, fault, crc, _, _), port) in cases.iter().zip(&ports) {
-        let mut args: Vec<String> = [
-            "rping",
-            "--server",
-            "--port",
-            &port.to_string(),
-            "--count",
-            "1",
-            "--size",
-            "64",
-            "--timeout",
-            "20",
-            "--fault",
-            fault,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        if *crc {
-            args.push("--crc".into());
-        }
-        procs.push(HostProc::spawn(&work, name, &args));
-        script += &format!(
-            "marker 'CLIENT-START {name}'\n\
-             timeout 30 rping -c -a 10.0.2.2 -p {port} -C 1 -S 64 -v > /tmp/c.out 2> /tmp/c.err\n\
-             echo \"TERM-CASE {name} RC $?\"\n\
-             sed 's/^/OUT {name}| /' /tmp/c.out /tmp/c.err\n"
-        );
-    }
-    script += "exit 0\n";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (i, port) in ports.iter().enumerate() {
-        while !host_listening(*port) {
-            if procs[i].child.try_wait().unwrap().is_some() || Instant::now() > deadline {
-                panic!(
-                    "rping server never listened on {port}: {}",
-                    procs.remove(i).premature()
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-    let cap = Capture::start(&work, &ports);
-    let mut guest = Guest::boot(
-        &env,
-        &work,
-        &script,
-        &[],
-        &[],
-        120 + 40 * cases.len() as u64,
-    );
-    while guest.next_line().is_some() {}
-    let exit = guest.finish();
-    let pcap = cap.stop();
-    let mut problems = Vec::new();
-    for ((name, _, _, want, _), p) in cases.iter().zip(procs.iter_mut()) {
-        let st = wait_deadline(&mut p.child, Instant::now() + Duration::from_secs(30));
-        let out = fs::read_to_string(&p.out).unwrap_or_default();
-        let err = fs::read_to_string(&p.err).unwrap_or_default();
-        if st.is_none_or(|s| s.success()) {
-            problems.push(format!("{name}: our server did not fail: {st:?}"));
-        }
-        if !out.lines().any(|l| l.starts_with(want)) {
-            problems.push(format!(
-                "{name}: no `{want}` line\n    --- stdout:\n{}    --- stderr:\n{}",
-                indent(&out),
-                indent(&err)
-            ));
-        }
-        if !guest
-            .log
+    const ATTEMPTS: u32 = 3;
+    for attempt in 1..=ATTEMPTS {
+        let ports = free_ports(cases.len());
+        let mut procs = Vec::new();
+        let mut script = guest_prelude();
+        for ((name, fault, crc, _, _), port) in cases.iter().zip(&ports) {
+            let mut args: Vec<String> = [
+                "rping",
+                "--server",
+                "--port",
+                &port.to_string(),
+                "--count",
+                "1",
+                "--size",
+                "64",
+                "--timeout",
+                "20",
+                "--fault",
+                fault,
+            ]
             .iter()
-            .any(|l| l.trim().starts_with(&format!("TERM-CASE {name} RC ")))
-        {
-            problems.push(format!("{name}: the guest client never finished"));
+            .map(|s| s.to_string())
+            .collect();
+            if *crc {
+                args.push("--crc".into());
+            }
+            procs.push(HostProc::spawn(&work, name, &args));
+            script += &format!(
+                "marker 'CLIENT-START {name}'\n\
+                 timeout 30 rping -c -a 10.0.2.2 -p {port} -C 1 -S 64 -v > /tmp/c.out 2> /tmp/c.err\n\
+                 echo \"TERM-CASE {name} RC $?\"\n\
+                 sed 's/^/OUT {name}| /' /tmp/c.out /tmp/c.err\n"
+            );
         }
+        script += "exit 0\n";
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (i, port) in ports.iter().enumerate() {
+            while !host_listening(*port) {
+                if procs[i].child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                    panic!(
+                        "rping server never listened on {port}: {}",
+                        procs.remove(i).premature()
+                    );
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let cap = Capture::start(&work, &ports);
+        let mut guest = Guest::boot(
+            &env,
+            &work,
+            &script,
+            &[],
+            &[],
+            120 + 40 * cases.len() as u64,
+        );
+        while guest.next_line().is_some() {}
+        let exit = guest.finish();
+        let pcap = cap.stop();
+        let mut problems = Vec::new();
+        let mut siw_silent = Vec::new();
+        for (((name, _, _, want, _), p), port) in cases.iter().zip(procs.iter_mut()).zip(&ports) {
+            let st = wait_deadline(&mut p.child, Instant::now() + Duration::from_secs(30));
+            let out = fs::read_to_string(&p.out).unwrap_or_default();
+            let err = fs::read_to_string(&p.err).unwrap_or_default();
+            if st.is_none_or(|s| s.success()) {
+                problems.push(format!("{name}: our server did not fail: {st:?}"));
+            }
+            if !out.lines().any(|l| l.starts_with(want)) {
+                if out.contains("rping server: no Terminate from the peer") {
+                    siw_silent.push(*port);
+                }
+                problems.push(format!(
+                    "{name}: no `{want}` line\n    --- stdout:\n{}    --- stderr:\n{}",
+                    indent(&out),
+                    indent(&err)
+                ));
+            }
+            if !guest
+                .log
+                .iter()
+                .any(|l| l.trim().starts_with(&format!("TERM-CASE {name} RC ")))
+            {
+                problems.push(format!("{name}: the guest client never finished"));
+            }
+        }
+        if exit != 0 {
+            problems.push(format!("GUEST-EXIT {exit}"));
+        }
+        let conns = analyse_capture(&pcap, &ports);
+        if !problems.is_empty() {
+            // Linux siw sometimes tears the connection down without sending
+            // the Terminate it owes (seen beside a CPU hog: our bad-STag Write,
+            // then siw's FIN, no opcode 7 on the wire): a race in the peer, not
+            // a Terminate we missed. Again, then, while the capture shows it.
+            if attempt < ATTEMPTS && exit == 0 && siw_silent.len() == problems.len() {
+                let no_term = siw_silent
+                    .iter()
+                    .all(|port| conns.get(port).is_none_or(|c| !c.opcodes.contains(&7)));
+                if no_term {
+                    eprintln!("attempt {attempt}: siw closed without its Terminate; again");
+                    continue;
+                }
+            }
+            guest.fail(&format!("siw Terminates:\n  {}", problems.join("\n  ")));
+        }
+        let errs: Vec<String> = cases
+            .iter()
+            .zip(&ports)
+            .filter_map(|((_, _, crc, _, ops), port)| {
+                check_conn_ops(&conns, *port, 2, *crc, ops).err()
+            })
+            .collect();
+        assert!(
+            errs.is_empty(),
+            "capture checks failed:\n  {}",
+            errs.join("\n  ")
+        );
+        return;
     }
-    if exit != 0 {
-        problems.push(format!("GUEST-EXIT {exit}"));
-    }
-    if !problems.is_empty() {
-        guest.fail(&format!("siw Terminates:\n  {}", problems.join("\n  ")));
-    }
-    let conns = analyse_capture(&pcap, &ports);
-    let errs: Vec<String> = cases
-        .iter()
-        .zip(&ports)
-        .filter_map(|((_, _, crc, _, ops), port)| check_conn_ops(&conns, *port, 2, *crc, ops).err())
-        .collect();
-    assert!(
-        errs.is_empty(),
-        "capture checks failed:\n  {}",
-        errs.join("\n  ")
-    );
 }
 
 /// Guest perftest `-R` bandwidth clients (`ib_write_bw`, `ib_read_bw`,
