@@ -651,6 +651,19 @@ fn a_spinning_pollers_qps_go_back_when_it_stops() {
     );
 }
 
+/// A post made while 16 completions wait to be reaped is held for the
+/// application's next poll (`crates/ibverbs/src/cork.rs`); when no poll
+/// comes, the event thread sends it (within 1-2 ms): a Write lands while
+/// the application only watches memory, and every completion is there.
+#[test]
+fn a_post_held_for_a_poll_goes_out_without_one() {
+    let out = checker("notify", "held-write");
+    assert!(
+        out.contains("the held Write landed without a poll") && out.contains("completions: 21"),
+        "{out}"
+    );
+}
+
 /// A wait in `ibv_get_cq_event` goes on across SIGSTOP/SIGCONT (Ctrl-Z and
 /// `fg`, a debugger attaching), as the kernel's `read` of the channel
 /// does; `epoll_wait` returns EINTR there, and the application failed.

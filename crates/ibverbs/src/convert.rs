@@ -59,6 +59,19 @@ pub fn wc(w: &WorkCompletion) -> ibv_wc {
     out
 }
 
+/// The bytes a work request's SGEs name.
+///
+/// # Safety
+/// `sg` points to `n` readable `ibv_sge` when `n > 0`.
+pub unsafe fn sgl_bytes(sg: *const ibv_sge, n: i32) -> u64 {
+    if n <= 0 || sg.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
+    s.iter().map(|e| e.length as u64).sum()
+}
+
 /// The SGEs of a work request.
 ///
 /// # Safety

@@ -25,13 +25,15 @@ fn spawn(rt: &'static Runtime) {
         .spawn(move || loop {
             // While a spinning poller holds the lease, look as often as it
             // lasts whether the poller stopped (`spin`); otherwise sleep long.
-            let tick = if rt.spin.held() {
-                crate::spin::LEASE
+            // So too while posts are held for a poll (`cork`).
+            let tick = if rt.spin.held() || rt.cork.ticking() {
+                crate::spin::LEASE.min(crate::cork::CORK_MAX)
             } else {
                 Duration::from_millis(200)
             };
             let ev = rt.dev.next_event(tick);
             rt.spin.release_if_stale();
+            rt.cork.tick();
             let Some(ev) = ev else {
                 continue;
             };

@@ -14,6 +14,9 @@
 //!   `Channel`, `Qp`), and the process's one engine device.
 //! - `convert`: work requests and completions between the two worlds.
 //! - `errno`: the engine's errors as the errno a kernel provider returns.
+//! - `spin` and `cork`: a spinning poller runs the QPs' receivers; posts
+//!   made while completions wait to be reaped go out together at the next
+//!   poll.
 //! - `events`: the thread that turns the engine's asynchronous events into
 //!   verbs and CM events.
 //! - `verbs_*`: the exported functions, thin: check the pointers, call
@@ -31,6 +34,7 @@ mod cm;
 mod config;
 #[allow(unsafe_code)]
 mod convert;
+mod cork;
 mod errno;
 #[allow(unsafe_code)]
 mod events;

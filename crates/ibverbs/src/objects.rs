@@ -28,6 +28,8 @@ pub struct Runtime {
     pub qps: Mutex<HashMap<u32, QpRoute>>,
     /// The QPs a spinning poller drives, and its lease (`spin`).
     pub spin: crate::spin::Spin,
+    /// Posts held for the next poll (`cork`).
+    pub cork: crate::cork::Cork,
     /// What the connection manager does when a QP of one of its ids
     /// disconnects (set by `cm`, called by the event thread, `events.rs`).
     pub on_disconnected: OnceLock<fn(usize)>,
@@ -88,6 +90,7 @@ pub fn runtime() -> Result<&'static Runtime, i32> {
                     ibdev: DevPtr(Box::into_raw(Box::new(d))),
                     qps: Mutex::new(HashMap::new()),
                     spin: Default::default(),
+                    cork: Default::default(),
                     on_disconnected: OnceLock::new(),
                 };
                 Ok(rt)

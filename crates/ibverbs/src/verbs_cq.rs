@@ -182,9 +182,10 @@ pub extern "C" fn ibv_get_cq_event(
         // SAFETY: fcntl on a valid fd.
         let nonblock = unsafe { libc::fcntl(ep, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        if !nonblock {
-            // SAFETY: the channel's context is live while it is.
-            if let Some(ctx) = unsafe { ctx_of(chan.ibv.context) } {
+        // SAFETY: the channel's context is live while it is.
+        if let Some(ctx) = unsafe { ctx_of(chan.ibv.context) } {
+            ctx.rt.cork.push_all();
+            if !nonblock {
                 ctx.rt.spin.release();
             }
         }
@@ -274,11 +275,16 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> 
         if n < 0 || (n > 0 && out.is_null()) {
             return -1;
         }
+        // SAFETY: the context outlives its CQs.
+        let ctx = unsafe { ctx_of(cq.ibv.context) };
+        if let Some(ctx) = ctx {
+            // The posts held for this poll go out (`cork`).
+            ctx.rt.cork.push_all();
+        }
         let mut done = take(cq, n as usize, out);
         if done == 0 && n > 0 {
             let spins = spinning();
-            // SAFETY: the context outlives its CQs.
-            if let Some(ctx) = unsafe { ctx_of(cq.ibv.context) } {
+            if let Some(ctx) = ctx {
                 if spins || ctx.rt.spin.held() {
                     ctx.rt.spin.drive();
                     done = take(cq, n as usize, out);
@@ -358,6 +364,7 @@ pub unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) ->
         // SAFETY: the context outlives its CQs.
         if let Some(ctx) = unsafe { ctx_of(cq.ibv.context) } {
             ctx.rt.spin.release();
+            ctx.rt.cork.push_all();
         }
         // The next completion only, as siw and rxe arm it.
         cq.cq.req_notify_next(solicited_only != 0);

@@ -320,7 +320,9 @@ pub extern "C" fn ibv_query_qp(
 }
 
 /// `ops.post_send`: each WR in turn; the first one refused is `*bad_wr`
-/// and its errno the result (those before it are posted).
+/// and its errno the result (those before it are posted). The list is
+/// queued first and transmitted with one doorbell at the end, or held for
+/// the application's next poll (`cork`).
 pub unsafe extern "C" fn post_send(
     q: *mut ibv_qp,
     wr: *mut ibv_send_wr,
@@ -332,6 +334,8 @@ pub unsafe extern "C" fn post_send(
             return libc::EINVAL;
         };
         let mut cur = wr;
+        let mut res = 0;
+        let mut bytes = 0u64;
         while !cur.is_null() {
             // SAFETY: the caller's list of WRs.
             let w = unsafe { &*cur };
@@ -341,12 +345,33 @@ pub unsafe extern "C" fn post_send(
                     // SAFETY: the caller's out pointer.
                     unsafe { *bad = cur };
                 }
-                return e;
+                res = e;
+                break;
             }
+            // SAFETY: the WR's SGE array as the application gave it.
+            bytes += unsafe { crate::convert::sgl_bytes(w.sg_list, w.num_sge) };
             cur = w.next;
         }
-        0
+        doorbell(qp, bytes);
+        res
     })
+}
+
+/// Transmits what `post_one` queued, or holds it for the next poll when
+/// completions wait to be reaped on the send CQ (`cork`).
+fn doorbell(qp: &Qp, bytes: u64) {
+    // SAFETY: the QP's context and send CQ outlive it (the application's
+    // contract: destroy the QP first).
+    let (ctx, cq) = unsafe { (ctx_of(qp.ibv.context), cq_of(qp.send_cq as *mut ibv_cq)) };
+    if let (Some(ctx), Some(cq)) = (ctx, cq) {
+        if ctx.rt.cork.wants(cq.cq.len(), bytes) {
+            if ctx.rt.cork.hold(&qp.qp, bytes) {
+                ctx.rt.dev.wake_event_waiter();
+            }
+            return;
+        }
+    }
+    qp.qp.push();
 }
 
 fn post_one(qp: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
@@ -364,7 +389,10 @@ fn post_one(qp: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
         );
     if !inline {
         swr.sgl = sgl;
-        return qp.qp.post_send(&swr).map_err(|e| crate::errno::of(&e));
+        return qp
+            .qp
+            .post_send_held(std::slice::from_ref(&swr))
+            .map_err(|e| crate::errno::of(&e));
     }
     let total: u64 = sgl.iter().map(|s| s.length as u64).sum();
     if total > qp.cap.max_inline_data as u64 {
@@ -396,7 +424,9 @@ fn post_one(qp: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
         length: total as u32,
         lkey: ring.mr.lkey(),
     }];
-    qp.qp.post_send(&swr).map_err(|e| crate::errno::of(&e))?;
+    qp.qp
+        .post_send_held(std::slice::from_ref(&swr))
+        .map_err(|e| crate::errno::of(&e))?;
     ring.next = (ring.next + 1) % ring.slots;
     Ok(())
 }

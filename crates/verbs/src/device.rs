@@ -92,6 +92,7 @@ impl Device {
             next_cq: AtomicU32::new(1),
             events: Mutex::new(VecDeque::new()),
             events_cv: Condvar::new(),
+            events_woken: Default::default(),
             post_checks: RwLock::new(Vec::new()),
             has_post_checks: std::sync::atomic::AtomicBool::new(false),
             timers: (0..n)
@@ -167,13 +168,17 @@ impl Device {
         CompletionQueue::new(id, depth)
     }
 
-    /// Waits for the next asynchronous event.
+    /// Waits for the next asynchronous event; `None` at the timeout or
+    /// when [`Device::wake_event_waiter`] was called.
     pub fn next_event(&self, timeout: Duration) -> Option<AsyncEvent> {
         let deadline = Instant::now() + timeout;
         let mut q = self.rt.core.events.lock();
         loop {
             if let Some(e) = q.pop_front() {
                 return Some(e);
+            }
+            if self.rt.core.events_woken.swap(false, Ordering::AcqRel) {
+                return None;
             }
             if self
                 .rt
@@ -185,6 +190,15 @@ impl Device {
                 return q.pop_front();
             }
         }
+    }
+
+    /// Makes the thread waiting in [`Device::next_event`] (or the next one
+    /// to wait) return at once, so that it can shorten its timeout. A
+    /// wake-up given before the waiter waits is kept for it.
+    pub fn wake_event_waiter(&self) {
+        let _q = self.rt.core.events.lock();
+        self.rt.core.events_woken.store(true, Ordering::Release);
+        self.rt.core.events_cv.notify_all();
     }
 
     /// Benchmark hook (for `benches/engine.rs`, not an API): resolves

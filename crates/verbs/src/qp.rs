@@ -301,6 +301,30 @@ impl QueuePair {
     /// outside its region completes with `LocProtErr` and moves the QP to
     /// ERROR (as on hardware); the regions stay alive until the WR completes.
     pub fn post_send_batch(&self, wrs: &[SendWr]) -> Result<()> {
+        self.post_sends(wrs, true)
+    }
+
+    /// Queues send-queue work requests without transmitting them (a post
+    /// without its doorbell): they go out at the next [`QueuePair::push`],
+    /// the next post that transmits, or whenever the progress thread or a
+    /// busy poller transmits on this QP. Checked and resolved exactly as
+    /// [`QueuePair::post_send_batch`] does. A caller that holds posts must
+    /// push them: nothing else is sure to come (the C ABI pushes at its
+    /// next poll, and every millisecond at most, `ibverbs/src/cork.rs`).
+    /// Several held posts then share one `sendmsg`. A connection that
+    /// transmits with each post by its nature (the in-process one) posts
+    /// as usual.
+    pub fn post_send_held(&self, wrs: &[SendWr]) -> Result<()> {
+        self.post_sends(wrs, false)
+    }
+
+    /// Transmits what [`QueuePair::post_send_held`] queued (a doorbell).
+    /// Cheap when nothing is held.
+    pub fn push(&self) {
+        self.inner.kick_with(self.inner.sq.lock());
+    }
+
+    fn post_sends(&self, wrs: &[SendWr], kick: bool) -> Result<()> {
         let q = &self.inner;
         let state = q.state();
         match state {
@@ -385,7 +409,9 @@ impl QueuePair {
             q.complete_in_order(&mut sq);
             return Ok(());
         }
-        q.kick_with(sq);
+        if kick {
+            q.kick_with(sq);
+        }
         Ok(())
     }
 

@@ -20,6 +20,8 @@
  *                                    SIGCONT) or spin-then-stop (a
  *                                    spinning poller's QPs go back to
  *                                    the progress threads when it stops)
+ *                                    or held-write (a post held for a
+ *                                    poll that never comes still goes)
  *
  * The server's buffer starts as a pattern the client knows; the client
  * writes another pattern, reads it back, and sends a message whose bytes
@@ -605,6 +607,39 @@ static int notify(const char *what)
 			}
 		printf("the Write landed after the poller stopped\n");
 		return 0;
+	}
+	if (!strcmp(what, "held-write")) {
+		/* Signaled Writes nobody reaps: a post made while 16 completions
+		 * wait is held for the application's next poll (cork.rs). No
+		 * poll comes here: the Write must still land, on its own. */
+		unsigned char want[64];
+		double end;
+		for (int i = 0; i < 20; i++)
+			post(&c, IBV_WR_RDMA_WRITE, 0, 8, &to, 0);
+		for (int i = 0; i < 64; i++)
+			want[i] = c.buf[64 + i] = pat(i, 11);
+		post(&c, IBV_WR_RDMA_WRITE, 64, 64, &to, 64);
+		end = now() + 10;
+		while (memcmp(s.buf + 64, want, 64) != 0)
+			if (now() > end) {
+				printf("the held Write never landed\n");
+				return 1;
+			}
+		printf("the held Write landed without a poll\n");
+		n = 0;
+		for (end = now() + 10; n < 21 && now() < end;) {
+			int got = ibv_poll_cq(c.cq, 4, wc);
+			if (got < 0)
+				DIE("ibv_poll_cq");
+			for (int i = 0; i < got; i++)
+				if (wc[i].status != IBV_WC_SUCCESS) {
+					printf("completion %d: %s\n", n + i, ibv_wc_status_str(wc[i].status));
+					return 1;
+				}
+			n += got;
+		}
+		printf("completions: %d\n", n);
+		return n == 21 ? 0 : 1;
 	}
 	fprintf(stderr, "unknown case %s\n", what);
 	return 2;

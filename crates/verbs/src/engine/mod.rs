@@ -159,6 +159,10 @@ pub(crate) struct Core {
     pub(crate) next_cq: AtomicU32,
     pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
     pub(crate) events_cv: Condvar,
+    /// [`crate::Device::wake_event_waiter`] asked the waiter in
+    /// [`crate::Device::next_event`] to return (set and read under
+    /// `events`, so no wake-up is lost).
+    pub(crate) events_woken: std::sync::atomic::AtomicBool,
     /// Consumer checks run on every posted SGE ([`Device::add_post_check`]).
     pub(crate) post_checks: RwLock<Vec<(u64, Arc<dyn PostCheck>)>>,
     pub(crate) has_post_checks: std::sync::atomic::AtomicBool,
