@@ -300,6 +300,10 @@ pub struct Qp {
     pub inline: Mutex<Option<InlineRing>>,
     pub send_cq: usize,
     pub recv_cq: usize,
+    /// The engine's handle of the send CQ: how many completions wait
+    /// there decides whether a post is held (`cork`). A handle, not the
+    /// `Cq` at `send_cq`: an application may destroy that first.
+    pub send_cq_handle: softrdma_verbs::CompletionQueue,
 }
 
 /// # Safety

@@ -47,6 +47,7 @@ pub fn create(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*mut ibv_q
     let (Some(scq), Some(rcq)) = (scq, rcq) else {
         return Err(libc::EINVAL);
     };
+    let send_cq_handle = scq.cq.clone();
     let dev = p.pd.device().attr();
     let cap = attr.cap;
     if cap.max_send_wr > dev.max_qp_wr
@@ -117,6 +118,7 @@ pub fn create(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<*mut ibv_q
         inline: Mutex::new(inline),
         send_cq: attr.send_cq as usize,
         recv_cq: attr.recv_cq as usize,
+        send_cq_handle,
     }));
     // SAFETY: a live context (the PD's).
     if let Some(c) = unsafe { ctx_of(ctx as *mut ibv_context) } {
@@ -360,11 +362,10 @@ pub unsafe extern "C" fn post_send(
 /// Transmits what `post_one` queued, or holds it for the next poll when
 /// completions wait to be reaped on the send CQ (`cork`).
 fn doorbell(qp: &Qp, bytes: u64) {
-    // SAFETY: the QP's context and send CQ outlive it (the application's
-    // contract: destroy the QP first).
-    let (ctx, cq) = unsafe { (ctx_of(qp.ibv.context), cq_of(qp.send_cq as *mut ibv_cq)) };
-    if let (Some(ctx), Some(cq)) = (ctx, cq) {
-        if ctx.rt.cork.wants(cq.cq.len(), bytes) {
+    // SAFETY: the QP's context outlives it (the application's contract:
+    // close the device last).
+    if let Some(ctx) = unsafe { ctx_of(qp.ibv.context) } {
+        if ctx.rt.cork.wants(qp.send_cq_handle.len(), bytes) {
             if ctx.rt.cork.hold(&qp.qp, bytes) {
                 ctx.rt.dev.wake_event_waiter();
             }
