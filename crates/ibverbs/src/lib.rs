@@ -17,6 +17,8 @@
 //! - `spin` and `cork`: a spinning poller runs the QPs' receivers; posts
 //!   made while completions wait to be reaped go out together at the next
 //!   poll.
+//! - `share`: registered `malloc` memory moved into a memfd that same-host
+//!   peers map (`SOFTRDMA_SHARE_MR=1`).
 //! - `events`: the thread that turns the engine's asynchronous events into
 //!   verbs and CM events.
 //! - `verbs_*`: the exported functions, thin: check the pointers, call
@@ -40,6 +42,8 @@ mod errno;
 mod events;
 #[allow(unsafe_code)]
 mod objects;
+#[allow(unsafe_code)]
+mod share;
 mod spin;
 #[allow(unsafe_code)]
 mod verbs_cq;

@@ -30,6 +30,8 @@ pub struct Runtime {
     pub spin: crate::spin::Spin,
     /// Posts held for the next poll (`cork`).
     pub cork: crate::cork::Cork,
+    /// Registered `malloc` memory moved into memfds (`share`).
+    pub share: crate::share::Share,
     /// What the connection manager does when a QP of one of its ids
     /// disconnects (set by `cm`, called by the event thread, `events.rs`).
     pub on_disconnected: OnceLock<fn(usize)>,
@@ -91,6 +93,7 @@ pub fn runtime() -> Result<&'static Runtime, i32> {
                     qps: Mutex::new(HashMap::new()),
                     spin: Default::default(),
                     cork: Default::default(),
+                    share: Default::default(),
                     on_disconnected: OnceLock::new(),
                 };
                 Ok(rt)

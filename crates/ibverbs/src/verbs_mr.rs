@@ -88,10 +88,16 @@ fn register(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, flags: u3
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
+    // SAFETY: `p` is a live PD whose context is the caller's.
+    let ctx = unsafe { ctx_of((*pd).context) };
+    // Whole pages of `malloc` memory may move into a file same-host peers
+    // map (`share`, SOFTRDMA_SHARE_MR=1).
+    let shared = ctx.and_then(|c| c.rt.share.begin(addr as usize, len));
     let opts = |unpinned| RegOptions {
         iova: Some(if zero_based { 0 } else { iova }),
         invalidatable: true,
         unpinned,
+        shared,
         ..RegOptions::default()
     };
     // SAFETY: the application promises, as with any provider, that the
@@ -131,6 +137,9 @@ fn register(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, flags: u3
             Box::into_raw(Box::new(Mr { ibv, mr })).cast()
         }
         Err(e) => {
+            if let Some(c) = ctx {
+                c.rt.share.end(addr as usize, len);
+            }
             set_errno(crate::errno::of(&e));
             std::ptr::null_mut()
         }
@@ -176,13 +185,19 @@ pub extern "C" fn ibv_reg_mr_iova2(
 pub extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     guard_errno(|| {
         // SAFETY: the caller's MR.
-        if unsafe { mr_of(m) }.is_none() {
+        let Some(mr) = (unsafe { mr_of(m) }) else {
             return libc::EINVAL;
-        }
+        };
+        let (addr, len) = (mr.ibv.addr as usize, mr.ibv.length as usize);
+        // SAFETY: the MR's context outlives it.
+        let ctx = unsafe { ctx_of(mr.ibv.context) };
         // SAFETY: the Box leaked by the registration, given back. The
         // region's drop invalidates the STag at once and returns when the
         // engine no longer touches the memory.
         drop(unsafe { Box::from_raw(m.cast::<Mr>()) });
+        if let Some(c) = ctx {
+            c.rt.share.end(addr, len);
+        }
         0
     })
 }

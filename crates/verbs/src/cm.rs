@@ -429,9 +429,9 @@ impl Device {
         let st = stop.clone();
         let socket = listener.try_clone()?;
         let wake = tx.clone();
-        let acceptor = std::thread::Builder::new()
-            .name("softrdma-accept".into())
-            .spawn(move || accept_loop(listener, tx, st, deadline))?;
+        let acceptor = crate::threads::spawn("softrdma-accept".into(), move || {
+            accept_loop(listener, tx, st, deadline)
+        })?;
         Ok(Listener {
             dev: self.clone(),
             addr: local,
@@ -471,14 +471,12 @@ fn accept_loop(
         }
         active.fetch_add(1, Ordering::AcqRel);
         let (tx, active) = (tx.clone(), active.clone());
-        let spawned = std::thread::Builder::new()
-            .name("softrdma-mpa".into())
-            .spawn(move || {
-                if let Some(req) = handshake(s, peer, deadline) {
-                    let _ = tx.send(Some(req));
-                }
-                active.fetch_sub(1, Ordering::AcqRel);
-            });
+        let spawned = crate::threads::spawn("softrdma-mpa".into(), move || {
+            if let Some(req) = handshake(s, peer, deadline) {
+                let _ = tx.send(Some(req));
+            }
+            active.fetch_sub(1, Ordering::AcqRel);
+        });
         if spawned.is_err() {
             tracing::warn!(%peer, "no thread for the handshake; connection dropped");
         }

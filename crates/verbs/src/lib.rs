@@ -137,6 +137,7 @@ mod sys;
 pub mod tcp;
 #[doc(hidden)]
 pub mod test_hooks;
+pub mod threads;
 mod timers;
 mod wr;
 

@@ -140,10 +140,10 @@ impl LocalLink {
             let (qp, cq) = (Arc::downgrade(q), q.send_cq.clone());
             let qpn = q.qpn;
             ts.push(
-                std::thread::Builder::new()
-                    .name(format!("softrdma-local{qpn}.{i}"))
-                    .spawn(move || link.worker(&qp, &cq, qpn))
-                    .expect("spawn local worker"),
+                crate::threads::spawn(format!("softrdma-local{qpn}.{i}"), move || {
+                    link.worker(&qp, &cq, qpn)
+                })
+                .expect("spawn local worker"),
             );
         }
     }

@@ -40,9 +40,9 @@ impl Progress {
         epoll.add(wake.as_raw_fd(), sys::EV_IN, WAKE)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (e, w, s) = (epoll.clone(), wake.clone(), stop.clone());
-        let handle = std::thread::Builder::new()
-            .name(format!("softrdma-progress-{idx}"))
-            .spawn(move || run(core, idx, e, w, s))?;
+        let handle = crate::threads::spawn(format!("softrdma-progress-{idx}"), move || {
+            run(core, idx, e, w, s)
+        })?;
         Ok(Progress {
             epoll,
             wake,

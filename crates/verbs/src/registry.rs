@@ -90,32 +90,30 @@ impl Publisher {
         let fd = l.as_raw_fd();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("softrdma-info".into())
-            .spawn(move || {
-                for conn in l.incoming() {
+        let handle = crate::threads::spawn("softrdma-info".into(), move || {
+            for conn in l.incoming() {
+                if s.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(mut c) = conn else {
                     if s.load(Ordering::Acquire) {
                         return;
                     }
-                    let Ok(mut c) = conn else {
-                        if s.load(Ordering::Acquire) {
-                            return;
-                        }
-                        continue;
-                    };
-                    let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
-                    let mut line = String::new();
-                    let _ = BufReader::new(&mut c).read_line(&mut line);
-                    let info = info();
-                    let out = if line.trim() == "json" {
-                        to_json(&info)
-                    } else {
-                        render_text(&info)
-                    };
-                    let _ = c.write_all(out.as_bytes());
-                }
-            })
-            .ok()?;
+                    continue;
+                };
+                let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+                let mut line = String::new();
+                let _ = BufReader::new(&mut c).read_line(&mut line);
+                let info = info();
+                let out = if line.trim() == "json" {
+                    to_json(&info)
+                } else {
+                    render_text(&info)
+                };
+                let _ = c.write_all(out.as_bytes());
+            }
+        })
+        .ok()?;
         Some(Publisher {
             path,
             fd,

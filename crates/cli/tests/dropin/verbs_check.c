@@ -3,8 +3,13 @@
  * (`softrdma run -- verbs_check MODE`). It checks the data it moves and
  * the errors misuse gets, and exits 0 only if all was as expected.
  *
- *   verbs_check server PORT          accept one connection, serve it
- *   verbs_check client HOST PORT     Write, Read back, Send; check bytes
+ *   verbs_check server PORT [SHARE]  accept one connection, serve it
+ *   verbs_check client HOST PORT [SHARE]
+ *                                    Write, Read back, Send; check bytes.
+ *                                    Both print which mapping holds their
+ *                                    registered buffer; SHARE is share
+ *                                    (SOFTRDMA_SHARE_MR=1) or
+ *                                    share-threaded (and a second thread)
  *   verbs_check misuse CASE          one misuse on a connected pair in
  *                                    this process: reset-post, sge-bounds,
  *                                    dereg, destroy-busy, cq-overrun; or
@@ -80,6 +85,56 @@ static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_
 	return e;
 }
 
+static unsigned char pat(size_t i, int seed);
+static int check(const char *what, const char *b, size_t n, int seed);
+
+/* Which mapping holds p: "memfd" when softrdma moved it into its file
+ * (SOFTRDMA_SHARE_MR=1), else "private". */
+static const char *mapping_of(const void *p)
+{
+	char line[512];
+	const char *kind = "unmapped";
+	FILE *f = fopen("/proc/self/maps", "r");
+	if (!f)
+		return "unknown";
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (uintptr_t)p >= lo && (uintptr_t)p < hi) {
+			kind = strstr(line, "memfd:softrdma-mr") ? "memfd" : "private";
+			break;
+		}
+	}
+	fclose(f);
+	return kind;
+}
+
+static void *idle_thread(void *arg)
+{
+	(void)arg;
+	for (;;)
+		pause();
+	return NULL;
+}
+
+/* The optional last argument of server and client: "share" asks softrdma
+ * to move registered pages into its file (SOFTRDMA_SHARE_MR=1, read at the
+ * first registration); "share-threaded" too, with a second application
+ * thread alive, where nothing may move. */
+static int share_opt(const char *opt)
+{
+	pthread_t t;
+	if (!opt)
+		return 0;
+	if (strcmp(opt, "share") && strcmp(opt, "share-threaded")) {
+		fprintf(stderr, "unknown option %s\n", opt);
+		return 2;
+	}
+	setenv("SOFTRDMA_SHARE_MR", "1", 1);
+	if (!strcmp(opt, "share-threaded") && pthread_create(&t, NULL, idle_thread, NULL))
+		DIE("pthread_create");
+	return 0;
+}
+
 static void setup(struct end *x, struct rdma_cm_id *id, int cqe)
 {
 	struct ibv_qp_init_attr a;
@@ -90,10 +145,16 @@ static void setup(struct end *x, struct rdma_cm_id *id, int cqe)
 	if (!x->pd || !x->cq)
 		DIE("pd/cq");
 	x->buf = aligned_alloc(4096, BUF);
+	/* Bytes written before the registration are there after it. */
+	for (size_t i = 0; i < BUF; i++)
+		x->buf[i] = pat(i, 7);
 	x->mr = ibv_reg_mr(x->pd, x->buf, BUF,
 			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
 	if (!x->mr)
 		DIE("ibv_reg_mr");
+	if (check("bytes kept by the registration", x->buf, BUF, 7))
+		exit(1);
+	printf("buffer: %s\n", mapping_of(x->buf));
 	memset(&a, 0, sizeof(a));
 	a.send_cq = a.recv_cq = x->cq;
 	a.qp_type = IBV_QPT_RC;
@@ -675,10 +736,10 @@ static int query_qp(void)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc == 3 && !strcmp(argv[1], "server"))
-		return server(argv[2]);
-	if (argc == 4 && !strcmp(argv[1], "client"))
-		return client(argv[2], argv[3]);
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "server"))
+		return share_opt(argc == 4 ? argv[3] : NULL) || server(argv[2]);
+	if ((argc == 4 || argc == 5) && !strcmp(argv[1], "client"))
+		return share_opt(argc == 5 ? argv[4] : NULL) || client(argv[2], argv[3]);
 	if (argc == 2 && !strcmp(argv[1], "query-qp"))
 		return query_qp();
 	if (argc == 3 && !strcmp(argv[1], "misuse"))

@@ -184,10 +184,9 @@ pub extern "C" fn softrdma_rdma_listen(idp: *mut rdma_cm_id, _backlog: c_int) ->
         let l = Arc::new(l);
         let l2 = l.clone();
         let idu = idp as usize;
-        let t = std::thread::Builder::new()
-            .name("softrdma-listen".into())
-            .spawn(move || listen_loop(&l2, idu))
-            .map_err(|_| libc::EAGAIN)?;
+        let t =
+            softrdma_verbs::threads::spawn("softrdma-listen".into(), move || listen_loop(&l2, idu))
+                .map_err(|_| libc::EAGAIN)?;
         id.st.lock().listen = Some((l, t));
         Ok(())
     })
@@ -413,10 +412,7 @@ pub extern "C" fn softrdma_rdma_connect(
                 }
             }
         };
-        std::thread::Builder::new()
-            .name("softrdma-connect".into())
-            .spawn(run)
-            .map_err(|_| libc::EAGAIN)?;
+        softrdma_verbs::threads::spawn("softrdma-connect".into(), run).map_err(|_| libc::EAGAIN)?;
         if id.is_sync() {
             id.wait(RDMA_CM_EVENT_ESTABLISHED)?;
         }
