@@ -6,10 +6,12 @@
 #   ib_write_bw -R at 64 KiB and 1 MiB    vs  softrdma bench --test write_bw
 #   ib_read_lat -R at 8 B                 vs  softrdma bench --test read_lat
 #
-# over the TCP path (SOFTRDMA_SAME_HOST=0, what two hosts get; first) and
-# the same-host path. Prints, per line: the rate or p50/p99 of each, the
-# ratio drop-in / bench (target >= 0.9), and both processes' CPU (cores
-# busy: CPU seconds / wall seconds) for each side.
+# over the TCP path (SOFTRDMA_SAME_HOST=0, what two hosts get; first), the
+# same-host path, and the same-host path with SOFTRDMA_SHARE_MR=1 on the
+# drop-in ("share-mr": registered malloc pages moved into shared memfds).
+# Prints, per line: the rate or p50/p99 of each, the ratio drop-in / bench
+# (target >= 0.9), and both processes' CPU (cores busy: CPU seconds / wall
+# seconds) for each side.
 #
 #   scripts/bench-dropin.sh [SECS]      (default 3 s per bandwidth run)
 #   REPS=N                              (bandwidth pairs per line, default 5:
@@ -72,8 +74,11 @@ perftest() {
 json_num() { grep -o "\"$1\":[0-9.eE+-]*" <<<"$2" | head -1 | cut -d: -f2; }
 
 printf '%-9s %-12s %8s | %-46s | %-46s | %6s\n' path test size "drop-in (CPU srv,cli)" "softrdma bench (CPU srv,cli)" ratio
-for path in tcp same-host; do
+for path in tcp same-host share-mr; do
   if [ $path = tcp ]; then flag=--tcp-only; benchflag=--no-same-host; else flag=""; benchflag=""; fi
+  # share-mr: the same-host path with SOFTRDMA_SHARE_MR=1 on the drop-in
+  # (perftest's malloc buffers moved into memfds the peer maps).
+  if [ $path = share-mr ]; then export SOFTRDMA_SHARE_MR=1; else unset SOFTRDMA_SHARE_MR; fi
   for size in 65536 1048576; do
     # REPS pairs, each the drop-in then the bench back to back; the line
     # shows the pair whose ratio is the median (loopback rates on a shared
