@@ -17,6 +17,7 @@
 #   REPS=N                              (bandwidth pairs per line, default 5:
 #                                        the median pair is shown, and the
 #                                        range of the ratios)
+#   PATHS="tcp same-host share-mr"      (the paths to run, in this order)
 #
 # Needs `cargo build --release --workspace` and Debian's perftest.
 set -euo pipefail
@@ -74,7 +75,7 @@ perftest() {
 json_num() { grep -o "\"$1\":[0-9.eE+-]*" <<<"$2" | head -1 | cut -d: -f2; }
 
 printf '%-9s %-12s %8s | %-46s | %-46s | %6s\n' path test size "drop-in (CPU srv,cli)" "softrdma bench (CPU srv,cli)" ratio
-for path in tcp same-host share-mr; do
+for path in ${PATHS:-tcp same-host share-mr}; do
   if [ $path = tcp ]; then flag=--tcp-only; benchflag=--no-same-host; else flag=""; benchflag=""; fi
   # share-mr: the same-host path with SOFTRDMA_SHARE_MR=1 on the drop-in
   # (perftest's malloc buffers moved into memfds the peer maps).

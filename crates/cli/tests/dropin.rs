@@ -695,6 +695,27 @@ fn a_spinning_pollers_qps_go_back_when_it_stops() {
     );
 }
 
+/// A thread that spins on a CQ that gets no completion for 1 ms waits in
+/// the kernel for input on its QPs' sockets instead of asking them in a
+/// loop (`crates/ibverbs/src/spin.rs`): over 300 ms it sleeps hundreds of
+/// times (a pure spin, as before, sleeps about never), and a Send that then
+/// arrives completes with its bytes.
+#[test]
+fn an_idle_spinning_poller_waits_for_input_in_the_kernel() {
+    let out = checker("notify", "idle-spin");
+    let switches: u64 = out
+        .split("empty CQ: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {out}"));
+    assert!(switches >= 50, "{out}");
+    assert!(
+        out.contains("the Send after the idle spin arrived intact"),
+        "{out}"
+    );
+}
+
 /// A post made while 16 completions wait to be reaped is held for the
 /// application's next poll (`crates/ibverbs/src/cork.rs`); when no poll
 /// comes, the event thread sends it (within 1-2 ms): a Write lands while

@@ -21,11 +21,12 @@
 //! (the CQ was nearly reaped) pushes what its QP held before it, so order
 //! is kept. `SOFTRDMA_CORK=0` turns holding off.
 
+use crate::spin::now_us;
 use parking_lot::Mutex;
 use softrdma_verbs::QueuePair;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Unreaped completions on the send CQ above which a post is held.
 pub const CORK_AFTER: usize = 16;
@@ -49,7 +50,7 @@ pub struct Cork {
     /// Payload bytes held (approximate: counted under `held`'s lock, cleared
     /// when pushed).
     bytes: AtomicU64,
-    /// Microseconds since `epoch()` when the oldest held post was held.
+    /// Microseconds (`spin::now_us`) when the oldest held post was held.
     since: AtomicU64,
     /// A post was held since the event thread last looked.
     recent: AtomicBool,
@@ -57,15 +58,6 @@ pub struct Cork {
     ticking: AtomicBool,
     /// Off with `SOFTRDMA_CORK=0`.
     off: OnceLock<bool>,
-}
-
-fn epoch() -> Instant {
-    static E: OnceLock<Instant> = OnceLock::new();
-    *E.get_or_init(Instant::now)
-}
-
-fn now_us() -> u64 {
-    epoch().elapsed().as_micros() as u64
 }
 
 impl Cork {

@@ -17,6 +17,19 @@
 //! looks that often while a lease is held ([`release_if_stale`]). Ending
 //! it hands each QP back with `set_busy_poll(false)`, which also reads what
 //! arrived meanwhile (tests/dropin.rs and verbs' same_host tests).
+//!
+//! A thread that has spun without a completion for [`idle_after`] (1 ms;
+//! `SOFTRDMA_SPIN_IDLE_US`, 0 for never) waits in the kernel for input on
+//! the QPs' sockets, up to [`IDLE_WAIT`] a time, before it drives them:
+//! perftest's write server spins for the whole test on a CQ that gets no
+//! completion while the data streams in, and its asking the socket
+//! hundreds of thousands of times a second made the sender on the other
+//! core pay for every packet it queued there (loopback runs the
+//! receiver's TCP work in the sender's `sendmsg`): `ib_write_bw` at
+//! 64 KiB ran at 3.0 GB/s, with the wait 4.4 GB/s (BENCHMARKS.md). Over
+//! the same-host ring the thread keeps spinning. A completion that no
+//! input brings (a blocked transmission finished by a progress thread)
+//! waits at most [`IDLE_WAIT`] more, and only after [`idle_after`] of none.
 
 use parking_lot::RwLock;
 use softrdma_verbs::QueuePair;
@@ -24,11 +37,30 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-/// The QPs by number, shared by the snapshot's readers.
-type Qps = Arc<Vec<(u32, Weak<QueuePair>)>>;
+/// The QPs by number, shared by the snapshot's readers, each with whether
+/// its last `progress` stopped at its budget (input may be staged that the
+/// socket no longer shows).
+type Qps = Arc<Vec<(u32, Weak<QueuePair>, Arc<AtomicBool>)>>;
 
 /// How long a lease lasts without an empty poll.
 pub const LEASE: Duration = Duration::from_millis(1);
+
+/// The longest an idle spinning thread waits in the kernel for input at a
+/// time: under [`LEASE`], so the lease never lapses while it waits.
+pub const IDLE_WAIT: Duration = Duration::from_micros(250);
+
+/// How long a thread spins without a completion before it waits for input
+/// (`SOFTRDMA_SPIN_IDLE_US`, default 1,000; 0: spin always). `None`: never.
+pub fn idle_after() -> Option<Duration> {
+    static V: OnceLock<Option<Duration>> = OnceLock::new();
+    *V.get_or_init(|| {
+        let us = std::env::var("SOFTRDMA_SPIN_IDLE_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(1_000);
+        (us > 0).then(|| Duration::from_micros(us))
+    })
+}
 
 /// The process's QPs as the spinning thread sees them, and its lease.
 #[derive(Default)]
@@ -48,7 +80,9 @@ fn epoch() -> Instant {
     *E.get_or_init(Instant::now)
 }
 
-fn now_us() -> u64 {
+/// Microseconds since the first call in the process (a cheap clock for
+/// this module, `cork` and `verbs_cq`).
+pub fn now_us() -> u64 {
     epoch().elapsed().as_micros() as u64
 }
 
@@ -63,7 +97,7 @@ impl Spin {
     pub fn add(&self, qpn: u32, qp: &Arc<QueuePair>) {
         let mut g = self.qps.write();
         let mut v = g.as_ref().clone();
-        v.push((qpn, Arc::downgrade(qp)));
+        v.push((qpn, Arc::downgrade(qp), Arc::default()));
         *g = Arc::new(v);
     }
 
@@ -71,7 +105,7 @@ impl Spin {
     pub fn remove(&self, qpn: u32) {
         let mut g = self.qps.write();
         let mut v = g.as_ref().clone();
-        v.retain(|(n, _)| *n != qpn);
+        v.retain(|(n, _, _)| *n != qpn);
         *g = Arc::new(v);
     }
 
@@ -82,19 +116,30 @@ impl Spin {
     }
 
     /// An empty poll: take or renew the lease and run every QP's receiver
-    /// on this thread.
-    pub fn drive(&self) {
+    /// on this thread; `idle` (no completion for [`idle_after`]): first
+    /// wait up to [`IDLE_WAIT`] for input.
+    pub fn drive(&self, idle: bool) {
         if self.off() {
             return;
         }
         self.last.store(now_us(), Ordering::Release);
         let qps = self.qps.read().clone();
-        for q in qps.iter().filter_map(|(_, w)| w.upgrade()) {
+        if idle && self.held() && !qps.iter().any(|(_, _, more)| more.load(Ordering::Relaxed)) {
+            let live: Vec<Arc<QueuePair>> =
+                qps.iter().filter_map(|(_, w, _)| w.upgrade()).collect();
+            QueuePair::wait_input_any(&live, IDLE_WAIT);
+            self.last.store(now_us(), Ordering::Release);
+        }
+        for (_, w, more) in qps.iter() {
+            let Some(q) = w.upgrade() else { continue };
             if !q.is_busy_poll() {
                 // Fails for a QP not connected yet: nothing to drive.
                 let _ = q.set_busy_poll(true);
             }
-            q.progress();
+            // Ask the socket first: a `recv` that finds nothing locks it.
+            if more.load(Ordering::Relaxed) || q.input_ready() {
+                more.store(q.progress(), Ordering::Relaxed);
+            }
         }
         // After the QPs went busy, so that a concurrent `release` (which
         // clears the flag first, then the QPs) never leaves a QP busy with
@@ -106,7 +151,7 @@ impl Spin {
     pub fn release(&self) {
         if self.held.swap(false, Ordering::AcqRel) {
             let qps = self.qps.read().clone();
-            for q in qps.iter().filter_map(|(_, w)| w.upgrade()) {
+            for q in qps.iter().filter_map(|(_, w, _)| w.upgrade()) {
                 if q.is_busy_poll() {
                     let _ = q.set_busy_poll(false);
                 }

@@ -285,8 +285,8 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> 
         if done == 0 && n > 0 {
             let spins = spinning();
             if let Some(ctx) = ctx {
-                if spins || ctx.rt.spin.held() {
-                    ctx.rt.spin.drive();
+                if spins.is_some() || ctx.rt.spin.held() {
+                    ctx.rt.spin.drive(spins == Some(true));
                     done = take(cq, n as usize, out);
                 }
             }
@@ -316,6 +316,8 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> 
 thread_local! {
     /// Empty polls in a row on this thread.
     static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// When (`spin::now_us`) this thread's empty polls made it a spinner.
+    static SPIN_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Empty polls in a row after which a thread counts as spinning: an
@@ -323,14 +325,28 @@ thread_local! {
 /// wake-up and never gets here; perftest and qperf do at once.
 const SPIN_AFTER: u32 = 16;
 
-/// Counts an empty poll; whether this thread is spinning (it then drives
-/// the QPs, `spin`).
-fn spinning() -> bool {
-    EMPTY_POLLS.with(|e| {
+/// Counts an empty poll. `None`: this thread is not spinning; `Some(idle)`:
+/// it is (it then drives the QPs, `spin`), and `idle` when it has spun
+/// without a completion for `spin::idle_after()` (it may then wait for
+/// input in the kernel).
+fn spinning() -> Option<bool> {
+    let n = EMPTY_POLLS.with(|e| {
         let n = e.get().saturating_add(1);
         e.set(n);
-        n >= SPIN_AFTER
-    })
+        n
+    });
+    if n < SPIN_AFTER {
+        return None;
+    }
+    if n == SPIN_AFTER {
+        SPIN_SINCE.with(|s| s.set(crate::spin::now_us()));
+        return Some(false);
+    }
+    let Some(after) = crate::spin::idle_after() else {
+        return Some(false);
+    };
+    let since = SPIN_SINCE.with(|s| s.get());
+    Some(crate::spin::now_us().saturating_sub(since) >= after.as_micros() as u64)
 }
 
 /// Takes up to `n` completions into the caller's array.

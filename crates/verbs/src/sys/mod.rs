@@ -5,6 +5,11 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+mod wait;
+pub use wait::{
+    readable_now, wait_any_readable, wait_writable, Epoll, EventFd, EV_ERR, EV_IN, EV_OUT,
+};
+
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -18,128 +23,6 @@ fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
         Err(io::Error::last_os_error())
     } else {
         Ok(r as usize)
-    }
-}
-
-/// An eventfd used as a doorbell / notification channel.
-#[derive(Debug)]
-pub struct EventFd(OwnedFd);
-
-impl EventFd {
-    pub fn new() -> io::Result<EventFd> {
-        // SAFETY: eventfd has no pointer arguments; the returned descriptor is
-        // owned by the OwnedFd from here on.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-        // SAFETY: fd is a fresh, valid descriptor nobody else owns.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live local to a valid eventfd.
-        unsafe {
-            libc::write(
-                self.0.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            );
-        }
-    }
-
-    /// Drains the counter; returns its value (0 if it was not signalled).
-    pub fn drain(&self) -> u64 {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live local from a valid eventfd.
-        let r = unsafe {
-            libc::read(
-                self.0.as_raw_fd(),
-                &mut v as *mut u64 as *mut libc::c_void,
-                8,
-            )
-        };
-        if r == 8 {
-            v
-        } else {
-            0
-        }
-    }
-
-    /// Blocks until signalled or the timeout passes; drains the counter.
-    pub fn wait(&self, timeout: Option<std::time::Duration>) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
-        // SAFETY: p is a valid pollfd array of length 1.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        r > 0 && self.drain() > 0
-    }
-}
-
-impl AsRawFd for EventFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
-/// An epoll instance.
-#[derive(Debug)]
-pub struct Epoll(OwnedFd);
-
-pub const EV_IN: u32 = libc::EPOLLIN as u32;
-pub const EV_OUT: u32 = libc::EPOLLOUT as u32;
-pub const EV_ERR: u32 = (libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP) as u32;
-
-impl Epoll {
-    pub fn new() -> io::Result<Epoll> {
-        // SAFETY: no pointer arguments; the descriptor is owned from here on.
-        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-        // SAFETY: fd is a fresh, valid descriptor nobody else owns.
-        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events, u64: data };
-        // SAFETY: ev is a valid epoll_event for the duration of the call.
-        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) })?;
-        Ok(())
-    }
-
-    pub fn add(&self, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_ADD, fd, events, data)
-    }
-
-    pub fn modify(&self, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_MOD, fd, events, data)
-    }
-
-    pub fn delete(&self, fd: RawFd) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
-    }
-
-    /// Waits for events; returns (events, data) pairs in `out`.
-    pub fn wait(&self, out: &mut Vec<(u32, u64)>, max: usize, timeout_ms: i32) -> io::Result<()> {
-        let mut evs: [libc::epoll_event; 128] = [libc::epoll_event { events: 0, u64: 0 }; 128];
-        let max = max.min(evs.len());
-        // SAFETY: evs has room for `max` events.
-        let n = unsafe {
-            libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), max as i32, timeout_ms)
-        };
-        out.clear();
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(());
-            }
-            return Err(e);
-        }
-        for ev in &evs[..n as usize] {
-            let (e, d) = (ev.events, ev.u64);
-            out.push((e, d));
-        }
-        Ok(())
     }
 }
 
@@ -287,18 +170,6 @@ pub unsafe fn send_spans(fd: RawFd, spans: &[RawSpan], eor: bool) -> io::Result<
     msg.msg_iovlen = n as _;
     // SAFETY: the caller guarantees every span is valid readable memory.
     cvt_size(unsafe { libc::sendmsg(fd, &msg, flags) })
-}
-
-/// Blocks until `fd` can be written to (or has failed: the next write
-/// says how).
-pub fn wait_writable(fd: RawFd) {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: p is a valid pollfd array of length 1.
-    unsafe { libc::poll(&mut p, 1, -1) };
 }
 
 /// Writes `buf`, which begins at byte `pos` of the stream, to the blocking
