@@ -7,8 +7,9 @@
 #   ib_read_lat -R at 8 B                 vs  softrdma bench --test read_lat
 #
 # over the TCP path (SOFTRDMA_SAME_HOST=0, what two hosts get; first), the
-# same-host path, and the same-host path with SOFTRDMA_SHARE_MR=1 on the
-# drop-in ("share-mr": registered malloc pages moved into shared memfds).
+# same-host path (registered malloc pages moved into shared memfds, the
+# default), and the same-host path with SOFTRDMA_SHARE_MR=0 on the drop-in
+# ("private": perftest's buffers reached with process_vm_writev/readv).
 # Prints, per line: the rate or p50/p99 of each, the ratio drop-in / bench
 # (target >= 0.9), and both processes' CPU (cores busy: CPU seconds / wall
 # seconds) for each side.
@@ -17,7 +18,7 @@
 #   REPS=N                              (bandwidth pairs per line, default 5:
 #                                        the median pair is shown, and the
 #                                        range of the ratios)
-#   PATHS="tcp same-host share-mr"      (the paths to run, in this order)
+#   PATHS="tcp same-host private"       (the paths to run, in this order)
 #
 # Needs `cargo build --release --workspace` and Debian's perftest.
 set -euo pipefail
@@ -75,11 +76,12 @@ perftest() {
 json_num() { grep -o "\"$1\":[0-9.eE+-]*" <<<"$2" | head -1 | cut -d: -f2; }
 
 printf '%-9s %-12s %8s | %-46s | %-46s | %6s\n' path test size "drop-in (CPU srv,cli)" "softrdma bench (CPU srv,cli)" ratio
-for path in ${PATHS:-tcp same-host share-mr}; do
+for path in ${PATHS:-tcp same-host private}; do
   if [ $path = tcp ]; then flag=--tcp-only; benchflag=--no-same-host; else flag=""; benchflag=""; fi
-  # share-mr: the same-host path with SOFTRDMA_SHARE_MR=1 on the drop-in
-  # (perftest's malloc buffers moved into memfds the peer maps).
-  if [ $path = share-mr ]; then export SOFTRDMA_SHARE_MR=1; else unset SOFTRDMA_SHARE_MR; fi
+  # private: the same-host path with SOFTRDMA_SHARE_MR=0 on the drop-in
+  # (perftest's malloc buffers stay private; the peer reaches them with
+  # process_vm_writev/readv).
+  if [ $path = private ]; then export SOFTRDMA_SHARE_MR=0; else unset SOFTRDMA_SHARE_MR; fi
   for size in 65536 1048576; do
     # REPS pairs, each the drop-in then the bench back to back; the line
     # shows the pair whose ratio is the median (loopback rates on a shared

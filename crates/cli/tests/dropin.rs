@@ -605,22 +605,28 @@ fn written_read_and_sent_bytes_arrive_intact_on_both_paths() {
             r.1.out
         );
         assert!(r.1.out.contains("client: data ok") && r.0.out.contains("server: data ok"));
-        // Without SOFTRDMA_SHARE_MR=1 registered memory stays where it is.
+        // By default registered malloc pages move into a memfd on the
+        // same-host path (`share.rs`), and stay where they are over TCP.
+        let want = match path {
+            Path_::SameHost => "buffer: memfd",
+            Path_::Tcp => "buffer: private",
+        };
         assert!(
-            r.0.out.contains("buffer: private") && r.1.out.contains("buffer: private"),
-            "{}{}",
+            r.0.out.contains(want) && r.1.out.contains(want),
+            "{path:?}: want {want}\n{}{}",
             r.0.out,
             r.1.out
         );
     }
 }
 
-/// With `SOFTRDMA_SHARE_MR=1` a registration of whole `malloc` pages moves
-/// them into a memfd that same-host peers map (`crates/ibverbs/src/share.rs`):
-/// the bytes written before the registration are there after it, and the
-/// Writes, Reads and Send between two processes arrive intact. With a
-/// second application thread alive nothing moves (a store of that thread
-/// during the move could be lost), nor over TCP; the data is intact too.
+/// With `SOFTRDMA_SHARE_MR=1` (the default) a registration of whole `malloc`
+/// pages moves them into a memfd that same-host peers map
+/// (`crates/ibverbs/src/share.rs`): the bytes written before the
+/// registration are there after it, and the Writes, Reads and Send between
+/// two processes arrive intact. With a second application thread alive
+/// nothing moves (a store of that thread during the move could be lost),
+/// nor over TCP, nor with `SOFTRDMA_SHARE_MR=0`; the data is intact too.
 #[test]
 fn registered_malloc_pages_move_into_a_shared_file_and_keep_their_bytes() {
     lib_dir();
@@ -629,6 +635,7 @@ fn registered_malloc_pages_move_into_a_shared_file_and_keep_their_bytes() {
         (Path_::SameHost, "share", "buffer: memfd"),
         (Path_::SameHost, "share-threaded", "buffer: private"),
         (Path_::Tcp, "share", "buffer: private"),
+        (Path_::SameHost, "private", "buffer: private"),
     ] {
         let port = free_ports(1)[0].to_string();
         let r = pair(

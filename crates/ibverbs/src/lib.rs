@@ -18,7 +18,7 @@
 //!   made while completions wait to be reaped go out together at the next
 //!   poll.
 //! - `share`: registered `malloc` memory moved into a memfd that same-host
-//!   peers map (`SOFTRDMA_SHARE_MR=1`).
+//!   peers map (`SOFTRDMA_SHARE_MR=0` turns it off).
 //! - `events`: the thread that turns the engine's asynchronous events into
 //!   verbs and CM events.
 //! - `verbs_*`: the exported functions, thin: check the pointers, call

@@ -1,5 +1,6 @@
 //! Registered `malloc` memory moved into a file that same-host peers map
-//! (`SOFTRDMA_SHARE_MR=1`; off by default while it is new).
+//! (on by default; `SOFTRDMA_SHARE_MR=0` turns it off, and so does
+//! `SOFTRDMA_SAME_HOST=0`, where no peer maps anything).
 //!
 //! The same-host path copies with plain memory moves only into and out of
 //! memory a peer can map: the engine's shared chunks (`alloc_mr`) and
@@ -123,7 +124,7 @@ const NAME: &std::ffi::CStr = c"softrdma-mr";
 impl Share {
     fn on(&self) -> bool {
         *self.on.get_or_init(|| {
-            std::env::var("SOFTRDMA_SHARE_MR").is_ok_and(|v| v == "1")
+            std::env::var("SOFTRDMA_SHARE_MR").map_or(true, |v| v != "0")
                 && std::env::var("SOFTRDMA_SAME_HOST").map_or(true, |v| v != "0")
         })
     }

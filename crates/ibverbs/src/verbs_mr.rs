@@ -91,7 +91,7 @@ fn register(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, flags: u3
     // SAFETY: `p` is a live PD whose context is the caller's.
     let ctx = unsafe { ctx_of((*pd).context) };
     // Whole pages of `malloc` memory may move into a file same-host peers
-    // map (`share`, SOFTRDMA_SHARE_MR=1).
+    // map (`share`; SOFTRDMA_SHARE_MR=0 turns it off).
     let shared = ctx.and_then(|c| c.rt.share.begin(addr as usize, len));
     let opts = |unpinned| RegOptions {
         iova: Some(if zero_based { 0 } else { iova }),

@@ -8,8 +8,9 @@
  *                                    Write, Read back, Send; check bytes.
  *                                    Both print which mapping holds their
  *                                    registered buffer; SHARE is share
- *                                    (SOFTRDMA_SHARE_MR=1) or
+ *                                    (SOFTRDMA_SHARE_MR=1, the default),
  *                                    share-threaded (and a second thread)
+ *                                    or private (SOFTRDMA_SHARE_MR=0)
  *   verbs_check misuse CASE          one misuse on a connected pair in
  *                                    this process: reset-post, sge-bounds,
  *                                    dereg, destroy-busy, cq-overrun; or
@@ -94,7 +95,7 @@ static unsigned char pat(size_t i, int seed);
 static int check(const char *what, const char *b, size_t n, int seed);
 
 /* Which mapping holds p: "memfd" when softrdma moved it into its file
- * (SOFTRDMA_SHARE_MR=1), else "private". */
+ * (SOFTRDMA_SHARE_MR, on by default), else "private". */
 static const char *mapping_of(const void *p)
 {
 	char line[512];
@@ -123,18 +124,19 @@ static void *idle_thread(void *arg)
 
 /* The optional last argument of server and client: "share" asks softrdma
  * to move registered pages into its file (SOFTRDMA_SHARE_MR=1, read at the
- * first registration); "share-threaded" too, with a second application
- * thread alive, where nothing may move. */
+ * first registration; the default); "share-threaded" too, with a second
+ * application thread alive, where nothing may move; "private" turns it off
+ * (SOFTRDMA_SHARE_MR=0). */
 static int share_opt(const char *opt)
 {
 	pthread_t t;
 	if (!opt)
 		return 0;
-	if (strcmp(opt, "share") && strcmp(opt, "share-threaded")) {
+	if (strcmp(opt, "share") && strcmp(opt, "share-threaded") && strcmp(opt, "private")) {
 		fprintf(stderr, "unknown option %s\n", opt);
 		return 2;
 	}
-	setenv("SOFTRDMA_SHARE_MR", "1", 1);
+	setenv("SOFTRDMA_SHARE_MR", strcmp(opt, "private") ? "1" : "0", 1);
 	if (!strcmp(opt, "share-threaded") && pthread_create(&t, NULL, idle_thread, NULL))
 		DIE("pthread_create");
 	return 0;
