@@ -10,14 +10,15 @@
 //! demo prints the summary and `lost writes: N` and exits non-zero if any
 //! check failed.
 
+use crate::child::Proc;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args as ClapArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use softrdma_store::auth::Secret;
@@ -65,18 +66,6 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogFile {
     }
 }
 
-struct Proc {
-    name: String,
-    child: Child,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn write_config(
     dir: &Path,
     id: u32,
@@ -99,45 +88,11 @@ fn write_config(
     Ok(p)
 }
 
-/// Starts `softrdma store serve` and waits for its `ready` line.
+/// Starts a node (`child::start_node`) and shows its `ready` line.
 fn start_node(dir: &Path, id: u32, cfg: &Path, role: &str) -> Result<Proc> {
-    let exe = std::env::current_exe()?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("node{id}.log")))?;
-    let mut child = Command::new(exe)
-        .args(["-v", "store", "serve", "--config"])
-        .arg(cfg)
-        .args(["--role", role])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .context("start a store node")?;
-    let out = child.stdout.take().expect("piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
-            let _ = tx.send(line);
-        }
-    });
-    let p = Proc {
-        name: format!("node {id}"),
-        child,
-    };
-    match rx.recv_timeout(Duration::from_secs(40)) {
-        Ok(l) if l.starts_with("ready") => {
-            println!("  {l}");
-            Ok(p)
-        }
-        Ok(l) => bail!("{}: unexpected output {l:?}", p.name),
-        Err(_) => bail!(
-            "{} did not become ready (log: {})",
-            p.name,
-            dir.join(format!("node{id}.log")).display()
-        ),
-    }
+    let (p, ready) = crate::child::start_node(dir, id, cfg, role, true)?;
+    println!("  {ready}");
+    Ok(p)
 }
 
 /// Polls status until `pred` holds for the group or `timeout` passes.
@@ -261,22 +216,24 @@ pub fn run(a: Args) -> Result<()> {
 
     // The workload.
     let exe = std::env::current_exe()?;
-    let mut load = Command::new(exe)
-        .args(["store", "load", "--progress", "--nodes"])
-        .arg(format!("{n1},{n2}"))
-        .args([
-            "--duration",
-            &a.duration.to_string(),
-            "--clients",
-            &a.clients.to_string(),
-        ])
-        .args(["--seed", &a.seed.to_string()])
-        .env(softrdma_store::net::handshake::PASSWORD_ENV, &secret)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("load.log"))?)
-        .spawn()?;
-    let out = load.stdout.take().expect("piped");
+    let mut load = Proc::spawn(
+        "the workload",
+        Command::new(exe)
+            .args(["store", "load", "--progress", "--nodes"])
+            .arg(format!("{n1},{n2}"))
+            .args([
+                "--duration",
+                &a.duration.to_string(),
+                "--clients",
+                &a.clients.to_string(),
+            ])
+            .args(["--seed", &a.seed.to_string()])
+            .env(softrdma_store::net::handshake::PASSWORD_ENV, &secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("load.log"))?),
+    )?;
+    let out = load.child.stdout.take().expect("piped");
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
@@ -418,7 +375,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     bar.finish_and_clear();
-    let status = load.wait()?;
+    let status = load.child.wait()?;
     let Some(s) = summary else {
         bail!(
             "the workload printed no summary ({status}); see {}",

@@ -1,10 +1,15 @@
 //! `softrdma`: the command-line front end of the softrdma system.
 
+#![deny(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 
 mod bench;
+#[allow(unsafe_code)]
+mod child;
 mod cmatose;
 mod demo;
+#[allow(unsafe_code)]
 mod heap;
 mod info;
 mod net;

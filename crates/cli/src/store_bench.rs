@@ -31,11 +31,11 @@
 //! else a table. Every child process is killed when the bench ends, on
 //! every path (drop guards).
 
-use std::io::{BufRead, BufReader};
+use crate::child::Proc;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Barrier};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -80,19 +80,6 @@ pub struct Args {
 
 const REDIS_BINS: [&str; 3] = ["redis-server", "redis-benchmark", "redis-cli"];
 const PRIMARY: u8 = 2;
-
-/// A child process, killed (SIGKILL) and reaped when dropped.
-struct Proc {
-    name: String,
-    child: Child,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
@@ -139,35 +126,9 @@ fn write_config(
     Ok(p)
 }
 
-/// Starts `softrdma store serve` and waits for its `ready` line.
+/// Starts a node (`child::start_node`).
 fn start_node(dir: &Path, id: u32, cfg: &Path, role: &str) -> Result<Proc> {
-    let exe = std::env::current_exe()?;
-    let log = dir.join(format!("node{id}.log"));
-    let mut child = Command::new(exe)
-        .args(["store", "serve", "--config"])
-        .arg(cfg)
-        .args(["--role", role])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("start a store node")?;
-    let out = child.stdout.take().expect("piped");
-    let p = Proc {
-        name: format!("node {id}"),
-        child,
-    };
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
-            let _ = tx.send(line);
-        }
-    });
-    match rx.recv_timeout(Duration::from_secs(40)) {
-        Ok(l) if l.starts_with("ready") => Ok(p),
-        Ok(l) => bail!("{}: unexpected output {l:?}", p.name),
-        Err(_) => bail!("{} did not become ready (log: {})", p.name, log.display()),
-    }
+    Ok(crate::child::start_node(dir, id, cfg, role, false)?.0)
 }
 
 /// The store's group: coordinator and two nodes, stopped when dropped.
@@ -586,22 +547,19 @@ fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
 fn start_redis_server(dir: &Path, name: &str, port: u16, extra: &[String]) -> Result<Proc> {
     let d = dir.join(name);
     std::fs::create_dir_all(&d)?;
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--daemonize", "no", "--logfile", "", "--dir"])
-        .arg(&d)
-        .args(["--repl-diskless-sync-delay", "0"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(dir.join(format!("{name}.log")))?)
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start redis-server")?;
-    let p = Proc {
-        name: format!("redis {name}"),
-        child,
-    };
+    let p = Proc::spawn(
+        format!("redis {name}"),
+        Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--logfile", "", "--dir"])
+            .arg(&d)
+            .args(["--repl-diskless-sync-delay", "0"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join(format!("{name}.log")))?)
+            .stderr(Stdio::null()),
+    )?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while redis_cli(port, &["ping"])?.trim() != "PONG" {
         if Instant::now() > deadline {
