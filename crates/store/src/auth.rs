@@ -381,11 +381,22 @@ pub fn proofs_equal(a: &[u8; PROOF_LEN], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// 64 random bits from the kernel (`getrandom`).
+pub fn random_u64() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        // Never expected on Linux: fall back to the clock and the pid.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+    })
+}
+
 /// 16 random bytes from the kernel.
 pub fn random_nonce() -> [u8; NONCE_LEN] {
     let mut n = [0u8; NONCE_LEN];
-    n[..8].copy_from_slice(&crate::net::random_u64().to_le_bytes());
-    n[8..].copy_from_slice(&crate::net::random_u64().to_le_bytes());
+    n[..8].copy_from_slice(&random_u64().to_le_bytes());
+    n[8..].copy_from_slice(&random_u64().to_le_bytes());
     n
 }
 

@@ -53,10 +53,7 @@ const UNIT: u64 = crate::object::UNIT;
 /// of 64 bytes in 32 bits (as its header holds its allocation's length).
 pub const MAX_ARENA_LEN: u64 = UNIT << 32;
 
-/// The 64-bit hash of a key, the same on every node and client.
-pub fn key_hash(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
-}
+pub use crate::object::key_hash;
 
 /// A slot's tag for a hash: its high 32 bits, never 0 (0 = empty).
 pub fn tag_of(hash: u64) -> u32 {

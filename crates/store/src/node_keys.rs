@@ -36,7 +36,7 @@ impl<M: Memory> Node<M> {
         data: &[u8],
         cond: Cond,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
-        object::check_key(key)?;
+        crate::proto::check_key(key)?;
         let meta = self.meta()?;
         let existing = meta.get(key).copied();
         match (cond, existing) {
@@ -105,7 +105,7 @@ impl<M: Memory> Node<M> {
     /// A remove: the object freed and the slot cleared; a missing key is a
     /// write without effects (ordered like the rest).
     pub(super) fn plan_remove(&self, key: &[u8]) -> Result<(Vec<Effect>, Reply), StoreError> {
-        object::check_key(key)?;
+        crate::proto::check_key(key)?;
         let meta = self.meta()?;
         let Some(edit) = meta.plan_delete(key) else {
             return Ok((Vec::new(), Reply::Removed { existed: false }));
@@ -130,7 +130,7 @@ impl<M: Memory> Node<M> {
     /// loop runs it), so the node answers by the very rules a client
     /// reads by.
     pub(super) fn get_key(&self, key: &[u8]) -> Result<Reply, StoreError> {
-        object::check_key(key)?;
+        crate::proto::check_key(key)?;
         let layout = self
             .layout
             .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))?;

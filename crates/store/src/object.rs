@@ -16,7 +16,7 @@
 //!                           key's object (kept by updates, also when an
 //!                           update moves it); for the pointer API, of the
 //!                           write that stored these bytes
-//!     32     8  key hash    `index::key_hash(key)`; 0 without a key
+//!     32     8  key hash    [`key_hash`]`(key)`; 0 without a key
 //!     40     2  key length  at most `MAX_KEY_LEN`
 //!     42     6  zero
 //!     48     k  key
@@ -51,17 +51,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SRO2");
 /// The longest key, in bytes (memcached allows 250, this allows more).
 pub const MAX_KEY_LEN: usize = 1024;
 
-/// Checks a key: 1 to [`MAX_KEY_LEN`] bytes, else
-/// [`StoreError::BadKey`](crate::proto::StoreError::BadKey). The one rule
-/// for the node and its clients.
-pub fn check_key(key: &[u8]) -> Result<(), crate::proto::StoreError> {
-    if key.is_empty() || key.len() > MAX_KEY_LEN {
-        return Err(crate::proto::StoreError::BadKey {
-            len: key.len() as u64,
-            max: MAX_KEY_LEN as u64,
-        });
-    }
-    Ok(())
+/// The 64-bit hash of a key, the same on every node and client (the
+/// header's key hash; the index's buckets and tags come from it).
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
 }
 
 /// Why bytes could not be decoded as an object.
@@ -134,7 +127,7 @@ pub struct Object<'a> {
     pub version: u64,
     /// Generation.
     pub generation: u64,
-    /// The key's hash as the header stores it (`index::key_hash(key)`; 0
+    /// The key's hash as the header stores it ([`key_hash`]`(key)`; 0
     /// without a key).
     pub key_hash: u64,
     /// The key (empty for the pointer API).
@@ -183,11 +176,7 @@ pub fn header(f: &Fields<'_>, allocation: u64) -> [u8; HEADER_LEN] {
         f.key.len() <= MAX_KEY_LEN,
         "keys are at most {MAX_KEY_LEN} bytes"
     );
-    let hash = if f.key.is_empty() {
-        0
-    } else {
-        crate::index::key_hash(f.key)
-    };
+    let hash = if f.key.is_empty() { 0 } else { key_hash(f.key) };
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     h[4..8].copy_from_slice(&len.to_le_bytes());

@@ -424,6 +424,19 @@ pub struct DedupEntry {
     pub reply: Reply,
 }
 
+/// Checks a key: 1 to [`MAX_KEY_LEN`](crate::object::MAX_KEY_LEN) bytes,
+/// else [`StoreError::BadKey`]. The one rule for the node and its clients.
+pub fn check_key(key: &[u8]) -> Result<(), StoreError> {
+    let max = crate::object::MAX_KEY_LEN;
+    if key.is_empty() || key.len() > max {
+        return Err(StoreError::BadKey {
+            len: key.len() as u64,
+            max: max as u64,
+        });
+    }
+    Ok(())
+}
+
 /// Errors returned to clients.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {

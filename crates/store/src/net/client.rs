@@ -814,7 +814,7 @@ impl StoreClient {
         data: &[u8],
         cond: Cond,
     ) -> Result<Option<RemotePtr>, ClientError> {
-        object::check_key(key)?;
+        proto::check_key(key)?;
         Self::check_value(data)?;
         let op = Op::Put {
             key: key.to_vec(),
@@ -833,7 +833,7 @@ impl StoreClient {
 
     /// Deletes `key`; whether it existed.
     pub fn remove(&mut self, key: &[u8]) -> Result<bool, ClientError> {
-        object::check_key(key)?;
+        proto::check_key(key)?;
         self.cache.remove(key);
         match self.request(Op::Remove { key: key.to_vec() })? {
             Reply::Removed { existed } => Ok(existed),
@@ -843,7 +843,7 @@ impl StoreClient {
 
     /// The node's answer for `key` (the fallback of [`Self::get`]).
     pub fn get_server(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        object::check_key(key)?;
+        proto::check_key(key)?;
         self.stats.server_reads += 1;
         match self.request(Op::Get { key: key.to_vec() })? {
             Reply::Value { ptr, data, .. } => {
@@ -908,7 +908,7 @@ impl StoreClient {
     /// racing writes; each fallback is counted with its reason
     /// ([`ClientStats`]).
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        object::check_key(key)?;
+        proto::check_key(key)?;
         if self.arena.is_none() {
             let t = self.target;
             let _ = self.link(t);
@@ -976,7 +976,7 @@ impl StoreClient {
         // Running look-ups: (key index, look-up, next read, cached).
         let mut running = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            if let Err(e) = object::check_key(k) {
+            if let Err(e) = proto::check_key(k) {
                 out[i] = Some(Err(e.into()));
                 continue;
             }

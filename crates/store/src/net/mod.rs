@@ -15,6 +15,7 @@ pub mod client;
 pub mod handshake;
 pub mod link;
 pub mod resp;
+#[allow(unsafe_code)]
 pub mod server;
 
 use std::time::Duration;
@@ -22,17 +23,4 @@ use std::time::Duration;
 /// Time allowed for one connection attempt.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
 
-/// 64 random bits from the kernel.
-pub fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: b is valid for 8 bytes of writes.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 8, 0) };
-    if n != 8 {
-        // Fall back to the clock (never expected on Linux).
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        return t.as_nanos() as u64 ^ (std::process::id() as u64) << 32;
-    }
-    u64::from_le_bytes(b)
-}
+pub use crate::auth::random_u64;

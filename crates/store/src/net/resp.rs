@@ -365,7 +365,7 @@ fn upper(a: &[u8]) -> String {
 /// A key no store key can equal (empty, or longer than the limit): a
 /// read of it answers "absent", a write a clear error.
 fn impossible_key(key: &[u8]) -> bool {
-    crate::object::check_key(key).is_err()
+    crate::proto::check_key(key).is_err()
 }
 
 /// An integer argument, or Redis's error for it.
