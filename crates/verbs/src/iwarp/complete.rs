@@ -4,7 +4,7 @@
 //! Responses queued for the transmitter (the receiver then stops with
 //! `Stop::Kick`, and the driver runs it).
 
-use super::rx::{fatal, Action};
+use super::rx_state::{fatal, Action};
 use super::*;
 
 /// A whole, CRC-checked segment arrived: finish what it started; a

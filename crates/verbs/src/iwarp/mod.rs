@@ -29,6 +29,7 @@ mod complete;
 mod driver;
 mod rdmap;
 mod rx;
+mod rx_state;
 mod tx;
 mod wqe;
 
@@ -38,7 +39,8 @@ use complete::*;
 pub(crate) use driver::conn_memory;
 use driver::*;
 use rx::*;
-pub(crate) use rx::{Rx, RxEnd};
+use rx_state::*;
+pub(crate) use rx_state::{Rx, RxEnd};
 pub(crate) use tx::*;
 use wqe::*;
 

@@ -6,7 +6,7 @@
 //! connection with the Terminate RFC 5040/5041 prescribe.
 
 use super::backed::{BACKED_ALIGN, BACKED_RUN};
-use super::rx::{fatal, sub_spans, CurRecv, Rx, RxEnd};
+use super::rx_state::{fatal, sub_spans, CurRecv, Rx, RxEnd};
 use super::*;
 
 /// A segment's header as `on_header` decoded it.

@@ -34,12 +34,19 @@ fn is_ident(c: char) -> bool {
 
 /// The module names a source text refers to through `crate::`.
 pub fn references(text: &str) -> BTreeSet<String> {
+    references_through(text, "crate::")
+}
+
+/// The names a source text refers to through `prefix` (`crate::`, or
+/// `super::` for the files of one directory): `prefix name`, and each name
+/// of a `use prefix{...}` group, on one line or one per line.
+pub fn references_through(text: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in text.lines() {
         let code = line.split("//").next().unwrap();
         let mut rest = code;
-        while let Some(i) = rest.find("crate::") {
-            let after = &rest[i + "crate::".len()..];
+        while let Some(i) = rest.find(prefix) {
+            let after = &rest[i + prefix.len()..];
             if let Some(group) = after.strip_prefix('{') {
                 // use crate::{a, b::c, ...} (one line; rustfmt splits long
                 // groups one item per line, handled below).
@@ -63,7 +70,7 @@ pub fn references(text: &str) -> BTreeSet<String> {
     let mut in_group = false;
     for line in text.lines() {
         let code = line.split("//").next().unwrap().trim();
-        if code.starts_with("use crate::{") && !code.contains('}') {
+        if code.starts_with(&format!("use {prefix}{{")) && !code.contains('}') {
             in_group = true;
             continue;
         }
@@ -197,4 +204,29 @@ pub fn oversize(src: &Path, caps: &[(&str, usize)], max: usize) -> (Vec<String>,
         }
     }
     (bad, loose)
+}
+
+/// The graph of the files of one module's directory (`src/iwarp`), each
+/// with the sibling files it names through `super::` or
+/// `crate::<module>::`. `mod.rs` is left out (it declares them all), and so
+/// are glob imports (`use super::*`), which hide an edge through what
+/// `mod.rs` re-exports.
+pub fn dir_graph(dir: &Path, module: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_stem().unwrap().to_string_lossy().to_string();
+        if p.extension().is_none_or(|x| x != "rs") || name == "mod" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let mut refs = references_through(&text, "super::");
+        refs.extend(references_through(&text, &format!("crate::{module}::")));
+        g.entry(name).or_default().extend(refs);
+    }
+    let names: BTreeSet<String> = g.keys().cloned().collect();
+    for (m, deps) in g.iter_mut() {
+        deps.retain(|d| names.contains(d) && d != m);
+    }
+    g
 }
