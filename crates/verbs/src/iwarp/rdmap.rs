@@ -9,6 +9,13 @@ use super::backed::{BACKED_ALIGN, BACKED_RUN};
 use super::rx_state::{fatal, sub_spans, CurRecv, Rx, RxEnd};
 use super::*;
 
+/// A refusal: the Terminate `code` over the offending header `hdr`, and
+/// every WR still queued flushed (what every check of these handlers does
+/// when it fails).
+fn refuse(code: TermCode, hdr: &[u8]) -> RxEnd {
+    fatal(code, hdr, WcStatus::WrFlushErr)
+}
+
 /// A segment's header as `on_header` decoded it.
 pub(super) struct Seg<'a> {
     pub hdr: DdpHeader,
@@ -42,11 +49,13 @@ pub(super) fn on_write(
                 Action::Write
             }
         } else {
-            let mr = q.core.stags.lookup(t.stag).ok_or_else(|| {
-                fatal(codes::DDP_TAGGED_INVALID_STAG, g.raw, WcStatus::WrFlushErr)
-            })?;
+            let mr = q
+                .core
+                .stags
+                .lookup(t.stag)
+                .ok_or_else(|| refuse(codes::DDP_TAGGED_INVALID_STAG, g.raw))?;
             mr.check(q.pd, Access::REMOTE_WRITE, t.to, g.payload_len as u64)
-                .map_err(|e| fatal(e.ddp_code(), g.raw, WcStatus::WrFlushErr))?;
+                .map_err(|e| refuse(e.ddp_code(), g.raw))?;
             if mr.backend.is_some() {
                 // Received whole, handed to the backend once the CRC
                 // checked out (segment_done), together with the rest of
@@ -100,18 +109,10 @@ pub(super) fn on_read_response(
             // The answer to our Read RTR (issue 20, item 1): one empty,
             // last segment naming the RTR STag at offset 0.
             if t.stag != RTR_STAG {
-                return Err(fatal(
-                    codes::DDP_TAGGED_INVALID_STAG,
-                    g.raw,
-                    WcStatus::WrFlushErr,
-                ));
+                return Err(refuse(codes::DDP_TAGGED_INVALID_STAG, g.raw));
             }
             if t.to != 0 || g.payload_len != 0 || !g.hdr.last() {
-                return Err(fatal(
-                    codes::DDP_TAGGED_BASE_BOUNDS,
-                    g.raw,
-                    WcStatus::WrFlushErr,
-                ));
+                return Err(refuse(codes::DDP_TAGGED_BASE_BOUNDS, g.raw));
             }
             rx.rtr_read_pending = false;
             rx.to_tx.rtr_answered = true;
@@ -122,11 +123,7 @@ pub(super) fn on_read_response(
         // Nobody asked: DDP catastrophic, 1/0/0, as siw
         // (`siw_proc_rresp`, "ORQ empty").
         let Some(&seq) = sq.orq.front() else {
-            return Err(fatal(
-                codes::DDP_LOCAL_CATASTROPHIC,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_LOCAL_CATASTROPHIC, g.raw));
         };
         let w = sq
             .wqes
@@ -136,20 +133,12 @@ pub(super) fn on_read_response(
         // The oldest outstanding request may be an atomic, whose answer
         // is an Atomic Response.
         if !matches!(w.op, WrOp::RdmaRead { .. } | WrOp::Flush { .. }) {
-            return Err(fatal(
-                codes::RDMAP_UNEXPECTED_OPCODE,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::RDMAP_UNEXPECTED_OPCODE, g.raw));
         }
         // A flush's answer: one empty, last segment naming STag 0.
         if matches!(w.op, WrOp::Flush { .. }) {
             if t.stag != 0 || t.to != 0 || g.payload_len != 0 || !g.hdr.last() {
-                return Err(fatal(
-                    codes::DDP_TAGGED_BASE_BOUNDS,
-                    g.raw,
-                    WcStatus::WrFlushErr,
-                ));
+                return Err(refuse(codes::DDP_TAGGED_BASE_BOUNDS, g.raw));
             }
             drop(sq);
             return Ok(Action::ReadResp);
@@ -158,22 +147,14 @@ pub(super) fn on_read_response(
         let (sink, sink_to) = (s.mr.clone(), s.to);
         let want_to = sink_to + rx.read_resp_off;
         if t.stag != sink.stag {
-            return Err(fatal(
-                codes::DDP_TAGGED_INVALID_STAG,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_TAGGED_INVALID_STAG, g.raw));
         }
         // In order, within the sink, and (the last segment) exactly
         // the length asked for: a short response would complete the
         // Read with bytes that never came (siw: `siw_rresp_check_ntoh`).
         let end = rx.read_resp_off + g.payload_len as u64;
         if t.to != want_to || end > w.len || (g.hdr.last() && end != w.len) {
-            return Err(fatal(
-                codes::DDP_TAGGED_BASE_BOUNDS,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_TAGGED_BASE_BOUNDS, g.raw));
         }
         drop(sq);
         if g.payload_len > 0 {
@@ -198,19 +179,11 @@ pub(super) fn on_send(
 ) -> Result<Action, RxEnd> {
     Ok({
         if u.msn != rx.send_msn {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_MSN_RANGE,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_MSN_RANGE, g.raw));
         }
         if rx.cur_recv.is_none() {
             if u.mo != 0 {
-                return Err(fatal(
-                    codes::DDP_UNTAGGED_INVALID_MO,
-                    g.raw,
-                    WcStatus::WrFlushErr,
-                ));
+                return Err(refuse(codes::DDP_UNTAGGED_INVALID_MO, g.raw));
             }
             let wqe = match &q.srq {
                 Some(srq) => srq.q.lock().pop_front(),
@@ -220,21 +193,13 @@ pub(super) fn on_send(
                 if g.payload_len == 0 && rx.rtr_expected {
                     return Ok(Action::Rtr);
                 }
-                return Err(fatal(
-                    codes::DDP_UNTAGGED_NO_BUFFER,
-                    g.raw,
-                    WcStatus::WrFlushErr,
-                ));
+                return Err(refuse(codes::DDP_UNTAGGED_NO_BUFFER, g.raw));
             };
             rx.cur_recv = Some(CurRecv { wqe, received: 0 });
         }
         let cur = rx.cur_recv.as_ref().expect("receive in progress");
         if u.mo as u64 != cur.received {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_INVALID_MO,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_INVALID_MO, g.raw));
         }
         if cur.received + g.payload_len as u64 > cur.wqe.len {
             // The receive the message was for completes with a
@@ -252,11 +217,7 @@ pub(super) fn on_send(
             });
             // siw's code for "receive space short"
             // (`siw_send_check_ntoh`): no buffer, 1/2/0x02.
-            return Err(fatal(
-                codes::DDP_UNTAGGED_NO_BUFFER,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_NO_BUFFER, g.raw));
         }
         let mut t = std::mem::take(&mut rx.target);
         sub_spans(&cur.wqe.spans, u.mo as usize, g.payload_len, &mut t);
@@ -282,27 +243,19 @@ pub(super) fn on_read_request(
         // the queue 1 buffer of one Read Request (RFC 5041 section
         // 7.2, RFC 5040 section 4.4).
         if g.payload_len != 0 {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_TOO_LONG,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_TOO_LONG, g.raw));
         }
         if u.msn != rx.rr_msn {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_MSN_RANGE,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_MSN_RANGE, g.raw));
         }
         let rr = ReadRequest::decode(&rx.hdr_bytes[g.hl..g.hl + ReadRequest::LEN])
-            .map_err(|e| fatal(e.term_code(), g.raw, WcStatus::WrFlushErr))?;
+            .map_err(|e| refuse(e.term_code(), g.raw))?;
         let full = rx.hdr_bytes[..g.hl + ReadRequest::LEN].to_vec();
         // The Read Response's tagged offsets run from the sink TO: one
         // that wraps past 2^64 names no buffer (found by the engine_sim
         // fuzz target: composing the response overflowed).
         if rr.sink_to.checked_add(rr.size as u64).is_none() {
-            return Err(fatal(codes::RDMAP_TO_WRAP, &full, WcStatus::WrFlushErr));
+            return Err(refuse(codes::RDMAP_TO_WRAP, &full));
         }
         if rx.rtr_expected && rr.size == 0 {
             // The Read RTR: answered like any zero-length Read (a
@@ -313,11 +266,7 @@ pub(super) fn on_read_request(
         } else {
             let used = c.inbound.load(Ordering::Acquire);
             if used >= c.params.ird.max(1) as usize {
-                return Err(fatal(
-                    codes::RDMAP_CATASTROPHIC_STREAM,
-                    &full,
-                    WcStatus::WrFlushErr,
-                ));
+                return Err(refuse(codes::RDMAP_CATASTROPHIC_STREAM, &full));
             }
             if rr.size == 0 {
                 // Naming a backed region, a zero-length Read is a
@@ -328,12 +277,13 @@ pub(super) fn on_read_request(
                 });
                 Action::ReadReq(rr, flush)
             } else {
-                let mr =
-                    q.core.stags.lookup(rr.src_stag).ok_or_else(|| {
-                        fatal(codes::RDMAP_INVALID_STAG, &full, WcStatus::WrFlushErr)
-                    })?;
+                let mr = q
+                    .core
+                    .stags
+                    .lookup(rr.src_stag)
+                    .ok_or_else(|| refuse(codes::RDMAP_INVALID_STAG, &full))?;
                 mr.check(q.pd, Access::REMOTE_READ, rr.src_to, rr.size as u64)
-                    .map_err(|e| fatal(e.rdmap_code(), &full, WcStatus::WrFlushErr))?;
+                    .map_err(|e| refuse(e.rdmap_code(), &full))?;
                 Action::ReadReq(rr, Some(mr))
             }
         }
@@ -351,36 +301,20 @@ pub(super) fn on_immediate(
     Ok({
         // Exactly eight bytes, one segment, on queue 0's sequence.
         if g.payload_len != 0 {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_TOO_LONG,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_TOO_LONG, g.raw));
         }
         if u.msn != rx.send_msn {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_MSN_RANGE,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_MSN_RANGE, g.raw));
         }
         if !u.last || u.mo != 0 || rx.cur_recv.is_some() {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_INVALID_MO,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_INVALID_MO, g.raw));
         }
         let wqe = match &q.srq {
             Some(srq) => srq.q.lock().pop_front(),
             None => q.rq.lock().pop_front(),
         };
         let Some(wqe) = wqe else {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_NO_BUFFER,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_NO_BUFFER, g.raw));
         };
         let imm = u32::from_be_bytes(rx.hdr_bytes[g.hl..g.hl + 4].try_into().unwrap());
         Action::Imm(wqe, imm, u.opcode.solicited())
@@ -398,21 +332,13 @@ pub(super) fn on_atomic_request(
 ) -> Result<Action, RxEnd> {
     Ok({
         if g.payload_len != 0 {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_TOO_LONG,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_TOO_LONG, g.raw));
         }
         if u.msn != rx.rr_msn {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_MSN_RANGE,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_MSN_RANGE, g.raw));
         }
         let ar = AtomicRequest::decode(&rx.hdr_bytes[g.hl..g.hl + AtomicRequest::LEN])
-            .map_err(|e| fatal(e.term_code(), g.raw, WcStatus::WrFlushErr))?;
+            .map_err(|e| refuse(e.term_code(), g.raw))?;
         // Atomics count against the same inbound limit as Reads.
         let used = c.inbound.load(Ordering::Acquire);
         if used >= c.params.ird.max(1) as usize {
@@ -422,28 +348,20 @@ pub(super) fn on_atomic_request(
                 ird = c.params.ird,
                 "atomic request over our IRD"
             );
-            return Err(fatal(
-                codes::RDMAP_CATASTROPHIC_STREAM,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::RDMAP_CATASTROPHIC_STREAM, g.raw));
         }
         let mr = q
             .core
             .stags
             .lookup(ar.stag)
-            .ok_or_else(|| fatal(codes::RDMAP_INVALID_STAG, g.raw, WcStatus::WrFlushErr))?;
+            .ok_or_else(|| refuse(codes::RDMAP_INVALID_STAG, g.raw))?;
         mr.check(q.pd, Access::REMOTE_ATOMIC, ar.to, 8)
-            .map_err(|e| fatal(e.rdmap_code(), g.raw, WcStatus::WrFlushErr))?;
+            .map_err(|e| refuse(e.rdmap_code(), g.raw))?;
         // A target that is not a naturally aligned 64-bit word has
         // no code of its own in RFC 7306: remote operation error.
-        let target = mr.atomic_target(ar.to).ok_or_else(|| {
-            fatal(
-                codes::RDMAP_OPERATION_UNSPECIFIED,
-                g.raw,
-                WcStatus::WrFlushErr,
-            )
-        })?;
+        let target = mr
+            .atomic_target(ar.to)
+            .ok_or_else(|| refuse(codes::RDMAP_OPERATION_UNSPECIFIED, g.raw))?;
         Action::AtomicReq(ar, mr, target)
     })
 }
@@ -458,21 +376,13 @@ pub(super) fn on_atomic_response(
 ) -> Result<Action, RxEnd> {
     Ok({
         if g.payload_len != 0 {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_TOO_LONG,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_TOO_LONG, g.raw));
         }
         if u.msn != rx.atomic_resp_msn {
-            return Err(fatal(
-                codes::DDP_UNTAGGED_MSN_RANGE,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::DDP_UNTAGGED_MSN_RANGE, g.raw));
         }
         let resp = AtomicResponse::decode(&rx.hdr_bytes[g.hl..g.hl + AtomicResponse::LEN])
-            .map_err(|e| fatal(e.term_code(), g.raw, WcStatus::WrFlushErr))?;
+            .map_err(|e| refuse(e.term_code(), g.raw))?;
         // It must answer the oldest outstanding request, an atomic
         // with this identifier.
         let sq = q.sq.lock();
@@ -485,11 +395,7 @@ pub(super) fn on_atomic_response(
             })
         });
         if expected.is_none() {
-            return Err(fatal(
-                codes::RDMAP_UNEXPECTED_OPCODE,
-                g.raw,
-                WcStatus::WrFlushErr,
-            ));
+            return Err(refuse(codes::RDMAP_UNEXPECTED_OPCODE, g.raw));
         }
         drop(sq);
         Action::AtomicResp(resp)
