@@ -37,10 +37,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-/// The QPs by number, shared by the snapshot's readers, each with whether
-/// its last `progress` stopped at its budget (input may be staged that the
-/// socket no longer shows).
-type Qps = Arc<Vec<(u32, Weak<QueuePair>, Arc<AtomicBool>)>>;
+/// The QPs by number, shared by the snapshot's readers.
+type Qps = Arc<Vec<(u32, Weak<QueuePair>)>>;
 
 /// How long a lease lasts without an empty poll.
 pub const LEASE: Duration = Duration::from_millis(1);
@@ -97,7 +95,7 @@ impl Spin {
     pub fn add(&self, qpn: u32, qp: &Arc<QueuePair>) {
         let mut g = self.qps.write();
         let mut v = g.as_ref().clone();
-        v.push((qpn, Arc::downgrade(qp), Arc::default()));
+        v.push((qpn, Arc::downgrade(qp)));
         *g = Arc::new(v);
     }
 
@@ -105,7 +103,7 @@ impl Spin {
     pub fn remove(&self, qpn: u32) {
         let mut g = self.qps.write();
         let mut v = g.as_ref().clone();
-        v.retain(|(n, _, _)| *n != qpn);
+        v.retain(|(n, _)| *n != qpn);
         *g = Arc::new(v);
     }
 
@@ -124,22 +122,20 @@ impl Spin {
         }
         self.last.store(now_us(), Ordering::Release);
         let qps = self.qps.read().clone();
-        if idle && self.held() && !qps.iter().any(|(_, _, more)| more.load(Ordering::Relaxed)) {
-            let live: Vec<Arc<QueuePair>> =
-                qps.iter().filter_map(|(_, w, _)| w.upgrade()).collect();
+        if idle && self.held() {
+            // Then every receiver runs, input or not: one may hold staged
+            // bytes that the socket no longer shows (a receiver that
+            // stopped at its budget, one resumed after a pause).
+            let live: Vec<Arc<QueuePair>> = qps.iter().filter_map(|(_, w)| w.upgrade()).collect();
             QueuePair::wait_input_any(&live, IDLE_WAIT);
             self.last.store(now_us(), Ordering::Release);
         }
-        for (_, w, more) in qps.iter() {
-            let Some(q) = w.upgrade() else { continue };
+        for q in qps.iter().filter_map(|(_, w)| w.upgrade()) {
             if !q.is_busy_poll() {
                 // Fails for a QP not connected yet: nothing to drive.
                 let _ = q.set_busy_poll(true);
             }
-            // Ask the socket first: a `recv` that finds nothing locks it.
-            if more.load(Ordering::Relaxed) || q.input_ready() {
-                more.store(q.progress(), Ordering::Relaxed);
-            }
+            q.progress();
         }
         // After the QPs went busy, so that a concurrent `release` (which
         // clears the flag first, then the QPs) never leaves a QP busy with
@@ -151,7 +147,7 @@ impl Spin {
     pub fn release(&self) {
         if self.held.swap(false, Ordering::AcqRel) {
             let qps = self.qps.read().clone();
-            for q in qps.iter().filter_map(|(_, w, _)| w.upgrade()) {
+            for q in qps.iter().filter_map(|(_, w)| w.upgrade()) {
                 if q.is_busy_poll() {
                     let _ = q.set_busy_poll(false);
                 }

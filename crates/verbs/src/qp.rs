@@ -472,22 +472,6 @@ impl QueuePair {
         self.iwarp().is_some_and(|c| c.input_waiting())
     }
 
-    /// Busy-poll mode: whether [`QueuePair::progress`] may find something
-    /// to do. Over TCP: whether the socket is readable (or failed, or hung
-    /// up), asked with a `poll` that does not lock the socket as a `recv`
-    /// finding nothing does (a loop of those held up the softirq filling
-    /// the socket: 270,000 a second beside 58,000 reads with data in a
-    /// 64 KiB `ib_write_bw`). Through the same-host ring, and before a
-    /// connection, always true: `progress` is a memory read there. A
-    /// receiver that stopped at its budget may hold staged input the
-    /// socket does not show: call `progress` again when it returned true.
-    pub fn input_ready(&self) -> bool {
-        match self.iwarp() {
-            Some(c) if !c.input_in_ring() => c.fd().is_none_or(crate::sys::readable_now),
-            _ => true,
-        }
-    }
-
     /// Busy-poll mode, for a thread that drives `qps` and has found nothing
     /// for a while: waits in the kernel up to `timeout` until one of them
     /// has input on its socket (or failed, or hung up); whether one has.

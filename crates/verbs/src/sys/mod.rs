@@ -6,9 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 mod wait;
-pub use wait::{
-    readable_now, wait_any_readable, wait_writable, Epoll, EventFd, EV_ERR, EV_IN, EV_OUT,
-};
+pub use wait::{wait_any_readable, wait_writable, Epoll, EventFd, EV_ERR, EV_IN, EV_OUT};
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {

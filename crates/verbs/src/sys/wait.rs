@@ -156,12 +156,6 @@ pub fn wait_writable(fd: RawFd) {
     poll_any(&[fd], libc::POLLOUT, None);
 }
 
-/// Whether `fd` has input, an error or a hang-up waiting, asked without
-/// waiting or locking the socket (a `recv` that finds nothing locks it).
-pub fn readable_now(fd: RawFd) -> bool {
-    poll_any(&[fd], libc::POLLIN, Some(std::time::Duration::ZERO))
-}
-
 /// Waits up to `timeout` until one of `fds` has input, an error or a
 /// hang-up; whether one has.
 pub fn wait_any_readable(fds: &[RawFd], timeout: std::time::Duration) -> bool {
