@@ -19,6 +19,9 @@
 #                                        the median pair is shown, and the
 #                                        range of the ratios)
 #   PATHS="tcp same-host private"       (the paths to run, in this order)
+#   MD=1                                (markdown table rows, the format of
+#                                        BENCHMARKS.md; scripts/bench-report.sh
+#                                        uses it)
 #
 # Needs `cargo build --release --workspace` and Debian's perftest.
 set -euo pipefail
@@ -73,15 +76,17 @@ perftest() {
   CPU_S=$(cpu_of "$tmp/s"); CPU_C=$(cpu_of "$tmp/c")
 }
 
+md_size() { awk -v s="$1" 'BEGIN { if (s >= 1048576) printf "%d MiB", s / 1048576; else if (s >= 1024) printf "%d KiB", s / 1024; else printf "%d B", s }'; }
+
 json_num() { grep -o "\"$1\":[0-9.eE+-]*" <<<"$2" | head -1 | cut -d: -f2; }
 
-printf '%-9s %-12s %8s | %-46s | %-46s | %6s\n' path test size "drop-in (CPU srv,cli)" "softrdma bench (CPU srv,cli)" ratio
+[ "${MD:-}" = 1 ] || printf '%-9s %-12s %8s | %-46s | %-46s | %6s\n' path test size "drop-in (CPU srv,cli)" "softrdma bench (CPU srv,cli)" ratio
 for path in ${PATHS:-tcp same-host private}; do
   if [ $path = tcp ]; then flag=--tcp-only; benchflag=--no-same-host; else flag=""; benchflag=""; fi
   # private: the same-host path with SOFTRDMA_SHARE_MR=0 on the drop-in
   # (perftest's malloc buffers stay private; the peer reaches them with
   # process_vm_writev/readv).
-  if [ $path = private ]; then export SOFTRDMA_SHARE_MR=0; else unset SOFTRDMA_SHARE_MR; fi
+  if [ $path = private ]; then export SOFTRDMA_SHARE_MR=0; envp="SOFTRDMA_SHARE_MR=0 "; else unset SOFTRDMA_SHARE_MR; envp=""; fi
   for size in 65536 1048576; do
     # REPS pairs, each the drop-in then the bench back to back; the line
     # shows the pair whose ratio is the median (loopback rates on a shared
@@ -101,8 +106,12 @@ for path in ${PATHS:-tcp same-host private}; do
     range="${sorted[0]%%|*}-${sorted[-1]%%|*}"
     # perftest's bandwidth tests report no per-message latency; the bench's
     # is post-to-completion of its signaled WRs (how long a WR waited).
-    printf '%-9s %-12s %8s | %7s Gbit/s (%s, %s)%18s | %7s Gbit/s p99 %7s us (%s, %s) | %6s  (%s of %s)\n' $path write_bw "$size" \
+    [ "${MD:-}" = 1 ] || printf '%-9s %-12s %8s | %7s Gbit/s (%s, %s)%18s | %7s Gbit/s p99 %7s us (%s, %s) | %6s  (%s of %s)\n' $path write_bw "$size" \
       "$d_gbps" "$CPU_S" "$CPU_C" "" "$b_gbps" "$(json_num lat_us_p99 "$j")" "$(json_num cpu_server "$j")" "$(json_num cpu_client "$j")" "$ratio" "$range" "$REPS"
+    # shellcheck disable=SC2016 # the backquotes are markdown
+    if [ "${MD:-}" = 1 ]; then printf '| %s | ib_write_bw | %s | %s Gbit/s | - | %s, %s | %s Gbit/s, p99 %s us, CPU %s, %s | %s (%s of %s) | `%ssoftrdma run%s -- ib_write_bw -R -s %s -D %s` vs `softrdma bench --loopback --test write_bw --size %s --duration %s%s` |\n' \
+      "$path" "$(md_size "$size")" "$d_gbps" "$CPU_S" "$CPU_C" "$b_gbps" "$(json_num lat_us_p99 "$j")" "$(json_num cpu_server "$j")" "$(json_num cpu_client "$j")" \
+      "$ratio" "$range" "$REPS" "$envp" "${flag:+ $flag}" "$size" "$SECS" "$size" "$SECS" "${benchflag:+ $benchflag}"; fi
   done
   perftest "$flag" ib_read_lat 8 -n "$LAT_ITERS"
   # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
@@ -110,8 +119,13 @@ for path in ${PATHS:-tcp same-host private}; do
   j=$("$S" bench --loopback --test read_lat --size 8 --iters "$LAT_ITERS" --json $benchflag 2>/dev/null | tail -1)
   b_p50=$(json_num lat_us_p50 "$j"); b_p99=$(json_num lat_us_p99 "$j")
   ratio=$(awk -v a="$d_p50" -v b="$b_p50" 'BEGIN { printf "%.2f", b / a }')
-  printf '%-9s %-12s %8s | p50 %6s p99 %7s us (%s, %s) | p50 %6s p99 %7s us (%s, %s) | %6s\n' $path read_lat 8 \
+  [ "${MD:-}" = 1 ] || printf '%-9s %-12s %8s | p50 %6s p99 %7s us (%s, %s) | p50 %6s p99 %7s us (%s, %s) | %6s\n' $path read_lat 8 \
     "$d_p50" "$d_p99" "$CPU_S" "$CPU_C" "$b_p50" "$b_p99" "$(json_num cpu_server "$j")" "$(json_num cpu_client "$j")" "$ratio"
+  # shellcheck disable=SC2016 # the backquotes are markdown
+  if [ "${MD:-}" = 1 ]; then printf '| %s | ib_read_lat | 8 B | p50 %s us | %s us | %s, %s | p50 %s us, p99 %s us, CPU %s, %s | %s | `%ssoftrdma run%s -- ib_read_lat -R -s 8 -n %s` vs `softrdma bench --loopback --test read_lat --size 8 --iters %s%s` |\n' \
+    "$path" "$d_p50" "$d_p99" "$CPU_S" "$CPU_C" "$b_p50" "$b_p99" "$(json_num cpu_server "$j")" "$(json_num cpu_client "$j")" "$ratio" \
+    "$envp" "${flag:+ $flag}" "$LAT_ITERS" "$LAT_ITERS" "${benchflag:+ $benchflag}"; fi
 done
+if [ "${MD:-}" = 1 ]; then exit 0; fi
 echo "ratio: drop-in / softrdma bench (rate; the median of REPS pairs, their range after it), softrdma bench / drop-in (p50 latency); target >= 0.9"
 echo "write_bw p99: the bench's post-to-completion time of a signaled WR; perftest's bw tests report none"
