@@ -42,14 +42,20 @@ pub(crate) use place::{
 pub struct Access(pub u32);
 
 impl Access {
+    /// Local read: always granted (the zero flag).
     pub const LOCAL_READ: Access = Access(0);
+    /// The engine may write into the region locally (receives, Read responses, atomic results).
     pub const LOCAL_WRITE: Access = Access(1);
+    /// Peers may RDMA Write into the region.
     pub const REMOTE_WRITE: Access = Access(2);
+    /// Peers may RDMA Read from the region.
     pub const REMOTE_READ: Access = Access(4);
+    /// Peers may run RFC 7306 atomics on the region.
     pub const REMOTE_ATOMIC: Access = Access(8);
     /// Everything.
     pub const ALL: Access = Access(15);
 
+    /// Whether every right in `other` is also in `self`.
     pub fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
@@ -194,7 +200,9 @@ impl std::fmt::Debug for MrInner {
 pub struct AccessGuard {
     /// Address, in this process, of an 8-byte aligned `AtomicU64`.
     pub word: usize,
+    /// Bits of the word that are compared.
     pub mask: u64,
+    /// The value the masked word must hold for access to be granted.
     pub expect: u64,
     /// The word's offset in the region's shared file ([`crate::RegOptions::shared`]),
     /// so that same-host peers check it too. Without it the region is not
