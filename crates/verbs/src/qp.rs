@@ -486,16 +486,22 @@ impl QueuePair {
     /// for a while: waits in the kernel up to `timeout` until one of them
     /// has input on its socket (or failed, or hung up); whether one has.
     /// Returns false at once when one reads the same-host ring (where a
-    /// spin is what pays) or none is connected.
-    pub fn wait_input_any(qps: &[Arc<QueuePair>], timeout: Duration) -> bool {
-        let mut fds = Vec::with_capacity(qps.len());
-        for q in qps {
-            if q.input_in_ring() {
+    /// spin is what pays) or none is connected. `qps` is walked twice (a
+    /// slice of QPs, or an iterator that upgrades weak references); up to
+    /// 32 QPs nothing is allocated.
+    pub fn wait_input_any<I>(qps: I, timeout: Duration) -> bool
+    where
+        I: IntoIterator,
+        I::Item: AsRef<QueuePair>,
+        I::IntoIter: Clone,
+    {
+        let qps = qps.into_iter();
+        for q in qps.clone() {
+            if q.as_ref().input_in_ring() {
                 return false;
             }
-            fds.extend(q.input_fd());
         }
-        !fds.is_empty() && crate::sys::wait_any_readable(&fds, timeout)
+        crate::sys::wait_any_readable(qps.filter_map(|q| q.as_ref().input_fd()), timeout)
     }
 
     /// Busy-poll mode: whether this QP's input comes through the same-host
