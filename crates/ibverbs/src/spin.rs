@@ -126,8 +126,8 @@ impl Spin {
             // Then every receiver runs, input or not: one may hold staged
             // bytes that the socket no longer shows (a receiver that
             // stopped at its budget, one resumed after a pause).
-            let live: Vec<Arc<QueuePair>> = qps.iter().filter_map(|(_, w)| w.upgrade()).collect();
-            QueuePair::wait_input_any(&live, IDLE_WAIT);
+            let live = qps.iter().filter_map(|(_, w)| w.upgrade());
+            QueuePair::wait_input_any(live, IDLE_WAIT);
             self.last.store(now_us(), Ordering::Release);
         }
         for q in qps.iter().filter_map(|(_, w)| w.upgrade()) {

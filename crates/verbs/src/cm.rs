@@ -513,10 +513,12 @@ fn handshake(mut s: TcpStream, peer: SocketAddr, deadline: Duration) -> Option<C
 }
 
 impl Listener {
+    /// The address the listener is bound to (its port, when it was asked for port 0).
     pub fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.addr)
     }
 
+    /// The device whose QPs accept this listener's connections.
     pub fn device(&self) -> &Device {
         &self.dev
     }
@@ -612,15 +614,19 @@ impl std::fmt::Debug for ConnectRequest {
 }
 
 impl ConnectRequest {
+    /// The initiator's MPA private data (without softrdma's extension block).
     pub fn private_data(&self) -> &[u8] {
         &self.frame.private_data
     }
+    /// The initiator's TCP address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
     }
+    /// The MPA revision the initiator offered (1 or 2).
     pub fn mpa_revision(&self) -> u8 {
         self.frame.revision
     }
+    /// Whether the initiator asked for MPA CRC32c on every FPDU.
     pub fn crc_requested(&self) -> bool {
         self.frame.crc
     }

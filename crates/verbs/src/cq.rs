@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum WcStatus {
     #[default]
+    /// The operation completed.
     Success,
     /// Local length error: a received message was longer than the buffer.
     LocLenErr,
@@ -37,6 +38,7 @@ pub enum WcStatus {
     RetryExcErr,
     /// Fatal error.
     FatalErr,
+    /// Any other failure (`IBV_WC_GENERAL_ERR`).
     GeneralErr,
     /// A one-shot advertisement was cancelled
     /// ([`crate::QueuePair::cancel_advertisement`]) before the peer closed
@@ -52,16 +54,24 @@ pub enum WcStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum WcOpcode {
     #[default]
+    /// A Send (any flavour: with Invalidate, Solicited Event, one-shot advertise or close).
     Send,
+    /// An RDMA Write (also a Write with immediate, at the initiator).
     RdmaWrite,
+    /// An RDMA Read: the bytes are in the local buffer.
     RdmaRead,
+    /// A local invalidate of an STag.
     LocalInv,
+    /// A fast-register of a region.
     RegMr,
+    /// A receive: a Send arrived into a posted receive buffer.
     Recv,
     /// An RFC 7306 Immediate Data message arrived (alone, or after an RDMA
     /// Write with immediate): see [`WorkCompletion::imm_data`].
     RecvWithImm,
+    /// An RFC 7306 compare-and-swap; the original value is in the local SGE.
     CompSwap,
+    /// An RFC 7306 fetch-and-add; the original value is in the local SGE.
     FetchAdd,
     /// A [`crate::WrOp::Flush`] completed: the peer's earlier Writes are
     /// durable (or placed, for a region in memory).
@@ -79,11 +89,16 @@ pub enum WcOpcode {
 /// One completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WorkCompletion {
+    /// The `wr_id` of the work request this completes.
     pub wr_id: u64,
+    /// Success, or why the request failed (then only `wr_id`, `opcode` and
+    /// `qp_num` are meaningful).
     pub status: WcStatus,
+    /// The kind of operation completed.
     pub opcode: WcOpcode,
     /// Bytes received (receive completions) or transferred.
     pub byte_len: u32,
+    /// The QP the work request was posted on.
     pub qp_num: crate::Qpn,
     /// The STag the peer invalidated with Send with Invalidate.
     pub invalidated_rkey: Option<crate::Rkey>,
@@ -105,6 +120,7 @@ pub struct WorkCompletion {
 }
 
 impl WorkCompletion {
+    /// Whether the status is [`WcStatus::Success`].
     pub fn is_ok(&self) -> bool {
         self.status == WcStatus::Success
     }
@@ -317,6 +333,7 @@ impl CompletionQueue {
         self.inner.q.lock().len()
     }
 
+    /// Whether no completion waits to be polled.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -331,6 +348,7 @@ impl CompletionQueue {
         self.inner.dropped.load(Ordering::Relaxed)
     }
 
+    /// The CQ's number on its device (as `softrdma info` shows it).
     pub fn id(&self) -> u32 {
         self.inner.id
     }

@@ -59,6 +59,13 @@ impl Device {
         Device::open(DeviceConfig::default())
     }
 
+    /// Opens a device with `config` and starts its progress threads (and,
+    /// with `config.same_host`, its same-host segment; without one it
+    /// carries on over TCP).
+    ///
+    /// Fails with [`Error::InvalidArgument`] for zero progress threads or a
+    /// `max_ulpdu` outside 128..=65533, and with [`Error::Io`] when a
+    /// progress thread or its timer cannot be created.
     pub fn open(config: DeviceConfig) -> Result<Device> {
         if config.progress_threads == 0 {
             return Err(Error::inval("progress_threads must be > 0"));
@@ -120,6 +127,7 @@ impl Device {
         })
     }
 
+    /// The device's name (`DeviceConfig::name`), as `softrdma info` lists it.
     pub fn name(&self) -> &str {
         &self.rt.core.config.name
     }
@@ -144,14 +152,17 @@ impl Device {
         core.has_post_checks.store(!v.is_empty(), Ordering::Release);
     }
 
+    /// The local IP address connections are made from and listeners bind to by default.
     pub fn addr(&self) -> IpAddr {
         self.rt.core.config.addr
     }
 
+    /// The device's limits.
     pub fn attr(&self) -> DeviceAttr {
         self.rt.core.config.attr
     }
 
+    /// Allocates a protection domain: the scope of memory registrations and QPs that may use them.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         let id = self.rt.core.next_pd.fetch_add(1, Ordering::Relaxed);
         Ok(ProtectionDomain {
@@ -160,6 +171,10 @@ impl Device {
         })
     }
 
+    /// Creates a completion queue holding up to `depth` completions (further ones are dropped and
+    /// counted, see [`CompletionQueue::overflowed`]).
+    ///
+    /// Fails with [`Error::InvalidArgument`] when `depth` exceeds [`DeviceAttr::max_cqe`].
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
         if depth > self.attr().max_cqe as usize {
             return Err(Error::inval("CQ depth above max_cqe"));
@@ -234,10 +249,12 @@ impl std::fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// The PD's number on its device.
     pub fn id(&self) -> u32 {
         self.id
     }
 
+    /// The device this PD belongs to.
     pub fn device(&self) -> &Device {
         &self.dev
     }
@@ -247,6 +264,7 @@ impl ProtectionDomain {
         self.alloc_mr_with(len, access, RegOptions::default())
     }
 
+    /// [`ProtectionDomain::alloc_mr`] with registration options.
     pub fn alloc_mr_with(
         &self,
         len: usize,
@@ -273,6 +291,9 @@ impl ProtectionDomain {
         self.register_with(buf, access, RegOptions::default())
     }
 
+    /// [`ProtectionDomain::register`] with registration options; an access guard is refused with
+    /// [`Error::InvalidArgument`] (it needs [`ProtectionDomain::register_raw`] or
+    /// [`ProtectionDomain::register_owned`]).
     pub fn register_with(
         &self,
         buf: Vec<u8>,

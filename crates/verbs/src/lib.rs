@@ -97,6 +97,7 @@
 //! is on for the workspace).
 
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
 
 mod backend;
 mod cm;

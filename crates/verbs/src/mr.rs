@@ -32,35 +32,12 @@ use softrdma_wire::TermCode;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod access;
 mod place;
+pub use access::Access;
 pub(crate) use place::{
     atomic_apply, copy_from_spans, copy_into_spans, copy_spans_into_spans, crc_spans,
 };
-
-/// Access rights of a memory region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub struct Access(pub u32);
-
-impl Access {
-    pub const LOCAL_READ: Access = Access(0);
-    pub const LOCAL_WRITE: Access = Access(1);
-    pub const REMOTE_WRITE: Access = Access(2);
-    pub const REMOTE_READ: Access = Access(4);
-    pub const REMOTE_ATOMIC: Access = Access(8);
-    /// Everything.
-    pub const ALL: Access = Access(15);
-
-    pub fn contains(self, other: Access) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl std::ops::BitOr for Access {
-    type Output = Access;
-    fn bitor(self, o: Access) -> Access {
-        Access(self.0 | o.0)
-    }
-}
 
 /// What keeps a region's memory alive.
 pub(crate) enum Backing {
@@ -194,7 +171,9 @@ impl std::fmt::Debug for MrInner {
 pub struct AccessGuard {
     /// Address, in this process, of an 8-byte aligned `AtomicU64`.
     pub word: usize,
+    /// Bits of the word that are compared.
     pub mask: u64,
+    /// The value the masked word must hold for access to be granted.
     pub expect: u64,
     /// The word's offset in the region's shared file ([`crate::RegOptions::shared`]),
     /// so that same-host peers check it too. Without it the region is not

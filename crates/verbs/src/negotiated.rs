@@ -5,13 +5,17 @@
 /// What both ends agreed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Negotiated {
+    /// The MPA revision in use (1 or 2).
     pub revision: u8,
+    /// Whether every FPDU carries an MPA CRC32c.
     pub crc: bool,
     /// Inbound Reads we accept.
     pub ird: u16,
     /// Outbound Reads we may have in flight.
     pub ord: u16,
+    /// Peer-to-peer mode: a ready-to-receive frame was exchanged (MPA v2).
     pub p2p: bool,
+    /// This end initiated the connection (the active side).
     pub initiator: bool,
     /// Both ends run softrdma's extensions with `ext::LARGE_SEGMENTS`:
     /// FPDUs go out back to back in batches, not one per TCP segment.

@@ -106,6 +106,7 @@ impl Pipe {
         PipeEnd {
             pipe: Arc::clone(self),
             side,
+            scratch: Mutex::new(Vec::new()),
         }
     }
 
@@ -115,8 +116,7 @@ impl Pipe {
         let mut st = self.st.lock();
         let d = &mut st.dir[from];
         let k = n.min(d.flight.len());
-        let moved: Vec<u8> = d.flight.drain(..k).collect();
-        d.ready.extend(moved);
+        d.ready.extend(d.flight.drain(..k));
         k
     }
 
@@ -197,12 +197,32 @@ impl Pipe {
 pub(crate) struct PipeEnd {
     pipe: Arc<Pipe>,
     side: usize,
+    /// The engine's copy buffer for reads and writes, kept so that the
+    /// simulated connection allocates nothing per read or write in the
+    /// steady state (as a socket does not): `tests/rx_alloc.rs` counts.
+    scratch: Mutex<Vec<u8>>,
 }
 
 impl PipeEnd {
     /// Reads up to `max` bytes (a random short read when more wait).
     /// Empty: the end of the stream.
+    #[cfg(test)]
     pub fn read(&self, max: usize) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_into(max, &mut out)?;
+        Ok(out)
+    }
+
+    /// The buffer the engine copies through ([`PipeEnd::read_into`],
+    /// [`PipeEnd::push`]), kept between calls.
+    pub fn scratch(&self) -> parking_lot::MutexGuard<'_, Vec<u8>> {
+        self.scratch.lock()
+    }
+
+    /// Reads up to `max` bytes into `out` (cleared first; a random short
+    /// read when more wait) and returns how many; 0: the end of the stream.
+    pub fn read_into(&self, max: usize, out: &mut Vec<u8>) -> io::Result<usize> {
+        out.clear();
         let mut st = self.pipe.st.lock();
         let side = self.side;
         if st.end[side].closed {
@@ -216,12 +236,13 @@ impl PipeEnd {
                 return Err(io::ErrorKind::ConnectionReset.into());
             }
             if d.fin && d.flight.is_empty() {
-                return Ok(Vec::new());
+                return Ok(0);
             }
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let k = max.min(d.ready.len()).min(pick);
-        Ok(d.ready.drain(..k).collect())
+        out.extend(d.ready.drain(..k));
+        Ok(k)
     }
 
     /// How many bytes a write may take now (at most `want`).

@@ -37,12 +37,16 @@ pub struct Poller {
 pub struct Waker(Arc<EventFd>);
 
 impl Waker {
+    /// Makes the current or next [`Poller::wait`] return.
     pub fn wake(&self) {
         self.0.signal();
     }
 }
 
 impl Poller {
+    /// Creates a poller with no QP in it.
+    ///
+    /// Fails with [`Error::Io`](crate::Error::Io) when the epoll or event descriptor cannot be created.
     pub fn new() -> Result<Poller> {
         let epoll = Epoll::new()?;
         let wake = Arc::new(EventFd::new()?);
@@ -54,6 +58,7 @@ impl Poller {
         })
     }
 
+    /// A handle that wakes this poller from another thread.
     pub fn waker(&self) -> Waker {
         Waker(self.wake.clone())
     }

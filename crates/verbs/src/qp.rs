@@ -27,9 +27,13 @@ use std::time::{Duration, Instant};
 /// How a QP is created (`ibv_qp_init_attr`).
 #[derive(Debug, Clone)]
 pub struct QpInitAttr {
+    /// The CQ that send work requests complete on.
     pub send_cq: CompletionQueue,
+    /// The CQ that receive work requests complete on.
     pub recv_cq: CompletionQueue,
+    /// A shared receive queue to take receive buffers from instead of the QP's own.
     pub srq: Option<SharedReceiveQueue>,
+    /// Queue sizes.
     pub caps: QpCaps,
     /// Every send WR generates a completion, whatever its flags.
     pub sq_sig_all: bool,
@@ -41,6 +45,7 @@ pub struct QpInitAttr {
 }
 
 impl QpInitAttr {
+    /// Attributes for a QP whose sends and receives both complete on `cq`, with default sizes.
     pub fn new(cq: &CompletionQueue) -> QpInitAttr {
         QpInitAttr {
             send_cq: cq.clone(),
@@ -128,14 +133,17 @@ impl QueuePair {
         })
     }
 
+    /// The QP's number on its device.
     pub fn qp_num(&self) -> crate::Qpn {
         crate::Qpn::from_raw(self.inner.qpn)
     }
 
+    /// The QP's current state.
     pub fn state(&self) -> QpState {
         self.inner.state()
     }
 
+    /// The protection domain the QP was created in.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
     }
@@ -161,10 +169,12 @@ impl QueuePair {
         self.inner.negotiated()
     }
 
+    /// The local TCP address, once connected over TCP.
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         self.inner.transport.get()?.addrs().map(|a| a.0)
     }
 
+    /// The peer's TCP address, once connected over TCP.
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         self.inner.transport.get()?.addrs().map(|a| a.1)
     }
@@ -476,16 +486,22 @@ impl QueuePair {
     /// for a while: waits in the kernel up to `timeout` until one of them
     /// has input on its socket (or failed, or hung up); whether one has.
     /// Returns false at once when one reads the same-host ring (where a
-    /// spin is what pays) or none is connected.
-    pub fn wait_input_any(qps: &[Arc<QueuePair>], timeout: Duration) -> bool {
-        let mut fds = Vec::with_capacity(qps.len());
-        for q in qps {
-            if q.input_in_ring() {
+    /// spin is what pays) or none is connected. `qps` is walked twice (a
+    /// slice of QPs, or an iterator that upgrades weak references); up to
+    /// 32 QPs nothing is allocated.
+    pub fn wait_input_any<I>(qps: I, timeout: Duration) -> bool
+    where
+        I: IntoIterator,
+        I::Item: AsRef<QueuePair>,
+        I::IntoIter: Clone,
+    {
+        let qps = qps.into_iter();
+        for q in qps.clone() {
+            if q.as_ref().input_in_ring() {
                 return false;
             }
-            fds.extend(q.input_fd());
         }
-        !fds.is_empty() && crate::sys::wait_any_readable(&fds, timeout)
+        crate::sys::wait_any_readable(qps.filter_map(|q| q.as_ref().input_fd()), timeout)
     }
 
     /// Busy-poll mode: whether this QP's input comes through the same-host

@@ -5,12 +5,17 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum QpState {
+    /// Created; nothing may be posted.
     Reset = 0,
+    /// Receives may be posted; not connected yet.
     Init = 1,
+    /// Ready to receive: connected for the receive side.
     Rtr = 2,
+    /// Ready to send: connected; sends run.
     Rts = 3,
     /// Send queue drain: WRs already started finish, new ones wait.
     Sqd = 4,
+    /// Failed or disconnected: outstanding work requests are flushed and new ones refused.
     Error = 5,
 }
 

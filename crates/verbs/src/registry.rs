@@ -29,40 +29,65 @@ pub fn dir() -> PathBuf {
 /// What `Device::info` reports.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
+    /// The device's name.
     pub name: String,
+    /// The local IP address the device is bound to.
     pub addr: IpAddr,
+    /// Progress threads the device runs.
     pub progress_threads: usize,
+    /// Its queue pairs.
     pub qps: Vec<QpInfo>,
+    /// Its memory regions.
     pub mrs: Vec<MrInfo>,
     /// Bytes `alloc_mr` holds in shared chunks (same-host peers map them).
     pub shared_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
+/// One queue pair in a [`DeviceInfo`].
 pub struct QpInfo {
+    /// The QP number.
     pub qpn: u32,
+    /// Its protection domain's number.
     pub pd: u32,
+    /// Its state.
     pub state: crate::qp_state::QpState,
+    /// Local address, once connected.
     pub local: Option<std::net::SocketAddr>,
+    /// Peer address, once connected.
     pub peer: Option<std::net::SocketAddr>,
+    /// Send work requests posted and not yet completed.
     pub sq_outstanding: usize,
+    /// Receive work requests posted and not yet consumed.
     pub rq_posted: usize,
+    /// Negotiated MPA revision (0 before the connection).
     pub mpa_revision: u8,
+    /// Whether FPDUs carry an MPA CRC.
     pub crc: bool,
+    /// Negotiated inbound RDMA Read depth.
     pub ird: u16,
+    /// Negotiated outbound RDMA Read depth.
     pub ord: u16,
     /// Writes and Reads reach the peer directly (same-host transport).
     pub same_host: bool,
 }
 
 #[derive(Debug, Clone)]
+/// One memory region in a [`DeviceInfo`].
 pub struct MrInfo {
+    /// The region's STag.
     pub stag: u32,
+    /// Its protection domain's number.
     pub pd: u32,
+    /// The virtual address it starts at.
     pub iova: u64,
+    /// Length in bytes.
     pub len: u64,
+    /// Its access rights.
     pub access: Access,
+    /// Whether the STag is valid (not invalidated).
     pub valid: bool,
+    /// Whether it is a fast-register region.
     pub fast_reg: bool,
 }
 

@@ -40,6 +40,7 @@ impl<'a> MemSpans<'a> {
         self.len
     }
 
+    /// Whether the spans hold no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -62,12 +62,15 @@ impl SharedReceiveQueue {
         self.inner.q.lock().len()
     }
 
+    /// Whether no receive buffer is posted.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
 impl ProtectionDomain {
+    /// Creates a shared receive queue of up to `max_wr` receive work requests with up to `max_sge`
+    /// SGEs each, for QPs of this PD ([`QpInitAttr::srq`](crate::QpInitAttr::srq)).
     pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> Result<SharedReceiveQueue> {
         SharedReceiveQueue::new(self, max_wr, max_sge)
     }

@@ -27,12 +27,15 @@ impl Stag {
     pub const fn from_raw(raw: u32) -> Stag {
         Stag(raw)
     }
+    /// The 32-bit value (as an lkey, an rkey or a wire field).
     pub const fn raw(self) -> u32 {
         self.0
     }
+    /// The 24-bit index into the device's STag table.
     pub const fn index(self) -> u32 {
         self.0 >> 8
     }
+    /// The 8-bit key chosen by the consumer.
     pub const fn key(self) -> u8 {
         self.0 as u8
     }

@@ -175,7 +175,7 @@ pub fn congestion_of(s: &TcpStream) -> Option<String> {
 /// at every multiple of `seg` stream bytes, each with `MSG_EOR` so the
 /// next begins a TCP segment (as the transmitter packs FPDUs into whole
 /// segments), up to
-/// [`crate::sys::MAX_RUNS`] of them per `sendmmsg` (one `sendmsg` each on
+/// 16 of them per `sendmmsg` (one `sendmsg` each on
 /// kernels before 5.3). Blocks until all is written. This is the bench's
 /// `--baseline tcp-segments` pump: what the kernel charges a sender that
 /// must start a segment every FPDU (MPA's 16-bit length caps an FPDU at

@@ -7,8 +7,11 @@ use crate::stag::{Lkey, Rkey};
 /// region whose local key is `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
+    /// Virtual address of the first byte, inside the region.
     pub addr: u64,
+    /// Length in bytes.
     pub length: u32,
+    /// Local key of the region the bytes belong to.
     pub lkey: Lkey,
 }
 
@@ -17,6 +20,7 @@ pub struct Sge {
 pub struct SendFlags(pub u32);
 
 impl SendFlags {
+    /// No flags.
     pub const NONE: SendFlags = SendFlags(0);
     /// Generate a completion (always, whatever the QP's default).
     pub const SIGNALED: SendFlags = SendFlags(1);
@@ -25,6 +29,7 @@ impl SendFlags {
     /// Ask for a solicited event at the receiver (Sends only).
     pub const SOLICITED: SendFlags = SendFlags(4);
 
+    /// Whether every flag in `o` is set in `self`.
     pub fn contains(self, o: SendFlags) -> bool {
         self.0 & o.0 == o.0
     }
@@ -40,51 +45,70 @@ impl std::ops::BitOr for SendFlags {
 /// The operation of a send-queue work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WrOp {
+    /// A Send: the payload lands in the peer's next receive buffer.
     Send,
     /// Send with Invalidate: the peer invalidates `rkey` on receipt.
     SendWithInv {
+        /// The peer's STag to invalidate.
         rkey: Rkey,
     },
+    /// RDMA Write of the SGEs into the peer's memory.
     RdmaWrite {
+        /// Virtual address in the peer's region.
         remote_addr: u64,
+        /// The peer region's remote key.
         rkey: Rkey,
     },
     /// RDMA Read into the (single) local SGE.
     RdmaRead {
+        /// Virtual address in the peer's region.
         remote_addr: u64,
+        /// The peer region's remote key.
         rkey: Rkey,
     },
     /// Invalidate a local STag.
     LocalInv {
+        /// The local STag to invalidate.
         stag: Rkey,
     },
     /// RFC 7306 fetch-and-add on the naturally aligned 64-bit value at
     /// `remote_addr`; the original value lands in the (single, 8-byte)
     /// local SGE. Needs a connection that negotiated RFC 7306.
     AtomicFetchAdd {
+        /// Virtual address of the 8-byte target in the peer's region.
         remote_addr: u64,
+        /// The peer region's remote key.
         rkey: Rkey,
+        /// The value to add.
         add: u64,
     },
     /// RFC 7306 compare-and-swap: if the remote value equals `compare` it
     /// becomes `swap`; the original value lands in the local SGE.
     AtomicCmpSwap {
+        /// Virtual address of the 8-byte target in the peer's region.
         remote_addr: u64,
+        /// The peer region's remote key.
         rkey: Rkey,
+        /// The value the target must hold for the swap.
         compare: u64,
+        /// The value written when it does.
         swap: u64,
     },
     /// RDMA Write followed by an RFC 7306 Immediate Data message carrying
     /// `imm`: the peer gets one receive completion with `imm_data`, after
     /// the written bytes are in place.
     WriteImm {
+        /// Virtual address in the peer's region.
         remote_addr: u64,
+        /// The peer region's remote key.
         rkey: Rkey,
+        /// The immediate value for the peer's receive completion.
         imm: u32,
     },
     /// RFC 7306 Immediate Data: no payload; `imm` arrives in the peer's
     /// receive completion (it consumes one receive WR there, like a Send).
     SendImm {
+        /// The immediate value for the peer's receive completion.
         imm: u32,
     },
     /// One-shot advertise (`docs/one-shot.md`): a Send carrying `stag` in
@@ -93,6 +117,7 @@ pub enum WrOp {
     /// it goes out as a plain Send (advertise then puts the STag at the
     /// start of the payload).
     SendAdvertise {
+        /// The local STag advertised to the peer.
         stag: Rkey,
     },
     /// One-shot close (`docs/one-shot.md`): a Send that closes the peer's
@@ -100,6 +125,7 @@ pub enum WrOp {
     /// binding before it reports the receive. With a peer that did not
     /// negotiate the extension, a Send with Invalidate.
     SendClose {
+        /// The peer's advertised STag to close.
         stag: Rkey,
     },
     /// A flush (barrier) of the peer's region `rkey`: on the wire a
@@ -109,15 +135,22 @@ pub enum WrOp {
     /// its earlier Writes being placed. Completes as [`crate::WcOpcode::Flush`].
     /// No SGEs.
     Flush {
+        /// Virtual address in the peer's region (the Read Request's source).
         remote_addr: u64,
+        /// The peer region's remote key.
         rkey: Rkey,
     },
     /// Bind a fast-register region's index to the memory of `sgl` under a
     /// new key byte, at virtual address `iova`, with `access`.
     FastReg {
+        /// An STag of the fast-register region to bind: its index names the region (the key byte in
+        /// it is ignored).
         index_stag: u32,
+        /// The new key byte.
         key: u8,
+        /// Virtual address the region starts at once bound.
         iova: u64,
+        /// Access rights of the binding.
         access: Access,
     },
 }
@@ -125,13 +158,18 @@ pub enum WrOp {
 /// A send-queue work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
+    /// The caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// The operation and its remote operands.
     pub op: WrOp,
+    /// The local memory: source for sends and writes, destination for reads and atomics.
     pub sgl: Vec<Sge>,
+    /// Completion and ordering flags.
     pub flags: SendFlags,
 }
 
 impl SendWr {
+    /// A Send of `sgl`, signaled.
     pub fn send(wr_id: u64, sgl: &[Sge]) -> SendWr {
         SendWr {
             wr_id,
@@ -140,6 +178,7 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
+    /// A Send with Invalidate of `sgl`: the peer invalidates `rkey` on receipt.
     pub fn send_inv(wr_id: u64, sgl: &[Sge], rkey: Rkey) -> SendWr {
         SendWr {
             wr_id,
@@ -160,6 +199,7 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
+    /// An RDMA Read of `remote_addr` under `rkey` into `sge`.
     pub fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: Rkey) -> SendWr {
         SendWr::read_sgl(wr_id, &[sge], remote_addr, rkey)
     }
@@ -249,6 +289,7 @@ impl SendWr {
             flags: SendFlags::SIGNALED,
         }
     }
+    /// A local invalidate of `stag`.
     pub fn local_inv(wr_id: u64, stag: Rkey) -> SendWr {
         SendWr {
             wr_id,
@@ -277,6 +318,7 @@ impl SendWr {
         self.flags = self.flags | SendFlags::SOLICITED;
         self
     }
+    /// Bytes in the SGL.
     pub fn total_len(&self) -> u64 {
         self.sgl.iter().map(|s| s.length as u64).sum()
     }
@@ -295,11 +337,14 @@ impl SendWr {
 /// A receive work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
+    /// The caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// Where the received message is placed (in order, across the SGEs).
     pub sgl: Vec<Sge>,
 }
 
 impl RecvWr {
+    /// A receive work request into `sgl`.
     pub fn new(wr_id: u64, sgl: &[Sge]) -> RecvWr {
         RecvWr {
             wr_id,

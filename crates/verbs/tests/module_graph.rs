@@ -13,7 +13,7 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use support::{cycles, references, render};
+use support::{assert_no_cycle, assert_small, cycles, references};
 
 /// Files still over the limit, with the most lines they may have.
 const OVERSIZE: &[(&str, usize)] = &[];
@@ -34,23 +34,12 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
 /// them, `progress` when its loop began to serve a `Host` trait.
 #[test]
 fn the_modules_form_no_cycle() {
-    let g = graph();
-    let found = cycles(&g);
-    assert!(
-        found.is_empty(),
-        "import cycles among the modules of crates/verbs: {found:?}\n{}",
-        render(&g)
-    );
+    assert_no_cycle(&graph(), "the modules of crates/verbs");
 }
 
 #[test]
 fn source_files_stay_small() {
-    let (bad, loose) = support::oversize(&src(), OVERSIZE, MAX_LINES);
-    assert!(bad.is_empty(), "source files too long: {bad:?}");
-    assert!(
-        loose.is_empty(),
-        "now within {MAX_LINES} lines: drop them from OVERSIZE: {loose:?}"
-    );
+    assert_small(&src(), OVERSIZE, MAX_LINES);
 }
 
 /// The files of `iwarp/` (one module above) form no cycle among
@@ -64,12 +53,7 @@ fn the_files_of_iwarp_form_no_cycle() {
         g.get("rx").is_some_and(|d| d.contains("rdmap")),
         "the graph sees the files: {g:?}"
     );
-    let found = cycles(&g);
-    assert!(
-        found.is_empty(),
-        "import cycles among the files of crates/verbs/src/iwarp: {found:?}\n{}",
-        render(&g)
-    );
+    assert_no_cycle(&g, "the files of crates/verbs/src/iwarp");
 }
 
 /// The checks themselves: a made-up cycle is found, and references in
@@ -100,4 +84,28 @@ fn the_graph_check_finds_a_cycle() {
         c[0],
         ["x", "y", "z"].iter().map(|s| s.to_string()).collect()
     );
+    let failed = std::panic::catch_unwind(|| assert_no_cycle(&g, "made-up modules"));
+    assert!(failed.is_err(), "assert_no_cycle lets a cycle pass");
+    g.get_mut("z").unwrap().clear();
+    assert_no_cycle(&g, "made-up modules");
+}
+
+/// The ratchet check: a file over the limit fails unless listed, a listed
+/// file within the limit fails too.
+#[test]
+fn the_size_check_fails_on_a_long_file() {
+    let dir = std::env::temp_dir().join(format!("module-graph-size-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("long.rs"), "//\n".repeat(20)).unwrap();
+    let fails = |list: &'static [(&'static str, usize)]| {
+        let d = dir.clone();
+        std::panic::catch_unwind(move || assert_small(&d, list, 10)).is_err()
+    };
+    let (unlisted, listed) = (fails(&[]), fails(&[("long.rs", 20)]));
+    std::fs::write(dir.join("short.rs"), "//\n").unwrap();
+    let listed_short = fails(&[("long.rs", 20), ("short.rs", 5)]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(unlisted, "a long file not listed passes");
+    assert!(!listed, "a long file within its cap fails");
+    assert!(listed_short, "a listed file within the limit passes");
 }

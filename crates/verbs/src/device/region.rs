@@ -72,9 +72,11 @@ impl MemoryRegion {
     pub fn addr(&self) -> u64 {
         self.inner.iova
     }
+    /// Length of the region in bytes.
     pub fn len(&self) -> usize {
         self.inner.len as usize
     }
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.inner.len == 0
     }
@@ -207,9 +209,11 @@ impl FastRegMr {
     pub fn stag_with_key(&self, key: u8) -> Stag {
         Stag::new(self.index, key)
     }
+    /// The region's STag index (24 bits); the key byte is chosen at each fast-register.
     pub fn index(&self) -> u32 {
         self.index
     }
+    /// The number of the protection domain the region belongs to.
     pub fn pd(&self) -> u32 {
         self.pd
     }

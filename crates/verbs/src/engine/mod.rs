@@ -34,14 +34,19 @@ pub(crate) use transport::Transport;
 /// Limits of a device (`ibv_query_device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceAttr {
+    /// Most QPs per device.
     pub max_qp: u32,
+    /// Most work requests per send or receive queue.
     pub max_qp_wr: u32,
+    /// Most SGEs per send or receive work request.
     pub max_sge: u32,
     /// Most local SGEs of an RDMA Read (`ibv_device_attr.max_sge_rd`): a
     /// Read into several is given one sink STag bound over them
     /// (`engine/sink.rs`), so any peer can answer it.
     pub max_sge_rd: u32,
+    /// Most completions per CQ.
     pub max_cqe: u32,
+    /// Most memory regions (STag indices) per device.
     pub max_mr: u32,
     /// Largest message (Send, Write or Read) in bytes.
     pub max_msg_size: u64,
@@ -70,6 +75,7 @@ impl Default for DeviceAttr {
 /// How a device is opened.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
+    /// The device's name (in `softrdma info` and logs).
     pub name: String,
     /// The local address the device is bound to (connections are made from
     /// it; listeners default to it).
@@ -78,6 +84,7 @@ pub struct DeviceConfig {
     pub progress_threads: usize,
     /// Largest ULPDU this side sends in one FPDU (at most 65535 - 2).
     pub max_ulpdu: usize,
+    /// The device's limits, as [`crate::Device::attr`] reports them.
     pub attr: DeviceAttr,
     /// Publish the device's resources for `softrdma info`.
     pub publish: bool,
@@ -130,17 +137,31 @@ impl Default for DeviceConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AsyncEvent {
     /// The peer closed the connection (graceful or not) or we disconnected.
-    Disconnected { qpn: crate::Qpn },
+    Disconnected {
+        /// The QP.
+        qpn: crate::Qpn,
+    },
     /// The QP went to ERROR because of a Terminate (sent or received).
     Terminated {
+        /// The QP.
         qpn: crate::Qpn,
+        /// The Terminate's layer, type and code.
         code: softrdma_wire::TermCode,
+        /// The peer sent it (else this end did).
         by_peer: bool,
     },
     /// The QP went to ERROR for a local reason.
-    QpFatal { qpn: crate::Qpn, reason: String },
+    QpFatal {
+        /// The QP.
+        qpn: crate::Qpn,
+        /// What went wrong.
+        reason: String,
+    },
     /// An SQD transition finished draining.
-    SqDrained { qpn: crate::Qpn },
+    SqDrained {
+        /// The QP.
+        qpn: crate::Qpn,
+    },
 }
 
 /// State shared by every handle of a device and its progress threads.
@@ -177,6 +198,7 @@ pub(crate) struct Core {
 /// request names a registration whose block was released
 /// (`softrdma-heap`).
 pub trait PostCheck: Send + Sync {
+    /// Checks one SGE; an `Err` explains the refusal and fails the post.
     fn check(&self, sge: &crate::Sge) -> std::result::Result<(), String>;
 }
 

@@ -11,9 +11,13 @@ use std::sync::OnceLock;
 /// Queue sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
+    /// Most outstanding send work requests.
     pub max_send_wr: usize,
+    /// Most posted receive work requests (ignored with an SRQ).
     pub max_recv_wr: usize,
+    /// Most SGEs per send work request.
     pub max_send_sge: usize,
+    /// Most SGEs per receive work request.
     pub max_recv_sge: usize,
 }
 

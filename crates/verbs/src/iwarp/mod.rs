@@ -289,11 +289,12 @@ impl Conn {
             Io::Tcp { fd, .. } => *fd,
             Io::Pipe(p) => {
                 let want = spans.iter().map(|s| s.len).sum();
-                let bytes = p.read(want)?;
+                let mut bytes = p.scratch();
+                let n = p.read_into(want, &mut bytes)?;
                 // SAFETY: the caller's contract; `bytes` is no longer than
                 // the spans together.
                 unsafe { mr::copy_into_spans(spans, 0, &bytes) };
-                return Ok(bytes.len());
+                return Ok(n);
             }
         };
         let ring = self.link.as_ref().and_then(|l| l.ring_rx.as_ref());
@@ -396,7 +397,9 @@ impl Conn {
             Io::Pipe(p) => {
                 let want = spans.iter().map(|s| s.len).sum();
                 let n = p.room(want)?;
-                let mut bytes = vec![0u8; n];
+                let mut bytes = p.scratch();
+                bytes.clear();
+                bytes.resize(n, 0);
                 // SAFETY: the caller's contract.
                 unsafe { mr::copy_from_spans(spans, 0, &mut bytes) };
                 p.push(&bytes);

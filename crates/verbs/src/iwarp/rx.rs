@@ -81,7 +81,11 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> 
     }
     let hb_len = (hl + extra).min(rx.hdr_bytes.len());
     rx.hdr_bytes[..hb_len].copy_from_slice(&rx.stage[s + 2..s + 2 + hb_len]);
-    let raw: Vec<u8> = rx.hdr_bytes[..hl.min(hb_len)].to_vec();
+    // The header a Terminate would quote, copied to the stack (the handlers
+    // borrow `rx` mutably): nothing is allocated per FPDU, and the
+    // Terminate's own copy is made only if one is sent (`fatal`, `refuse`).
+    let raw_buf = rx.hdr_bytes;
+    let raw = &raw_buf[..hl.min(hb_len)];
     let payload_len = ulpdu_len - hl - extra;
     rx.target.clear();
     rx._target_keep = None;
@@ -90,7 +94,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> 
     // runs); anything else arriving in the middle of one sees it placed.
     if rx.backed_run.is_some() && !matches!(hdr, DdpHeader::Tagged(t) if t.opcode == Opcode::Write)
     {
-        flush_backed(rx, usize::MAX).map_err(|e| backed_failed(q, &raw, e))?;
+        flush_backed(rx, usize::MAX).map_err(|e| backed_failed(q, raw, e))?;
     }
     let g = Seg {
         hdr,
@@ -98,7 +102,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> 
         hl,
         extra,
         payload_len,
-        raw: &raw,
+        raw,
     };
     let action = match hdr {
         DdpHeader::Tagged(t) if t.opcode == Opcode::Write => rdmap::on_write(q, rx, t, &g)?,
@@ -117,9 +121,7 @@ pub(super) fn on_header(q: &QpInner, rx: &mut Rx, c: &Conn) -> Result<(), Stop> 
             Opcode::AtomicResponse => rdmap::on_atomic_response(q, rx, u, &g)?,
             Opcode::Terminate => rdmap::on_terminate(rx, c, &g)?,
             _ => {
-                return Err(
-                    fatal(codes::RDMAP_UNEXPECTED_OPCODE, &raw, WcStatus::WrFlushErr).into(),
-                )
+                return Err(fatal(codes::RDMAP_UNEXPECTED_OPCODE, raw, WcStatus::WrFlushErr).into())
             }
         },
     };

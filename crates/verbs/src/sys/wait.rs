@@ -127,17 +127,47 @@ impl Epoll {
     }
 }
 
+/// Descriptors [`poll_any`] takes in a stack array; more (a thread
+/// driving that many QPs) go in a `Vec`.
+const POLL_STACK: usize = 32;
+
 /// Waits up to `timeout` (`None`: no limit) until one of `fds` has one of
 /// `events`, an error or a hang-up; whether one has (false also when a
-/// signal interrupted the wait). `poll` does not take a socket's lock.
-fn poll_any(fds: &[RawFd], events: i16, timeout: Option<std::time::Duration>) -> bool {
-    let mut p: Vec<libc::pollfd> = (fds.iter())
-        .map(|&fd| libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        })
-        .collect();
+/// signal interrupted the wait, and at once for no descriptor). `poll`
+/// does not take a socket's lock. Up to [`POLL_STACK`] descriptors it
+/// allocates nothing.
+fn poll_any(
+    fds: impl IntoIterator<Item = RawFd>,
+    events: i16,
+    timeout: Option<std::time::Duration>,
+) -> bool {
+    let entry = |fd| libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let mut stack = [entry(-1); POLL_STACK];
+    let mut heap: Vec<libc::pollfd> = Vec::new();
+    let mut n = 0;
+    for fd in fds {
+        if n < POLL_STACK {
+            stack[n] = entry(fd);
+        } else {
+            if heap.is_empty() {
+                heap.extend_from_slice(&stack);
+            }
+            heap.push(entry(fd));
+        }
+        n += 1;
+    }
+    let p: &mut [libc::pollfd] = if n <= POLL_STACK {
+        &mut stack[..n]
+    } else {
+        &mut heap
+    };
+    if p.is_empty() {
+        return false;
+    }
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs() as libc::time_t,
         tv_nsec: t.subsec_nanos() as _,
@@ -153,11 +183,40 @@ fn poll_any(fds: &[RawFd], events: i16, timeout: Option<std::time::Duration>) ->
 /// Blocks until `fd` can be written to (or has failed: the next write
 /// says how).
 pub fn wait_writable(fd: RawFd) {
-    poll_any(&[fd], libc::POLLOUT, None);
+    poll_any([fd], libc::POLLOUT, None);
 }
 
 /// Waits up to `timeout` until one of `fds` has input, an error or a
-/// hang-up; whether one has.
-pub fn wait_any_readable(fds: &[RawFd], timeout: std::time::Duration) -> bool {
+/// hang-up; whether one has (false at once for no descriptor).
+pub fn wait_any_readable(
+    fds: impl IntoIterator<Item = RawFd>,
+    timeout: std::time::Duration,
+) -> bool {
     poll_any(fds, libc::POLLIN, Some(timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn poll_any_sees_the_readable_one_among_many() {
+        // More than POLL_STACK descriptors (the Vec path) and a few (the
+        // stack path); only the last one is signalled.
+        for count in [3, POLL_STACK + 5] {
+            let fds: Vec<EventFd> = (0..count).map(|_| EventFd::new().unwrap()).collect();
+            let raw = || fds.iter().map(|f| f.as_raw_fd());
+            assert!(
+                !wait_any_readable(raw(), Duration::ZERO),
+                "{count}: none yet"
+            );
+            fds[count - 1].signal();
+            assert!(wait_any_readable(raw(), Duration::from_secs(5)), "{count}");
+        }
+        assert!(
+            !wait_any_readable([], Duration::from_secs(5)),
+            "no descriptor"
+        );
+    }
 }

@@ -206,6 +206,30 @@ pub fn oversize(src: &Path, caps: &[(&str, usize)], max: usize) -> (Vec<String>,
     (bad, loose)
 }
 
+/// Fails, printing `graph`, when it has a cycle; `what` says what its
+/// nodes are ("the modules of crates/verbs").
+pub fn assert_no_cycle(graph: &BTreeMap<String, BTreeSet<String>>, what: &str) {
+    let found = cycles(graph);
+    assert!(
+        found.is_empty(),
+        "import cycles among {what}: {found:?}\n{}",
+        render(graph)
+    );
+}
+
+/// The file-size ratchet as a check ([`oversize`]): fails when a file in
+/// `dir` is over `max` lines and not in `oversize_list` (or outgrew its
+/// cap there), or when a file the list names is now within `max` (it must
+/// leave the list).
+pub fn assert_small(dir: &Path, oversize_list: &[(&str, usize)], max: usize) {
+    let (bad, loose) = oversize(dir, oversize_list, max);
+    assert!(bad.is_empty(), "source files too long: {bad:?}");
+    assert!(
+        loose.is_empty(),
+        "now within {max} lines: drop them from OVERSIZE: {loose:?}"
+    );
+}
+
 /// The graph of the files of one module's directory (`src/iwarp`), each
 /// with the sibling files it names through `super::` or
 /// `crate::<module>::`. `mod.rs` is left out (it declares them all), and so
