@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::ops::AddAssign;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -164,6 +165,46 @@ struct Worker {
     first_error: Option<String>,
     stats: ClientStats,
     verify_stats: ClientStats,
+}
+
+/// A worker's counts into the run's totals: counters and client stats
+/// added, the longest gap kept, the first error kept. (Its latency
+/// histograms are merged by the caller, which keeps them apart from the
+/// report.)
+impl AddAssign<Worker> for LoadReport {
+    fn add_assign(&mut self, w: Worker) {
+        let Worker {
+            ops,
+            errors,
+            lost,
+            resurrected,
+            wrong_key,
+            reuse_forced,
+            ptr_reuse_forced,
+            stale_reached,
+            verified,
+            max_gap,
+            hist: _,
+            first_error,
+            stats,
+            verify_stats,
+        } = w;
+        self.ops += ops;
+        self.errors += errors;
+        self.lost += lost;
+        self.resurrected += resurrected;
+        self.wrong_key += wrong_key;
+        self.reuse_forced += reuse_forced;
+        self.ptr_reuse_forced += ptr_reuse_forced;
+        self.stale_reached += stale_reached;
+        self.verified += verified;
+        self.max_gap_ms = self.max_gap_ms.max(max_gap.as_secs_f64() * 1e3);
+        self.stats = self.stats + stats;
+        self.verify_stats = self.verify_stats + verify_stats;
+        if self.first_error.is_none() {
+            self.first_error = first_error;
+        }
+    }
 }
 
 impl Worker {
@@ -530,24 +571,10 @@ pub fn load(l: &LoadArgs) -> Result<LoadReport> {
         .collect();
     for h in hs {
         let w = h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??;
-        r.ops += w.ops;
-        r.errors += w.errors;
-        r.lost += w.lost;
-        r.resurrected += w.resurrected;
-        r.wrong_key += w.wrong_key;
-        r.reuse_forced += w.reuse_forced;
-        r.ptr_reuse_forced += w.ptr_reuse_forced;
-        r.stale_reached += w.stale_reached;
-        r.verified += w.verified;
-        r.max_gap_ms = r.max_gap_ms.max(w.max_gap.as_secs_f64() * 1e3);
-        r.stats = r.stats + w.stats;
-        r.verify_stats = r.verify_stats + w.verify_stats;
-        if r.first_error.is_none() {
-            r.first_error = w.first_error;
-        }
         for (a, b) in hist.iter_mut().zip(&w.hist) {
             a.add(b).expect("same bounds");
         }
+        r += w;
     }
     r.secs = l.duration;
     r.lat = OPS

@@ -21,8 +21,6 @@ const OVERSIZE: &[(&str, usize)] = &[
     ("net/resp.rs", 972),
     ("net/server.rs", 1180),
     ("node.rs", 2824),
-    ("proto.rs", 1646),
-    ("sim.rs", 1943),
 ];
 
 const MAX_LINES: usize = 800;

@@ -1,0 +1,372 @@
+//! Decoding: bytes to a message, checking every length and tag first (see
+//! [`super`]); garbage is an error, never a panic.
+
+use super::{
+    Body, Cond, DecodeError, DedupEntry, Effect, Envelope, Member, Op, RepOp, Reply, StatusInfo,
+    StoreError, MAX_MESSAGE,
+};
+use crate::alloc::AllocSnapshot;
+use crate::ptr::RemotePtr;
+
+struct R<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() - self.at < n {
+            return Err(DecodeError::Truncated {
+                at: self.at,
+                needed: n - (self.b.len() - self.at),
+            });
+        }
+        let s = &self.b[self.at..self.at + n];
+        self.at += n;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            tag => Err(DecodeError::BadTag { what: "bool", tag }),
+        }
+    }
+    /// A list length, checked against the bytes left given each element's
+    /// minimum encoded size, so garbage cannot make us allocate much.
+    fn count(&mut self, min_elem: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        let left = self.b.len() - self.at;
+        if n.saturating_mul(min_elem.max(1)) > left {
+            return Err(DecodeError::Truncated {
+                at: self.at,
+                needed: n * min_elem.max(1) - left,
+            });
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
+        let n = self.count(1)?;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?).map_err(|_| DecodeError::Utf8)
+    }
+    fn ptr(&mut self) -> Result<RemotePtr, DecodeError> {
+        Ok(RemotePtr::decode(self.take(crate::ptr::ENCODED_LEN)?).expect("exact length"))
+    }
+}
+
+/// Decodes one whole message.
+pub fn decode(b: &[u8]) -> Result<Envelope, DecodeError> {
+    if b.len() > MAX_MESSAGE {
+        return Err(DecodeError::TooLarge(b.len()));
+    }
+    let mut r = R { b, at: 0 };
+    let epoch = r.u64()?;
+    let body = dec_body(&mut r)?;
+    if r.at != b.len() {
+        return Err(DecodeError::Trailing(b.len() - r.at));
+    }
+    Ok(Envelope { epoch, body })
+}
+
+fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Body::Request {
+            client: r.u64()?,
+            req_id: r.u64()?,
+            op: dec_op(r)?,
+        },
+        2 => {
+            let req_id = r.u64()?;
+            let result = match r.u8()? {
+                0 => Ok(dec_reply(r)?),
+                1 => Err(dec_error(r)?),
+                tag => {
+                    return Err(DecodeError::BadTag {
+                        what: "result",
+                        tag,
+                    })
+                }
+            };
+            Body::Response { req_id, result }
+        }
+        3 => Body::Heartbeat,
+        4 => {
+            let seq = r.u64()?;
+            let client = r.u64()?;
+            let req_id = r.u64()?;
+            // (The smallest effect, `Stag`, is a tag and a u32.)
+            let n = r.count(5)?;
+            let mut effects = Vec::with_capacity(n);
+            for _ in 0..n {
+                effects.push(dec_effect(r)?);
+            }
+            let reply = dec_reply(r)?;
+            Body::Replicate {
+                seq,
+                op: RepOp {
+                    client,
+                    req_id,
+                    effects,
+                    reply,
+                },
+            }
+        }
+        5 => Body::ReplicateAck { seq: r.u64()? },
+        6 => Body::Stale,
+        7 => Body::Join {
+            member: Member {
+                node: r.u32()?,
+                incarnation: r.u64()?,
+            },
+            arena_len: r.u64()?,
+        },
+        8 => {
+            let session = r.u64()?;
+            let start_seq = r.u64()?;
+            let stag = r.u32()?;
+            let size = r.u64()?;
+            let n = r.count(16)?;
+            let mut allocations = Vec::with_capacity(n);
+            for _ in 0..n {
+                allocations.push((r.u64()?, r.u64()?));
+            }
+            let n = r.count(8)?;
+            let mut freed = Vec::with_capacity(n);
+            for _ in 0..n {
+                freed.push(r.u64()?);
+            }
+            let n = r.count(25)?;
+            let mut dedup = Vec::with_capacity(n);
+            for _ in 0..n {
+                dedup.push(DedupEntry {
+                    client: r.u64()?,
+                    req_id: r.u64()?,
+                    seq: r.u64()?,
+                    reply: dec_reply(r)?,
+                });
+            }
+            Body::SyncStart {
+                session,
+                start_seq,
+                alloc: AllocSnapshot {
+                    size,
+                    allocations,
+                    freed,
+                },
+                dedup,
+                stag,
+            }
+        }
+        9 => Body::SyncRequest {
+            session: r.u64()?,
+            offset: r.u64()?,
+            len: r.u32()?,
+        },
+        10 => Body::SyncChunk {
+            session: r.u64()?,
+            offset: r.u64()?,
+            data: r.bytes()?,
+        },
+        11 => Body::SyncDone {
+            session: r.u64()?,
+            through_seq: r.u64()?,
+        },
+        12 => Body::JoinRefused {
+            reason: r.string()?,
+        },
+        13 => Body::ReplicateHead {
+            seq: r.u64()?,
+            in_sync: r.bool()?,
+        },
+        14 => Body::Resend { from: r.u64()? },
+        tag => return Err(DecodeError::BadTag { what: "body", tag }),
+    })
+}
+
+fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Op::Insert { data: r.bytes()? },
+        2 => Op::Update {
+            ptr: r.ptr()?,
+            data: r.bytes()?,
+        },
+        3 => Op::Read { ptr: r.ptr()? },
+        4 => Op::Delete { ptr: r.ptr()? },
+        5 => Op::Status,
+        6 => Op::Put {
+            key: r.bytes()?,
+            data: r.bytes()?,
+            cond: match r.u8()? {
+                0 => Cond::Always,
+                1 => Cond::IfAbsent,
+                2 => Cond::IfPresent,
+                tag => return Err(DecodeError::BadTag { what: "cond", tag }),
+            },
+        },
+        7 => Op::Get { key: r.bytes()? },
+        8 => Op::Remove { key: r.bytes()? },
+        9 => Op::Scan {
+            cursor: r.u64()?,
+            count: r.u32()?,
+            pattern: r.bytes()?,
+        },
+        10 => Op::RotateStag { stag: r.u32()? },
+        tag => return Err(DecodeError::BadTag { what: "op", tag }),
+    })
+}
+
+fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Reply::Inserted(r.ptr()?),
+        2 => Reply::Updated(r.ptr()?),
+        3 => Reply::Data {
+            version: r.u64()?,
+            data: r.bytes()?,
+        },
+        4 => Reply::Deleted,
+        5 => Reply::Status(StatusInfo {
+            node: r.u32()?,
+            role: r.u8()?,
+            epoch: r.u64()?,
+            arena_base: r.u64()?,
+            arena_len: r.u64()?,
+            stag: r.u32()?,
+            allocated: r.u64()?,
+            objects: r.u64()?,
+            redundant: r.bool()?,
+            applied_seq: r.u64()?,
+            keys: r.u64()?,
+            resp_port: u16::from_le_bytes(r.take(2)?.try_into().unwrap()),
+            min_in_sync: r.u8()?,
+        }),
+        6 => Reply::Stored {
+            ptr: r.ptr()?,
+            generation: r.u64()?,
+            created: r.bool()?,
+        },
+        7 => Reply::NotStored,
+        8 => Reply::Value {
+            ptr: r.ptr()?,
+            generation: r.u64()?,
+            version: r.u64()?,
+            data: r.bytes()?,
+        },
+        9 => Reply::NoKey,
+        10 => Reply::Removed { existed: r.bool()? },
+        11 => {
+            let n = r.count(4)?;
+            let mut keys = Vec::with_capacity(n);
+            for _ in 0..n {
+                keys.push(r.bytes()?);
+            }
+            Reply::Keys {
+                keys,
+                next: r.u64()?,
+            }
+        }
+        12 => Reply::Rotated { stag: r.u32()? },
+        tag => return Err(DecodeError::BadTag { what: "reply", tag }),
+    })
+}
+
+fn dec_effect(r: &mut R<'_>) -> Result<Effect, DecodeError> {
+    Ok(match r.u8()? {
+        1 => Effect::Alloc {
+            offset: r.u64()?,
+            len: r.u64()?,
+        },
+        2 => Effect::Write {
+            offset: r.u64()?,
+            version: r.u64()?,
+            generation: r.u64()?,
+            key: r.bytes()?,
+            data: r.bytes()?,
+        },
+        3 => Effect::Free { offset: r.u64()? },
+        4 => {
+            let key = r.bytes()?;
+            let generation = r.u64()?;
+            let edit = match r.u8()? {
+                1 => crate::index::Edit::Slot {
+                    bucket: r.u64()?,
+                    slot: r.u8()?,
+                    entry: if r.bool()? {
+                        Some(crate::index::Slot {
+                            tag: r.u32()?,
+                            offset: r.u64()?,
+                            units: r.u32()?,
+                            generation: r.u32()?,
+                        })
+                    } else {
+                        None
+                    },
+                },
+                2 => crate::index::Edit::Spill { bucket: r.u64()? },
+                tag => return Err(DecodeError::BadTag { what: "edit", tag }),
+            };
+            Effect::Index {
+                key,
+                generation,
+                edit,
+            }
+        }
+        5 => Effect::Stag { stag: r.u32()? },
+        tag => {
+            return Err(DecodeError::BadTag {
+                what: "effect",
+                tag,
+            })
+        }
+    })
+}
+
+fn dec_error(r: &mut R<'_>) -> Result<StoreError, DecodeError> {
+    Ok(match r.u8()? {
+        1 => StoreError::StaleEpoch { current: r.u64()? },
+        2 => StoreError::NotPrimary {
+            primary: if r.bool()? { Some(r.u32()?) } else { None },
+        },
+        3 => StoreError::WrongStag {
+            got: r.u32()?,
+            expected: r.u32()?,
+        },
+        4 => StoreError::OutOfArena,
+        5 => StoreError::Freed,
+        6 => StoreError::NotAllocated,
+        7 => StoreError::TooLarge {
+            len: r.u64()?,
+            max: r.u64()?,
+        },
+        8 => StoreError::Full {
+            largest_free: r.u64()?,
+        },
+        9 => StoreError::Torn,
+        10 => StoreError::Other(r.string()?),
+        11 => StoreError::NotEnoughReplicas,
+        12 => StoreError::BadKey {
+            len: r.u64()?,
+            max: r.u64()?,
+        },
+        13 => StoreError::IndexFull { bucket: r.u64()? },
+        14 => StoreError::Keyed,
+        15 => StoreError::BadPattern {
+            len: r.u64()?,
+            max: r.u64()?,
+        },
+        16 => StoreError::NoPermission,
+        17 => StoreError::StalePointer { expected: r.u64()? },
+        tag => return Err(DecodeError::BadTag { what: "error", tag }),
+    })
+}

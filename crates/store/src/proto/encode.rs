@@ -1,0 +1,415 @@
+//! Encoding: every message to bytes (the layout [`super`] describes).
+
+use super::{Body, Cond, Effect, Envelope, Op, Reply, StoreError};
+use crate::ptr::RemotePtr;
+
+struct W(Vec<u8>);
+
+impl W {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn len(&mut self, n: usize) {
+        self.u32(u32::try_from(n).expect("field longer than 4 GiB"));
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.len(b.len());
+        self.0.extend_from_slice(b);
+    }
+    fn ptr(&mut self, p: &RemotePtr) {
+        self.0.extend_from_slice(&p.encode());
+    }
+    fn bool(&mut self, b: bool) {
+        self.u8(b as u8);
+    }
+}
+
+/// Encodes a message.
+pub fn encode(env: &Envelope) -> Vec<u8> {
+    let mut w = W(Vec::with_capacity(64));
+    w.u64(env.epoch);
+    enc_body(&mut w, &env.body);
+    w.0
+}
+
+fn enc_body(w: &mut W, b: &Body) {
+    match b {
+        Body::Request { client, req_id, op } => {
+            w.u8(1);
+            w.u64(*client);
+            w.u64(*req_id);
+            enc_op(w, op);
+        }
+        Body::Response { req_id, result } => {
+            w.u8(2);
+            w.u64(*req_id);
+            match result {
+                Ok(r) => {
+                    w.u8(0);
+                    enc_reply(w, r);
+                }
+                Err(e) => {
+                    w.u8(1);
+                    enc_error(w, e);
+                }
+            }
+        }
+        Body::Heartbeat => w.u8(3),
+        Body::Replicate { seq, op } => {
+            w.u8(4);
+            w.u64(*seq);
+            w.u64(op.client);
+            w.u64(op.req_id);
+            w.len(op.effects.len());
+            for e in &op.effects {
+                enc_effect(w, e);
+            }
+            enc_reply(w, &op.reply);
+        }
+        Body::ReplicateAck { seq } => {
+            w.u8(5);
+            w.u64(*seq);
+        }
+        Body::Stale => w.u8(6),
+        Body::Join { member, arena_len } => {
+            w.u8(7);
+            w.u32(member.node);
+            w.u64(member.incarnation);
+            w.u64(*arena_len);
+        }
+        Body::SyncStart {
+            session,
+            start_seq,
+            alloc,
+            dedup,
+            stag,
+        } => {
+            w.u8(8);
+            w.u64(*session);
+            w.u64(*start_seq);
+            w.u32(*stag);
+            w.u64(alloc.size);
+            w.len(alloc.allocations.len());
+            for &(o, l) in &alloc.allocations {
+                w.u64(o);
+                w.u64(l);
+            }
+            w.len(alloc.freed.len());
+            for &f in &alloc.freed {
+                w.u64(f);
+            }
+            w.len(dedup.len());
+            for d in dedup {
+                w.u64(d.client);
+                w.u64(d.req_id);
+                w.u64(d.seq);
+                enc_reply(w, &d.reply);
+            }
+        }
+        Body::SyncRequest {
+            session,
+            offset,
+            len,
+        } => {
+            w.u8(9);
+            w.u64(*session);
+            w.u64(*offset);
+            w.u32(*len);
+        }
+        Body::SyncChunk {
+            session,
+            offset,
+            data,
+        } => {
+            w.u8(10);
+            w.u64(*session);
+            w.u64(*offset);
+            w.bytes(data);
+        }
+        Body::SyncDone {
+            session,
+            through_seq,
+        } => {
+            w.u8(11);
+            w.u64(*session);
+            w.u64(*through_seq);
+        }
+        Body::JoinRefused { reason } => {
+            w.u8(12);
+            w.bytes(reason.as_bytes());
+        }
+        Body::ReplicateHead { seq, in_sync } => {
+            w.u8(13);
+            w.u64(*seq);
+            w.u8(*in_sync as u8);
+        }
+        Body::Resend { from } => {
+            w.u8(14);
+            w.u64(*from);
+        }
+    }
+}
+
+fn enc_op(w: &mut W, op: &Op) {
+    match op {
+        Op::Insert { data } => {
+            w.u8(1);
+            w.bytes(data);
+        }
+        Op::Update { ptr, data } => {
+            w.u8(2);
+            w.ptr(ptr);
+            w.bytes(data);
+        }
+        Op::Read { ptr } => {
+            w.u8(3);
+            w.ptr(ptr);
+        }
+        Op::Delete { ptr } => {
+            w.u8(4);
+            w.ptr(ptr);
+        }
+        Op::Status => w.u8(5),
+        Op::Put { key, data, cond } => {
+            w.u8(6);
+            w.bytes(key);
+            w.bytes(data);
+            w.u8(match cond {
+                Cond::Always => 0,
+                Cond::IfAbsent => 1,
+                Cond::IfPresent => 2,
+            });
+        }
+        Op::Get { key } => {
+            w.u8(7);
+            w.bytes(key);
+        }
+        Op::Remove { key } => {
+            w.u8(8);
+            w.bytes(key);
+        }
+        Op::Scan {
+            cursor,
+            count,
+            pattern,
+        } => {
+            w.u8(9);
+            w.u64(*cursor);
+            w.u32(*count);
+            w.bytes(pattern);
+        }
+        Op::RotateStag { stag } => {
+            w.u8(10);
+            w.u32(*stag);
+        }
+    }
+}
+
+fn enc_reply(w: &mut W, r: &Reply) {
+    match r {
+        Reply::Inserted(p) => {
+            w.u8(1);
+            w.ptr(p);
+        }
+        Reply::Updated(p) => {
+            w.u8(2);
+            w.ptr(p);
+        }
+        Reply::Data { version, data } => {
+            w.u8(3);
+            w.u64(*version);
+            w.bytes(data);
+        }
+        Reply::Deleted => w.u8(4),
+        Reply::Status(s) => {
+            w.u8(5);
+            w.u32(s.node);
+            w.u8(s.role);
+            w.u64(s.epoch);
+            w.u64(s.arena_base);
+            w.u64(s.arena_len);
+            w.u32(s.stag);
+            w.u64(s.allocated);
+            w.u64(s.objects);
+            w.bool(s.redundant);
+            w.u64(s.applied_seq);
+            w.u64(s.keys);
+            w.0.extend_from_slice(&s.resp_port.to_le_bytes());
+            w.u8(s.min_in_sync);
+        }
+        Reply::Stored {
+            ptr,
+            generation,
+            created,
+        } => {
+            w.u8(6);
+            w.ptr(ptr);
+            w.u64(*generation);
+            w.bool(*created);
+        }
+        Reply::NotStored => w.u8(7),
+        Reply::Value {
+            ptr,
+            generation,
+            version,
+            data,
+        } => {
+            w.u8(8);
+            w.ptr(ptr);
+            w.u64(*generation);
+            w.u64(*version);
+            w.bytes(data);
+        }
+        Reply::NoKey => w.u8(9),
+        Reply::Removed { existed } => {
+            w.u8(10);
+            w.bool(*existed);
+        }
+        Reply::Keys { keys, next } => {
+            w.u8(11);
+            w.len(keys.len());
+            for k in keys {
+                w.bytes(k);
+            }
+            w.u64(*next);
+        }
+        Reply::Rotated { stag } => {
+            w.u8(12);
+            w.u32(*stag);
+        }
+    }
+}
+
+fn enc_effect(w: &mut W, e: &Effect) {
+    match e {
+        Effect::Alloc { offset, len } => {
+            w.u8(1);
+            w.u64(*offset);
+            w.u64(*len);
+        }
+        Effect::Write {
+            offset,
+            version,
+            generation,
+            key,
+            data,
+        } => {
+            w.u8(2);
+            w.u64(*offset);
+            w.u64(*version);
+            w.u64(*generation);
+            w.bytes(key);
+            w.bytes(data);
+        }
+        Effect::Free { offset } => {
+            w.u8(3);
+            w.u64(*offset);
+        }
+        Effect::Index {
+            key,
+            generation,
+            edit,
+        } => {
+            w.u8(4);
+            w.bytes(key);
+            w.u64(*generation);
+            match edit {
+                crate::index::Edit::Slot {
+                    bucket,
+                    slot,
+                    entry,
+                } => {
+                    w.u8(1);
+                    w.u64(*bucket);
+                    w.u8(*slot);
+                    match entry {
+                        None => w.u8(0),
+                        Some(e) => {
+                            w.u8(1);
+                            w.u32(e.tag);
+                            w.u64(e.offset);
+                            w.u32(e.units);
+                            w.u32(e.generation);
+                        }
+                    }
+                }
+                crate::index::Edit::Spill { bucket } => {
+                    w.u8(2);
+                    w.u64(*bucket);
+                }
+            }
+        }
+        Effect::Stag { stag } => {
+            w.u8(5);
+            w.u32(*stag);
+        }
+    }
+}
+
+fn enc_error(w: &mut W, e: &StoreError) {
+    match e {
+        StoreError::StaleEpoch { current } => {
+            w.u8(1);
+            w.u64(*current);
+        }
+        StoreError::NotPrimary { primary } => {
+            w.u8(2);
+            match primary {
+                Some(p) => {
+                    w.u8(1);
+                    w.u32(*p);
+                }
+                None => w.u8(0),
+            }
+        }
+        StoreError::WrongStag { got, expected } => {
+            w.u8(3);
+            w.u32(*got);
+            w.u32(*expected);
+        }
+        StoreError::OutOfArena => w.u8(4),
+        StoreError::Freed => w.u8(5),
+        StoreError::NotAllocated => w.u8(6),
+        StoreError::TooLarge { len, max } => {
+            w.u8(7);
+            w.u64(*len);
+            w.u64(*max);
+        }
+        StoreError::Full { largest_free } => {
+            w.u8(8);
+            w.u64(*largest_free);
+        }
+        StoreError::Torn => w.u8(9),
+        StoreError::Other(s) => {
+            w.u8(10);
+            w.bytes(s.as_bytes());
+        }
+        StoreError::NotEnoughReplicas => w.u8(11),
+        StoreError::BadKey { len, max } => {
+            w.u8(12);
+            w.u64(*len);
+            w.u64(*max);
+        }
+        StoreError::IndexFull { bucket } => {
+            w.u8(13);
+            w.u64(*bucket);
+        }
+        StoreError::Keyed => w.u8(14),
+        StoreError::BadPattern { len, max } => {
+            w.u8(15);
+            w.u64(*len);
+            w.u64(*max);
+        }
+        StoreError::NoPermission => w.u8(16),
+        StoreError::StalePointer { expected } => {
+            w.u8(17);
+            w.u64(*expected);
+        }
+    }
+}

@@ -1,0 +1,578 @@
+//! The store's messages and their binary codec.
+//!
+//! One protocol serves clients talking to nodes and nodes talking to each
+//! other (replication, heartbeats, recovery). Every message travels in an
+//! [`Envelope`] that carries the **sender's epoch**: a receiver refuses
+//! anything from an epoch older than its own (see [`crate::node`]).
+//!
+//! Codec: little-endian, a tag byte per enum, `u32` length prefixes for byte
+//! strings and lists. [`decode`] checks every length against the bytes that
+//! remain (and against [`MAX_MESSAGE`]) before allocating, rejects unknown
+//! tags and trailing bytes, and never panics on garbage. Framing on a stream
+//! (a `u32` length before each message) is the transport's business.
+
+use crate::alloc::AllocSnapshot;
+use crate::ptr::RemotePtr;
+
+mod decode;
+mod encode;
+#[cfg(test)]
+mod tests;
+
+pub use decode::decode;
+pub use encode::encode;
+
+/// Largest encoded message accepted by [`decode`].
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// Identifies a node of a group.
+pub type NodeId = u32;
+
+/// A node together with its incarnation (random per process start), so a
+/// restarted node, which has lost its memory, is told apart from its former
+/// self.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Member {
+    /// Node id.
+    pub node: NodeId,
+    /// Incarnation.
+    pub incarnation: u64,
+}
+
+/// A message with the sender's epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// The sender's current epoch.
+    pub epoch: u64,
+    /// The message.
+    pub body: Body,
+}
+
+/// Messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// Client -> node: an operation. `(client, req_id)` identifies it across
+    /// retries, so a retried write is applied once.
+    Request {
+        /// Client id (random per client).
+        client: u64,
+        /// Request number, increasing per client.
+        req_id: u64,
+        /// The operation.
+        op: Op,
+    },
+    /// Node -> client: the outcome of a request.
+    Response {
+        /// Request number.
+        req_id: u64,
+        /// Outcome.
+        result: Result<Reply, StoreError>,
+    },
+    /// Liveness, both directions, between any two parties.
+    Heartbeat,
+    /// Primary -> secondary: apply this write, in `seq` order.
+    Replicate {
+        /// Sequence number (dense, increasing).
+        seq: u64,
+        /// What to apply.
+        op: RepOp,
+    },
+    /// Secondary -> primary: everything up to `seq` is applied.
+    ReplicateAck {
+        /// Highest applied sequence number.
+        seq: u64,
+    },
+    /// Anyone -> sender of a message from an older epoch: refused.
+    Stale,
+    /// Joining node -> primary: please make me your secondary.
+    Join {
+        /// Who joins.
+        member: Member,
+        /// Its arena size (must match).
+        arena_len: u64,
+    },
+    /// Primary -> joining node: the copy starts. Writes from `start_seq` on
+    /// follow as `Replicate`.
+    SyncStart {
+        /// Identifies this copy session (unique per primary); echoed in
+        /// `SyncRequest`, `SyncChunk` and `SyncDone`.
+        session: u64,
+        /// First write not reflected in `alloc`/`dedup`.
+        start_seq: u64,
+        /// Allocator state as of `start_seq`.
+        alloc: AllocSnapshot,
+        /// Retry table as of `start_seq`.
+        dedup: Vec<DedupEntry>,
+        /// The arena's STag as of `start_seq` (it rotates: a later rotation
+        /// arrives among the writes).
+        stag: u32,
+    },
+    /// Joining node -> primary: send these arena bytes (the fallback for an
+    /// RDMA Read of the primary's arena).
+    SyncRequest {
+        /// The copy session (its `start_seq`), echoed in the chunk.
+        session: u64,
+        /// Arena offset.
+        offset: u64,
+        /// Length.
+        len: u32,
+    },
+    /// Primary -> joining node: arena bytes.
+    SyncChunk {
+        /// The session of the request.
+        session: u64,
+        /// Arena offset.
+        offset: u64,
+        /// Bytes.
+        data: Vec<u8>,
+    },
+    /// Joining node -> primary: copy done and writes up to `through_seq`
+    /// applied; from now on I acknowledge every write.
+    SyncDone {
+        /// The copy session.
+        session: u64,
+        /// Highest applied sequence number.
+        through_seq: u64,
+    },
+    /// Primary -> joining node: not now (e.g. another node is the secondary).
+    JoinRefused {
+        /// Why.
+        reason: String,
+    },
+    /// Primary -> secondary, with each heartbeat: the highest sequence
+    /// number forwarded so far. Links are FIFO, so a secondary that has
+    /// applied less lost a `Replicate` (a link broke and was re-dialed) and
+    /// resynchronises at once instead of waiting for the next write's gap.
+    /// `in_sync` tells the secondary whether the coordinator records it as
+    /// the in-sync member (for `status`).
+    ReplicateHead {
+        /// Highest sequence number sent.
+        seq: u64,
+        /// The secondary is registered in sync.
+        in_sync: bool,
+    },
+    /// Secondary -> primary: writes from `from` on never arrived (a link
+    /// broke under them); send them again. The primary still holds every
+    /// write its secondary has not acknowledged.
+    Resend {
+        /// First missing sequence number.
+        from: u64,
+    },
+}
+
+/// Client operations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Store bytes; answer with a pointer.
+    Insert {
+        /// The data.
+        data: Vec<u8>,
+    },
+    /// Replace an object's bytes (in place when they fit).
+    Update {
+        /// The object.
+        ptr: RemotePtr,
+        /// The data.
+        data: Vec<u8>,
+    },
+    /// Server-side read (the fallback for one-sided reads).
+    Read {
+        /// The object.
+        ptr: RemotePtr,
+    },
+    /// Free an object.
+    Delete {
+        /// The object.
+        ptr: RemotePtr,
+    },
+    /// Report the node's state.
+    Status,
+    /// Store `data` under `key` (see [`Cond`]); answered
+    /// [`Reply::Stored`] or, when the condition fails, [`Reply::NotStored`].
+    Put {
+        /// The key (1 to [`crate::object::MAX_KEY_LEN`] bytes).
+        key: Vec<u8>,
+        /// The value.
+        data: Vec<u8>,
+        /// When to store.
+        cond: Cond,
+    },
+    /// Server-side read of a key (the fallback of the one-sided look-up):
+    /// [`Reply::Value`] or [`Reply::NoKey`].
+    Get {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// Delete a key: [`Reply::Removed`].
+    Remove {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// List keys, index bucket by bucket: [`Reply::Keys`].
+    Scan {
+        /// Bucket to start at (0 first, then the reply's `next`).
+        cursor: u64,
+        /// Stop after the bucket in which this many keys were seen.
+        count: u32,
+        /// Only keys matching this glob pattern (`*`, `?`, `[...]`, `\`);
+        /// empty: all. At most [`crate::glob::MAX_PATTERN_LEN`] bytes, else
+        /// [`StoreError::BadPattern`].
+        pattern: Vec<u8>,
+    },
+    /// Rotate the arena's STag to `stag` (same index, another key) on
+    /// every node, in order with the writes: [`Reply::Rotated`]. Made by a
+    /// node itself when its credentials were narrowed (issue 29); a node
+    /// refuses it from the network.
+    RotateStag {
+        /// The new STag.
+        stag: u32,
+    },
+}
+
+/// When a [`Op::Put`] stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cond {
+    /// Always (Redis `SET`).
+    Always,
+    /// Only if the key does not exist (`SET NX`, insert).
+    IfAbsent,
+    /// Only if the key exists (`SET XX`, update).
+    IfPresent,
+}
+
+/// Successful outcomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Insert: where the object is.
+    Inserted(RemotePtr),
+    /// Update: where the object is now (the same pointer if in place).
+    Updated(RemotePtr),
+    /// Read: the object.
+    Data {
+        /// Version.
+        version: u64,
+        /// Bytes.
+        data: Vec<u8>,
+    },
+    /// Delete done.
+    Deleted,
+    /// Status.
+    Status(StatusInfo),
+    /// Put: stored; where the key's object is now.
+    Stored {
+        /// The object.
+        ptr: RemotePtr,
+        /// Its generation.
+        generation: u64,
+        /// Whether the key was created (it did not exist).
+        created: bool,
+    },
+    /// Put: the condition failed, nothing changed.
+    NotStored,
+    /// Get: the key's value.
+    Value {
+        /// The object.
+        ptr: RemotePtr,
+        /// Its generation.
+        generation: u64,
+        /// Its version.
+        version: u64,
+        /// The value.
+        data: Vec<u8>,
+    },
+    /// Get: no such key.
+    NoKey,
+    /// Remove: done; whether the key existed.
+    Removed {
+        /// The key existed.
+        existed: bool,
+    },
+    /// Scan: keys, and the cursor to continue at (0: done).
+    Keys {
+        /// Keys found.
+        keys: Vec<Vec<u8>>,
+        /// Next cursor; 0 when the scan is complete.
+        next: u64,
+    },
+    /// RotateStag: the arena's STag now.
+    Rotated {
+        /// The new STag.
+        stag: u32,
+    },
+}
+
+/// [`StatusInfo::role`]: no data yet.
+pub const ROLE_JOINING: u8 = 0;
+/// [`StatusInfo::role`]: a secondary recorded in sync (holds every
+/// acknowledged write).
+pub const ROLE_SECONDARY: u8 = 1;
+/// [`StatusInfo::role`]: the primary.
+pub const ROLE_PRIMARY: u8 = 2;
+/// [`StatusInfo::role`]: a former primary that stopped serving.
+pub const ROLE_FENCED: u8 = 3;
+/// [`StatusInfo::role`]: a secondary still copying or catching up, not yet
+/// recorded in sync (it would not survive the primary's loss).
+pub const ROLE_SYNCING: u8 = 4;
+
+/// A human name of [`StatusInfo::role`].
+pub fn role_name(role: u8) -> &'static str {
+    match role {
+        ROLE_JOINING => "joining",
+        ROLE_SECONDARY => "secondary",
+        ROLE_PRIMARY => "primary",
+        ROLE_FENCED => "fenced",
+        ROLE_SYNCING => "syncing",
+        _ => "unknown",
+    }
+}
+
+/// A node's view of itself and its group.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StatusInfo {
+    /// Node id.
+    pub node: NodeId,
+    /// Role: [`ROLE_JOINING`], [`ROLE_SECONDARY`] (recorded in sync by
+    /// the coordinator), [`ROLE_PRIMARY`], [`ROLE_FENCED`] or
+    /// [`ROLE_SYNCING`] (a secondary copying the arena or catching up, not
+    /// yet recorded in sync).
+    pub role: u8,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Arena base address.
+    pub arena_base: u64,
+    /// Arena length.
+    pub arena_len: u64,
+    /// Arena STag.
+    pub stag: u32,
+    /// Bytes allocated.
+    pub allocated: u64,
+    /// Number of objects.
+    pub objects: u64,
+    /// Primary only: whether an in-sync secondary holds every write.
+    pub redundant: bool,
+    /// Highest applied write.
+    pub applied_seq: u64,
+    /// Keys in the index.
+    pub keys: u64,
+    /// The node's RESP front door port (0: none), on the node's host.
+    pub resp_port: u16,
+    /// The group's `min_in_sync_replicas` as this node is configured
+    /// (what an acknowledged write is held by: `config::durability`).
+    pub min_in_sync: u8,
+}
+
+/// One effect of a write, applied identically on every replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Allocate exactly `[offset, offset + len)`.
+    Alloc {
+        /// Arena offset.
+        offset: u64,
+        /// Rounded length.
+        len: u64,
+    },
+    /// Write an object (header, key, data) at `offset`.
+    Write {
+        /// Arena offset.
+        offset: u64,
+        /// Object version.
+        version: u64,
+        /// Object generation.
+        generation: u64,
+        /// Key (empty for the pointer API).
+        key: Vec<u8>,
+        /// Data.
+        data: Vec<u8>,
+    },
+    /// Zero the header at `offset` and free the allocation.
+    Free {
+        /// Arena offset.
+        offset: u64,
+    },
+    /// Change the key index (`crate::index`).
+    Index {
+        /// The key the edit is about.
+        key: Vec<u8>,
+        /// The generation of the key's object (of a set slot).
+        generation: u64,
+        /// The edit.
+        edit: crate::index::Edit,
+    },
+    /// The arena's STag from now on (a rotation; same index).
+    Stag {
+        /// The new STag.
+        stag: u32,
+    },
+}
+
+/// A replicated write: its effects and the reply the client gets, which the
+/// secondary records so that a retry after failover gets the same answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepOp {
+    /// Client id.
+    pub client: u64,
+    /// Request number.
+    pub req_id: u64,
+    /// Effects, in order.
+    pub effects: Vec<Effect>,
+    /// The reply.
+    pub reply: Reply,
+}
+
+/// One row of the retry table: the last write of a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedupEntry {
+    /// Client id.
+    pub client: u64,
+    /// Request number.
+    pub req_id: u64,
+    /// Sequence number of the write.
+    pub seq: u64,
+    /// The reply.
+    pub reply: Reply,
+}
+
+/// Checks a key: 1 to [`MAX_KEY_LEN`](crate::object::MAX_KEY_LEN) bytes,
+/// else [`StoreError::BadKey`]. The one rule for the node and its clients.
+pub fn check_key(key: &[u8]) -> Result<(), StoreError> {
+    let max = crate::object::MAX_KEY_LEN;
+    if key.is_empty() || key.len() > max {
+        return Err(StoreError::BadKey {
+            len: key.len() as u64,
+            max: max as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Errors returned to clients.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The request's epoch is older than the node's; retry with the
+    /// envelope's epoch.
+    #[error("stale epoch (node is at epoch {current})")]
+    StaleEpoch {
+        /// The node's epoch.
+        current: u64,
+    },
+    /// This node does not serve writes now; try `primary` if known.
+    #[error("not the primary (primary: {primary:?}); retry there")]
+    NotPrimary {
+        /// Known primary.
+        primary: Option<NodeId>,
+    },
+    /// Wrong STag.
+    #[error("wrong STag {got:#010x} (arena STag {expected:#010x})")]
+    WrongStag {
+        /// In the pointer.
+        got: u32,
+        /// The arena's.
+        expected: u32,
+    },
+    /// Pointer outside the arena.
+    #[error("pointer outside the arena")]
+    OutOfArena,
+    /// Pointer to freed space.
+    #[error("pointer refers to freed space")]
+    Freed,
+    /// Pointer not at an allocation.
+    #[error("pointer does not match an allocation")]
+    NotAllocated,
+    /// Value larger than the largest possible allocation.
+    #[error("value of {len} bytes exceeds the largest that can be stored ({max} bytes)")]
+    TooLarge {
+        /// Value length.
+        len: u64,
+        /// The largest value that can be stored (under this key): the
+        /// largest possible allocation (the arena less the key index)
+        /// less the header and the key.
+        max: u64,
+    },
+    /// No free range large enough.
+    #[error("arena full (largest free range {largest_free} bytes)")]
+    Full {
+        /// Largest free range.
+        largest_free: u64,
+    },
+    /// The object was being changed; retry.
+    #[error("torn read; retry")]
+    Torn,
+    /// The primary has no secondary in sync and the group's policy
+    /// (`min_in_sync_replicas = 1`) forbids acknowledging a write held by
+    /// one node only: nothing was changed; retry once the group is
+    /// redundant again.
+    #[error("write refused: no secondary in sync (min_in_sync_replicas = 1); nothing was changed")]
+    NotEnoughReplicas,
+    /// A key that is empty or too long.
+    #[error("key of {len} bytes: keys are 1 to {max} bytes")]
+    BadKey {
+        /// Key length.
+        len: u64,
+        /// Longest key.
+        max: u64,
+    },
+    /// The key index has no free slot for a new key near its home.
+    #[error(
+        "the key index is full around bucket {bucket}: configure more index buckets \
+         (index_buckets) for a new group"
+    )]
+    IndexFull {
+        /// The key's home bucket.
+        bucket: u64,
+    },
+    /// A pointer-API write to an object that belongs to a key.
+    #[error("the object belongs to a key; change it through the key")]
+    Keyed,
+    /// A scan pattern longer than the node takes.
+    #[error("scan pattern of {len} bytes: patterns are at most {max} bytes")]
+    BadPattern {
+        /// Pattern length.
+        len: u64,
+        /// Longest pattern.
+        max: u64,
+    },
+    /// The connection's user may not do this (a read-only user's write).
+    #[error("this user has no permission to write")]
+    NoPermission,
+    /// A pointer of the pointer API whose object was deleted and whose
+    /// space now holds another object (its generation differs): nothing
+    /// was read or changed.
+    #[error("stale pointer: its object (generation {expected}) was deleted; the space now holds another object")]
+    StalePointer {
+        /// The pointer's generation.
+        expected: u64,
+    },
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Why bytes are not a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Ran out of bytes.
+    #[error("message truncated at byte {at} (needed {needed} more)")]
+    Truncated {
+        /// Position.
+        at: usize,
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// Unknown tag.
+    #[error("unknown {what} tag {tag}")]
+    BadTag {
+        /// Which enum.
+        what: &'static str,
+        /// Tag byte.
+        tag: u8,
+    },
+    /// Bytes left over.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    /// Too large.
+    #[error("message of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    /// Text not UTF-8.
+    #[error("invalid UTF-8 in a string field")]
+    Utf8,
+}

@@ -1,0 +1,295 @@
+//! The codec's properties: every message survives a round trip, and garbage,
+//! truncated or mutated bytes are errors, never panics.
+
+use super::*;
+use proptest::prelude::*;
+
+fn ptr() -> impl Strategy<Value = RemotePtr> {
+    (any::<u64>(), any::<u32>(), any::<u32>(), any::<u64>()).prop_map(|(addr, stag, len, gen)| {
+        RemotePtr {
+            addr,
+            stag,
+            len,
+            gen,
+        }
+    })
+}
+
+fn bytes() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(any::<u8>(), 0..40)
+}
+
+fn reply() -> impl Strategy<Value = Reply> {
+    prop_oneof![
+        ptr().prop_map(Reply::Inserted),
+        any::<u32>().prop_map(|stag| Reply::Rotated { stag }),
+        ptr().prop_map(Reply::Updated),
+        (any::<u64>(), bytes()).prop_map(|(version, data)| Reply::Data { version, data }),
+        Just(Reply::Deleted),
+        (
+            any::<u32>(),
+            any::<u8>(),
+            any::<u64>(),
+            any::<bool>(),
+            any::<u64>()
+        )
+            .prop_map(
+                |(node, role, epoch, redundant, x)| Reply::Status(StatusInfo {
+                    node,
+                    role,
+                    epoch,
+                    arena_base: x,
+                    arena_len: x / 3,
+                    stag: node ^ 7,
+                    allocated: x / 5,
+                    objects: x / 7,
+                    redundant,
+                    applied_seq: x / 11,
+                    keys: x / 13,
+                    resp_port: node as u16,
+                    min_in_sync: role & 1,
+                })
+            ),
+        (ptr(), any::<u64>(), any::<bool>()).prop_map(|(ptr, generation, created)| {
+            Reply::Stored {
+                ptr,
+                generation,
+                created,
+            }
+        }),
+        Just(Reply::NotStored),
+        (ptr(), any::<u64>(), any::<u64>(), bytes()).prop_map(
+            |(ptr, generation, version, data)| Reply::Value {
+                ptr,
+                generation,
+                version,
+                data,
+            }
+        ),
+        Just(Reply::NoKey),
+        any::<bool>().prop_map(|existed| Reply::Removed { existed }),
+        (prop::collection::vec(bytes(), 0..4), any::<u64>())
+            .prop_map(|(keys, next)| Reply::Keys { keys, next }),
+    ]
+}
+
+fn error() -> impl Strategy<Value = StoreError> {
+    prop_oneof![
+        any::<u64>().prop_map(|current| StoreError::StaleEpoch { current }),
+        any::<Option<u32>>().prop_map(|primary| StoreError::NotPrimary { primary }),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(got, expected)| StoreError::WrongStag { got, expected }),
+        Just(StoreError::OutOfArena),
+        Just(StoreError::Freed),
+        Just(StoreError::NotAllocated),
+        (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::TooLarge { len, max }),
+        any::<u64>().prop_map(|largest_free| StoreError::Full { largest_free }),
+        Just(StoreError::Torn),
+        Just(StoreError::NotEnoughReplicas),
+        (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::BadKey { len, max }),
+        any::<u64>().prop_map(|bucket| StoreError::IndexFull { bucket }),
+        Just(StoreError::Keyed),
+        (any::<u64>(), any::<u64>()).prop_map(|(len, max)| StoreError::BadPattern { len, max }),
+        "[a-z é]{0,12}".prop_map(StoreError::Other),
+        Just(StoreError::NoPermission),
+        any::<u64>().prop_map(|expected| StoreError::StalePointer { expected }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        bytes().prop_map(|data| Op::Insert { data }),
+        (ptr(), bytes()).prop_map(|(ptr, data)| Op::Update { ptr, data }),
+        ptr().prop_map(|ptr| Op::Read { ptr }),
+        ptr().prop_map(|ptr| Op::Delete { ptr }),
+        Just(Op::Status),
+        (
+            bytes(),
+            bytes(),
+            prop_oneof![
+                Just(Cond::Always),
+                Just(Cond::IfAbsent),
+                Just(Cond::IfPresent)
+            ]
+        )
+            .prop_map(|(key, data, cond)| Op::Put { key, data, cond }),
+        bytes().prop_map(|key| Op::Get { key }),
+        bytes().prop_map(|key| Op::Remove { key }),
+        (any::<u64>(), any::<u32>(), bytes()).prop_map(|(cursor, count, pattern)| Op::Scan {
+            cursor,
+            count,
+            pattern
+        }),
+        any::<u32>().prop_map(|stag| Op::RotateStag { stag }),
+    ]
+}
+
+fn effect() -> impl Strategy<Value = Effect> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Effect::Alloc { offset, len }),
+        (any::<u64>(), any::<u64>(), bytes(), bytes()).prop_map(|(offset, version, key, data)| {
+            Effect::Write {
+                offset,
+                version,
+                generation: version / 3,
+                key,
+                data,
+            }
+        }),
+        any::<u64>().prop_map(|offset| Effect::Free { offset }),
+        (
+            bytes(),
+            any::<u64>(),
+            any::<u8>(),
+            any::<Option<(u32, u32)>>()
+        )
+            .prop_map(|(key, generation, slot, e)| Effect::Index {
+                key,
+                generation,
+                edit: crate::index::Edit::Slot {
+                    bucket: generation / 7,
+                    slot,
+                    entry: e.map(|(tag, units)| crate::index::Slot {
+                        tag,
+                        offset: generation,
+                        units,
+                        generation: tag ^ units,
+                    }),
+                },
+            }),
+        (bytes(), any::<u64>()).prop_map(|(key, bucket)| Effect::Index {
+            key,
+            generation: 0,
+            edit: crate::index::Edit::Spill { bucket },
+        }),
+        any::<u32>().prop_map(|stag| Effect::Stag { stag }),
+    ]
+}
+
+fn body() -> impl Strategy<Value = Body> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>(), op()).prop_map(|(client, req_id, op)| Body::Request {
+            client,
+            req_id,
+            op
+        }),
+        (any::<u64>(), prop::result::maybe_ok(reply(), error()))
+            .prop_map(|(req_id, result)| Body::Response { req_id, result }),
+        Just(Body::Heartbeat),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec(effect(), 0..4),
+            reply()
+        )
+            .prop_map(|(seq, client, req_id, effects, reply)| Body::Replicate {
+                seq,
+                op: RepOp {
+                    client,
+                    req_id,
+                    effects,
+                    reply
+                }
+            }),
+        any::<u64>().prop_map(|seq| Body::ReplicateAck { seq }),
+        Just(Body::Stale),
+        (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(node, incarnation, arena_len)| {
+            Body::Join {
+                member: Member { node, incarnation },
+                arena_len,
+            }
+        }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec((any::<u64>(), any::<u64>()), 0..4),
+            prop::collection::vec(any::<u64>(), 0..4),
+            prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), reply()), 0..3)
+        )
+            .prop_map(|(start_seq, size, allocations, freed, d)| Body::SyncStart {
+                session: start_seq.rotate_left(7) ^ size,
+                start_seq,
+                alloc: AllocSnapshot {
+                    size,
+                    allocations,
+                    freed
+                },
+                dedup: d
+                    .into_iter()
+                    .map(|(client, req_id, seq, reply)| DedupEntry {
+                        client,
+                        req_id,
+                        seq,
+                        reply
+                    })
+                    .collect(),
+                stag: size as u32,
+            }),
+        (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(session, offset, len)| {
+            Body::SyncRequest {
+                session,
+                offset,
+                len,
+            }
+        }),
+        (any::<u64>(), any::<u64>(), bytes()).prop_map(|(session, offset, data)| {
+            Body::SyncChunk {
+                session,
+                offset,
+                data,
+            }
+        }),
+        (any::<u64>(), any::<u64>()).prop_map(|(session, through_seq)| Body::SyncDone {
+            session,
+            through_seq
+        }),
+        "[a-z]{0,10}".prop_map(|reason| Body::JoinRefused { reason }),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(seq, in_sync)| Body::ReplicateHead { seq, in_sync }),
+        any::<u64>().prop_map(|from| Body::Resend { from }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn round_trip(epoch in any::<u64>(), body in body()) {
+        let env = Envelope { epoch, body };
+        let bytes = encode(&env);
+        prop_assert_eq!(decode(&bytes), Ok(env.clone()));
+        // Every strict prefix is rejected, as is any extra byte.
+        for cut in 0..bytes.len() {
+            prop_assert!(decode(&bytes[..cut]).is_err());
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        prop_assert_eq!(decode(&longer), Err(DecodeError::Trailing(1)));
+    }
+
+    #[test]
+    fn garbage_never_panics(b in prop::collection::vec(any::<u8>(), 0..200)) {
+        let _ = decode(&b);
+    }
+
+    #[test]
+    fn mutated_messages_never_panic(epoch in any::<u64>(), body in body(), at in any::<usize>(), v in any::<u8>()) {
+        let mut bytes = encode(&Envelope { epoch, body });
+        let i = at % bytes.len();
+        bytes[i] = v;
+        let _ = decode(&bytes);
+    }
+}
+
+#[test]
+fn huge_counts_are_rejected_before_allocating() {
+    // A SyncStart claiming 2^32-1 allocations in a few bytes.
+    let mut b = vec![0u8; 8];
+    b.push(8);
+    b.extend_from_slice(&[0; 24]);
+    b.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(decode(&b), Err(DecodeError::Truncated { .. })));
+    assert_eq!(
+        decode(&vec![0; MAX_MESSAGE + 1]),
+        Err(DecodeError::TooLarge(MAX_MESSAGE + 1))
+    );
+}
