@@ -1,11 +1,19 @@
-//! The keyed operations of [`Node`]: planning puts and removes (their
+//! The keyed half of the [`Image`]: planning puts and removes (their
 //! object and index effects), and the server-side get and scan, which read
 //! the committed bytes exactly as a one-sided reader would.
+//!
+//! Why a planned put keeps one live object per key: it either rewrites
+//! the key's object in place (the allocation holds the new value) or
+//! writes a new object, repoints the key's slot and frees the old one, all
+//! in one replicated write; a new key gets its slot from the index's own
+//! plan, which refuses (`IndexFull`) rather than lose a key. Get and scan
+//! read the arena's bytes, which hold committed writes only.
 
 use super::*;
 use crate::glob;
 use crate::index::{key_hash, tag_of, Slot};
 use crate::lookup::{self, Outcome};
+use crate::proto::Cond;
 
 /// Buckets one scan request walks at most, so a sparse match cannot hold
 /// the node loop for long.
@@ -16,7 +24,7 @@ const SCAN_BUCKETS: u64 = 256;
 /// in, so long keys and a long pattern cannot hold the node loop either.
 const SCAN_WORK: u64 = 1 << 26;
 
-impl<M: Memory> Node<M> {
+impl<M: Memory> Image<M> {
     fn meta(&self) -> Result<&Meta, StoreError> {
         self.index
             .as_ref()
@@ -129,7 +137,7 @@ impl<M: Memory> Node<M> {
     /// committed writes only, and nothing changes them while the node
     /// loop runs it), so the node answers by the very rules a client
     /// reads by.
-    pub(super) fn get_key(&self, key: &[u8]) -> Result<Reply, StoreError> {
+    pub(in crate::node) fn get_key(&self, key: &[u8]) -> Result<Reply, StoreError> {
         crate::proto::check_key(key)?;
         let layout = self
             .layout
@@ -166,7 +174,7 @@ impl<M: Memory> Node<M> {
     /// A scan step: the committed keys matching `pattern` in the buckets
     /// from `cursor` on, until `count` keys were seen, [`SCAN_BUCKETS`]
     /// buckets were walked or [`SCAN_WORK`] was spent matching.
-    pub(super) fn scan(
+    pub(in crate::node) fn scan(
         &self,
         cursor: u64,
         count: u32,
