@@ -12,7 +12,7 @@
 //! * [`lookup`]: a key's one-sided look-up, as a pure state machine.
 //! * [`glob`]: glob patterns over keys (`scan`, `KEYS`).
 //! * [`ptr`]: remote pointers, their encodings and validation.
-//! * [`resp`]: the Redis protocol (RESP2) as a pure codec.
+//! * [`resp_codec`]: the Redis protocol (RESP2) as a pure codec.
 //! * [`proto`]: messages (every one carries the sender's epoch) and codec.
 //! * [`node`]: the pure replication state machine of one node.
 //! * [`coord`]: coordinators (rules, embedded TCP server, etcd).
@@ -43,5 +43,5 @@ pub mod node;
 pub mod object;
 pub mod proto;
 pub mod ptr;
-pub mod resp;
+pub mod resp_codec;
 pub mod sim;

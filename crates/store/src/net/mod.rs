@@ -14,7 +14,7 @@
 pub mod client;
 pub mod handshake;
 pub mod link;
-pub mod resp;
+pub mod redis_door;
 #[allow(unsafe_code)]
 pub mod server;
 

@@ -601,7 +601,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             reg: reg.clone(),
             auth: node_auth.clone(),
         });
-        super::resp::spawn(l, nodes, front, gate.clone(), cfg.auth.protected_mode)
+        super::redis_door::spawn(l, nodes, front, gate.clone(), cfg.auth.protected_mode)
             .map_err(setup)?;
     }
     ready(&aref);

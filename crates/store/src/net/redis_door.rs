@@ -17,7 +17,7 @@
 //! peers' status) goes through a few [`StoreClient`]s shared by all
 //! connections. Replies are written out as they pile up (a pipeline, a
 //! long `MGET` step by step), so a connection holds at most a request
-//! ([`resp::MAX_REQUEST`]) and a few hundred KiB of replies. Commands:
+//! ([`resp_codec::MAX_REQUEST`]) and a few hundred KiB of replies. Commands:
 //!
 //! | command | store operation |
 //! |---|---|
@@ -60,7 +60,7 @@ use crate::auth::{Credentials, Rights};
 use crate::index::Layout;
 use crate::lookup::{self, Outcome};
 use crate::proto::{self, Cond, Op, StatusInfo, StoreError};
-use crate::resp::{self, Decoder, Reply};
+use crate::resp_codec::{self, Decoder, Reply};
 
 /// How long a node's role, as the front door last asked, is trusted
 /// before a write asks again.
@@ -555,7 +555,10 @@ impl Session {
         match self.role(false) {
             Err(r) => Some(r),
             Ok((s, _)) if s.role == proto::ROLE_PRIMARY => None,
-            Ok((_, Some(p))) => Some(Reply::err(format!("MOVED {} {p}", resp::key_slot(key)))),
+            Ok((_, Some(p))) => Some(Reply::err(format!(
+                "MOVED {} {p}",
+                resp_codec::key_slot(key)
+            ))),
             Ok((s, None)) => Some(Reply::err(format!(
                 "READONLY this node is {}, not the primary, and no primary is known",
                 proto::role_name(s.role)
