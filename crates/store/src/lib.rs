@@ -18,12 +18,14 @@
 //! * [`coord`]: coordinators (rules, embedded TCP server, etcd).
 //! * [`config`]: TOML configuration of `softrdma store serve`.
 //! * [`sim`]: deterministic simulation of a replica group.
-//! * [`net`]: the store on the verbs engine (links, node server, client).
+//! * [`net`]: the store on the verbs engine (links, node server, client,
+//!   the Redis-protocol front door).
 
 //!
 //! `unsafe` lives in two modules, which the compiler holds to
 //! (`deny(unsafe_code)` here, allowed on them alone): [`arena`] (the
-//! mappings) and [`net::server`] (registering the arena with the engine).
+//! mappings) and `net/arena_reg.rs` (registering the arena with the
+//! engine, for [`net::server`]).
 
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
