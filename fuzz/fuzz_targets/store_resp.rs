@@ -1,4 +1,4 @@
-//! The store's RESP front door codec (`resp::parse`, `resp::Decoder`):
+//! The store's RESP codec (`resp_codec::parse`, `resp_codec::Decoder`):
 //! arbitrary bytes never panic, a request never claims more bytes than it
 //! was given, the arguments of what parses, encoded as a client would,
 //! parse back the same, and a decoder fed the same bytes in pieces (as a
@@ -6,13 +6,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use softrdma_store::resp::{self, Decoder};
+use softrdma_store::resp_codec::{self, Decoder};
 
 fuzz_target!(|input: &[u8]| {
     let Some((&step, data)) = input.split_first() else {
         return;
     };
-    let whole = resp::parse(data);
+    let whole = resp_codec::parse(data);
     if let Ok(Some((args, used))) = &whole {
         assert!(*used > 0 && *used <= data.len());
         let mut b = format!("*{}\r\n", args.len()).into_bytes();
@@ -21,7 +21,7 @@ fuzz_target!(|input: &[u8]| {
             b.extend_from_slice(a);
             b.extend_from_slice(b"\r\n");
         }
-        assert_eq!(resp::parse(&b), Ok(Some((args.clone(), b.len()))));
+        assert_eq!(resp_codec::parse(&b), Ok(Some((args.clone(), b.len()))));
     }
     // In pieces of `step` bytes: the first answer that is not "more bytes"
     // is the one-buffer answer, once all its bytes have arrived.

@@ -1307,7 +1307,7 @@ fn redis_tools_work_against_the_resp_front_door() {
     assert!(cli(p, &["get"]).contains("wrong number of arguments"));
     // The secondary: a write names the primary and the key's cluster
     // slot; redis-cli -c follows.
-    let slot = softrdma_store::resp::key_slot(b"x");
+    let slot = softrdma_store::resp_codec::key_slot(b"x");
     assert_eq!(
         cli(s, &["set", "x", "y"]),
         format!("MOVED {slot} 127.0.0.1:{p}")

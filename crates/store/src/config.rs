@@ -208,7 +208,7 @@ pub struct Config {
     #[serde(default)]
     pub index_buckets: u64,
     /// Where to serve the Redis protocol (RESP), if anywhere
-    /// (`net::resp`).
+    /// (`net::redis_door`).
     #[serde(default)]
     pub resp: Option<SocketAddr>,
     /// Coordinator.

@@ -12,18 +12,20 @@
 //! * [`lookup`]: a key's one-sided look-up, as a pure state machine.
 //! * [`glob`]: glob patterns over keys (`scan`, `KEYS`).
 //! * [`ptr`]: remote pointers, their encodings and validation.
-//! * [`resp`]: the Redis protocol (RESP2) as a pure codec.
+//! * [`resp_codec`]: the Redis protocol (RESP2) as a pure codec.
 //! * [`proto`]: messages (every one carries the sender's epoch) and codec.
 //! * [`node`]: the pure replication state machine of one node.
 //! * [`coord`]: coordinators (rules, embedded TCP server, etcd).
 //! * [`config`]: TOML configuration of `softrdma store serve`.
 //! * [`sim`]: deterministic simulation of a replica group.
-//! * [`net`]: the store on the verbs engine (links, node server, client).
+//! * [`net`]: the store on the verbs engine (links, node server, client,
+//!   the Redis-protocol front door).
 
 //!
 //! `unsafe` lives in two modules, which the compiler holds to
 //! (`deny(unsafe_code)` here, allowed on them alone): [`arena`] (the
-//! mappings) and [`net::server`] (registering the arena with the engine).
+//! mappings) and `net/arena_reg.rs` (registering the arena with the
+//! engine, for [`net::server`]).
 
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
@@ -43,5 +45,5 @@ pub mod node;
 pub mod object;
 pub mod proto;
 pub mod ptr;
-pub mod resp;
+pub mod resp_codec;
 pub mod sim;

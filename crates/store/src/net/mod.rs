@@ -3,7 +3,12 @@
 //! * [`link`]: one store message per RDMA Send on an RC queue pair, with a
 //!   receiver thread per endpoint and one-sided RDMA Reads.
 //! * [`server`]: `softrdma store serve`, the node runtime around
-//!   [`crate::node::Node`].
+//!   [`crate::node::Node`]: it starts the threads, and runs the node loop
+//!   (`node_loop.rs`, the only owner of the node and the arena), which
+//!   registers the arena for remote reads through `arena_reg.rs` (the one
+//!   `unsafe` here).
+//! * [`redis_door`]: the Redis-protocol (RESP) front door, which reaches
+//!   the node only through its [`redis_door::Front`] trait.
 //! * [`client`]: the client library (`insert`, `update`, `read`, `delete`),
 //!   with failover and one-sided reads.
 //! * [`handshake`]: connection private data (who connects, the proofs of
@@ -11,11 +16,13 @@
 //!   arena, and a joining node the group's arena address and STag, from
 //!   the accept reply.
 
+#[allow(unsafe_code)]
+mod arena_reg;
 pub mod client;
 pub mod handshake;
 pub mod link;
-pub mod resp;
-#[allow(unsafe_code)]
+mod node_loop;
+pub mod redis_door;
 pub mod server;
 
 use std::time::Duration;

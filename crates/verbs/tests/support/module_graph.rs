@@ -234,12 +234,27 @@ pub fn assert_small(dir: &Path, oversize_list: &[(&str, usize)], max: usize) {
 /// with the sibling files it names through `super::` or
 /// `crate::<module>::`. `mod.rs` is left out (it declares them all), and so
 /// are glob imports (`use super::*`), which hide an edge through what
-/// `mod.rs` re-exports.
+/// `mod.rs` re-exports. A subdirectory (`src/net/redis_door/`) is one
+/// node: what its files name through `crate::<module>::`, and its own
+/// `mod.rs` through `super::`.
 pub fn dir_graph(dir: &Path, module: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         let name = p.file_stem().unwrap().to_string_lossy().to_string();
+        if p.is_dir() {
+            let mut files = Vec::new();
+            rust_files(&p, &mut files);
+            let refs = g.entry(name).or_default();
+            for f in &files {
+                let text = std::fs::read_to_string(f).unwrap();
+                refs.extend(references_through(&text, &format!("crate::{module}::")));
+                if *f == p.join("mod.rs") {
+                    refs.extend(references_through(&text, "super::"));
+                }
+            }
+            continue;
+        }
         if p.extension().is_none_or(|x| x != "rs") || name == "mod" {
             continue;
         }

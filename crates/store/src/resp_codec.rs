@@ -1,5 +1,5 @@
 //! RESP, the Redis protocol (version 2), as a pure codec: requests in,
-//! replies out, no I/O. The store's RESP front door (`net::resp`) feeds it
+//! replies out, no I/O. The store's RESP front door (`net::redis_door`) feeds it
 //! the bytes of a connection.
 //!
 //! A request is an array of bulk strings (`*2\r\n$3\r\nGET\r\n$1\r\na\r\n`,
@@ -412,5 +412,5 @@ impl Reply {
 }
 
 #[cfg(test)]
-#[path = "resp_tests.rs"]
+#[path = "resp_codec_tests.rs"]
 mod tests;

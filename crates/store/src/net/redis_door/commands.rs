@@ -1,0 +1,368 @@
+//! The commands of the front door (the table in the module's doc), each
+//! a method of the connection's [`Session`].
+
+use std::sync::atomic::Ordering;
+
+use super::session::{
+    impossible_key, integer, store_err, unknown_subcommand, upper, wrong_args, Out, Session,
+};
+use super::MAX_CLIENTS;
+use crate::proto::{self, Cond, Op};
+use crate::resp_codec::Reply;
+
+/// Keys per step of `MGET`/`EXISTS` (their values are encoded and written
+/// out step by step).
+const MGET_STEP: usize = 4 * crate::net::link::READ_BATCH;
+
+/// The commands served (`COMMAND COUNT`).
+const COMMANDS: [&str; 21] = [
+    "PING", "ECHO", "QUIT", "SELECT", "COMMAND", "CLIENT", "CONFIG", "GET", "SET", "SETNX", "DEL",
+    "UNLINK", "EXISTS", "MGET", "MSET", "KEYS", "SCAN", "DBSIZE", "WAIT", "INFO", "AUTH",
+];
+
+impl Session {
+    /// Runs one command, its reply written to `out`; whether to close the
+    /// connection.
+    pub(super) fn exec(&mut self, args: &[Vec<u8>], out: &mut Out) -> bool {
+        let cmd = upper(&args[0]);
+        let n = args.len();
+        if let Err((reply, close)) = self.admit(&cmd) {
+            out.reply(&reply);
+            return close;
+        }
+        let reply = match cmd.as_str() {
+            "AUTH" => self.auth(args),
+            "PING" => match n {
+                1 => Reply::Simple("PONG".into()),
+                2 => Reply::Bulk(args[1].clone()),
+                _ => wrong_args(&cmd),
+            },
+            "ECHO" if n == 2 => Reply::Bulk(args[1].clone()),
+            "QUIT" => {
+                out.reply(&Reply::ok());
+                return true;
+            }
+            "SELECT" if n == 2 => match integer(&args[1]) {
+                Ok(0) => Reply::ok(),
+                Ok(_) => Reply::err("ERR DB index is out of range"),
+                Err(r) => r,
+            },
+            "COMMAND" if n == 1 => Reply::Array(Vec::new()),
+            "COMMAND" => match upper(&args[1]).as_str() {
+                // No command table: clients (redis-cli's hints) do
+                // without one.
+                "DOCS" | "INFO" => Reply::Array(Vec::new()),
+                "COUNT" if n == 2 => Reply::Int(COMMANDS.len() as i64),
+                _ => unknown_subcommand("COMMAND", &args[1]),
+            },
+            "CLIENT" if n >= 2 => match (upper(&args[1]).as_str(), n) {
+                ("SETNAME", 3) => {
+                    self.name = args[2].clone();
+                    Reply::ok()
+                }
+                ("GETNAME", 2) if self.name.is_empty() => Reply::Nil,
+                ("GETNAME", 2) => Reply::Bulk(self.name.clone()),
+                ("ID", 2) => Reply::Int(self.no as i64),
+                ("SETINFO", 4) => Reply::ok(),
+                ("SETNAME" | "GETNAME" | "ID" | "SETINFO", _) => Reply::err(format!(
+                    "ERR wrong number of arguments for 'client|{}' command",
+                    String::from_utf8_lossy(&args[1]).to_ascii_lowercase()
+                )),
+                _ => unknown_subcommand("CLIENT", &args[1]),
+            },
+            "CONFIG" if n >= 2 => match upper(&args[1]).as_str() {
+                // What redis-benchmark asks; the store has no such
+                // settings (no snapshots, no append-only file).
+                "GET" if n >= 3 => {
+                    let mut pairs = Vec::new();
+                    for p in &args[2..] {
+                        let v: &[u8] = match p.to_ascii_lowercase().as_slice() {
+                            b"save" => b"",
+                            b"appendonly" => b"no",
+                            _ => continue,
+                        };
+                        pairs.push(Reply::Bulk(p.to_ascii_lowercase()));
+                        pairs.push(Reply::Bulk(v.to_vec()));
+                    }
+                    Reply::Array(pairs)
+                }
+                "GET" => Reply::err("ERR wrong number of arguments for 'config|get' command"),
+                _ => unknown_subcommand("CONFIG", &args[1]),
+            },
+            "GET" if n == 2 => self.get(&args[1]),
+            "SET" if n >= 3 => self.set(args),
+            "SETNX" if n == 3 => match self.put(&args[1], &args[2], Cond::IfAbsent) {
+                Ok(true) => Reply::Int(1),
+                Ok(false) => Reply::Int(0),
+                Err(r) => r,
+            },
+            "DEL" | "UNLINK" if n >= 2 => self.del(&args[1..]),
+            "EXISTS" if n >= 2 => {
+                let mut found = 0;
+                for step in args[1..].chunks(MGET_STEP) {
+                    match self.mget(step) {
+                        Ok(v) => found += v.iter().filter(|r| matches!(r, Reply::Bulk(_))).count(),
+                        Err(r) => {
+                            out.reply(&r);
+                            return false;
+                        }
+                    }
+                }
+                Reply::Int(found as i64)
+            }
+            "MGET" if n >= 2 => {
+                // Step by step, each step's values written out before the
+                // next is read: a long MGET never holds all its values.
+                // An error in a step answers its keys with the error.
+                out.raw(format!("*{}\r\n", n - 1).as_bytes());
+                for step in args[1..].chunks(MGET_STEP) {
+                    match self.mget(step) {
+                        Ok(v) => v.iter().for_each(|r| out.reply(r)),
+                        Err(r) => (0..step.len()).for_each(|_| out.reply(&r)),
+                    }
+                    if out.broken {
+                        return true;
+                    }
+                }
+                return false;
+            }
+            "MSET" if n >= 3 && n % 2 == 1 => self.mset(&args[1..]),
+            "KEYS" if n == 2 => match self.shared.pooled(|c| c.scan(&args[1])) {
+                Ok(Ok(keys)) => Reply::Array(keys.into_iter().map(Reply::Bulk).collect()),
+                Ok(Err(e)) => store_err(e),
+                Err(r) => r,
+            },
+            "SCAN" if n >= 2 => self.scan(args),
+            "DBSIZE" if n == 1 => match self.role(true) {
+                Ok((s, _)) => Reply::Int(s.keys as i64),
+                Err(r) => r,
+            },
+            "WAIT" if n == 3 => match (integer(&args[1]), integer(&args[2])) {
+                (Err(r), _) | (_, Err(r)) => r,
+                (_, Ok(t)) if t < 0 => Reply::err("ERR timeout is negative"),
+                _ => match self.role(true) {
+                    Ok((s, _)) => Reply::Int(s.redundant as i64),
+                    Err(r) => r,
+                },
+            },
+            "INFO" => self.info(),
+            "ECHO" | "SELECT" | "CLIENT" | "CONFIG" | "GET" | "SET" | "SETNX" | "DEL"
+            | "UNLINK" | "EXISTS" | "MGET" | "MSET" | "KEYS" | "SCAN" | "DBSIZE" | "WAIT" => {
+                wrong_args(&cmd)
+            }
+            _ => {
+                // Worded as Redis words it.
+                let mut text = format!(
+                    "ERR unknown command '{}', with args beginning with: ",
+                    String::from_utf8_lossy(&args[0])
+                );
+                for a in args[1..].iter().take(4) {
+                    text.push_str(&format!("'{}' ", String::from_utf8_lossy(a)));
+                }
+                Reply::err(text)
+            }
+        };
+        out.reply(&reply);
+        false
+    }
+
+    fn get(&mut self, key: &[u8]) -> Reply {
+        match self.local_get(key) {
+            Some(Some(v)) => return Reply::Bulk(v),
+            Some(None) => return Reply::Nil,
+            None => {}
+        }
+        match self.shared.pooled(|c| c.get(key)) {
+            Ok(Ok(Some(v))) => Reply::Bulk(v),
+            Ok(Ok(None)) => Reply::Nil,
+            Ok(Err(e)) => store_err(e),
+            Err(r) => r,
+        }
+    }
+
+    /// A put if this node is the primary: whether it was stored.
+    fn put(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, Reply> {
+        if let Some(r) = self.not_primary(key) {
+            return Err(r);
+        }
+        if value.len() > crate::net::link::MAX_VALUE {
+            return Err(Reply::err(format!(
+                "ERR value of {} bytes exceeds the limit of {} bytes",
+                value.len(),
+                crate::net::link::MAX_VALUE
+            )));
+        }
+        let op = Op::Put {
+            key: key.to_vec(),
+            data: value.to_vec(),
+            cond,
+        };
+        match self.write(op)? {
+            proto::Reply::Stored { .. } => Ok(true),
+            proto::Reply::NotStored => Ok(false),
+            r => Err(Reply::err(format!("ERR unexpected answer {r:?}"))),
+        }
+    }
+
+    fn set(&mut self, args: &[Vec<u8>]) -> Reply {
+        let mut cond = Cond::Always;
+        for o in &args[3..] {
+            match upper(o).as_str() {
+                "NX" if cond == Cond::Always => cond = Cond::IfAbsent,
+                "XX" if cond == Cond::Always => cond = Cond::IfPresent,
+                "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
+                    return Reply::err("ERR TTLs are not supported: the store does not expire keys")
+                }
+                "GET" => return Reply::err("ERR SET ... GET is not supported"),
+                _ => return Reply::err("ERR syntax error"),
+            }
+        }
+        match self.put(&args[1], &args[2], cond) {
+            Ok(true) => Reply::ok(),
+            Ok(false) => Reply::Nil,
+            Err(r) => r,
+        }
+    }
+
+    fn del(&mut self, keys: &[Vec<u8>]) -> Reply {
+        if let Some(r) = self.not_primary(&keys[0]) {
+            return r;
+        }
+        let mut n = 0;
+        for k in keys {
+            self.cache.remove(k);
+            if impossible_key(k) {
+                continue;
+            }
+            match self.write(Op::Remove { key: k.clone() }) {
+                Ok(proto::Reply::Removed { existed }) => n += existed as i64,
+                Ok(r) => return Reply::err(format!("ERR unexpected answer {r:?}")),
+                Err(r) => return r,
+            }
+        }
+        Reply::Int(n)
+    }
+
+    /// The values of `keys` (a step of `MGET`), in order.
+    fn mget(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Reply>, Reply> {
+        // From the local arena while this node is the primary.
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            match self.local_get(k) {
+                Some(v) => out.push(v.map_or(Reply::Nil, Reply::Bulk)),
+                None => break,
+            }
+        }
+        if out.len() == keys.len() {
+            return Ok(out);
+        }
+        // The rest through a client: the primary's arena, Reads batched.
+        let rest: Vec<&[u8]> = keys[out.len()..].iter().map(|k| k.as_slice()).collect();
+        let got = self.shared.pooled(|c| c.get_many(&rest))?;
+        for (k, r) in rest.iter().zip(got) {
+            out.push(match r {
+                Ok(Some(v)) => Reply::Bulk(v),
+                Ok(None) => Reply::Nil,
+                Err(_) if impossible_key(k) => Reply::Nil,
+                Err(e) => return Err(store_err(e)),
+            });
+        }
+        Ok(out)
+    }
+
+    fn mset(&mut self, kv: &[Vec<u8>]) -> Reply {
+        for (i, pair) in kv.chunks(2).enumerate() {
+            if let Err(r) = self.put(&pair[0], &pair[1], Cond::Always) {
+                if i == 0 {
+                    return r;
+                }
+                let Reply::Error(text) = r else { return r };
+                return Reply::err(format!(
+                    "{text} (MSET is not atomic: the first {i} keys were set)"
+                ));
+            }
+        }
+        Reply::ok()
+    }
+
+    fn scan(&mut self, args: &[Vec<u8>]) -> Reply {
+        // One SCAN call covers the whole index (the store's own scan
+        // walks it in steps), so every cursor but 0 is the end.
+        let Ok(cursor) = std::str::from_utf8(&args[1])
+            .map_err(|_| ())
+            .and_then(|t| t.parse::<u64>().map_err(|_| ()))
+        else {
+            return Reply::err("ERR invalid cursor");
+        };
+        let mut pattern = Vec::new();
+        let mut i = 2;
+        while i < args.len() {
+            match upper(&args[i]).as_str() {
+                "MATCH" if i + 1 < args.len() => pattern = args[i + 1].clone(),
+                "COUNT" if i + 1 < args.len() => match integer(&args[i + 1]) {
+                    Ok(c) if c >= 1 => {}
+                    Ok(_) => return Reply::err("ERR syntax error"),
+                    Err(r) => return r,
+                },
+                _ => return Reply::err("ERR syntax error"),
+            }
+            i += 2;
+        }
+        if cursor != 0 {
+            return Reply::Array(vec![Reply::Bulk(b"0".to_vec()), Reply::Array(Vec::new())]);
+        }
+        match self.shared.pooled(|c| c.scan(&pattern)) {
+            Ok(Ok(keys)) => Reply::Array(vec![
+                Reply::Bulk(b"0".to_vec()),
+                Reply::Array(keys.into_iter().map(Reply::Bulk).collect()),
+            ]),
+            Ok(Err(e)) => store_err(e),
+            Err(r) => r,
+        }
+    }
+
+    fn info(&mut self) -> Reply {
+        let (s, primary) = match self.role(true) {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+        let role = if s.role == proto::ROLE_PRIMARY {
+            "master"
+        } else {
+            "slave"
+        };
+        let mut t = String::new();
+        t.push_str("# Server\r\nredis_version:7.0.0\r\nsoftrdma_store:1\r\n");
+        t.push_str(&format!(
+            "\r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{MAX_CLIENTS}\r\n",
+            self.shared.conns.load(Ordering::Relaxed)
+        ));
+        t.push_str(&format!(
+            "\r\n# Replication\r\nrole:{role}\r\nsoftrdma_role:{}\r\nconnected_slaves:{}\r\n",
+            proto::role_name(s.role),
+            s.redundant as u8
+        ));
+        if let Some(p) = primary {
+            t.push_str(&format!(
+                "master_host:{}\r\nmaster_port:{}\r\n",
+                p.ip(),
+                p.port()
+            ));
+        }
+        t.push_str(&format!(
+            "epoch:{}\r\nredundant:{}\r\napplied_seq:{}\r\nmin_in_sync_replicas:{}\r\n\
+             durability:{}\r\n",
+            s.epoch,
+            s.redundant as u8,
+            s.applied_seq,
+            s.min_in_sync,
+            crate::config::durability(s.min_in_sync)
+        ));
+        t.push_str(&format!(
+            "\r\n# Memory\r\narena_bytes:{}\r\narena_used_bytes:{}\r\nobjects:{}\r\n",
+            s.arena_len, s.allocated, s.objects
+        ));
+        t.push_str(&format!("\r\n# Keyspace\r\ndb0:keys={}\r\n", s.keys));
+        Reply::Bulk(t.into_bytes())
+    }
+}

@@ -1,0 +1,152 @@
+//! The store's Redis-compatible front door: `softrdma store serve` with
+//! `resp = "ADDR"` (or `--resp ADDR`) accepts RESP connections, so
+//! `redis-cli`, `redis-benchmark` and Redis client libraries work
+//! unchanged.
+//!
+//! Each connection is served by a thread (at most [`MAX_CLIENTS`]). A
+//! RESP command is a store request like any other, so it keeps every
+//! guarantee of the native protocol: a write enters this node's loop
+//! through its event queue ([`Front::request`]), the path a client's
+//! message takes without the network, and is answered once replicated
+//! (if that answer does not come, it is retried under the same request id
+//! through a client of the connection's own, and takes effect once); a
+//! read on the primary is the one-sided look-up run on the node's own
+//! arena, each copy checked against the arena STag's validity and lease
+//! deadline as a remote Read is ([`Front::read`]). What this node cannot
+//! answer itself (reads while it is not the primary, `KEYS`, `SCAN`, the
+//! peers' status) goes through a few
+//! [`StoreClient`](crate::net::client::StoreClient)s shared by all
+//! connections. Replies are written out as they pile up (a pipeline, a
+//! long `MGET` step by step), so a connection holds at most a request
+//! ([`crate::resp_codec::MAX_REQUEST`]) and a few hundred KiB of replies.
+//! Commands:
+//!
+//! | command | store operation |
+//! |---|---|
+//! | `GET k` | one-sided look-up (`StoreClient::get`) |
+//! | `SET k v [NX\|XX]` | `put` (Always / IfAbsent / IfPresent); `$-1` when the condition fails |
+//! | `SETNX k v` | `put` IfAbsent: `:1` / `:0` |
+//! | `DEL k...`, `UNLINK k...` | `remove` each: the count that existed |
+//! | `EXISTS k...` | batched look-ups: the count found |
+//! | `MGET k...` | look-ups in steps of 64 keys (on a secondary: `get_many`, Reads batched) |
+//! | `MSET k v ...` | `put` each, in order (**not atomic** across keys: a failure part-way leaves the earlier keys set, and the error says how many) |
+//! | `KEYS p`, `SCAN c [MATCH p] [COUNT n]` | `scan` of the committed index |
+//! | `DBSIZE` | keys in the index (`status`) |
+//! | `INFO [section]` | role, epoch, redundancy, keys, arena use |
+//! | `WAIT n t` | at once: `:1` while the group is redundant, else `:0` (every write is acknowledged only once replicated, or, under `min_in_sync_replicas = 0` with the group degraded, held by the primary alone, which this reports) |
+//! | `PING`, `ECHO`, `SELECT 0`, `QUIT`, `COMMAND [COUNT\|DOCS\|INFO]`, `CONFIG GET save\|appendonly`, `CLIENT SETNAME\|GETNAME\|ID\|SETINFO` | what clients send when they connect |
+//!
+//! Anything else is answered `-ERR unknown command '...'`, as Redis does;
+//! bytes that are not RESP get `-ERR Protocol error: ...` and the
+//! connection is closed. A write sent to a node that is not the primary
+//! is answered `-MOVED SLOT HOST:PORT` naming the key's cluster slot and
+//! the primary's RESP address (`redis-cli -c` follows it; the host is the
+//! primary's store address, the port its RESP port), or `-READONLY` when
+//! no primary is known;
+//! reads on any node are served (through the primary's arena). Values
+//! are at most `net::link::MAX_VALUE` bytes, keys 1 to 1,024 bytes, and
+//! TTLs (`EX`, `PX`, ...) are refused: the store does not expire keys.
+//!
+//! The door is this module alone: the server starts it ([`spawn`]) and
+//! hands it a [`Front`], the node as the door needs it, which the node
+//! loop's side implements. Inside: `shared.rs` (what all connections
+//! share: the pool of store clients, the node's last known role),
+//! `session.rs` (a connection: its bytes, its authentication, the paths
+//! of a write and of a local read) and `commands.rs` (the commands).
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::net::handshake::{ClientAuth, Gate};
+use crate::proto;
+use crate::ptr::ArenaRef;
+
+mod commands;
+mod session;
+mod shared;
+
+use shared::Shared;
+
+/// The node as the RESP front door sees it: requests go to the node's
+/// loop (the same path as a client's message, with the same
+/// de-duplication and replication), and reads of the arena are local
+/// copies that obey the STag's validity and deadline exactly as a remote
+/// one-sided Read does.
+pub trait Front: Send + Sync {
+    /// The arena (with its STag now).
+    fn arena(&self) -> ArenaRef;
+
+    /// The credential the front door's own store clients use.
+    fn client_auth(&self) -> Option<ClientAuth>;
+
+    /// Sends request `req_id` of client `client` to the node loop; waits
+    /// for its answer at most `timeout`. `None`: no answer in time (or the
+    /// node loop is gone): the outcome is unknown, and a retry with the
+    /// same ids through any node learns it.
+    fn request(
+        &self,
+        client: u64,
+        req_id: u64,
+        op: proto::Op,
+        timeout: Duration,
+    ) -> Option<Result<proto::Reply, proto::StoreError>>;
+
+    /// Copies arena bytes at `offset` into `out` if this node serves
+    /// one-sided reads now and still did when the copy ended; `false`
+    /// otherwise (or outside the arena).
+    fn read(&self, offset: u64, out: &mut [u8]) -> bool;
+}
+
+/// Connections served at once (Redis's `maxclients` is 10,000; each
+/// connection here is a thread). One more is answered with Redis's error
+/// and closed.
+pub const MAX_CLIENTS: usize = 1000;
+
+/// Serves RESP on `listener` for the node at `nodes[0]` (its peers
+/// after it), one thread per connection, until the process ends.
+pub fn spawn(
+    listener: TcpListener,
+    nodes: Vec<SocketAddr>,
+    front: Arc<dyn Front>,
+    gate: Arc<Gate>,
+    protected_mode: bool,
+) -> std::io::Result<()> {
+    let shared = Arc::new(Shared::new(nodes, front, gate, protected_mode));
+    std::thread::Builder::new()
+        .name("store-resp".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let mut conn = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of descriptors, most likely: let connections
+                        // end rather than spin on the error.
+                        tracing::warn!("RESP accept: {e}");
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                };
+                if shared.conns.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                    shared.conns.fetch_sub(1, Ordering::AcqRel);
+                    let _ = conn.write_all(b"-ERR max number of clients reached\r\n");
+                    continue;
+                }
+                let no = shared.accepted.fetch_add(1, Ordering::Relaxed) + 1;
+                let shared = shared.clone();
+                let s2 = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("store-resp-conn".into())
+                    .spawn(move || {
+                        session::serve_conn(conn, &shared, no);
+                        shared.conns.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    s2.conns.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,445 @@
+//! One connection of the front door: its bytes in and out, who it
+//! authenticated as, and the two paths of its requests (a write through
+//! the node loop, retried through a client of its own; a read from the
+//! node's own arena).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::shared::Shared;
+use crate::auth::{Credentials, Rights};
+use crate::index::Layout;
+use crate::lookup::{self, Outcome};
+use crate::net::client::{ClientError, StoreClient};
+use crate::proto::{self, Op, StatusInfo, StoreError};
+use crate::resp_codec::{self, Decoder, Reply};
+
+/// How long a node's role, as the front door last asked, is trusted
+/// before a write asks again.
+const ROLE_TTL: Duration = Duration::from_millis(100);
+
+/// How long a request waits for the node loop before the front door asks
+/// again through a client (same request id: it takes effect once).
+const FRONT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Replies are written out once this many bytes wait (a pipeline of many
+/// requests, or a long `MGET`, never holds more than about this much).
+const FLUSH_AT: usize = 256 << 10;
+
+/// A client that does not read its replies for this long is disconnected.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Key -> pointer entries one connection keeps.
+const SESSION_CACHE: usize = 16 << 10;
+
+/// A connection's replies, written out as they pile up.
+pub(super) struct Out {
+    pub(super) conn: TcpStream,
+    pub(super) buf: Vec<u8>,
+    /// A write failed: the connection is done.
+    pub(super) broken: bool,
+}
+
+impl Out {
+    pub(super) fn reply(&mut self, r: &Reply) {
+        r.encode(&mut self.buf);
+        self.maybe_flush();
+    }
+
+    pub(super) fn raw(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+        self.maybe_flush();
+    }
+
+    fn maybe_flush(&mut self) {
+        if self.buf.len() >= FLUSH_AT {
+            self.flush();
+        }
+    }
+
+    pub(super) fn flush(&mut self) {
+        if !self.broken && !self.buf.is_empty() && self.conn.write_all(&self.buf).is_err() {
+            self.broken = true;
+        }
+        self.buf.clear();
+    }
+}
+
+/// Redis's answer to a client from another host when no password is set.
+const DENIED: &str = "DENIED softrdma-store is running in protected mode because no \
+    credentials are configured: only loopback clients are served. Configure [auth] secret \
+    (or users) in the node's configuration (docs/store.md), or set protected_mode = false \
+    to serve everyone.";
+
+pub(super) fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
+    let _ = conn.set_nodelay(true);
+    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
+    let Ok(mut input) = conn.try_clone() else {
+        return;
+    };
+    // (Read in this order, a change in between is seen at the first
+    // request.)
+    let seen_changes = shared.gate.changes();
+    let creds = shared.gate.credentials();
+    let loopback = conn.peer_addr().is_ok_and(|a| a.ip().is_loopback());
+    if !creds.configured() && shared.protected_mode && !loopback {
+        let mut conn = conn;
+        let _ = conn.write_all(format!("-{DENIED}\r\n").as_bytes());
+        return;
+    }
+    // Without credentials everyone is the default user, as in Redis.
+    let user =
+        (!creds.configured()).then(|| (crate::auth::DEFAULT_USER.to_string(), Rights::ReadWrite));
+    let mut session = Session {
+        user,
+        creds,
+        seen_changes,
+        shared: shared.clone(),
+        retry: None,
+        id: crate::auth::random_u64(),
+        no,
+        name: Vec::new(),
+        req: 0,
+        layout: None,
+        cache: HashMap::new(),
+    };
+    let mut out = Out {
+        conn,
+        buf: Vec::with_capacity(16 << 10),
+        broken: false,
+    };
+    let mut decoder = Decoder::default();
+    let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let mut used = 0;
+        let mut close = false;
+        loop {
+            match decoder.decode(&buf[used..]) {
+                Ok(Some((args, n))) => {
+                    used += n;
+                    if args.is_empty() {
+                        continue;
+                    }
+                    if session.exec(&args, &mut out) {
+                        close = true;
+                        break;
+                    }
+                    if out.broken {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    out.reply(&Reply::err(format!("ERR Protocol error: {e}")));
+                    close = true;
+                    break;
+                }
+            }
+        }
+        buf.drain(..used);
+        out.flush();
+        if close || out.broken {
+            return;
+        }
+        match input.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+pub(super) struct Session {
+    /// Who the connection authenticated as (`AUTH`), and its rights.
+    pub(super) user: Option<(String, Rights)>,
+    /// The credentials `user` was checked against.
+    pub(super) creds: Arc<Credentials>,
+    /// `Gate::changes` when `creds` was taken.
+    pub(super) seen_changes: u64,
+    pub(super) shared: Arc<Shared>,
+    /// A client under this connection's id, made only to retry a write
+    /// whose answer did not come through the node loop (the same request
+    /// id then takes effect once).
+    pub(super) retry: Option<StoreClient>,
+    /// This connection's client id, on both paths.
+    pub(super) id: u64,
+    /// `CLIENT ID`.
+    pub(super) no: u64,
+    /// `CLIENT SETNAME`.
+    pub(super) name: Vec<u8>,
+    /// Request ids used before `retry` existed.
+    pub(super) req: u64,
+    /// The key index's layout, read from the local arena's superblock.
+    pub(super) layout: Option<Layout>,
+    /// Key -> (arena offset, allocation length), as in `StoreClient`; at
+    /// most [`SESSION_CACHE`] entries.
+    pub(super) cache: HashMap<Vec<u8>, (u64, u32)>,
+}
+
+pub(super) fn upper(a: &[u8]) -> String {
+    String::from_utf8_lossy(a).to_ascii_uppercase()
+}
+
+/// A key no store key can equal (empty, or longer than the limit): a
+/// read of it answers "absent", a write a clear error.
+pub(super) fn impossible_key(key: &[u8]) -> bool {
+    crate::proto::check_key(key).is_err()
+}
+
+/// An integer argument, or Redis's error for it.
+pub(super) fn integer(a: &[u8]) -> Result<i64, Reply> {
+    std::str::from_utf8(a)
+        .ok()
+        .and_then(|t| t.parse::<i64>().ok())
+        .ok_or_else(|| Reply::err("ERR value is not an integer or out of range"))
+}
+
+pub(super) fn store_err(e: ClientError) -> Reply {
+    match e {
+        ClientError::Store(StoreError::BadKey { len, max }) => {
+            Reply::err(format!("ERR key of {len} bytes: keys are 1 to {max} bytes"))
+        }
+        ClientError::Store(StoreError::Full { largest_free }) => Reply::err(format!(
+            "OOM arena full (largest free range {largest_free} bytes)"
+        )),
+        ClientError::Store(e @ StoreError::IndexFull { .. }) => Reply::err(format!("OOM {e}")),
+        ClientError::Store(e @ StoreError::NotEnoughReplicas) => {
+            Reply::err(format!("NOREPLICAS {e}"))
+        }
+        ClientError::Unavailable(e) => Reply::err(format!("TRYAGAIN store unavailable: {e}")),
+        ClientError::Store(e @ StoreError::NoPermission) => Reply::err(format!("NOPERM {e}")),
+        e => Reply::err(format!("ERR {e}")),
+    }
+}
+
+pub(super) fn wrong_args(cmd: &str) -> Reply {
+    Reply::err(format!(
+        "ERR wrong number of arguments for '{}' command",
+        cmd.to_ascii_lowercase()
+    ))
+}
+
+pub(super) fn unknown_subcommand(cmd: &str, sub: &[u8]) -> Reply {
+    Reply::err(format!(
+        "ERR unknown subcommand '{}'. Try {cmd} HELP.",
+        String::from_utf8_lossy(sub)
+    ))
+}
+
+impl Session {
+    /// The client that retries this connection's writes.
+    pub(super) fn retry_client(&mut self) -> Result<&mut StoreClient, Reply> {
+        if self.retry.is_none() {
+            let mut cfg = self.shared.client_config();
+            cfg.id = Some(self.id);
+            let mut c = StoreClient::new(cfg)
+                .map_err(|e| Reply::err(format!("ERR cannot reach the store: {e}")))?;
+            c.skip_req_ids(self.req);
+            self.retry = Some(c);
+        }
+        Ok(self.retry.as_mut().expect("set above"))
+    }
+
+    pub(super) fn next_req(&mut self) -> u64 {
+        match &mut self.retry {
+            Some(c) => c.next_req_id(),
+            None => {
+                self.req += 1;
+                self.req
+            }
+        }
+    }
+
+    /// A write: through this node's loop (the path a client's request
+    /// takes, without the network); if no answer comes in time, or the
+    /// node stopped being the primary while the write was pending (it may
+    /// have been replicated), asked again through a client under the same
+    /// request id, which makes it take effect once whatever happened.
+    pub(super) fn write(&mut self, op: Op) -> Result<proto::Reply, Reply> {
+        let req_id = self.next_req();
+        let first = self
+            .shared
+            .front
+            .request(self.id, req_id, op.clone(), FRONT_TIMEOUT);
+        match first {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(StoreError::NotPrimary { .. }))
+            | Some(Err(StoreError::StaleEpoch { .. }))
+            | None => {
+                let _ = self.role(true);
+                self.retry_client()?
+                    .request_as(req_id, op)
+                    .map_err(store_err)
+            }
+            Some(Err(e)) => Err(store_err(e.into())),
+        }
+    }
+
+    /// A keyed get served from this node's own arena, as a one-sided
+    /// reader would (the same look-up, the reads checked against the
+    /// STag's validity and deadline); `None` if this node does not serve
+    /// reads now or the look-up gave up.
+    pub(super) fn local_get(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        if impossible_key(key) {
+            return Some(None);
+        }
+        let front = self.shared.front.clone();
+        let arena_len = front.arena().len;
+        if self.layout.is_none() {
+            let mut sb = [0u8; crate::index::SUPERBLOCK_LEN as usize];
+            if !front.read(0, &mut sb) {
+                return None;
+            }
+            self.layout = Layout::from_superblock(&sb, arena_len).ok();
+        }
+        let layout = self.layout?;
+        let cached = self.cache.get(key).copied();
+        let read = |offset: u64, len: u32| {
+            // Bounds first: a length is never trusted before it is known
+            // to lie inside the arena.
+            if offset.saturating_add(len as u64) > arena_len {
+                return Err(());
+            }
+            let mut buf = vec![0u8; len as usize];
+            match front.read(offset, &mut buf) {
+                true => Ok(buf),
+                false => Err(()),
+            }
+        };
+        match lookup::run(key, layout, cached, read).ok()?.0 {
+            Outcome::Found {
+                offset, len, data, ..
+            } => {
+                if self.cache.len() >= SESSION_CACHE && !self.cache.contains_key(key) {
+                    self.cache.clear();
+                }
+                self.cache.insert(key.to_vec(), (offset, len));
+                Some(Some(data))
+            }
+            Outcome::Absent => {
+                self.cache.remove(key);
+                Some(None)
+            }
+            Outcome::GaveUp => None,
+        }
+    }
+
+    /// This node's status, asked at most every [`ROLE_TTL`] (by any
+    /// connection), and the primary's RESP address when this node is not
+    /// the primary.
+    pub(super) fn role(&mut self, fresh: bool) -> Result<(StatusInfo, Option<SocketAddr>), Reply> {
+        if !fresh {
+            if let Some((at, s, p)) = self.shared.role.lock().expect("role").clone() {
+                if at.elapsed() < ROLE_TTL {
+                    return Ok((s, p));
+                }
+            }
+        }
+        let me = match self
+            .shared
+            .front
+            .request(self.id, 0, Op::Status, FRONT_TIMEOUT)
+        {
+            Some(Ok(proto::Reply::Status(s))) => s,
+            _ => return Err(Reply::err("TRYAGAIN this node does not answer")),
+        };
+        let mut primary = None;
+        if me.role != proto::ROLE_PRIMARY {
+            let nodes = self.shared.nodes.clone();
+            self.shared.pooled(|c| {
+                for (i, addr) in nodes.iter().enumerate().skip(1) {
+                    if let Ok(s) = c.status_of(i) {
+                        if s.role == proto::ROLE_PRIMARY && s.resp_port != 0 {
+                            primary = Some(SocketAddr::new(addr.ip(), s.resp_port));
+                        }
+                    }
+                }
+            })?;
+        }
+        *self.shared.role.lock().expect("role") = Some((Instant::now(), me.clone(), primary));
+        Ok((me, primary))
+    }
+
+    /// `None` if this node may take writes of `key`; else the
+    /// redirection (`-MOVED slot host:port`, the key's cluster slot, so
+    /// that cluster-aware clients such as `redis-cli -c` follow it).
+    pub(super) fn not_primary(&mut self, key: &[u8]) -> Option<Reply> {
+        match self.role(false) {
+            Err(r) => Some(r),
+            Ok((s, _)) if s.role == proto::ROLE_PRIMARY => None,
+            Ok((_, Some(p))) => Some(Reply::err(format!(
+                "MOVED {} {p}",
+                resp_codec::key_slot(key)
+            ))),
+            Ok((s, None)) => Some(Reply::err(format!(
+                "READONLY this node is {}, not the primary, and no primary is known",
+                proto::role_name(s.role)
+            ))),
+        }
+    }
+
+    /// Whether the connection may run `cmd`; otherwise the reply (and
+    /// whether to close). Credentials that changed since `AUTH` are
+    /// checked again first: a removed user or a changed password ends the
+    /// connection (issue 29: revocation is live).
+    pub(super) fn admit(&mut self, cmd: &str) -> Result<(), (Reply, bool)> {
+        // One atomic load per request; the credentials only when they changed.
+        let changes = self.shared.gate.changes();
+        if changes != self.seen_changes {
+            self.seen_changes = changes;
+            let now = self.shared.gate.credentials();
+            let keeps = match &self.user {
+                Some((u, _)) if self.creds.configured() => now.still_grants(&self.creds, u),
+                // Admitted while none were configured: only while none are.
+                Some(_) => !now.configured(),
+                None => true,
+            };
+            if !keeps {
+                return Err((Reply::err("NOAUTH Authentication required."), true));
+            }
+            if !now.configured() && self.user.is_none() {
+                self.user = Some((crate::auth::DEFAULT_USER.into(), Rights::ReadWrite));
+            }
+            self.creds = now;
+        }
+        match (&self.user, cmd) {
+            (_, "AUTH" | "QUIT") => Ok(()),
+            (None, _) => Err((Reply::err("NOAUTH Authentication required."), false)),
+            (Some((u, Rights::Read)), "SET" | "SETNX" | "DEL" | "UNLINK" | "MSET") => Err((
+                Reply::err(format!(
+                    "NOPERM User {u} has no permissions to run the '{}' command",
+                    cmd.to_ascii_lowercase()
+                )),
+                false,
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// `AUTH [user] password`, as Redis answers it.
+    pub(super) fn auth(&mut self, args: &[Vec<u8>]) -> Reply {
+        let (user, pass) = match args.len() {
+            2 => (crate::auth::DEFAULT_USER.to_string(), &args[1]),
+            3 => (String::from_utf8_lossy(&args[1]).into_owned(), &args[2]),
+            _ => return Reply::err("ERR syntax error"),
+        };
+        let creds = self.shared.gate.credentials();
+        if !creds.configured() && args.len() == 2 {
+            return Reply::err(
+                "ERR AUTH <password> called without any password configured for the default \
+                 user. Are you sure your configuration is correct?",
+            );
+        }
+        match creds.check_password(&user, pass) {
+            Some(rights) => {
+                self.user = Some((user, rights));
+                self.creds = creds;
+                Reply::ok()
+            }
+            None => Reply::err("WRONGPASS invalid username-password pair or user is disabled."),
+        }
+    }
+}
