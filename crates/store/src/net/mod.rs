@@ -4,8 +4,9 @@
 //!   receiver thread per endpoint and one-sided RDMA Reads.
 //! * [`server`]: `softrdma store serve`, the node runtime around
 //!   [`crate::node::Node`].
-//! * [`client`]: the client library (`insert`, `update`, `read`, `delete`),
-//!   with failover and one-sided reads.
+//! * [`client`]: the client library: a keyed face (`get`, `set`, `del`,
+//!   ...) and a pointer face (`alloc`, `read_ptr`, `update_ptr`, `free`)
+//!   over a request session (failover) and a one-sided reader.
 //! * [`handshake`]: connection private data (who connects, the proofs of
 //!   the group's credentials); a client learns each node's id and the
 //!   arena, and a joining node the group's arena address and STag, from
