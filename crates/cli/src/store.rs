@@ -207,7 +207,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         Cmd::Del(a) => {
             let mut c = client(&a.nodes)?;
-            if c.remove(a.key.as_bytes())? {
+            if c.del(a.key.as_bytes())? {
                 println!("deleted {:?}", a.key);
                 Ok(())
             } else {
@@ -228,14 +228,14 @@ pub fn run(a: Args) -> Result<()> {
         }
         Cmd::Insert(o) => {
             let mut c = client(&o.nodes)?;
-            let p = c.insert(o.first.as_bytes())?;
+            let p = c.alloc(o.first.as_bytes())?;
             println!("{p}");
             Ok(())
         }
         Cmd::Read(o) => {
             let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.first.parse().context("remote pointer")?;
-            let v = c.read(p)?;
+            let v = c.read_ptr(p)?;
             println!("{}", String::from_utf8_lossy(&v));
             Ok(())
         }
@@ -245,13 +245,13 @@ pub fn run(a: Args) -> Result<()> {
             let Some(v) = o.second else {
                 bail!("update needs POINTER VALUE")
             };
-            println!("{}", c.update(p, v.as_bytes())?);
+            println!("{}", c.update_ptr(p, v.as_bytes())?);
             Ok(())
         }
         Cmd::Delete(o) => {
             let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.first.parse().context("remote pointer")?;
-            c.delete(p)?;
+            c.free(p)?;
             println!("deleted {p}");
             Ok(())
         }
@@ -300,7 +300,7 @@ fn put(a: PutArgs) -> Result<()> {
         _ => Cond::Always,
     };
     let mut c = client(&a.nodes)?;
-    match c.put_if(a.key.as_bytes(), &value, cond)? {
+    match c.set_if(a.key.as_bytes(), &value, cond)? {
         Some(p) => {
             println!("OK {p}");
             Ok(())

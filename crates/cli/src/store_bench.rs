@@ -9,8 +9,8 @@
 //! * `insert`: new objects (acknowledged once both nodes hold them);
 //! * `update`: in-place updates of the objects just inserted (same size,
 //!   so the pointer stays);
-//! * `read`: one-sided RDMA Reads of those objects ([`StoreClient::read`]);
-//! * `read_many`: the same reads 16 at a time ([`StoreClient::read_many`]:
+//! * `read`: one-sided RDMA Reads of those objects ([`StoreClient::read_ptr`]);
+//! * `read_many`: the same reads 16 at a time ([`StoreClient::read_ptrs`]:
 //!   one batch of RDMA Reads in flight per client), against `GET` with 16
 //!   pipelined requests per connection (`redis-benchmark -P 16`);
 //!
@@ -237,7 +237,7 @@ const OPS: [&str; 7] = [
 ];
 /// Phases of `OPS` by index.
 const NOPS: usize = OPS.len();
-/// Reads per `read_many` call ([`StoreClient::read_many`], one batch of
+/// Reads per `read_many` call ([`StoreClient::read_ptrs`], one batch of
 /// RDMA Reads in flight); Redis's baseline is GET pipelined as deep
 /// (`redis-benchmark -P`).
 const READ_MANY: usize = softrdma_store::net::link::READ_BATCH;
@@ -294,6 +294,29 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
 }
 
+/// What ended a client's phase: the store's error, or a value read back
+/// that is not what was written.
+#[derive(Debug)]
+enum StepError {
+    Client(ClientError),
+    Check(String),
+}
+
+impl From<ClientError> for StepError {
+    fn from(e: ClientError) -> StepError {
+        StepError::Client(e)
+    }
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepError::Client(e) => e.fmt(f),
+            StepError::Check(m) => f.write_str(m),
+        }
+    }
+}
+
 /// One client: connect, then insert, update and read for `secs` each
 /// (every phase starts when all clients are ready), then delete what it
 /// inserted (not measured). Never leaves the barrier protocol early, so an
@@ -324,7 +347,7 @@ fn client_thread(
     let mut keys: Vec<Vec<u8>> = Vec::new();
     // Connect and learn the arena before the clock starts.
     let mut client = match StoreClient::new(cfg) {
-        Ok(mut c) => match c.insert(&value) {
+        Ok(mut c) => match c.alloc(&value) {
             Ok(p) => {
                 ptrs.push(p);
                 Some(c)
@@ -362,7 +385,7 @@ fn client_thread(
                 if d.len() == size {
                     Ok(())
                 } else {
-                    Err(ClientError::Protocol(format!(
+                    Err(StepError::Check(format!(
                         "read {} bytes, expected {size}",
                         d.len()
                     )))
@@ -373,48 +396,55 @@ fn client_thread(
             let res = match k {
                 0 => {
                     value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
-                    c.insert(&value).map(|p| ptrs.push(p))
+                    c.alloc(&value)
+                        .map(|p| ptrs.push(p))
+                        .map_err(StepError::from)
                 }
                 1 => {
                     value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
                     let at = i % ptrs.len();
-                    c.update(ptrs[at], &value).map(|p| ptrs[at] = p)
+                    c.update_ptr(ptrs[at], &value)
+                        .map(|p| ptrs[at] = p)
+                        .map_err(StepError::from)
                 }
-                2 => c.read(ptrs[i % ptrs.len()]).and_then(check_len),
+                2 => c
+                    .read_ptr(ptrs[i % ptrs.len()])
+                    .map_err(StepError::from)
+                    .and_then(check_len),
                 4 => {
                     // New keys (an insert and its index slot).
                     value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
                     let key = format!("b{idx}:{n}").into_bytes();
-                    let r = c.put(&key, &value).map(|_| ());
+                    let r = c.set(&key, &value).map(|_| ()).map_err(StepError::from);
                     keys.push(key);
                     r
                 }
                 5 | 6 if keys.is_empty() => Ok(()),
                 5 => match c.get(&keys[i % keys.len()]) {
                     Ok(Some(d)) => check_len(d),
-                    Ok(None) => Err(ClientError::Protocol("a key put is missing".into())),
-                    Err(e) => Err(e),
+                    Ok(None) => Err(StepError::Check("a key put is missing".into())),
+                    Err(e) => Err(e.into()),
                 },
                 6 => {
                     // A client that keeps no pointers: bucket, then object.
                     c.clear_cache();
                     match c.get(&keys[i % keys.len()]) {
                         Ok(Some(d)) => check_len(d),
-                        Ok(None) => Err(ClientError::Protocol("a key put is missing".into())),
-                        Err(e) => Err(e),
+                        Ok(None) => Err(StepError::Check("a key put is missing".into())),
+                        Err(e) => Err(e.into()),
                     }
                 }
                 _ => {
                     let batch: Vec<RemotePtr> =
                         (0..READ_MANY).map(|j| ptrs[(i + j) % ptrs.len()]).collect();
                     done = READ_MANY;
-                    c.read_many(&batch)
+                    c.read_ptrs(&batch)
                         .into_iter()
-                        .try_for_each(|r| r.and_then(check_len))
+                        .try_for_each(|r| r.map_err(StepError::from).and_then(check_len))
                 }
             };
             let ns = t.elapsed().as_nanos() as u64;
-            if let Err(ClientError::Store(StoreError::Full { .. })) = &res {
+            if let Err(StepError::Client(ClientError::Store(StoreError::Full { .. }))) = &res {
                 // Measured up to here; reported with the result.
                 r.arena_full = true;
                 break;
@@ -438,13 +468,13 @@ fn client_thread(
     // Free the space for the next point.
     if let Some(c) = client.as_mut() {
         for p in ptrs {
-            if let Err(e) = c.delete(p) {
+            if let Err(e) = c.free(p) {
                 r.error.get_or_insert(format!("client {idx}: delete: {e}"));
                 break;
             }
         }
         for k in keys {
-            if let Err(e) = c.remove(&k) {
+            if let Err(e) = c.del(&k) {
                 r.error.get_or_insert(format!("client {idx}: remove: {e}"));
                 break;
             }

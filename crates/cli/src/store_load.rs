@@ -294,18 +294,18 @@ fn ptr_reuse(
 ) -> bool {
     let a_val = value(rng, b"ptr-a", n);
     let b_val = value(rng, b"ptr-b", n);
-    let a = match c.insert(&a_val) {
+    let a = match c.alloc(&a_val) {
         Ok(p) => p,
         Err(e) => {
             w.err(format!("ptr reuse: insert: {e}"));
             return false;
         }
     };
-    if let Err(e) = c.delete(a) {
+    if let Err(e) = c.free(a) {
         w.err(format!("ptr reuse: delete: {e}"));
         return false;
     }
-    let b = match c.insert(&b_val) {
+    let b = match c.alloc(&b_val) {
         Ok(p) => p,
         Err(e) => {
             w.err(format!("ptr reuse: insert again: {e}"));
@@ -327,13 +327,13 @@ fn ptr_reuse(
     }
     let mut ok = true;
     // One-sided (the reader) and through the node.
-    let got = r.read(a);
+    let got = r.read_ptr(a);
     if !refused(&got) {
         w.stale_reached += 1;
         w.err(format!("ptr reuse: a stale pointer read gave {got:?}"));
         ok = false;
     }
-    let upd = c.update(a, b"stale overwrite");
+    let upd = c.update_ptr(a, b"stale overwrite");
     if !refused(&upd) {
         w.stale_reached += 1;
         w.err(format!(
@@ -341,7 +341,7 @@ fn ptr_reuse(
         ));
         ok = false;
     }
-    let del = c.delete(a);
+    let del = c.free(a);
     if !refused(&del) {
         w.stale_reached += 1;
         w.err(format!(
@@ -349,7 +349,7 @@ fn ptr_reuse(
         ));
         ok = false;
     }
-    match r.read(b) {
+    match r.read_ptr(b) {
         Ok(v) if v == b_val => {}
         other => {
             w.stale_reached += 1;
@@ -357,7 +357,7 @@ fn ptr_reuse(
             ok = false;
         }
     }
-    if let Err(e) = c.delete(b) {
+    if let Err(e) = c.free(b) {
         w.err(format!("ptr reuse: delete the second: {e}"));
         ok = false;
     }
@@ -419,7 +419,7 @@ fn worker(
             0 => {
                 let n = len(&mut rng);
                 let v = value(&mut rng, &names[i], n);
-                match c.put(&names[i], &v) {
+                match c.set(&names[i], &v) {
                     Ok(ptr) => {
                         known.insert(i, Known { data: v, ptr });
                         true
@@ -434,7 +434,7 @@ fn worker(
                 let got = r.get(&names[i]);
                 w.check(&names[i], known.get(&i), got, "get")
             }
-            2 => match c.remove(&names[i]) {
+            2 => match c.del(&names[i]) {
                 Ok(existed) if existed == known.contains_key(&i) => {
                     known.remove(&i);
                     true
@@ -470,12 +470,12 @@ fn worker(
                         let mut ok = w.check(&names[i], Some(&old), got, "reuse: get");
                         let n = (old.data.len() + names[i].len()).saturating_sub(names[j].len());
                         let v = value(&mut rng, &names[j], n.max(names[j].len() + 1));
-                        if let Err(e) = c.remove(&names[i]) {
+                        if let Err(e) = c.del(&names[i]) {
                             w.err(format!("reuse: remove: {e}"));
                             continue;
                         }
                         known.remove(&i);
-                        match c.put(&names[j], &v) {
+                        match c.set(&names[j], &v) {
                             Ok(p) => {
                                 w.reuse_forced +=
                                     ((p.addr, p.len) == (old.ptr.addr, old.ptr.len)) as u64;

@@ -488,7 +488,7 @@ fn large_arena_rejoins_with_default_timings() {
     let objs: Vec<(RemotePtr, Vec<u8>)> = (0..20u32)
         .map(|i| {
             let v = vec![i as u8; 1000 + i as usize];
-            (c.insert(&v).unwrap(), v)
+            (c.alloc(&v).unwrap(), v)
         })
         .collect();
     let e = g.epoch();
@@ -498,7 +498,7 @@ fn large_arena_rejoins_with_default_timings() {
     assert_eq!(g.wait_redundant(Duration::from_secs(60), e), p);
     g.nodes[(p - 1) as usize].kill();
     for (ptr, v) in &objs {
-        assert_eq!(&c.read(*ptr).unwrap(), v, "{ptr}");
+        assert_eq!(&c.read_ptr(*ptr).unwrap(), v, "{ptr}");
     }
     let _ = std::fs::remove_dir_all(&g.dir);
 }
@@ -514,7 +514,7 @@ fn secondary_loss_and_resync() {
     let mut objs: Vec<(RemotePtr, Vec<u8>)> = (0..50u32)
         .map(|i| {
             let v = format!("before-{i}").into_bytes();
-            (c.insert(&v).unwrap(), v)
+            (c.alloc(&v).unwrap(), v)
         })
         .collect();
     let e = g.epoch();
@@ -522,7 +522,7 @@ fn secondary_loss_and_resync() {
     // The primary goes on alone once the coordinator records it degraded.
     for i in 0..50u32 {
         let v = format!("degraded-{i}").into_bytes();
-        objs.push((c.insert(&v).unwrap(), v));
+        objs.push((c.alloc(&v).unwrap(), v));
     }
     let st = g.status();
     assert_eq!(st.len(), 1, "only the primary answers: {st:?}");
@@ -539,7 +539,7 @@ fn secondary_loss_and_resync() {
     // Now lose the primary: the re-synced node must hold everything.
     g.nodes[(p - 1) as usize].kill();
     for (ptr, v) in &objs {
-        assert_eq!(&c.read(*ptr).unwrap(), v, "{ptr}");
+        assert_eq!(&c.read_ptr(*ptr).unwrap(), v, "{ptr}");
     }
     assert_eq!(g.primary(), s);
     let _ = std::fs::remove_dir_all(&g.dir);
@@ -549,7 +549,7 @@ fn secondary_loss_and_resync() {
 fn bad_pointers_and_limits() {
     let mut g = Group::new("badptr", "1MiB");
     let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
-    let p = c.insert(b"hello").unwrap();
+    let p = c.alloc(b"hello").unwrap();
     let arena = c.arena().expect("arena known");
     let before = g.status();
     let check_unchanged = |g: &mut Group| {
@@ -571,15 +571,15 @@ fn bad_pointers_and_limits() {
         ..p
     };
     assert!(matches!(
-        store_err(c.read(bad)),
+        store_err(c.read_ptr(bad)),
         StoreError::WrongStag { .. }
     ));
     assert!(matches!(
-        c.update(bad, b"x"),
+        c.update_ptr(bad, b"x"),
         Err(ClientError::Store(StoreError::WrongStag { .. }))
     ));
     assert!(matches!(
-        c.delete(bad),
+        c.free(bad),
         Err(ClientError::Store(StoreError::WrongStag { .. }))
     ));
     // Outside the arena.
@@ -587,9 +587,9 @@ fn bad_pointers_and_limits() {
         addr: arena.base + arena.len,
         ..p
     };
-    assert!(matches!(store_err(c.read(out)), StoreError::OutOfArena));
+    assert!(matches!(store_err(c.read_ptr(out)), StoreError::OutOfArena));
     assert!(matches!(
-        c.delete(out),
+        c.free(out),
         Err(ClientError::Store(StoreError::OutOfArena))
     ));
     // Not the start of an allocation.
@@ -597,43 +597,43 @@ fn bad_pointers_and_limits() {
         addr: p.addr + 64,
         ..p
     };
-    assert!(c.read(mid).is_err());
+    assert!(c.read_ptr(mid).is_err());
     // A pointer whose length is not the allocation's (issue 16, finding 5:
     // a get with a longer one returned the object while update and delete
     // refused it): refused the same way by get, update and delete.
     for len in [p.len + 64, p.len + 128] {
         let wrong = RemotePtr { len, ..p };
         assert!(
-            matches!(store_err(c.read(wrong)), StoreError::NotAllocated),
+            matches!(store_err(c.read_ptr(wrong)), StoreError::NotAllocated),
             "get with length {len} of an allocation of {}",
             p.len
         );
         assert!(matches!(
-            c.update(wrong, b"x"),
+            c.update_ptr(wrong, b"x"),
             Err(ClientError::Store(StoreError::NotAllocated))
         ));
         assert!(matches!(
-            c.delete(wrong),
+            c.free(wrong),
             Err(ClientError::Store(StoreError::NotAllocated))
         ));
     }
-    assert_eq!(c.read(p).unwrap(), b"hello");
+    assert_eq!(c.read_ptr(p).unwrap(), b"hello");
     check_unchanged(&mut g);
     // Freed space and double delete.
-    let q = c.insert(b"short-lived").unwrap();
-    c.delete(q).unwrap();
+    let q = c.alloc(b"short-lived").unwrap();
+    c.free(q).unwrap();
     assert!(matches!(
-        store_err(c.read(q)),
+        store_err(c.read_ptr(q)),
         StoreError::Freed | StoreError::NotAllocated
     ));
     assert!(matches!(
-        c.delete(q),
+        c.free(q),
         Err(ClientError::Store(
             StoreError::Freed | StoreError::NotAllocated
         ))
     ));
     assert!(matches!(
-        c.update(q, b"zombie"),
+        c.update_ptr(q, b"zombie"),
         Err(ClientError::Store(
             StoreError::Freed | StoreError::NotAllocated
         ))
@@ -641,14 +641,14 @@ fn bad_pointers_and_limits() {
     check_unchanged(&mut g);
     // Value larger than any message the client sends.
     assert!(matches!(
-        c.insert(&vec![7u8; 1 << 20]),
+        c.alloc(&vec![7u8; 1 << 20]),
         Err(ClientError::ValueTooLarge { .. })
     ));
     // Arena full: fill 1 MiB with ~30 KiB values until refused.
     let big = vec![0xabu8; 30_000];
     let mut n = 0;
     let full = loop {
-        match c.insert(&big) {
+        match c.alloc(&big) {
             Ok(_) => n += 1,
             Err(e) => break e,
         }
@@ -660,10 +660,10 @@ fn bad_pointers_and_limits() {
     );
     assert!(n > 20, "only {n} values fit");
     // The first object is intact, on both nodes (read after failover).
-    assert_eq!(c.read(p).unwrap(), b"hello");
+    assert_eq!(c.read_ptr(p).unwrap(), b"hello");
     let pr = g.primary();
     g.nodes[(pr - 1) as usize].kill();
-    assert_eq!(c.read(p).unwrap(), b"hello");
+    assert_eq!(c.read_ptr(p).unwrap(), b"hello");
     let _ = std::fs::remove_dir_all(&g.dir);
 }
 
@@ -679,13 +679,13 @@ fn read_many_answers_each_pointer_as_read_does() {
         .map(|i| {
             let len = [5usize, 100, 4096, 30_000][i as usize % 4] + i as usize;
             let v: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
-            (c.insert(&v).unwrap(), v)
+            (c.alloc(&v).unwrap(), v)
         })
         .collect();
     let arena = c.arena().expect("arena known");
     let p0 = objs[0].0;
-    let freed = c.insert(b"short-lived").unwrap();
-    c.delete(freed).unwrap();
+    let freed = c.alloc(b"short-lived").unwrap();
+    c.free(freed).unwrap();
     let bad = [
         RemotePtr {
             stag: p0.stag ^ 0x100,
@@ -711,7 +711,7 @@ fn read_many_answers_each_pointer_as_read_does() {
     // through the node for the first pointer (while it learns the primary).
     let check = |c: &mut StoreClient, min_one_sided: u64| {
         let before = c.stats().one_sided_reads;
-        let got = c.read_many(&ptrs);
+        let got = c.read_ptrs(&ptrs);
         assert_eq!(got.len(), ptrs.len());
         for (p, r) in ptrs.iter().zip(&got) {
             match (objs.iter().find(|(q, _)| q == p), r) {
@@ -720,7 +720,7 @@ fn read_many_answers_each_pointer_as_read_does() {
                 (None, Ok(d)) => panic!("bad pointer {p} read {} bytes", d.len()),
                 (None, Err(e)) => {
                     // The same error `read` gives.
-                    let single = c.read(*p).expect_err("bad pointer");
+                    let single = c.read_ptr(*p).expect_err("bad pointer");
                     assert_eq!(e.to_string(), single.to_string(), "{p}");
                 }
             }
@@ -1030,7 +1030,7 @@ fn min_in_sync_replicas_refuses_writes_held_by_one_node() {
         // The refusal itself is what this test looks at.
         cfg.wait_for_replicas = Duration::ZERO;
         let mut c = StoreClient::new(cfg).unwrap();
-        let p = c.insert(b"while redundant").unwrap();
+        let p = c.alloc(b"while redundant").unwrap();
         let primary = g.primary();
         let s = 3 - primary;
         let e = g.epoch();
@@ -1043,7 +1043,7 @@ fn min_in_sync_replicas_refuses_writes_held_by_one_node() {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut held = 0;
         let outcome = loop {
-            match c.update(p, b"alone?") {
+            match c.update_ptr(p, b"alone?") {
                 Err(ClientError::Store(StoreError::NotEnoughReplicas)) => break "refused",
                 Ok(_) if !g.status().iter().any(|x| x.redundant) => break "acknowledged alone",
                 Err(ClientError::Unavailable(_)) if policy == 1 => held += 1,
@@ -1057,12 +1057,12 @@ fn min_in_sync_replicas_refuses_writes_held_by_one_node() {
                 // Refused writes changed nothing; the one held (if any) is
                 // not visible either: not committed.
                 assert!(held <= 1, "{held} writes held");
-                assert_eq!(c.read(p).unwrap(), b"while redundant");
+                assert_eq!(c.read_ptr(p).unwrap(), b"while redundant");
                 assert!(matches!(
-                    c.insert(b"x"),
+                    c.alloc(b"x"),
                     Err(ClientError::Store(StoreError::NotEnoughReplicas))
                 ));
-                let err = c.insert(b"x").unwrap_err().to_string();
+                let err = c.alloc(b"x").unwrap_err().to_string();
                 assert!(err.contains("no secondary in sync"), "{err}");
             }
             _ => assert_eq!(outcome, "acknowledged alone"),
@@ -1071,8 +1071,8 @@ fn min_in_sync_replicas_refuses_writes_held_by_one_node() {
         let dir = g.dir.clone();
         g.nodes[(s - 1) as usize].start(&dir, "secondary");
         g.wait_redundant(Duration::from_secs(30), e);
-        c.update(p, b"redundant again").unwrap();
-        assert_eq!(c.read(p).unwrap(), b"redundant again");
+        c.update_ptr(p, b"redundant again").unwrap();
+        assert_eq!(c.read_ptr(p).unwrap(), b"redundant again");
     }
 }
 
@@ -1095,14 +1095,14 @@ fn keys_are_found_one_sided_on_both_nodes() {
             .collect()
     };
     for i in 0..200 {
-        a.put(&key(i), &val(i, 0)).unwrap();
+        a.set(&key(i), &val(i, 0)).unwrap();
     }
     use softrdma_store::proto::Cond;
-    assert_eq!(a.put_if(&key(3), b"x", Cond::IfAbsent).unwrap(), None);
-    assert_eq!(a.put_if(b"nope", b"x", Cond::IfPresent).unwrap(), None);
-    assert!(a.put_if(b"fresh", b"x", Cond::IfAbsent).unwrap().is_some());
-    assert!(a.remove(b"fresh").unwrap());
-    assert!(!a.remove(b"fresh").unwrap());
+    assert_eq!(a.set_if(&key(3), b"x", Cond::IfAbsent).unwrap(), None);
+    assert_eq!(a.set_if(b"nope", b"x", Cond::IfPresent).unwrap(), None);
+    assert!(a.set_if(b"fresh", b"x", Cond::IfAbsent).unwrap().is_some());
+    assert!(a.del(b"fresh").unwrap());
+    assert!(!a.del(b"fresh").unwrap());
     let st = g.status();
     assert!(st.iter().all(|s| s.keys == 200), "{st:?}");
 
@@ -1131,9 +1131,9 @@ fn keys_are_found_one_sided_on_both_nodes() {
 
     // Delete and reuse: b's cached pointer for key-7 now names space that
     // holds another key's object of the same size.
-    let old = a.put(&key(7), &val(7, 0)).unwrap();
-    assert!(a.remove(&key(7)).unwrap());
-    let reused = a.put(b"usurper", &val(7, 0)).unwrap();
+    let old = a.set(&key(7), &val(7, 0)).unwrap();
+    assert!(a.del(&key(7)).unwrap());
+    let reused = a.set(b"usurper", &val(7, 0)).unwrap();
     assert_eq!(
         (reused.addr, reused.len),
         (old.addr, old.len),
@@ -1155,7 +1155,7 @@ fn keys_are_found_one_sided_on_both_nodes() {
     // An update that moves the object: the cached pointer is stale, the
     // look-up finds the new one.
     let big = vec![9u8; 3000];
-    a.put(&key(8), &big).unwrap();
+    a.set(&key(8), &big).unwrap();
     assert_eq!(b.get(&key(8)).unwrap(), Some(big.clone()));
 
     // Batched gets, a missing key among them.
@@ -1500,7 +1500,7 @@ const WRITER: &str =
 fn without_the_credentials_there_is_no_stag_no_data_and_no_join() {
     let mut g = Group::with_users("authz", "16MiB", READER);
     let mut w = StoreClient::new(client_config(&g.addrs)).unwrap();
-    w.put(b"secret-key", b"secret-value").unwrap();
+    w.set(b"secret-key", b"secret-value").unwrap();
 
     // A native client without credentials, or with a wrong password: a
     // clear refusal at connect time, at once, and no arena learnt.
@@ -1533,7 +1533,7 @@ fn without_the_credentials_there_is_no_stag_no_data_and_no_join() {
             None,
             "an unauthenticated client learnt the arena"
         );
-        let e = c.put(b"k", b"v").unwrap_err();
+        let e = c.set(b"k", b"v").unwrap_err();
         assert!(matches!(e, ClientError::Auth(_)), "{e}");
     }
     assert_eq!(w.get(b"k").unwrap(), None, "a refused client wrote");
@@ -1546,8 +1546,8 @@ fn without_the_credentials_there_is_no_stag_no_data_and_no_join() {
     );
     assert!(ro.stats().keyed_one_sided >= 1, "{:?}", ro.stats());
     for r in [
-        ro.put(b"k", b"v").map(|_| ()),
-        ro.remove(b"secret-key").map(|_| ()),
+        ro.set(b"k", b"v").map(|_| ()),
+        ro.del(b"secret-key").map(|_| ()),
     ] {
         assert!(
             matches!(r, Err(ClientError::Store(StoreError::NoPermission))),
@@ -1555,7 +1555,7 @@ fn without_the_credentials_there_is_no_stag_no_data_and_no_join() {
         );
     }
     assert!(matches!(
-        ro.insert(b"v"),
+        ro.alloc(b"v"),
         Err(ClientError::Store(StoreError::NoPermission))
     ));
 
@@ -1695,7 +1695,7 @@ fn a_revoked_user_is_shut_out_and_the_old_stag_reads_nothing() {
     let pr = g.primary();
     let paddr = g.addrs[pr as usize - 1];
     let mut writer = StoreClient::new(user_config(&g.addrs, "writer", "writer-pass-2")).unwrap();
-    writer.put(b"k", b"v1").unwrap();
+    writer.set(b"k", b"v1").unwrap();
     let mut reader = StoreClient::new(user_config(&g.addrs, "reader", "reader-pass-1")).unwrap();
     assert_eq!(reader.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
     // A RESP session of the reader.
@@ -1755,7 +1755,7 @@ fn a_revoked_user_is_shut_out_and_the_old_stag_reads_nothing() {
     let new = acc2.arena.unwrap();
     assert_ne!(new.stag, old.stag);
     assert_eq!(new.stag >> 8, old.stag >> 8, "the same arena");
-    writer.put(b"k", b"v2").unwrap();
+    writer.set(b"k", b"v2").unwrap();
     assert_eq!(writer.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
     assert_eq!(writer.arena().unwrap().stag, new.stag);
     // Both nodes took the rotation (it is replicated): after a failover
@@ -1893,7 +1893,7 @@ fn a_double_fault_under_defaults_acknowledged_nothing_held_by_one_node() {
     let p = g.primary();
     let s = 3 - p;
     let mut c = StoreClient::new(client_config(&g.addrs)).unwrap();
-    c.put(b"before", b"both nodes hold it").unwrap();
+    c.set(b"before", b"both nodes hold it").unwrap();
     g.nodes[(s - 1) as usize].kill();
     // The primary is alone: writes are refused (or time out unanswered),
     // never acknowledged.
@@ -1905,7 +1905,7 @@ fn a_double_fault_under_defaults_acknowledged_nothing_held_by_one_node() {
     let (mut refused, mut tries) = (0, 0);
     while Instant::now() < deadline {
         tries += 1;
-        match alone.put(format!("alone{tries}").as_bytes(), b"x") {
+        match alone.set(format!("alone{tries}").as_bytes(), b"x") {
             Ok(_) => panic!("a write was acknowledged by the primary alone"),
             Err(ClientError::Store(StoreError::NotEnoughReplicas)) => refused += 1,
             Err(_) => {}

@@ -495,17 +495,17 @@ impl Writer {
                 n += 1;
                 let v = value("w", n);
                 let r = match n % 8 {
-                    _ if live.len() < 10 => c.insert(&v).map(|p| live.push((p, v))),
-                    0..=3 if live.len() < 300 => c.insert(&v).map(|p| live.push((p, v))),
+                    _ if live.len() < 10 => c.alloc(&v).map(|p| live.push((p, v))),
+                    0..=3 if live.len() < 300 => c.alloc(&v).map(|p| live.push((p, v))),
                     7 => {
                         let i = (n as usize / 8) % live.len();
                         let o = live.swap_remove(i);
                         // A failed delete is an error below anyway.
-                        c.delete(o.0).inspect_err(|_| live.push(o))
+                        c.free(o.0).inspect_err(|_| live.push(o))
                     }
                     _ => {
                         let i = (n as usize * 7) % live.len();
-                        c.update(live[i].0, &v).map(|p| live[i] = (p, v))
+                        c.update_ptr(live[i].0, &v).map(|p| live[i] = (p, v))
                     }
                 };
                 match r {
@@ -566,7 +566,7 @@ fn check_objects(node: SocketAddr, objs: &[(RemotePtr, Vec<u8>)]) -> Vec<String>
     let mut c = lone_client(node, Duration::from_secs(3));
     let mut bad = Vec::new();
     for (p, v) in objs {
-        match c.read(*p) {
+        match c.read_ptr(*p) {
             Ok(d) if &d == v => {}
             Ok(d) => bad.push(format!(
                 "{p}: {} bytes {:?}.. instead of the acknowledged {} bytes {:?}..",
@@ -619,7 +619,7 @@ fn partitioned_primary_is_fenced_and_rejoins() {
     let mut fixed: Vec<(RemotePtr, Vec<u8>)> = (0..40)
         .map(|i| {
             let v = value("before", i);
-            (group.insert(&v).expect("insert before the partition"), v)
+            (group.alloc(&v).expect("insert before the partition"), v)
         })
         .collect();
     let writer = Writer::start(vec![pa, sa]);
@@ -661,11 +661,11 @@ fn partitioned_primary_is_fenced_and_rejoins() {
     let newer: Vec<u8> = fixed[2].1.iter().rev().map(|b| b ^ 0x20).collect();
     assert_ne!(newer, fixed[2].1);
     let moved = only_s
-        .update(fixed[2].0, &newer)
+        .update_ptr(fixed[2].0, &newer)
         .expect("the new primary acknowledges an update");
     assert_eq!(moved, fixed[2].0, "same length: updated in place");
     fixed[2].1 = newer;
-    let stale = only_p.read(fixed[2].0);
+    let stale = only_p.read_ptr(fixed[2].0);
     assert!(
         stale.is_err(),
         "the old primary served a read after its lease ran out: {:?}",
@@ -673,9 +673,9 @@ fn partitioned_primary_is_fenced_and_rejoins() {
             .as_ref()
             .map(|v| String::from_utf8_lossy(v).into_owned())
     );
-    let r_insert = only_p.insert(b"written to the old primary only");
-    let r_update = only_p.update(fixed[0].0, b"diverged on the old primary");
-    let r_delete = only_p.delete(fixed[1].0);
+    let r_insert = only_p.alloc(b"written to the old primary only");
+    let r_update = only_p.update_ptr(fixed[0].0, b"diverged on the old primary");
+    let r_delete = only_p.free(fixed[1].0);
     for (what, ok, r) in [
         ("insert", r_insert.is_ok(), format!("{r_insert:?}")),
         ("update", r_update.is_ok(), format!("{r_update:?}")),
@@ -747,7 +747,7 @@ fn partitioned_primary_is_fenced_and_rejoins() {
     // does, so reads are linearizable); its copy is checked below, once it
     // has taken over.
     let (p0, v0) = &objs[0];
-    let r = lone_client(pa, Duration::from_secs(1)).read(*p0);
+    let r = lone_client(pa, Duration::from_secs(1)).read_ptr(*p0);
     assert!(
         is_refusal(&r),
         "a read from the secondary: {r:?} (value {v0:?})"
@@ -771,7 +771,7 @@ fn partitioned_primary_is_fenced_and_rejoins() {
         bad.len(),
         &bad[..bad.len().min(5)]
     );
-    only_p.insert(b"after everything").expect("P serves writes");
+    only_p.alloc(b"after everything").expect("P serves writes");
 
     println!(
         "partition: S promoted {promoted:?} after the cut (epoch {e0} -> {e1}); old primary \
@@ -812,7 +812,7 @@ fn degraded_primary_cut_from_coordinator_stops_acking() {
     let mut objs: Vec<(RemotePtr, Vec<u8>)> = (0..20)
         .map(|i| {
             let v = value("redundant", i);
-            (group.insert(&v).expect("insert"), v)
+            (group.alloc(&v).expect("insert"), v)
         })
         .collect();
     // Lose S: P goes on alone once the coordinator records it degraded.
@@ -821,7 +821,7 @@ fn degraded_primary_cut_from_coordinator_stops_acking() {
     let mut only_p = lone_client(pa, Duration::from_secs(10));
     for i in 0..20 {
         let v = value("degraded", i);
-        objs.push((only_p.insert(&v).expect("degraded insert"), v));
+        objs.push((only_p.alloc(&v).expect("degraded insert"), v));
     }
     let e0 = match &statuses(&mut only_p)[..] {
         [Some(p)] if p.role == PRIMARY && !p.redundant => p.epoch,
@@ -846,7 +846,7 @@ fn degraded_primary_cut_from_coordinator_stops_acking() {
         n += 1;
         let v = value("cut", n);
         let sent = t_cut.elapsed();
-        match fast.insert(&v) {
+        match fast.alloc(&v) {
             Ok(p) => {
                 last_ack = Some((sent, t_cut.elapsed()));
                 // Acknowledged while the lease was valid: must survive.
@@ -892,7 +892,7 @@ fn degraded_primary_cut_from_coordinator_stops_acking() {
     );
     for i in 0..10 {
         let v = value("healed", i);
-        objs.push((only_p.insert(&v).expect("insert after healing"), v));
+        objs.push((only_p.alloc(&v).expect("insert after healing"), v));
     }
     let bad = check_objects(pa, &objs);
     assert!(

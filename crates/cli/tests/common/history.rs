@@ -98,7 +98,7 @@ impl Workload {
                 for k in 0..registers {
                     let tag = next_tag.fetch_add(1, Ordering::Relaxed);
                     let call = us();
-                    let p = c.insert(&value(tag)).expect("create a register");
+                    let p = c.alloc(&value(tag)).expect("create a register");
                     ops.push(Op {
                         key: k as u64,
                         client: 0,
@@ -145,7 +145,7 @@ impl Workload {
                     let call = us();
                     if x % 10 < 6 {
                         let tag = next_tag.fetch_add(1, Ordering::Relaxed);
-                        let r = c.update(p, &value(tag));
+                        let r = c.update_ptr(p, &value(tag));
                         let ret = match r {
                             Ok(q) => {
                                 assert_eq!(q, p, "an in-place update moved the register");
@@ -174,7 +174,7 @@ impl Workload {
                             kind: Kind::Write(Some(tag)),
                         });
                     } else {
-                        match c.read(p) {
+                        match c.read_ptr(p) {
                             Ok(d) => ops.push(Op {
                                 key: k as u64,
                                 client: id as u64 + 1,
@@ -221,7 +221,7 @@ impl Workload {
                     }
                     k = (k + 7) % regs.len();
                     let call = us();
-                    if let Ok(d) = c.read(regs[k]) {
+                    if let Ok(d) = c.read_ptr(regs[k]) {
                         ops.push(Op {
                             key: k as u64,
                             client,

@@ -9,8 +9,9 @@
 //!   `unsafe` here).
 //! * [`redis_door`]: the Redis-protocol (RESP) front door, which reaches
 //!   the node only through its [`redis_door::Front`] trait.
-//! * [`client`]: the client library (`insert`, `update`, `read`, `delete`),
-//!   with failover and one-sided reads.
+//! * [`client`]: the client library: a keyed face (`get`, `set`, `del`,
+//!   ...) and a pointer face (`alloc`, `read_ptr`, `update_ptr`, `free`)
+//!   over a request session (failover) and a one-sided reader.
 //! * [`handshake`]: connection private data (who connects, the proofs of
 //!   the group's credentials); a client learns each node's id and the
 //!   arena, and a joining node the group's arena address and STag, from

@@ -1,0 +1,429 @@
+//! The one-sided reader: RDMA Reads of the primary's arena, with no
+//! server CPU on the path.
+//!
+//! * An object at a remote pointer ([`Reader::read_ptr`],
+//!   [`Reader::read_ptrs`]): one Read of exactly the allocation the
+//!   pointer names; the object header's checksum detects a Read that raced
+//!   an update, which is retried (`torn_retries`); a generation other than
+//!   the pointer's is a stale pointer.
+//! * A key ([`Reader::get`], [`Reader::get_many`]): a look-up in the
+//!   arena's index ([`crate::lookup`]: the key's bucket, then its object),
+//!   or one Read when the key -> pointer cache has the key (a stale entry
+//!   is detected by the key in the object's header).
+//!
+//! Every function here answers `None` where the node must answer instead
+//! (no arena known yet, a Read failed, the bytes are no object, the
+//! look-up kept racing writes); the faces ([`super::keyed`],
+//! [`super::pointers`]) then ask the node through the session. Each
+//! fallback of a keyed get is counted with its reason ([`ClientStats`]).
+
+use std::collections::HashMap;
+
+use softrdma_verbs::{Access, MemoryRegion};
+
+use super::error::{ClientError, Unreachable};
+use super::session::Session;
+use super::ClientStats;
+use crate::index::Layout;
+use crate::lookup::{self, Lookup, Outcome, Step};
+use crate::net::link::READ_BATCH;
+use crate::object::{self, ObjectError};
+use crate::proto::{self, StoreError};
+use crate::ptr::{ArenaRef, RemotePtr};
+
+/// Key -> pointer entries a client caches (at most about 1 GiB with keys
+/// of the largest size, a few tens of MiB with typical ones).
+pub const CACHE_ENTRIES: usize = 1 << 20;
+
+/// The one-sided reader's state: its read buffer, the key cache, the
+/// index layout and the counters.
+#[derive(Default)]
+pub(super) struct Reader {
+    read_mr: Option<MemoryRegion>,
+    /// Key -> (arena offset, allocation length) of its object as last
+    /// seen: a hit costs one Read; a stale entry is detected by the key in
+    /// the object's header (`lookup`). At most [`CACHE_ENTRIES`].
+    cache: HashMap<Vec<u8>, (u64, u32)>,
+    /// The key index's layout, read once from the arena's superblock.
+    layout: Option<Layout>,
+    /// Every counter but `retries` (the session's).
+    stats: ClientStats,
+}
+
+impl Reader {
+    pub(super) fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// A read the node served (a fallback, or asked for).
+    pub(super) fn count_server_read(&mut self) {
+        self.stats.server_reads += 1;
+    }
+
+    /// `key`'s object is at `ptr` now (a write or the node said so).
+    pub(super) fn remember(&mut self, arena: Option<ArenaRef>, key: &[u8], ptr: RemotePtr) {
+        if let Some(a) = arena {
+            self.cache_put(key, (ptr.addr - a.base, ptr.len));
+        }
+    }
+
+    /// `key` has no object now, or may have moved.
+    pub(super) fn forget(&mut self, key: &[u8]) {
+        self.cache.remove(key);
+    }
+
+    /// Forgets every cached key -> pointer entry.
+    pub(super) fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Caches `key`'s object (arena offset, allocation length); at most
+    /// [`CACHE_ENTRIES`] entries: a new key then takes an arbitrary old
+    /// one's place (a forgotten key costs its next get one more Read).
+    fn cache_put(&mut self, key: &[u8], at: (u64, u32)) {
+        if let Some(e) = self.cache.get_mut(key) {
+            *e = at;
+            return;
+        }
+        if self.cache.len() >= CACHE_ENTRIES {
+            if let Some(old) = self.cache.keys().next().cloned() {
+                self.cache.remove(&old);
+            }
+        }
+        self.cache.insert(key.to_vec(), at);
+    }
+
+    /// The key index's layout: read once, one-sided, from the arena's
+    /// superblock.
+    fn layout(&mut self, s: &mut Session) -> Option<Layout> {
+        if self.layout.is_none() {
+            let arena = s.arena()?;
+            let b = self
+                .read_arena(s, 0, crate::index::SUPERBLOCK_LEN as u32)
+                .ok()?;
+            self.layout = Layout::from_superblock(&b, arena.len).ok();
+        }
+        self.layout
+    }
+
+    /// A read buffer of at least `len` bytes.
+    fn ensure_read_mr(&mut self, s: &Session, len: usize) -> Result<(), ClientError> {
+        if self.read_mr.as_ref().is_none_or(|m| m.len() < len) {
+            let want = len.next_power_of_two();
+            let mr = s
+                .pd()
+                .alloc_mr(want, Access::LOCAL_WRITE)
+                .map_err(|source| ClientError::ReadBuffer { len: want, source })?;
+            self.read_mr = Some(mr);
+        }
+        Ok(())
+    }
+
+    /// One RDMA Read of `len` bytes at arena offset `offset` from the node
+    /// the session targets.
+    fn read_arena(
+        &mut self,
+        s: &mut Session,
+        offset: u64,
+        len: u32,
+    ) -> Result<Vec<u8>, ClientError> {
+        let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
+        if offset.saturating_add(len as u64) > arena.len {
+            return Err(ClientError::OutsideArena {
+                offset,
+                len: len as u64,
+            });
+        }
+        self.ensure_read_mr(s, len as usize)?;
+        let (t, link) = s.target_link()?;
+        let mr = self.read_mr.as_ref().expect("read buffer");
+        let timeout = s.cfg().attempt_timeout;
+        if let Err(e) = link.read(mr, len as usize, arena.base + offset, arena.stag, timeout) {
+            return Err(s.read_failed(t, e));
+        }
+        let mut buf = vec![0u8; len as usize];
+        mr.read_at(0, &mut buf);
+        Ok(buf)
+    }
+
+    /// Several RDMA Reads `(arena offset, len)` posted together.
+    fn read_arena_batch(
+        &mut self,
+        s: &mut Session,
+        reads: &[(u64, u32)],
+    ) -> Result<Vec<Vec<u8>>, ClientError> {
+        let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
+        let mut posts = Vec::with_capacity(reads.len());
+        let mut total = 0usize;
+        for &(offset, len) in reads {
+            if offset.saturating_add(len as u64) > arena.len {
+                return Err(ClientError::OutsideArena {
+                    offset,
+                    len: len as u64,
+                });
+            }
+            posts.push((total, len as usize, arena.base + offset));
+            total += (len as usize).next_multiple_of(64);
+        }
+        self.ensure_read_mr(s, total)?;
+        let (t, link) = s.target_link()?;
+        let mr = self.read_mr.as_ref().expect("read buffer");
+        let timeout = s.cfg().attempt_timeout;
+        if let Err(e) = link.read_batch(mr, &posts, arena.stag, timeout) {
+            return Err(s.read_failed(t, e));
+        }
+        Ok(posts
+            .iter()
+            .map(|&(o, l, _)| {
+                let mut b = vec![0u8; l];
+                mr.read_at(o, &mut b);
+                b
+            })
+            .collect())
+    }
+
+    /// `key`'s value by one-sided look-up (the cached pointer, else the
+    /// key's index bucket and then the object); `None`: the node must
+    /// answer (counted with its reason). `key` is valid.
+    pub(super) fn get(&mut self, s: &mut Session, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        s.learn_arena();
+        let Some(layout) = self.layout(s) else {
+            self.stats.keyed_fallback_refused += 1;
+            return None;
+        };
+        let cached = self.cache.get(key).copied();
+        match lookup::run(key, layout, cached, |o, n| self.read_arena(s, o, n)) {
+            Ok((outcome, l)) => {
+                self.stats.lookup_restarts += l.restarts() as u64;
+                let one_read = cached.is_some() && l.reads() == 1;
+                self.finish(s.target(), key, outcome, one_read)
+            }
+            Err(_) => {
+                self.stats.keyed_fallback_refused += 1;
+                None
+            }
+        }
+    }
+
+    /// A finished look-up on node `target`: the answer, or `None` to ask
+    /// the node.
+    fn finish(
+        &mut self,
+        target: usize,
+        key: &[u8],
+        o: Outcome,
+        one_read: bool,
+    ) -> Option<Option<Vec<u8>>> {
+        match o {
+            Outcome::Found {
+                offset, len, data, ..
+            } => {
+                self.stats.keyed_one_sided += 1;
+                self.stats.keyed_one_sided_at[target.min(3)] += 1;
+                self.stats.one_sided_reads += 1;
+                self.stats.cache_hits += one_read as u64;
+                self.cache_put(key, (offset, len));
+                Some(Some(data))
+            }
+            Outcome::Absent => {
+                self.stats.keyed_one_sided += 1;
+                self.stats.keyed_one_sided_at[target.min(3)] += 1;
+                self.stats.one_sided_reads += 1;
+                self.cache.remove(key);
+                Some(None)
+            }
+            Outcome::GaveUp => {
+                self.stats.keyed_fallback_raced += 1;
+                None
+            }
+        }
+    }
+
+    /// Many keys' look-ups side by side, each round of their next Reads
+    /// posted together (up to [`READ_BATCH`] in flight on the one
+    /// connection). Per key, what [`Self::get`] gives, or `None` where the
+    /// key should go the single way (an invalid key, no layout, a failed
+    /// batch, a look-up that gave up).
+    pub(super) fn get_many(
+        &mut self,
+        s: &mut Session,
+        keys: &[&[u8]],
+    ) -> Vec<Option<Option<Vec<u8>>>> {
+        let mut out = vec![None; keys.len()];
+        s.learn_arena();
+        let Some(layout) = self.layout(s) else {
+            return out;
+        };
+        // Running look-ups: (key index, look-up, next read, cached).
+        let mut running = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            if proto::check_key(k).is_err() {
+                continue;
+            }
+            let cached = self.cache.get(*k).copied();
+            if let (l, Step::Read { offset, len }) = Lookup::start(k, layout, cached) {
+                running.push((i, l, (offset, len), cached.is_some()));
+            }
+        }
+        while !running.is_empty() {
+            let mut next = Vec::new();
+            for chunk in running.chunks_mut(READ_BATCH) {
+                let reads: Vec<(u64, u32)> = chunk.iter().map(|r| r.2).collect();
+                let Ok(bytes) = self.read_arena_batch(s, &reads) else {
+                    // These keys go the single way.
+                    continue;
+                };
+                for (r, b) in chunk.iter_mut().zip(bytes) {
+                    match r.1.on_read(&b) {
+                        Step::Read { offset, len } => {
+                            r.2 = (offset, len);
+                            next.push(r.clone());
+                        }
+                        Step::Done(o) => {
+                            self.stats.lookup_restarts += r.1.restarts() as u64;
+                            let one = r.3 && r.1.reads() == 1;
+                            out[r.0] = self.finish(s.target(), keys[r.0], o, one);
+                        }
+                    }
+                }
+            }
+            running = next;
+        }
+        out
+    }
+
+    /// The object at `ptr` by one-sided Read, torn reads retried;
+    /// `Ok(None)`: the node must answer (the pointer is not in the arena
+    /// as this client knows it, a Read failed, the bytes are no object or
+    /// kept tearing). A generation other than the pointer's is
+    /// [`StoreError::StalePointer`].
+    pub(super) fn read_ptr(
+        &mut self,
+        s: &mut Session,
+        ptr: RemotePtr,
+    ) -> Result<Option<Vec<u8>>, ClientError> {
+        s.learn_arena();
+        if !one_sided_ok(s.arena(), ptr) {
+            // Not ours to read remotely: the node gives the precise error.
+            return Ok(None);
+        }
+        let len = ptr.len as usize;
+        self.ensure_read_mr(s, len)?;
+        for _ in 0..=s.cfg().torn_retries {
+            let Ok((t, link)) = s.target_link() else {
+                break;
+            };
+            let mr = self.read_mr.as_ref().expect("read buffer");
+            // The arena's STag as the node gave it now (it rotates when
+            // credentials are narrowed); the pointer's names the arena.
+            let rkey = s.arena().map_or(ptr.stag, |a| a.stag);
+            if let Err(e) = link.read(mr, len, ptr.addr, rkey, s.cfg().attempt_timeout) {
+                s.read_failed(t, e);
+                break;
+            }
+            let mut buf = vec![0u8; len];
+            mr.read_at(0, &mut buf);
+            // Exactly the allocation the pointer names, or the node decides
+            // (a pointer whose length is not the allocation's is refused,
+            // as it is for update and delete).
+            match object::decode_exact(&buf) {
+                // Another object took the pointer's space (its generation
+                // differs): the pointer is stale, nothing of it is returned.
+                Ok(o) if o.generation != ptr.gen => {
+                    return Err(StoreError::StalePointer { expected: ptr.gen }.into())
+                }
+                Ok(o) => {
+                    self.stats.one_sided_reads += 1;
+                    return Ok(Some(o.data.to_vec()));
+                }
+                Err(ObjectError::Torn) => self.stats.torn_reads += 1,
+                Err(_) => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The objects at `ptrs` by one-sided Reads, up to [`READ_BATCH`] in
+    /// flight at once on the one connection (posted together: over TCP
+    /// the requests leave in one system call and the node answers them
+    /// together). Per pointer, the answer, or `None` where it should go
+    /// the single way ([`Self::read_ptr`]): outside the arena, torn, no
+    /// object, or in a batch that failed.
+    pub(super) fn read_ptrs(
+        &mut self,
+        s: &mut Session,
+        ptrs: &[RemotePtr],
+    ) -> Vec<Option<Result<Vec<u8>, ClientError>>> {
+        let mut out: Vec<Option<Result<Vec<u8>, ClientError>>> = Vec::with_capacity(ptrs.len());
+        out.resize_with(ptrs.len(), || None);
+        s.learn_arena();
+        // The pointers a one-sided Read may serve, by batch.
+        let readable: Vec<usize> = (0..ptrs.len())
+            .filter(|&i| one_sided_ok(s.arena(), ptrs[i]))
+            .collect();
+        for batch in readable.chunks(READ_BATCH) {
+            // Each Read gets its own stretch of the read buffer.
+            let mut offs = Vec::with_capacity(batch.len());
+            let mut total = 0usize;
+            for &i in batch {
+                offs.push(total);
+                total += (ptrs[i].len as usize).next_multiple_of(64);
+            }
+            if self.ensure_read_mr(s, total).is_err() {
+                // `read_ptr` reports it per pointer.
+                continue;
+            }
+            let Ok((t, link)) = s.target_link() else {
+                continue;
+            };
+            let rkey = s.arena().expect("arena known").stag;
+            let reads: Vec<(usize, usize, u64)> = batch
+                .iter()
+                .zip(&offs)
+                .map(|(&i, &o)| (o, ptrs[i].len as usize, ptrs[i].addr))
+                .collect();
+            let mr = self.read_mr.as_ref().expect("read buffer");
+            if let Err(e) = link.read_batch(mr, &reads, rkey, s.cfg().attempt_timeout) {
+                // The pointers of this batch go the single-read way.
+                s.read_failed(t, e);
+                continue;
+            }
+            let mut buf = Vec::new();
+            for (&i, &(off, len, _)) in batch.iter().zip(&reads) {
+                buf.resize(len, 0);
+                mr.read_at(off, &mut buf);
+                match object::decode_exact(&buf) {
+                    Ok(o) if o.generation != ptrs[i].gen => {
+                        out[i] = Some(Err(StoreError::StalePointer {
+                            expected: ptrs[i].gen,
+                        }
+                        .into()));
+                    }
+                    Ok(o) => {
+                        self.stats.one_sided_reads += 1;
+                        out[i] = Some(Ok(o.data.to_vec()));
+                    }
+                    Err(ObjectError::Torn) => self.stats.torn_reads += 1,
+                    // Not an object there: `read_ptr` asks the node, which
+                    // gives the precise error.
+                    Err(_) => {}
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Whether `ptr` lies in `arena` (as far as this client knows it), so
+/// that a one-sided Read may serve it.
+fn one_sided_ok(arena: Option<ArenaRef>, ptr: RemotePtr) -> bool {
+    arena.is_some_and(|a| {
+        crate::ptr::same_arena(ptr.stag, a.stag)
+            && ptr.len as usize >= object::HEADER_LEN
+            && ptr.addr >= a.base
+            && ptr
+                .addr
+                .checked_add(ptr.len as u64)
+                .is_some_and(|e| e <= a.base + a.len)
+    })
+}
