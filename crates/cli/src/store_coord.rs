@@ -7,8 +7,10 @@
 //! the group's nodes can take part in its elections; without a secret it
 //! serves loopback clients only, as a node without `[auth]` does. It prints
 //! one line, `coordinator listening on ADDR (...)`, and runs until SIGINT
-//! or SIGTERM. Its leases live in its memory only: a restarted coordinator
-//! starts empty, and the nodes' next renewals re-establish the group.
+//! or SIGTERM. The group's record (epoch, primary, lease) lives in its
+//! memory only: it must run as long as the group does (a restarted one
+//! starts empty, and the running nodes do not elect a primary through it
+//! again; docs/store.md, "Quick start").
 
 use std::io::Write;
 use std::net::SocketAddr;
