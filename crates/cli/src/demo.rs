@@ -147,22 +147,8 @@ pub fn run(a: Args) -> Result<()> {
     println!("softrdma demo: HA remote memory store, failover under load");
     // A group secret for this run: nodes, the coordinator and clients
     // prove it (issue 29); it stays in a file readable by this user only.
-    let secret = format!(
-        "{:016x}{:016x}",
-        softrdma_store::net::random_u64(),
-        softrdma_store::net::random_u64()
-    );
     let secret_file = dir.join("group.secret");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&secret_file)?;
-        writeln!(f, "{secret}")?;
-    }
+    let secret = crate::store_coord::write_new_secret(&secret_file, false)?;
     let coord =
         EmbeddedServer::start_with("127.0.0.1:0".parse()?, Some(Secret::new(secret.as_bytes())))?;
     let ports = crate::net::free_ports(4)?;

@@ -37,6 +37,7 @@ enum Cmd {
     /// Check the shared table and show it.
     Show {
         name: String,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -54,6 +55,7 @@ enum Cmd {
         /// Seconds per measurement (each of cached and uncached).
         #[arg(long, default_value_t = 0.3)]
         secs: f64,
+        /// One JSON object per line.
         #[arg(long)]
         json: bool,
     },

@@ -17,10 +17,13 @@ mod oneshot;
 mod resp_wait;
 mod rping;
 mod run;
+#[allow(unsafe_code)]
+mod signals;
 mod storage;
 mod storage_bench;
 mod store;
 mod store_bench;
+mod store_coord;
 mod store_load;
 mod transfer;
 
@@ -52,8 +55,9 @@ enum Cmd {
     /// perftest-style benchmarks (write/read/send bandwidth and latency,
     /// idle QPs) with a raw TCP baseline measured in the same run.
     Bench(bench::Args),
-    /// The highly available remote memory store: serve a node, client
-    /// operations, status, a verifying workload.
+    /// The highly available remote memory store: serve a node, run the
+    /// embedded coordinator, client operations, status, a verifying
+    /// workload.
     Store(store::Args),
     /// Local persistent storage as an RDMA endpoint: initialise a file or
     /// block device with partitions, show it, grant and revoke access.

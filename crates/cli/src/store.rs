@@ -1,4 +1,5 @@
-//! `softrdma store ...`: serve a node, client operations, a workload.
+//! `softrdma store ...`: serve a node, the embedded coordinator, client
+//! operations, a workload.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,6 +23,10 @@ pub struct Args {
 enum Cmd {
     /// Run one node of a replica group.
     Serve(ServeArgs),
+    /// Run the embedded coordinator of a replica group (its nodes'
+    /// `[coordinator] kind = "embedded"`) in the foreground until SIGINT or
+    /// SIGTERM; for groups without etcd.
+    Coordinator(crate::store_coord::Args),
     /// Store a value under a key (replicated before it is acknowledged).
     Put(PutArgs),
     /// Print a key's value (one-sided RDMA Reads of the index and the
@@ -33,16 +38,16 @@ enum Cmd {
     #[command(alias = "scan")]
     Keys(KeysArgs),
     /// Pointer API: insert a value without a key; prints its remote pointer.
-    Insert(OpArgs),
+    Insert(InsertArgs),
     /// Pointer API: read the value at a remote pointer (one-sided).
-    Read(OpArgs),
+    Read(PointerArgs),
     /// Pointer API: replace the value at a remote pointer; prints the (new)
     /// pointer.
-    Update(OpArgs),
+    Update(UpdateArgs),
     /// Pointer API: delete the value at a remote pointer.
-    Delete(OpArgs),
+    Delete(PointerArgs),
     /// Roles, epoch, arena use and redundancy of every node.
-    Status(NodesArg),
+    Status(StatusArgs),
     /// A verifying mixed workload (used by `softrdma demo` and the tests).
     Load(crate::store_load::LoadArgs),
     /// Throughput and latency of insert/update/one-sided read against Redis
@@ -84,11 +89,17 @@ struct NodesArg {
     /// The group's nodes, comma-separated host:port.
     #[arg(long, value_delimiter = ',', required = true)]
     nodes: Vec<SocketAddr>,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
     #[command(flatten)]
     auth: AuthArgs,
+}
+
+#[derive(ClapArgs)]
+struct StatusArgs {
+    #[command(flatten)]
+    nodes: NodesArg,
+    /// `status`: print one JSON object per node.
+    #[arg(long)]
+    json: bool,
 }
 
 /// How a client proves itself to nodes that have credentials. The password
@@ -122,13 +133,31 @@ pub fn client_with(nodes: &[SocketAddr], auth: &AuthArgs) -> Result<StoreClient>
 }
 
 #[derive(ClapArgs)]
-struct OpArgs {
+struct InsertArgs {
     #[command(flatten)]
     nodes: NodesArg,
-    /// Remote pointer (`0xADDR:0xSTAG:LEN`) for get/update/del; value for put.
-    first: String,
-    /// The value for update.
-    second: Option<String>,
+    /// `insert`: the value to store.
+    value: String,
+}
+
+#[derive(ClapArgs)]
+struct PointerArgs {
+    #[command(flatten)]
+    nodes: NodesArg,
+    /// `read`, `delete`: the remote pointer, as `insert` and `update` print
+    /// it (`ADDR:STAG:LEN:GENERATION`, e.g. `0x7f00_0000_1000:0x00012345:4096:17`).
+    pointer: String,
+}
+
+#[derive(ClapArgs)]
+struct UpdateArgs {
+    #[command(flatten)]
+    nodes: NodesArg,
+    /// `update`: the remote pointer, as `insert` and `update` print it
+    /// (`ADDR:STAG:LEN:GENERATION`, e.g. `0x7f00_0000_1000:0x00012345:4096:17`).
+    pointer: String,
+    /// `update`: the new value.
+    value: String,
 }
 
 #[derive(ClapArgs)]
@@ -183,6 +212,7 @@ struct KeysArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.cmd {
         Cmd::Serve(s) => serve(s),
+        Cmd::Coordinator(c) => crate::store_coord::run(c),
         Cmd::Lincheck { file } => lincheck(&file),
         Cmd::Put(a) => put(a),
         Cmd::Get(a) => {
@@ -228,29 +258,26 @@ pub fn run(a: Args) -> Result<()> {
         }
         Cmd::Insert(o) => {
             let mut c = client(&o.nodes)?;
-            let p = c.alloc(o.first.as_bytes())?;
+            let p = c.alloc(o.value.as_bytes())?;
             println!("{p}");
             Ok(())
         }
         Cmd::Read(o) => {
             let mut c = client(&o.nodes)?;
-            let p: RemotePtr = o.first.parse().context("remote pointer")?;
+            let p: RemotePtr = o.pointer.parse().context("remote pointer")?;
             let v = c.read_ptr(p)?;
             println!("{}", String::from_utf8_lossy(&v));
             Ok(())
         }
         Cmd::Update(o) => {
             let mut c = client(&o.nodes)?;
-            let p: RemotePtr = o.first.parse().context("remote pointer")?;
-            let Some(v) = o.second else {
-                bail!("update needs POINTER VALUE")
-            };
-            println!("{}", c.update_ptr(p, v.as_bytes())?);
+            let p: RemotePtr = o.pointer.parse().context("remote pointer")?;
+            println!("{}", c.update_ptr(p, o.value.as_bytes())?);
             Ok(())
         }
         Cmd::Delete(o) => {
             let mut c = client(&o.nodes)?;
-            let p: RemotePtr = o.first.parse().context("remote pointer")?;
+            let p: RemotePtr = o.pointer.parse().context("remote pointer")?;
             c.free(p)?;
             println!("deleted {p}");
             Ok(())
@@ -357,14 +384,14 @@ fn serve(s: ServeArgs) -> Result<()> {
 
 use softrdma_store::proto::role_name;
 
-fn status(n: &NodesArg) -> Result<()> {
-    let mut c = client(n)?;
+fn status(a: &StatusArgs) -> Result<()> {
+    let mut c = client(&a.nodes)?;
     let mut any = false;
     for (addr, r) in c.status_all() {
         match r {
             Ok(s) => {
                 any = true;
-                if n.json {
+                if a.json {
                     println!(
                         "{}",
                         serde_json::json!({
@@ -390,7 +417,7 @@ fn status(n: &NodesArg) -> Result<()> {
                 }
             }
             Err(e) => {
-                if n.json {
+                if a.json {
                     println!(
                         "{}",
                         serde_json::json!({"addr": addr.to_string(), "error": e.to_string()})

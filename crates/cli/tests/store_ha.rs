@@ -20,7 +20,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::free_ports;
 use common::history::{self, assert_linearizable, Workload};
+use common::store::{client_config, start_etcd, CoordToml, NodeToml, StoreNode as Node, SOFTRDMA};
 
 use softrdma_store::auth::Secret;
 use softrdma_store::coord::embedded::EmbeddedServer;
@@ -40,89 +41,8 @@ use softrdma_store::proto::{StatusInfo, StoreError};
 use softrdma_store::ptr::RemotePtr;
 use softrdma_verbs::Access;
 
-const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
 const PRIMARY: u8 = 2;
 const SECONDARY: u8 = 1;
-
-struct Node {
-    id: u32,
-    cfg: PathBuf,
-    child: Option<Child>,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-impl Node {
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill(); // SIGKILL
-            let _ = c.wait();
-        }
-    }
-
-    fn start(&mut self, dir: &Path, role: &str) {
-        if let Err(e) = self.try_start(dir, role) {
-            panic!("{e}");
-        }
-    }
-
-    /// Starts the node; Err (with its log's tail) if it did not get ready.
-    fn try_start(&mut self, dir: &Path, role: &str) -> Result<(), String> {
-        assert!(self.child.is_none());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(format!("node{}.log", self.id)))
-            .unwrap();
-        let mut child = Command::new(SOFTRDMA)
-            .args(["-v", "store", "serve", "--config"])
-            .arg(&self.cfg)
-            .args(["--role", role])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("start softrdma store serve");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(|l| l.ok()) {
-                let _ = tx.send(l);
-            }
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(40)) {
-            Ok(l) => l,
-            Err(e) => {
-                // Stop it and show what it said (CI keeps no files).
-                let _ = child.kill();
-                let st = child.wait();
-                let log = std::fs::read_to_string(dir.join(format!("node{}.log", self.id)))
-                    .unwrap_or_default();
-                let lines: Vec<&str> = log.lines().collect();
-                let tail = lines[lines.len().saturating_sub(60)..].join("\n");
-                return Err(format!(
-                    "node {} did not get ready ({e:?}, exit {st:?}); its log:\n{tail}",
-                    self.id
-                ));
-            }
-        };
-        assert!(line.starts_with("ready"), "node {}: {line}", self.id);
-        self.child = Some(child);
-        Ok(())
-    }
-}
-
-/// A client configuration for the test groups (they require the group
-/// secret).
-fn client_config(nodes: &[SocketAddr]) -> ClientConfig {
-    let mut c = ClientConfig::new(nodes.to_vec());
-    c.auth = Some(common::store_auth());
-    c
-}
 
 struct Group {
     dir: PathBuf,
@@ -143,15 +63,8 @@ impl Drop for Group {
         for n in &mut self.nodes {
             n.kill();
         }
-        for id in 1..=2 {
-            let log = self.dir.join(format!("node{id}.log"));
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(80)..];
-            eprintln!("--- last {} lines of {}:", tail.len(), log.display());
-            for l in tail {
-                eprintln!("{l}");
-            }
+        for n in &self.nodes {
+            common::store::print_log_tail(&format!("node {}", n.id), &n.log, 80);
         }
     }
 }
@@ -233,35 +146,30 @@ impl Group {
         let resp_ports = ports[2..].to_vec();
         let mut nodes = Vec::new();
         for i in 0..2 {
-            let cfg = dir.join(format!("node{}.toml", i + 1));
-            std::fs::write(
-                &cfg,
-                format!(
-                    "group = \"{name}\"\nnode_id = {}\nlisten = \"{}\"\npeers = [\"{}\"]\n\
-                     arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\n\
-                     lease_ttl_ms = 300\n{}\n{auth}{users}\n[coordinator]\n{}\n",
-                    i + 1,
-                    addrs[i],
-                    addrs[1 - i],
-                    match resp_ports.get(i) {
-                        Some(p) => format!("{extra}\nresp = \"127.0.0.1:{p}\""),
-                        None => extra.to_string(),
-                    },
-                    match etcd {
-                        None => format!("kind = \"embedded\"\naddr = \"{}\"", coord.addr()),
-                        Some(url) => format!("kind = \"etcd\"\nendpoints = [\"{url}\"]"),
-                    }
-                ),
-            )
-            .unwrap();
-            nodes.push(Node {
-                id: i as u32 + 1,
-                cfg,
-                child: None,
-            });
+            let id = i as u32 + 1;
+            let cfg = dir.join(format!("node{id}.toml"));
+            NodeToml {
+                group: name,
+                node_id: id,
+                listen: addrs[i],
+                peer: addrs[1 - i],
+                arena,
+                lease_ttl_ms: 300,
+                extra: &match resp_ports.get(i) {
+                    Some(p) => format!("{extra}\nresp = \"127.0.0.1:{p}\""),
+                    None => extra.to_string(),
+                },
+                auth: &format!("{auth}{users}"),
+                coordinator: match etcd {
+                    None => CoordToml::Embedded(coord.addr()),
+                    Some(url) => CoordToml::Etcd(url),
+                },
+            }
+            .write(&cfg);
+            nodes.push(Node::new(id, cfg, dir.join(format!("node{id}.log"))));
         }
-        nodes[0].try_start(&dir, "primary")?;
-        nodes[1].try_start(&dir, "secondary")?;
+        nodes[0].try_start("primary")?;
+        nodes[1].try_start("secondary")?;
         let probe = StoreClient::new(client_config(&addrs)).unwrap();
         let mut g = Group {
             dir,
@@ -415,8 +323,7 @@ fn crash_primary_20_times() {
         let fenced0 = log_count(&g, 3 - p, "role=Fenced");
         g.nodes[(p - 1) as usize].kill();
         // Restart the killed node at once: it must rejoin as secondary.
-        let dir = g.dir.clone();
-        g.nodes[(p - 1) as usize].start(&dir, "secondary");
+        g.nodes[(p - 1) as usize].start("secondary");
         let s = finish_load(child, rx);
         assert_eq!(s["lost_writes"], 0, "round {seed}: {s}");
         assert_eq!(s["resurrected"], 0, "round {seed}: {s}");
@@ -493,8 +400,7 @@ fn large_arena_rejoins_with_default_timings() {
         .collect();
     let e = g.epoch();
     g.nodes[(s - 1) as usize].kill();
-    let dir = g.dir.clone();
-    g.nodes[(s - 1) as usize].start(&dir, "secondary");
+    g.nodes[(s - 1) as usize].start("secondary");
     assert_eq!(g.wait_redundant(Duration::from_secs(60), e), p);
     g.nodes[(p - 1) as usize].kill();
     for (ptr, v) in &objs {
@@ -530,8 +436,7 @@ fn secondary_loss_and_resync() {
     assert_eq!(st[0].role, PRIMARY);
     assert!(!st[0].redundant, "status must report the group degraded");
     // A replacement joins, copies the arena and the group is redundant.
-    let dir = g.dir.clone();
-    g.nodes[(s - 1) as usize].start(&dir, "secondary");
+    g.nodes[(s - 1) as usize].start("secondary");
     assert_eq!(g.wait_redundant(Duration::from_secs(30), e), p);
     let st = g.status();
     let (a, b) = (&st[0], &st[1]);
@@ -739,69 +644,6 @@ fn read_many_answers_each_pointer_as_read_does() {
     let _ = std::fs::remove_dir_all(&g.dir);
 }
 
-struct Etcd {
-    child: Child,
-    dir: PathBuf,
-    url: String,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Debian's etcd on free loopback ports (installed by scripts/setup.sh).
-fn start_etcd() -> Etcd {
-    let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("etcd not found: run scripts/setup.sh (apt-get install etcd-server)");
-    let (cp, pp) = match free_ports(2)[..] {
-        [c, p] => (c, p),
-        _ => unreachable!(),
-    };
-    let dir = std::env::temp_dir().join(format!("softrdma-ha-etcd-{}", std::process::id()));
-    let url = format!("http://127.0.0.1:{cp}");
-    let peer = format!("http://127.0.0.1:{pp}");
-    let child = Command::new(bin)
-        .args(["--name", "t", "--data-dir"])
-        .arg(&dir)
-        .args([
-            "--listen-client-urls",
-            &url,
-            "--advertise-client-urls",
-            &url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-        ])
-        .args(["--initial-cluster", &format!("t={peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn etcd");
-    let e = Etcd { child, dir, url };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        use softrdma_store::coord::Coordinator;
-        let ok =
-            softrdma_store::coord::etcd::EtcdCoordinator::connect(std::slice::from_ref(&e.url))
-                .and_then(|c| c.get("probe"))
-                .is_ok();
-        if ok {
-            return e;
-        }
-        assert!(Instant::now() < deadline, "etcd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn failover_with_etcd_coordinator() {
     let etcd = start_etcd();
@@ -811,8 +653,7 @@ fn failover_with_etcd_coordinator() {
     let p = g.primary();
     let e = g.epoch();
     g.nodes[(p - 1) as usize].kill();
-    let dir = g.dir.clone();
-    g.nodes[(p - 1) as usize].start(&dir, "secondary");
+    g.nodes[(p - 1) as usize].start("secondary");
     let s = finish_load(child, rx);
     assert_eq!(s["lost_writes"], 0, "{s}");
     assert_eq!(s["errors"], 0, "{s}");
@@ -973,7 +814,7 @@ fn linearizable_under_faults(mut g: Group, faults: usize) {
         let what = match f % 4 {
             0 => {
                 g.nodes[(p - 1) as usize].kill();
-                g.nodes[(p - 1) as usize].start(&dir, "secondary");
+                g.nodes[(p - 1) as usize].start("secondary");
                 "kill -9 primary"
             }
             1 => {
@@ -990,7 +831,7 @@ fn linearizable_under_faults(mut g: Group, faults: usize) {
             }
             _ => {
                 g.nodes[(s - 1) as usize].kill();
-                g.nodes[(s - 1) as usize].start(&dir, "secondary");
+                g.nodes[(s - 1) as usize].start("secondary");
                 "kill -9 secondary"
             }
         };
@@ -1068,8 +909,7 @@ fn min_in_sync_replicas_refuses_writes_held_by_one_node() {
             _ => assert_eq!(outcome, "acknowledged alone"),
         }
         // The secondary comes back; writes are accepted (and replicated).
-        let dir = g.dir.clone();
-        g.nodes[(s - 1) as usize].start(&dir, "secondary");
+        g.nodes[(s - 1) as usize].start("secondary");
         g.wait_redundant(Duration::from_secs(30), e);
         c.update_ptr(p, b"redundant again").unwrap();
         assert_eq!(c.read_ptr(p).unwrap(), b"redundant again");
@@ -1217,8 +1057,7 @@ fn keys_are_found_one_sided_on_both_nodes() {
     // The killed node rejoins: the group takes writes again (by default a
     // primary alone refuses them).
     let e = g.epoch();
-    let dir = g.dir.clone();
-    g.nodes[(pr - 1) as usize].start(&dir, "secondary");
+    g.nodes[(pr - 1) as usize].start("secondary");
     assert_eq!(
         g.wait_redundant(Duration::from_secs(30), e.saturating_sub(1)),
         np
@@ -1852,8 +1691,7 @@ fn secondary_restarts_cost_no_step_down_and_one_copy_each() {
         wait_progress(&rx, 0.4);
         let e = g.epoch();
         g.nodes[(s - 1) as usize].kill();
-        let dir = g.dir.clone();
-        g.nodes[(s - 1) as usize].start(&dir, "secondary");
+        g.nodes[(s - 1) as usize].start("secondary");
         let sum = finish_load(child, rx);
         for f in ["lost_writes", "resurrected", "wrong_key", "stale_reached"] {
             assert_eq!(sum[f], 0, "round {round}: {sum}");
@@ -1917,8 +1755,7 @@ fn a_double_fault_under_defaults_acknowledged_nothing_held_by_one_node() {
     g.nodes[(p - 1) as usize].kill();
     // Both come back: the group's record names incarnations that are gone,
     // so neither may lead; none answers "absent" for a key it lost.
-    let dir = g.dir.clone();
-    let started = g.nodes[(p - 1) as usize].try_start(&dir, "auto");
+    let started = g.nodes[(p - 1) as usize].try_start("auto");
     if started.is_ok() {
         let mut after = StoreClient::new({
             let mut cfg = client_config(&g.addrs);

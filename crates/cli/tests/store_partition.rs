@@ -34,26 +34,25 @@
 //! The two tests run one after the other (a lock), each well under 30 s.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::history::{assert_linearizable, Enter, Workload};
+use common::store::{client_config, wait_for, CoordToml, NodeToml, StoreNode};
 
 use softrdma_store::coord::embedded::EmbeddedServer;
-use softrdma_store::net::client::{ClientConfig, ClientError, StoreClient};
+use softrdma_store::net::client::{ClientError, StoreClient};
 use softrdma_store::proto::{StatusInfo, StoreError};
 use softrdma_store::ptr::RemotePtr;
 
-const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
 const SECONDARY: u8 = 1;
 const PRIMARY: u8 = 2;
 const FENCED: u8 = 3;
@@ -150,66 +149,10 @@ fn leaf_ip(leaf: &str) -> String {
     format!("10.77.{i}.2")
 }
 
-struct NodeProc {
-    id: u32,
-    ns: String,
-    cfg: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl NodeProc {
-    fn start(&mut self, role: &str) {
-        assert!(self.child.is_none());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        // `ip netns exec` execs the command: the child is the node itself.
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, SOFTRDMA])
-            .args(["-v", "store", "serve", "--config"])
-            .arg(&self.cfg)
-            .args(["--role", role])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("start ip netns exec softrdma store serve");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(|l| l.ok()) {
-                let _ = tx.send(l);
-            }
-        });
-        let line = rx.recv_timeout(Duration::from_secs(20));
-        // Keep the child (so it is killed) before checking.
-        self.child = Some(child);
-        let line = line.unwrap_or_else(|_| {
-            panic!(
-                "node {} did not get ready in namespace {}; see {}",
-                self.id,
-                self.ns,
-                self.log.display()
-            )
-        });
-        assert!(line.starts_with("ready"), "node {}: {line}", self.id);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill(); // SIGKILL
-            let _ = c.wait();
-        }
-    }
-}
-
 /// The namespaces, the coordinator and the nodes of one test; everything is
 /// torn down on drop (also when the test panics).
 struct Lab {
-    nodes: Vec<NodeProc>,
+    nodes: Vec<StoreNode>,
     coord: Option<EmbeddedServer>,
     /// Namespaces created so far (deleted on drop).
     netns: Vec<String>,
@@ -299,28 +242,23 @@ impl Lab {
         let auth = common::store_auth_toml(&lab.dir);
         for (i, leaf) in ["P", "S"].iter().enumerate() {
             let other = if *leaf == "P" { "S" } else { "P" };
-            let cfg = lab.dir.join(format!("node{}.toml", i + 1));
-            std::fs::write(
-                &cfg,
-                format!(
-                    "group = \"part\"\nnode_id = {}\nlisten = \"{}:{NODE_PORT}\"\n\
-                     peers = [\"{}:{NODE_PORT}\"]\narena_size = \"16MiB\"\n\
-                     heartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\n\
-                     lease_ttl_ms = {LEASE_MS}\n{extra}\n{auth}[coordinator]\nkind = \"embedded\"\n\
-                     addr = \"{caddr}\"\n",
-                    i + 1,
-                    leaf_ip(leaf),
-                    leaf_ip(other),
-                ),
-            )
-            .unwrap();
-            lab.nodes.push(NodeProc {
-                id: i as u32 + 1,
-                ns: lab.ns(leaf),
-                cfg,
-                log: lab.dir.join(format!("node{}.log", i + 1)),
-                child: None,
-            });
+            let id = i as u32 + 1;
+            let cfg = lab.dir.join(format!("node{id}.toml"));
+            NodeToml {
+                group: "part",
+                node_id: id,
+                listen: lab.addr(leaf),
+                peer: lab.addr(other),
+                arena: "16MiB",
+                lease_ttl_ms: LEASE_MS,
+                extra,
+                auth: &auth,
+                coordinator: CoordToml::Embedded(caddr),
+            }
+            .write(&cfg);
+            let log = lab.dir.join(format!("node{id}.log"));
+            lab.nodes
+                .push(StoreNode::new(id, cfg, log).in_netns(&lab.ns(leaf)));
         }
         lab
     }
@@ -383,16 +321,7 @@ impl Drop for Lab {
         }
         if failed {
             for n in &self.nodes {
-                let text = std::fs::read_to_string(&n.log).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!(
-                    "---- last lines of node {} ({}) ----",
-                    n.id,
-                    n.log.display()
-                );
-                for l in &lines[lines.len().saturating_sub(40)..] {
-                    eprintln!("{l}");
-                }
+                common::store::print_log_tail(&format!("node {}", n.id), &n.log, 40);
             }
         }
         drop(self.coord.take());
@@ -409,15 +338,12 @@ impl Drop for Lab {
 }
 
 fn client(nodes: &[SocketAddr]) -> StoreClient {
-    let mut cfg = ClientConfig::new(nodes.to_vec());
-    cfg.auth = Some(common::store_auth());
-    StoreClient::new(cfg).expect("store client")
+    StoreClient::new(client_config(nodes)).expect("store client")
 }
 
 /// A client of `node` alone (no failover) that gives up after `deadline`.
 fn lone_client(node: SocketAddr, deadline: Duration) -> StoreClient {
-    let mut cfg = ClientConfig::new(vec![node]);
-    cfg.auth = Some(common::store_auth());
+    let mut cfg = client_config(&[node]);
     cfg.attempt_timeout = Duration::from_millis(250);
     cfg.deadline = deadline;
     StoreClient::new(cfg).expect("store client")
@@ -426,26 +352,6 @@ fn lone_client(node: SocketAddr, deadline: Duration) -> StoreClient {
 /// Status of each node of `c`, in order (`None`: no answer).
 fn statuses(c: &mut StoreClient) -> Vec<Option<StatusInfo>> {
     c.status_all().into_iter().map(|(_, r)| r.ok()).collect()
-}
-
-/// Polls `f` until it gives a value; panics after `timeout` with the last
-/// state `f` described. Returns the value and the time it took.
-fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut f: impl FnMut() -> Result<T, String>,
-) -> (T, Duration) {
-    let t0 = Instant::now();
-    loop {
-        match f() {
-            Ok(v) => return (v, t0.elapsed()),
-            Err(state) => assert!(
-                t0.elapsed() < timeout,
-                "{what}: not reached in {timeout:?}; last state: {state}"
-            ),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn value(tag: &str, n: u64) -> Vec<u8> {
