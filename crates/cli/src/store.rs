@@ -28,6 +28,7 @@ enum Cmd {
     /// SIGTERM; for groups without etcd.
     Coordinator(crate::store_coord::Args),
     /// Store a value under a key (replicated before it is acknowledged).
+    #[command(alias = "set")]
     Put(PutArgs),
     /// Print a key's value (one-sided RDMA Reads of the index and the
     /// object; exit status 1 if the key does not exist).
@@ -37,15 +38,22 @@ enum Cmd {
     /// List the keys matching a glob pattern (`*`, `?`, `[...]`).
     #[command(alias = "scan")]
     Keys(KeysArgs),
-    /// Pointer API: insert a value without a key; prints its remote pointer.
-    Insert(InsertArgs),
+    /// Pointer API: store a value without a key; prints its remote pointer.
+    /// (The pointer commands are named as `StoreClient`'s pointer face:
+    /// `alloc`, `read-ptr`, `update-ptr`, `free`; the keyed ones `put`,
+    /// `get`, `del`. The old names insert/read/update/delete still work.)
+    #[command(alias = "insert")]
+    Alloc(InsertArgs),
     /// Pointer API: read the value at a remote pointer (one-sided).
-    Read(PointerArgs),
+    #[command(alias = "read")]
+    ReadPtr(PointerArgs),
     /// Pointer API: replace the value at a remote pointer; prints the (new)
     /// pointer.
-    Update(UpdateArgs),
-    /// Pointer API: delete the value at a remote pointer.
-    Delete(PointerArgs),
+    #[command(alias = "update")]
+    UpdatePtr(UpdateArgs),
+    /// Pointer API: free the value at a remote pointer.
+    #[command(alias = "delete")]
+    Free(PointerArgs),
     /// Roles, epoch, arena use and redundancy of every node.
     Status(StatusArgs),
     /// A verifying mixed workload (used by `softrdma demo` and the tests).
@@ -136,7 +144,7 @@ pub fn client_with(nodes: &[SocketAddr], auth: &AuthArgs) -> Result<StoreClient>
 struct InsertArgs {
     #[command(flatten)]
     nodes: NodesArg,
-    /// `insert`: the value to store.
+    /// `alloc`: the value to store.
     value: String,
 }
 
@@ -144,8 +152,8 @@ struct InsertArgs {
 struct PointerArgs {
     #[command(flatten)]
     nodes: NodesArg,
-    /// `read`, `delete`: the remote pointer, as `insert` and `update` print
-    /// it (`ADDR:STAG:LEN:GENERATION`, e.g. `0x7f00_0000_1000:0x00012345:4096:17`).
+    /// `read-ptr`, `free`: the remote pointer, as `alloc` and `update-ptr`
+    /// print it (`ADDR:STAG:LEN:GENERATION`, e.g. `0x7f00_0000_1000:0x00012345:4096:17`).
     pointer: String,
 }
 
@@ -153,10 +161,10 @@ struct PointerArgs {
 struct UpdateArgs {
     #[command(flatten)]
     nodes: NodesArg,
-    /// `update`: the remote pointer, as `insert` and `update` print it
+    /// `update-ptr`: the remote pointer, as `alloc` and `update-ptr` print it
     /// (`ADDR:STAG:LEN:GENERATION`, e.g. `0x7f00_0000_1000:0x00012345:4096:17`).
     pointer: String,
-    /// `update`: the new value.
+    /// `update-ptr`: the new value.
     value: String,
 }
 
@@ -256,30 +264,30 @@ pub fn run(a: Args) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Insert(o) => {
+        Cmd::Alloc(o) => {
             let mut c = client(&o.nodes)?;
             let p = c.alloc(o.value.as_bytes())?;
             println!("{p}");
             Ok(())
         }
-        Cmd::Read(o) => {
+        Cmd::ReadPtr(o) => {
             let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.pointer.parse().context("remote pointer")?;
             let v = c.read_ptr(p)?;
             println!("{}", String::from_utf8_lossy(&v));
             Ok(())
         }
-        Cmd::Update(o) => {
+        Cmd::UpdatePtr(o) => {
             let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.pointer.parse().context("remote pointer")?;
             println!("{}", c.update_ptr(p, o.value.as_bytes())?);
             Ok(())
         }
-        Cmd::Delete(o) => {
+        Cmd::Free(o) => {
             let mut c = client(&o.nodes)?;
             let p: RemotePtr = o.pointer.parse().context("remote pointer")?;
             c.free(p)?;
-            println!("deleted {p}");
+            println!("freed {p}");
             Ok(())
         }
         Cmd::Status(n) => status(&n),

@@ -718,7 +718,7 @@ fn a_garbage_server_is_refused_at_once_and_quietly() {
         }
     });
     for args in [
-        vec!["store", "read", "0x7f0000001000:0x00012345:64:1"],
+        vec!["store", "read-ptr", "0x7f0000001000:0x00012345:64:1"],
         vec!["store", "put", "greeting", "hello"],
         vec!["store", "get", "greeting"],
         vec!["store", "status"],
@@ -1628,24 +1628,26 @@ fn a_stale_pointer_reaches_no_other_object() {
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
-    let (ok, old, _) = cli(&["insert", "first value"]);
+    let (ok, old, _) = cli(&["alloc", "first value"]);
     assert!(ok, "{old}");
-    assert!(cli(&["delete", &old]).0);
+    assert!(cli(&["free", &old]).0);
+    // The pointer commands' old names (insert/read/update/delete) remain
+    // aliases.
     let (ok, new, _) = cli(&["insert", "other value"]);
     assert!(ok);
     let (o, n): (RemotePtr, RemotePtr) = (old.parse().unwrap(), new.parse().unwrap());
     assert_eq!((o.addr, o.len), (n.addr, n.len), "the space was reused");
     assert_ne!(old, new, "the pointer texts differ (the generation)");
     for args in [
-        vec!["read", old.as_str()],
-        vec!["update", old.as_str(), "overwrite!!"],
-        vec!["delete", old.as_str()],
+        vec!["read-ptr", old.as_str()],
+        vec!["update-ptr", old.as_str(), "overwrite!!"],
+        vec!["free", old.as_str()],
     ] {
         let (ok, out, err) = cli(&args);
         assert!(!ok, "{args:?} through the stale pointer worked: {out}");
         assert!(err.contains("stale pointer"), "{args:?}: {err}");
     }
-    assert_eq!(cli(&["read", &new]).1, "other value");
+    assert_eq!(cli(&["read-ptr", &new]).1, "other value");
     let _ = std::fs::remove_dir_all(&g.dir);
 }
 
