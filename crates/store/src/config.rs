@@ -183,7 +183,7 @@ pub struct Config {
     pub heartbeat_timeout_ms: u64,
     /// Silence in ms after which a primary drops its secondary (default
     /// 8 x `heartbeat_timeout_ms`; at least that). See
-    /// [`crate::node::NodeConfig::secondary_timeout`].
+    /// `NodeConfig::secondary_timeout` (node/mod.rs).
     #[serde(default)]
     pub secondary_timeout_ms: Option<u64>,
     /// Lease TTL in ms.

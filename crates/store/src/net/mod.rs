@@ -3,7 +3,7 @@
 //! * [`link`]: one store message per RDMA Send on an RC queue pair, with a
 //!   receiver thread per endpoint and one-sided RDMA Reads.
 //! * [`server`]: `softrdma store serve`, the node runtime around
-//!   [`crate::node::Node`]: it starts the threads, and runs the node loop
+//!   `Node` (the state machine in `node/`): it starts the threads, and runs the node loop
 //!   (`node_loop.rs`, the only owner of the node and the arena), which
 //!   registers the arena for remote reads through `arena_reg.rs` (the one
 //!   `unsafe` here).

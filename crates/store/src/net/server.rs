@@ -6,7 +6,7 @@
 //! link the peer dialed); a ticker; a coordinator thread making the
 //! blocking [`Coordinator`] calls; the RESP front door's
 //! ([`super::redis_door`], if configured); and the **node loop**
-//! (`node_loop.rs`), the only owner of the [`Node`] state machine and of
+//! (`node_loop.rs`), the only owner of the `Node` state machine and of
 //! the arena's contents. The other threads post their events on the node
 //! loop's channel and ring its waker. [`serve`] starts them in that order,
 //! one named step each.

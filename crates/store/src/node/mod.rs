@@ -56,10 +56,13 @@
 
 use std::collections::BTreeMap;
 
+#[cfg(any(test, feature = "testing"))]
 use crate::alloc::Allocator;
 use crate::arena::Memory;
 use crate::coord::{Campaign, GroupRecord};
-use crate::index::{self, Layout, Meta};
+use crate::index;
+#[cfg(any(test, feature = "testing"))]
+use crate::index::Meta;
 use crate::proto::{
     self, Body, DedupEntry, Envelope, Member, NodeId, RepOp, Reply, StatusInfo, StoreError,
 };
@@ -450,24 +453,29 @@ impl<M: Memory> Node<M> {
         self.cfg.member
     }
     /// The arena memory.
+    #[cfg(any(test, feature = "testing"))]
     pub fn memory(&self) -> &M {
         self.image.memory()
     }
     /// The allocator.
+    #[cfg(any(test, feature = "testing"))]
     pub fn allocator(&self) -> &Allocator {
         self.image.allocator()
     }
 
     /// The key index's layout, once the node holds a group's data.
-    pub fn index_layout(&self) -> Option<Layout> {
+    #[cfg(test)]
+    pub fn index_layout(&self) -> Option<index::Layout> {
         self.image.layout()
     }
 
     /// The key index's planning state, once the node holds a group's data.
+    #[cfg(any(test, feature = "testing"))]
     pub fn index_meta(&self) -> Option<&Meta> {
         self.image.index_meta()
     }
     /// Highest applied write.
+    #[cfg(any(test, feature = "testing"))]
     pub fn applied_seq(&self) -> u64 {
         self.image.applied_seq()
     }
@@ -477,10 +485,12 @@ impl<M: Memory> Node<M> {
     }
     /// Replicated writes a secondary could not apply (always 0 unless there
     /// is a bug; such a secondary rejoins).
+    #[cfg(any(test, feature = "testing"))]
     pub fn divergences(&self) -> u64 {
         self.divergences
     }
     /// Why the last divergence happened.
+    #[cfg(any(test, feature = "testing"))]
     pub fn last_divergence(&self) -> Option<&str> {
         self.last_divergence.as_deref()
     }
@@ -493,6 +503,7 @@ impl<M: Memory> Node<M> {
     /// Forwarded writes this node found missing (a link to its primary
     /// broke and dropped them) and had sent again (or, while copying,
     /// repaired by starting the copy over).
+    #[cfg(any(test, feature = "testing"))]
     pub fn lost_replicates(&self) -> u64 {
         self.lost_replicates
     }
@@ -507,10 +518,12 @@ impl<M: Memory> Node<M> {
         matches!(&self.state, State::Primary(p) if matches!(p.replica, Replica::InSync { .. }))
     }
     /// Secondary that finished copying.
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_synced_secondary(&self) -> bool {
         matches!(self.state, State::Secondary { copy: None, .. })
     }
     /// Primary with no write awaiting acknowledgement (or exposure).
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_idle(&self) -> bool {
         match &self.state {
             State::Primary(p) => p.pending.is_empty() && !self.image.has_unexposed(),

@@ -3,7 +3,7 @@
 //! One protocol serves clients talking to nodes and nodes talking to each
 //! other (replication, heartbeats, recovery). Every message travels in an
 //! [`Envelope`] that carries the **sender's epoch**: a receiver refuses
-//! anything from an epoch older than its own (see [`crate::node`]).
+//! anything from an epoch older than its own (see `node/`).
 //!
 //! Codec: little-endian, a tag byte per enum, `u32` length prefixes for byte
 //! strings and lists. [`decode`] checks every length against the bytes that
