@@ -25,7 +25,7 @@ use super::error::{ClientError, Unreachable};
 use super::session::Session;
 use super::ClientStats;
 use crate::index::Layout;
-use crate::lookup::{self, Lookup, Outcome, Step};
+use crate::lookup::{Lookup, Outcome, Step};
 use crate::net::link::READ_BATCH;
 use crate::object::{self, ObjectError};
 use crate::proto::{self, StoreError};
@@ -192,17 +192,26 @@ impl Reader {
             return None;
         };
         let cached = self.cache.get(key).copied();
-        match lookup::run(key, layout, cached, |o, n| self.read_arena(s, o, n)) {
-            Ok((outcome, l)) => {
-                self.stats.lookup_restarts += l.restarts() as u64;
-                let one_read = cached.is_some() && l.reads() == 1;
-                self.finish(s.target(), key, outcome, one_read)
+        // The reader drives the pure look-up itself (as `get_many` does),
+        // rather than through `lookup::run` with a closure: the look-up
+        // only answers what to read next, and never calls back into the
+        // client, so a get's path visits lookup.rs and leaves it.
+        let (mut l, mut step) = Lookup::start(key, layout, cached);
+        let outcome = loop {
+            match step {
+                Step::Read { offset, len } => match self.read_arena(s, offset, len) {
+                    Ok(bytes) => step = l.on_read(&bytes),
+                    Err(_) => {
+                        self.stats.keyed_fallback_refused += 1;
+                        return None;
+                    }
+                },
+                Step::Done(o) => break o,
             }
-            Err(_) => {
-                self.stats.keyed_fallback_refused += 1;
-                None
-            }
-        }
+        };
+        self.stats.lookup_restarts += l.restarts() as u64;
+        let one_read = cached.is_some() && l.reads() == 1;
+        self.finish(s.target(), key, outcome, one_read)
     }
 
     /// A finished look-up on node `target`: the answer, or `None` to ask
