@@ -27,7 +27,7 @@
 //!   silent is abandoned.
 
 use super::image::CopyStartError;
-use super::{Addr, CoordRequest, Copy, Node, Replica, State};
+use super::{Addr, Copy, Node, Replica, State};
 use crate::alloc::AllocSnapshot;
 use crate::arena::Memory;
 use crate::proto::{Body, DedupEntry, Member};
@@ -71,14 +71,7 @@ impl<M: Memory> Node<M> {
             }
             Replica::InSync { m, .. } if m.node == n => {
                 // It restarted: drop it from the record first.
-                let epoch = self.epoch;
-                let id = self.coord(CoordRequest::SetInSync {
-                    epoch,
-                    in_sync: None,
-                });
-                if let State::Primary(p) = &mut self.state {
-                    p.replica = Replica::Dropping { coord: Some(id) };
-                }
+                self.drop_replica();
                 return refuse(self, "previous incarnation being removed; retry");
             }
             _ => return refuse(self, "another secondary is active"),
