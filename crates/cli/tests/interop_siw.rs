@@ -99,35 +99,6 @@ fn payload_pattern_matches_rping() {
 // tshark
 // ---------------------------------------------------------------------------
 
-/// The `own` value of a guest kernel line `siw: crc error. in: X, own Y,
-/// op N` (printed as a little-endian word: the bytes swapped against the
-/// big-endian value tshark shows).
-fn parse_siw_crc_own(line: &str) -> Option<u32> {
-    let own = line.split("own ").nth(1)?;
-    let hex: String = own.chars().take_while(|c| c.is_ascii_hexdigit()).collect();
-    u32::from_str_radix(&hex, 16).ok()
-}
-
-/// The MPA CRCs (as tshark reads them, big-endian) of every FPDU that
-/// server port `port` sent.
-fn sent_crcs(file: &Path, port: u16) -> BTreeSet<u32> {
-    tshark_fields(
-        file,
-        &format!("tcp.srcport == {port} && iwarp_mpa.crc_check"),
-        &["iwarp_mpa.crc_check"],
-    )
-    .iter()
-    .flat_map(|row| row[0].split(','))
-    .filter_map(parse_num)
-    .collect()
-}
-
-/// Whether siw's own CRC (`own`, as its kernel prints it) is one of the
-/// CRCs tshark found on the wire (`sent`): siw computed what we sent.
-fn siw_own_crc_was_sent(own: u32, sent: &BTreeSet<u32>) -> bool {
-    sent.contains(&own.swap_bytes())
-}
-
 /// A one-connection TCP relay on the host, 127.0.0.1:(returned port) ->
 /// 127.0.0.1:`target`. It accepts at once but connects on to `target` only
 /// once `gate` fires. With `ask_crc` it sets the CRC bit (0x40 of byte 16)
@@ -1784,7 +1755,7 @@ fn run_perftest_with(
     // A retry is allowed only where siw's own CRC over the data is one our
     // server sent (and tshark checked): siw misread the trailer, not us.
     for (server, line, own) in &siw_crc_own {
-        let sent = sent_crcs(&pcap, ports[*server]);
+        let sent = sent_crcs(&pcap, &format!("tcp.srcport == {}", ports[*server]));
         match own {
             Some(own) if siw_own_crc_was_sent(*own, &sent) => {}
             _ => errs.push(format!(

@@ -5,7 +5,7 @@
 //! docs/interop.md describes how the harness and the guest talk.
 
 use super::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -520,9 +520,16 @@ impl Guest {
         }
     }
 
+    /// Fails the test with `why`. The guest's output was printed as it
+    /// came (`guest| ` lines) and is written to `guest.log`; the message
+    /// does not repeat it, so that `why` ends the test's output, where a
+    /// CI excerpt (its first and last lines) shows it.
     pub fn fail(&self, why: &str) -> ! {
         let _ = fs::write(&self.log_file, self.log.join("\n"));
-        panic!("{why}\n--- guest output:\n{}", self.log.join("\n"));
+        panic!(
+            "{why}\n(the guest's output is above, as `guest| ` lines, and in {})",
+            self.log_file.display()
+        );
     }
 
     /// `CASE NAME RC n DATA d ...` lines the guest script printed, by name.
@@ -703,4 +710,63 @@ pub fn write_cma_expect(dir: &Path, name: &str, server: bool) -> String {
     fs::create_dir_all(dir).unwrap();
     fs::write(dir.join(name), lines.join("\n") + "\n").unwrap();
     format!("/opt/expect/{name}")
+}
+
+// ---------------------------------------------------------------------------
+// siw's CRC reports
+// ---------------------------------------------------------------------------
+//
+// The guest's siw misreads the MPA CRC trailer of some large FPDUs (64 KiB
+// Read Responses, rping's 65535-byte Reads) after QEMU's slirp has
+// re-segmented them: it logs `siw: crc error. in: X, own Y, op N`, where
+// its own CRC over the data (Y) is the CRC the host put on the wire and X
+// the trailer misread. A test may run such a case again only when the guest
+// kernel logged a new report for it and each report's `own` is a CRC that
+// tshark found, and checked good, in the host's traffic (interop_siw.rs
+// `run_perftest_with`, dropin_siw.rs; docs/interop.md).
+
+/// The `own` value of a guest kernel line `siw: crc error. in: X, own Y,
+/// op N` (printed as a little-endian word: the bytes swapped against the
+/// big-endian value tshark shows).
+pub fn parse_siw_crc_own(line: &str) -> Option<u32> {
+    let own = line.split("own ").nth(1)?;
+    let hex: String = own.chars().take_while(|c| c.is_ascii_hexdigit()).collect();
+    u32::from_str_radix(&hex, 16).ok()
+}
+
+/// The MPA CRCs (as tshark reads them, big-endian) of every FPDU that
+/// `filter` (a tshark display filter: `tcp.srcport == P` for a host
+/// server's, `tcp.dstport == P` for a host client's) selects.
+pub fn sent_crcs(file: &Path, filter: &str) -> BTreeSet<u32> {
+    tshark_fields(
+        file,
+        &format!("({filter}) && iwarp_mpa.crc_check"),
+        &["iwarp_mpa.crc_check"],
+    )
+    .iter()
+    .flat_map(|row| row[0].split(','))
+    .filter_map(parse_num)
+    .collect()
+}
+
+/// Whether siw's own CRC (`own`, as its kernel prints it) is one of the
+/// CRCs tshark found on the wire (`sent`): siw computed what we sent.
+pub fn siw_own_crc_was_sent(own: u32, sent: &BTreeSet<u32>) -> bool {
+    sent.contains(&own.swap_bytes())
+}
+
+/// Guest shell: `crcs` counts the kernel's siw CRC reports so far (run
+/// before an attempt).
+pub const SIW_CRC_COUNT: &str = "crcs=$(dmesg | grep -c 'siw: crc error')\n";
+
+/// Guest shell: true when the kernel logged siw CRC reports since
+/// [`SIW_CRC_COUNT`].
+pub const SIW_CRC_NEW: &str = "[ \"$(dmesg | grep -c 'siw: crc error')\" -gt \"$crcs\" ]";
+
+/// Guest shell: prints the reports since [`SIW_CRC_COUNT`] as
+/// `SIWCRC NAME| crc error. in: X, own Y, op N`.
+pub fn siw_crc_lines(name: &str) -> String {
+    format!(
+        "dmesg | grep 'siw: crc error' | sed -n \"$((crcs + 1)),\\$p\" | sed 's/^.*siw: /SIWCRC {name}| /'\n"
+    )
 }
