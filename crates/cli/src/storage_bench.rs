@@ -86,6 +86,32 @@ struct Run {
     secs: f64,
     /// Latencies (ns) of the small requests (mixed workload only).
     small_lat: Vec<u64>,
+    /// Post-to-completion times (ns; `drive` only) of every
+    /// [`SAMPLE`]th WR: from the post of its batch to the poll that
+    /// returned it.
+    lat: Vec<u64>,
+    /// CPU seconds of this whole process per wall second over the run: the
+    /// client, the engine's threads, and for remote runs the target too.
+    cpu: f64,
+}
+
+/// WRs in flight `drive` can time: a WR's post time sits at its id modulo
+/// this (`depth` is at most 32; a WR would have to stay in flight while
+/// this many later ones complete for two to share a slot).
+const TIMED: usize = 4096;
+
+/// `drive` times one WR in this many: reading the clock twice per WR cost
+/// 6-7% of the rate at a million 4 KiB requests a second (local, depth 1);
+/// one in eight still gives thousands of samples per point.
+const SAMPLE: u64 = 8;
+
+/// The `p`-quantile of sorted nanoseconds, in microseconds (0 when none).
+fn quantile_us(sorted: &[u64], p: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0) as f64
+        / 1e3
 }
 
 /// Keeps `depth` WRs of `size` bytes outstanding on `qp` for
@@ -109,6 +135,9 @@ fn drive(
     let mut wcs = vec![WorkCompletion::default(); 64];
     let mut stopping = false;
     let mut batch = Vec::with_capacity(depth);
+    let mut posted = vec![start; TIMED];
+    let mut lat = Vec::new();
+    let cpu0 = crate::bench::cpu_secs(None);
     loop {
         // Refill the queue with one post (one doorbell), as an RDMA
         // application posts a list of work requests.
@@ -126,6 +155,10 @@ fn drive(
             next += 1;
         }
         if !batch.is_empty() {
+            let mut t = None;
+            for w in batch.iter().filter(|w| w.wr_id % SAMPLE == 0) {
+                posted[w.wr_id as usize % TIMED] = *t.get_or_insert_with(Instant::now);
+            }
             qp.post_send_batch(&batch)?;
             batch.clear();
         }
@@ -142,9 +175,14 @@ fn drive(
                 None => bail!("no completion for {T:?}"),
             }
         }
+        let mut now = None;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 bail!("WR {} failed: {:?}", wc.wr_id, wc.status);
+            }
+            if wc.wr_id % SAMPLE == 0 {
+                let now = *now.get_or_insert_with(Instant::now);
+                lat.push((now - posted[wc.wr_id as usize % TIMED]).as_nanos() as u64);
             }
         }
         done += n as u64;
@@ -152,10 +190,14 @@ fn drive(
             stopping = true;
         }
     }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_unstable();
     Ok(Run {
         ops: done,
-        secs: start.elapsed().as_secs_f64(),
+        secs,
         small_lat: Vec::new(),
+        lat,
+        cpu: cpu_per_sec(cpu0, secs),
     })
 }
 
@@ -181,6 +223,7 @@ fn mixed(
     let (mut next, mut done, mut big_out) = (0u64, 0u64, 0usize);
     let mut off = 0u64;
     let mut small_lat = Vec::new();
+    let cpu0 = crate::bench::cpu_secs(None);
     let take = |wc: WorkCompletion, big_out: &mut usize, small_seen: &mut bool| -> Result<()> {
         if wc.status != WcStatus::Success {
             bail!("WR {} failed: {:?}", wc.wr_id, wc.status);
@@ -222,10 +265,13 @@ fn mixed(
         take(wc, &mut big_out, &mut s)?;
         done += 1;
     }
+    let secs = start.elapsed().as_secs_f64();
     Ok(Run {
         ops: done,
-        secs: start.elapsed().as_secs_f64(),
+        secs,
         small_lat,
+        lat: Vec::new(),
+        cpu: cpu_per_sec(cpu0, secs),
     })
 }
 
@@ -279,7 +325,7 @@ fn emit(o: &Opts, v: serde_json::Value) {
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "{:<12} {:>7} {:>5} {:<7} {:<6} {:>8} {:>9} {:>8} {:>6} {:>8}",
+            "{:<12} {:>7} {:>5} {:<7} {:<6} {:>8} {:>9} {:>8} {:>5} {:>8} {:>6} {:>8}",
             s("op").trim_matches('"'),
             s("size"),
             s("depth"),
@@ -287,10 +333,24 @@ fn emit(o: &Opts, v: serde_json::Value) {
             s("where").trim_matches('"'),
             s("gbps"),
             s("iops"),
+            v.get("lat_us_p99")
+                .or(v.get("small_lat_us_p99"))
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into()),
+            s("cpu"),
             s("fio_gbps"),
             s("ratio"),
             s("tcp_gbps"),
         );
+    }
+}
+
+/// Cores busy in this process since `cpu0` (its CPU seconds then) over
+/// `secs` of wall time; 0 where /proc cannot be read.
+fn cpu_per_sec(cpu0: Option<f64>, secs: f64) -> f64 {
+    match (cpu0, crate::bench::cpu_secs(None)) {
+        (Some(a), Some(b)) if secs > 0.0 => (b - a) / secs,
+        _ => 0.0,
     }
 }
 
@@ -305,8 +365,19 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
     let ep = Arc::new(Endpoint::open_with(&path.to_string_lossy(), direct)?);
     if !o.json {
         println!(
-            "{:<12} {:>7} {:>5} {:<7} {:<6} {:>8} {:>9} {:>8} {:>6} {:>8}",
-            "op", "size", "depth", "order", "where", "GB/s", "IOPS", "fio", "ratio", "tcp GB/s"
+            "{:<12} {:>7} {:>5} {:<7} {:<6} {:>8} {:>9} {:>8} {:>5} {:>8} {:>6} {:>8}",
+            "op",
+            "size",
+            "depth",
+            "order",
+            "where",
+            "GB/s",
+            "IOPS",
+            "p99 us",
+            "CPU",
+            "fio",
+            "ratio",
+            "tcp GB/s"
         );
     }
     // Local: QPs on the endpoint's protection domain.
@@ -382,6 +453,9 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
                             "direct": o.direct,
                             "gbps": r3(gbps),
                             "iops": (r.ops as f64 / r.secs).round(),
+                            "lat_us_p50": r3(quantile_us(&r.lat, 0.5)),
+                            "lat_us_p99": r3(quantile_us(&r.lat, 0.99)),
+                            "cpu": r3(r.cpu),
                         });
                         if let Some((fg, _)) = fio_r {
                             v["fio_gbps"] = r3(fg).into();
@@ -424,13 +498,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
             let r = mixed(&qp, &cq, &buf, rkey, op, ws, o.duration)?;
             let mut lat = r.small_lat;
             lat.sort_unstable();
-            let pct = |p: f64| {
-                lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-                    .copied()
-                    .unwrap_or(0) as f64
-                    / 1e3
-            };
-            let (p50, p99) = (pct(0.5), pct(0.99));
+            let (p50, p99) = (quantile_us(&lat, 0.5), quantile_us(&lat, 0.99));
             let pairs = r.ops as f64 / 2.0;
             let gbps = pairs * (4096.0 + (1 << 20) as f64) / r.secs / 1e9;
             let mut v = serde_json::json!({
@@ -444,6 +512,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
                 "iops": (r.ops as f64 / r.secs).round(),
                 "small_lat_us_p50": r3(p50),
                 "small_lat_us_p99": r3(p99),
+                "cpu": r3(r.cpu),
             });
             if relaxed {
                 v["speedup"] = r3(strict_p50 / p50.max(1e-3)).into();

@@ -1048,7 +1048,9 @@ fn flushed_writes_survive_kill_9() {
 /// `softrdma storage bench --json` on a new file: every configuration of
 /// the issue, each line with its fields, local lines with fio's figure and
 /// the ratio, remote lines with the TCP pump's, mixed lines with the
-/// small requests' latency (short runs: this checks the tool, not speed).
+/// small requests' latency, the others with their WRs' p50/p99, and every
+/// line with the process's CPU (short runs: this checks the tool, not
+/// speed).
 #[test]
 fn storage_bench_reports_every_configuration() {
     require_tool("fio");
@@ -1066,16 +1068,28 @@ fn storage_bench_reports_every_configuration() {
     ]);
     assert_eq!(lines.len(), 32 + 4);
     let mut seen = std::collections::HashSet::new();
+    let mut cpu = 0.0;
     for l in &lines {
-        for k in ["op", "size", "depth", "ordering", "where", "gbps", "iops"] {
+        for k in [
+            "op", "size", "depth", "ordering", "where", "gbps", "iops", "cpu",
+        ] {
             assert!(l.get(k).is_some(), "{k} missing in {l}");
         }
         assert!(l["gbps"].as_f64().unwrap() > 0.0, "{l}");
+        // CPU is read in 10 ms ticks: a 50 ms point may show none, the
+        // whole run cannot.
+        assert!(l["cpu"].as_f64().unwrap() >= 0.0, "{l}");
+        cpu += l["cpu"].as_f64().unwrap();
         let op = l["op"].as_str().unwrap();
         if op.ends_with("_mixed") {
             assert!(l["small_lat_us_p50"].as_f64().unwrap() > 0.0);
             continue;
         }
+        let (p50, p99) = (
+            l["lat_us_p50"].as_f64().unwrap(),
+            l["lat_us_p99"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{l}");
         let key = format!(
             "{op} {} {} {} {}",
             l["size"], l["depth"], l["ordering"], l["where"]
@@ -1089,4 +1103,5 @@ fn storage_bench_reports_every_configuration() {
         }
     }
     assert_eq!(seen.len(), 32);
+    assert!(cpu > 0.0, "no CPU in any line");
 }
