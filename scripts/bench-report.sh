@@ -22,8 +22,8 @@
 # set: `cargo build --release --workspace`), and for the baselines Debian's
 # redis-server/redis-tools, fio, ucx-utils, perftest (scripts/setup.sh
 # installs them); a section whose tool is missing says "not run" and why.
-# Not yet timed as a whole (heap, transfer and store with STORE_SECS=1 took
-# 4 minutes on the 2-core machine). Each table leads with what a user
+# A whole run with the defaults takes about 15 minutes on the 2-core
+# machine (2026-11-27: 14 min 59 s). Each table leads with what a user
 # between two hosts gets (iWARP over TCP: `--no-same-host` or
 # SOFTRDMA_SAME_HOST=0), then the same-host transport.
 set -euo pipefail
