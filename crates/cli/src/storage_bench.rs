@@ -105,15 +105,6 @@ const TIMED: usize = 4096;
 /// one in eight still gives thousands of samples per point.
 const SAMPLE: u64 = 8;
 
-/// The `p`-quantile of sorted nanoseconds, in microseconds (0 when none).
-fn quantile_us(sorted: &[u64], p: f64) -> f64 {
-    sorted
-        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(0) as f64
-        / 1e3
-}
-
 /// Keeps `depth` WRs of `size` bytes outstanding on `qp` for
 /// `dur`, walking the working set sequentially.
 #[allow(clippy::too_many_arguments)]
@@ -191,7 +182,6 @@ fn drive(
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    lat.sort_unstable();
     Ok(Run {
         ops: done,
         secs,
@@ -444,6 +434,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
                             drive(&qp, &cq, &cbuf, rk, op, size, depth, ws, o.duration)?
                         };
                         let gbps = r.ops as f64 * size as f64 / r.secs / 1e9;
+                        let (p50, p99, _) = crate::bench::percentiles(&r.lat);
                         let mut v = serde_json::json!({
                             "op": if op == Op::Write { "write" } else { "read" },
                             "size": size,
@@ -453,8 +444,8 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
                             "direct": o.direct,
                             "gbps": r3(gbps),
                             "iops": (r.ops as f64 / r.secs).round(),
-                            "lat_us_p50": r3(quantile_us(&r.lat, 0.5)),
-                            "lat_us_p99": r3(quantile_us(&r.lat, 0.99)),
+                            "lat_us_p50": r3(p50),
+                            "lat_us_p99": r3(p99),
                             "cpu": r3(r.cpu),
                         });
                         if let Some((fg, _)) = fio_r {
@@ -496,9 +487,7 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
         for relaxed in [false, true] {
             let (qp, cq) = local_qp(relaxed)?;
             let r = mixed(&qp, &cq, &buf, rkey, op, ws, o.duration)?;
-            let mut lat = r.small_lat;
-            lat.sort_unstable();
-            let (p50, p99) = (quantile_us(&lat, 0.5), quantile_us(&lat, 0.99));
+            let (p50, p99, _) = crate::bench::percentiles(&r.small_lat);
             let pairs = r.ops as f64 / 2.0;
             let gbps = pairs * (4096.0 + (1 << 20) as f64) / r.secs / 1e9;
             let mut v = serde_json::json!({

@@ -43,7 +43,7 @@ enum Cmd {
     /// `alloc`, `read-ptr`, `update-ptr`, `free`; the keyed ones `put`,
     /// `get`, `del`. The old names insert/read/update/delete still work.)
     #[command(alias = "insert")]
-    Alloc(InsertArgs),
+    Alloc(AllocArgs),
     /// Pointer API: read the value at a remote pointer (one-sided).
     #[command(alias = "read")]
     ReadPtr(PointerArgs),
@@ -141,7 +141,7 @@ pub fn client_with(nodes: &[SocketAddr], auth: &AuthArgs) -> Result<StoreClient>
 }
 
 #[derive(ClapArgs)]
-struct InsertArgs {
+struct AllocArgs {
     #[command(flatten)]
     nodes: NodesArg,
     /// `alloc`: the value to store.

@@ -778,8 +778,8 @@ fn guest_server_with_retry(
          {server} > /tmp/s.out 2> /tmp/s.err &\n\
          {ready}wait $spid\n\
          rc=$?\n\
-         if [ {crc} = true ] && [ $n -lt {SERVER_ATTEMPTS} ] \\\n\
-           && {{ [ $rc != 0 ] || ! cmp -s /tmp/s.out {expect}; }} && {new}; then\n\
+         ok=false; [ $rc = 0 ] && cmp -s /tmp/s.out {expect} && ok=true\n\
+         if [ {crc} = true ] && [ $ok = false ] && [ $n -lt {SERVER_ATTEMPTS} ] && {new}; then\n\
          sed 's/^/RETRIED {name}| /' /tmp/s.err\n\
          {lines}\
          n=$((n + 1))\n\
@@ -788,9 +788,7 @@ fn guest_server_with_retry(
          fi\n\
          break\n\
          done\n\
-         if [ $rc != 0 ] || ! cmp -s /tmp/s.out {expect}; then\n\
-         dmesg | tail -n 20 | sed 's/^/DMESG {name}| /'\n\
-         fi\n\
+         [ $ok = true ] || dmesg | tail -n 20 | sed 's/^/DMESG {name}| /'\n\
          report {name} $rc /tmp/s.out {expect} /tmp/s.err\n",
         count = SIW_CRC_COUNT,
         new = SIW_CRC_NEW,
@@ -803,6 +801,7 @@ fn guest_server_with_retry(
 /// report's own CRC is one that tshark found good in the drop-in client's
 /// FPDUs to that case's port, so siw computed the CRC the host sent and
 /// misread the trailer. Prints each retry and report.
+///
 /// `sent(port)`: the CRCs tshark found good in FPDUs to `port`
 /// ([`sent_crcs`]).
 fn check_siw_crc_reports(
@@ -1054,14 +1053,13 @@ fn dropin_clients_vs_guest_siw_servers() {
             let Some(k) = running.iter().position(|r| cases[r.case].name == name) else {
                 continue;
             };
-            let r = running.remove(k);
+            let mut r = running.remove(k);
             *retries.entry(r.case).or_insert(0) += 1;
-            let what = r
-                .proc_
-                .check(Instant::now() + Duration::from_secs(30), None);
+            let st = wait_deadline(&mut r.proc_.child, Instant::now() + Duration::from_secs(30));
             println!(
-                "host| {name}: attempt failed on the guest's side, run again; its client: {}",
-                what.err().unwrap_or_default()
+                "host| {name}: attempt failed on the guest's side, run again; its client \
+                 ended {st:?} (output in {})",
+                r.proc_.out.display()
             );
         } else if let Some(name) = line.strip_prefix("RELISTEN ") {
             if let Some(r) = cases

@@ -1527,15 +1527,15 @@ fn run_perftest_with(
             "marker 'CLIENT-START {name}'\n\
              t0=$(date +%s)\n\
              n=1\n\
-             crcs=$(dmesg | grep -c 'siw: crc error')\n\
+             {count}\
              timeout {ct} {wrap} {tool} -R -d siw0 -p {port} {f} {args} 10.0.2.2 > /tmp/c.out 2> /tmp/c.err\n\
              rc=$?\n\
              while [ $rc != 0 ] && [ {crc} = true ] && [ $n -lt {attempts} ] \\\n\
                && grep -q -e \"Couldn't post send\" -e \"Completion with error\" /tmp/c.err \\\n\
-               && [ \"$(dmesg | grep -c 'siw: crc error')\" -gt \"$crcs\" ]; do\n\
+               && {new}; do\n\
              sed 's/^/RETRIED {name}| /' /tmp/c.err\n\
-             dmesg | grep 'siw: crc error' | sed -n \"$((crcs + 1)),\\$p\" | sed 's/^.*siw: /SIWCRC {name}| /'\n\
-             crcs=$(dmesg | grep -c 'siw: crc error')\n\
+             {lines}\
+             {count}\
              n=$((n + 1))\n\
              echo \"RETRY {name} ATTEMPT $n\"\n\
              timeout {ct} {wrap} {tool} -R -d siw0 -p {port} {f} {args} 10.0.2.2 > /tmp/c.out 2> /tmp/c.err\n\
@@ -1546,6 +1546,9 @@ fn run_perftest_with(
              sed 's/^/ERR {name}| /' /tmp/c.err\n\
              [ $rc = 0 ] || [ {f_off} = true ] || fail=1\n",
             name = c.name,
+            count = SIW_CRC_COUNT,
+            new = SIW_CRC_NEW,
+            lines = siw_crc_lines(c.name),
             tool = c.tool,
             port = ports[c.server],
             f = if c.freq_f { "-F" } else { "" },

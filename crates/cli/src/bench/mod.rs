@@ -662,7 +662,9 @@ fn pump_gbps(
     Ok(bytes as f64 * 8.0 / secs / 1e9)
 }
 
-fn percentiles(ns: &[u64]) -> (f64, f64, f64) {
+/// p50, p99 and max of nanosecond samples, in microseconds (an HDR
+/// histogram, 3 significant digits).
+pub(crate) fn percentiles(ns: &[u64]) -> (f64, f64, f64) {
     let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap();
     for &v in ns {
         let _ = h.record(v.max(1));
