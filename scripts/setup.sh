@@ -12,6 +12,8 @@
 #   on a loop device), rdma-core's headers (guest test programs).
 # - Rust via rustup, only when no cargo is found (Debian's cargo is too old).
 # - cargo-fuzz (cargo install, a few minutes once) for scripts/fuzz.sh.
+# - redis-py (pip, in /opt/softrdma-py) and ioredis (npm, in
+#   /opt/softrdma-node): the Redis door's client-library tests.
 # - The guest: ../shared/kvm-rdma/build.sh (root + apt; about a minute).
 #
 # Services that Debian would start (etcd, redis) are kept from starting: tests
@@ -104,6 +106,29 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   start=$(date +%s)
   quiet cargo install cargo-fuzz --locked --version 0.13.2
   say "cargo-fuzz installed ($(( $(date +%s) - start )) s)"
+fi
+
+# --- Redis client libraries (the RESP door's tests, issue 32) ----------------
+# Unmodified redis-py (PyPI) in a venv of its own, and ioredis (npm) beside
+# Node.js (Debian's nodejs and npm when no node is installed). Pinned, so a
+# new release cannot change what the suite tests. The tests find them here
+# (or where SOFTRDMA_PYTHON / SOFTRDMA_NODE_MODULES point).
+PYDIR=/opt/softrdma-py
+NODEDIR=/opt/softrdma-node
+if ! "$PYDIR/bin/python" -c 'import redis, sys; sys.exit(redis.__version__ != "8.1.0")' 2>/dev/null; then
+  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null \
+    || quiet as_root apt-get install -y -qq python3-venv
+  quiet as_root python3 -m venv "$PYDIR"
+  quiet as_root "$PYDIR/bin/pip" install -q redis==8.1.0
+  say "redis-py 8.1.0 installed in $PYDIR"
+fi
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  quiet as_root apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+if [ "$(node -p 'require("'"$NODEDIR"'/node_modules/ioredis/package.json").version' 2>/dev/null)" != "5.11.1" ]; then
+  quiet as_root mkdir -p "$NODEDIR"
+  quiet as_root npm install --no-audit --no-fund --prefix "$NODEDIR" ioredis@5.11.1
+  say "ioredis 5.11.1 installed in $NODEDIR"
 fi
 
 # --- Interop guest -----------------------------------------------------------

@@ -1,4 +1,4 @@
-//! RESP, the Redis protocol (version 2), as a pure codec: requests in,
+//! RESP, the Redis protocol (requests, and replies in version 2 or 3), as a pure codec: requests in,
 //! replies out, no I/O. The store's RESP front door (`net::redis_door`) feeds it
 //! the bytes of a connection.
 //!
@@ -350,6 +350,18 @@ fn crc16(b: &[u8]) -> u16 {
     crc
 }
 
+/// The protocol a connection speaks (`HELLO 2|3`): replies that RESP3
+/// types (maps, sets, nulls, booleans, verbatim text) are written in
+/// their RESP2 form under [`Proto::Resp2`], as Redis 7 writes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Proto {
+    /// RESP2, every connection's protocol until `HELLO 3`.
+    #[default]
+    Resp2,
+    /// RESP3.
+    Resp3,
+}
+
 /// One reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -361,10 +373,22 @@ pub enum Reply {
     Int(i64),
     /// `$3\r\nabc`.
     Bulk(Vec<u8>),
-    /// `$-1`.
+    /// A missing value: `$-1` in RESP2, `_` in RESP3.
     Nil,
+    /// A missing array (`EXEC` after a `WATCH`ed key changed): `*-1` in
+    /// RESP2, `_` in RESP3.
+    NilArray,
     /// `*N` and the elements.
     Array(Vec<Reply>),
+    /// `%N` and the pairs in RESP3; an array of 2N elements in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// `~N` in RESP3; an array in RESP2.
+    Set(Vec<Reply>),
+    /// `#t`/`#f` in RESP3; `:1`/`:0` in RESP2.
+    Bool(bool),
+    /// Text (`INFO`, `CLUSTER NODES`, `CLIENT LIST`): `=N\r\ntxt:...` in
+    /// RESP3; a bulk string in RESP2.
+    Verbatim(Vec<u8>),
 }
 
 impl Reply {
@@ -379,36 +403,76 @@ impl Reply {
         Reply::Error(text.into().replace(['\r', '\n'], " "))
     }
 
-    /// Appends the reply's bytes to `out`.
+    /// A bulk string of `text`.
+    pub fn text(text: impl Into<String>) -> Reply {
+        Reply::Bulk(text.into().into_bytes())
+    }
+
+    /// Appends the reply's RESP2 bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_as(Proto::Resp2, out)
+    }
+
+    /// Appends the reply's bytes in protocol `proto` to `out`.
+    pub fn encode_as(&self, proto: Proto, out: &mut Vec<u8>) {
+        let v3 = proto == Proto::Resp3;
+        let line = |out: &mut Vec<u8>, tag: u8, s: &str| {
+            out.push(tag);
+            out.extend(s.bytes().filter(|&c| c != b'\r' && c != b'\n'));
+            out.extend_from_slice(b"\r\n");
+        };
+        let len = |out: &mut Vec<u8>, tag: u8, n: usize| {
+            out.push(tag);
+            out.extend_from_slice(itoa(n as i64).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        };
         match self {
-            Reply::Simple(s) => {
-                out.push(b'+');
-                out.extend(s.bytes().filter(|&c| c != b'\r' && c != b'\n'));
-                out.extend_from_slice(b"\r\n");
-            }
-            Reply::Error(s) => {
-                out.push(b'-');
-                out.extend(s.bytes().filter(|&c| c != b'\r' && c != b'\n'));
-                out.extend_from_slice(b"\r\n");
-            }
-            Reply::Int(i) => {
-                out.extend_from_slice(format!(":{i}\r\n").as_bytes());
-            }
+            Reply::Simple(s) => line(out, b'+', s),
+            Reply::Error(s) => line(out, b'-', s),
+            Reply::Int(i) => line(out, b':', &itoa(*i)),
             Reply::Bulk(b) => {
-                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                len(out, b'$', b.len());
                 out.extend_from_slice(b);
                 out.extend_from_slice(b"\r\n");
             }
+            Reply::Nil if v3 => out.extend_from_slice(b"_\r\n"),
             Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::NilArray if v3 => out.extend_from_slice(b"_\r\n"),
+            Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
             Reply::Array(v) => {
-                out.extend_from_slice(format!("*{}\r\n", v.len()).as_bytes());
-                for r in v {
-                    r.encode(out);
+                len(out, b'*', v.len());
+                v.iter().for_each(|r| r.encode_as(proto, out));
+            }
+            Reply::Set(v) => {
+                len(out, if v3 { b'~' } else { b'*' }, v.len());
+                v.iter().for_each(|r| r.encode_as(proto, out));
+            }
+            Reply::Map(v) => {
+                match v3 {
+                    true => len(out, b'%', v.len()),
+                    false => len(out, b'*', 2 * v.len()),
+                }
+                for (k, r) in v {
+                    k.encode_as(proto, out);
+                    r.encode_as(proto, out);
                 }
             }
+            Reply::Bool(b) if v3 => out.extend_from_slice(if *b { b"#t\r\n" } else { b"#f\r\n" }),
+            Reply::Bool(b) => out.extend_from_slice(if *b { b":1\r\n" } else { b":0\r\n" }),
+            Reply::Verbatim(t) if v3 => {
+                len(out, b'=', t.len() + 4);
+                out.extend_from_slice(b"txt:");
+                out.extend_from_slice(t);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Verbatim(t) => Reply::Bulk(t.clone()).encode_as(proto, out),
         }
     }
+}
+
+/// `n` in decimal.
+fn itoa(n: i64) -> String {
+    n.to_string()
 }
 
 #[cfg(test)]

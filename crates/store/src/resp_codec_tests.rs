@@ -116,6 +116,29 @@ fn replies_encode_as_redis_does() {
     );
 }
 
+#[test]
+fn resp3_types_and_their_resp2_forms() {
+    let r = Reply::Array(vec![
+        Reply::Map(vec![(Reply::text("a"), Reply::Int(1))]),
+        Reply::Set(vec![Reply::text("x")]),
+        Reply::Bool(true),
+        Reply::Nil,
+        Reply::NilArray,
+        Reply::Verbatim(b"k:v\r\n".to_vec()),
+    ]);
+    let (mut two, mut three) = (Vec::new(), Vec::new());
+    r.encode_as(Proto::Resp2, &mut two);
+    r.encode_as(Proto::Resp3, &mut three);
+    assert_eq!(
+        String::from_utf8(two).unwrap(),
+        "*6\r\n*2\r\n$1\r\na\r\n:1\r\n*1\r\n$1\r\nx\r\n:1\r\n$-1\r\n*-1\r\n$5\r\nk:v\r\n\r\n"
+    );
+    assert_eq!(
+        String::from_utf8(three).unwrap(),
+        "*6\r\n%1\r\n$1\r\na\r\n:1\r\n~1\r\n$1\r\nx\r\n#t\r\n_\r\n_\r\n=9\r\ntxt:k:v\r\n\r\n"
+    );
+}
+
 proptest! {
     /// Any request, cut anywhere: incomplete until the last byte, then
     /// whole; the bytes used are exactly the request's.

@@ -12,7 +12,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use softrdma_store::net::client::ClientConfig;
+use softrdma_store::coord::embedded::EmbeddedServer;
+use softrdma_store::net::client::{ClientConfig, StoreClient};
+use softrdma_store::proto::StatusInfo;
+
+/// `StatusInfo::role` of a primary and of a secondary.
+pub const PRIMARY: u8 = 2;
+pub const SECONDARY: u8 = 1;
 
 /// The `softrdma` binary cargo built for these tests.
 pub const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
@@ -302,4 +308,206 @@ pub fn start_etcd() -> Etcd {
             .map_err(|err| err.to_string())
     });
     e
+}
+
+/// A two-node test group: `softrdma store serve` processes on loopback,
+/// the embedded coordinator (or etcd), a probe client; a failing test
+/// prints the nodes' logs.
+pub struct Group {
+    pub dir: PathBuf,
+    pub _coord: EmbeddedServer,
+    pub nodes: Vec<StoreNode>,
+    pub addrs: Vec<SocketAddr>,
+    /// RESP ports by node ([`Group::with_resp`]; else empty).
+    pub resp: Vec<u16>,
+    pub probe: StoreClient,
+}
+
+/// A failing test shows the nodes' logs (CI keeps no files).
+impl Drop for Group {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        for n in &self.nodes {
+            print_log_tail(&format!("node {}", n.id), &n.log, 80);
+        }
+    }
+}
+
+impl Group {
+    pub fn new(name: &str, arena: &str) -> Group {
+        Group::with_coordinator(name, arena, None)
+    }
+
+    /// `etcd`: client URL of an etcd to coordinate through (else the
+    /// embedded coordinator, which this test process runs).
+    pub fn with_coordinator(name: &str, arena: &str, etcd: Option<&str>) -> Group {
+        Group::with_config(name, arena, etcd, "")
+    }
+
+    /// `extra`: more lines for both nodes' configuration files.
+    pub fn with_config(name: &str, arena: &str, etcd: Option<&str>, extra: &str) -> Group {
+        Group::with_options(name, arena, etcd, extra, false, "")
+    }
+
+    /// Each node also serves RESP, on the ports in `resp`.
+    pub fn with_resp(name: &str, arena: &str) -> Group {
+        Group::with_options(name, arena, None, "", true, "")
+    }
+
+    /// RESP too, and `users` (`[[auth.users]]` tables) beside the group
+    /// secret.
+    pub fn with_users(name: &str, arena: &str, users: &str) -> Group {
+        Group::with_options(name, arena, None, "", true, users)
+    }
+
+    pub fn with_options(
+        name: &str,
+        arena: &str,
+        etcd: Option<&str>,
+        extra: &str,
+        resp: bool,
+        users: &str,
+    ) -> Group {
+        // `free_ports` hands out ports that were free a moment ago; another
+        // test's connection may take one before the node binds it. That
+        // (and only that) is worth another try with new ports.
+        for attempt in 1.. {
+            match Group::try_with_config(name, arena, etcd, extra, resp, users) {
+                Ok(g) => return g,
+                Err(e) if attempt < 3 && e.contains("Address already in use") => {
+                    eprintln!("a node's port was taken meanwhile; new ports (attempt {attempt})");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        unreachable!()
+    }
+
+    fn try_with_config(
+        name: &str,
+        arena: &str,
+        etcd: Option<&str>,
+        extra: &str,
+        resp: bool,
+        users: &str,
+    ) -> Result<Group, String> {
+        let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let coord = EmbeddedServer::start_with(
+            "127.0.0.1:0".parse().unwrap(),
+            Some(softrdma_store::auth::Secret::new(
+                super::STORE_SECRET.as_bytes(),
+            )),
+        )
+        .unwrap();
+        let auth = super::store_auth_toml(&dir);
+        let ports = super::free_ports(if resp { 4 } else { 2 });
+        let addrs: Vec<SocketAddr> = ports[..2]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
+            .collect();
+        let resp_ports = ports[2..].to_vec();
+        let mut nodes = Vec::new();
+        for i in 0..2 {
+            let id = i as u32 + 1;
+            let cfg = dir.join(format!("node{id}.toml"));
+            NodeToml {
+                group: name,
+                node_id: id,
+                listen: addrs[i],
+                peer: addrs[1 - i],
+                arena,
+                lease_ttl_ms: 300,
+                extra: &match resp_ports.get(i) {
+                    Some(p) => format!("{extra}\nresp = \"127.0.0.1:{p}\""),
+                    None => extra.to_string(),
+                },
+                auth: &format!("{auth}{users}"),
+                coordinator: match etcd {
+                    None => CoordToml::Embedded(coord.addr()),
+                    Some(url) => CoordToml::Etcd(url),
+                },
+            }
+            .write(&cfg);
+            nodes.push(StoreNode::new(id, cfg, dir.join(format!("node{id}.log"))));
+        }
+        nodes[0].try_start("primary")?;
+        nodes[1].try_start("secondary")?;
+        let probe = StoreClient::new(client_config(&addrs)).unwrap();
+        let mut g = Group {
+            dir,
+            _coord: coord,
+            nodes,
+            addrs,
+            resp: resp_ports,
+            probe,
+        };
+        g.wait_redundant(Duration::from_secs(30), 0);
+        Ok(g)
+    }
+
+    pub fn status(&mut self) -> Vec<StatusInfo> {
+        self.probe
+            .status_all()
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .collect()
+    }
+
+    /// Waits until a primary reports the group redundant at an epoch above
+    /// `after` and the other node answers as its secondary at that same
+    /// epoch; returns the primary's id. A node restarted a moment ago must
+    /// pass `after` = the epoch before it went down: until the primary
+    /// notices the old incarnation's death it still reports the group
+    /// redundant, and only registering the new one raises the epoch.
+    pub fn wait_redundant(&mut self, timeout: Duration, after: u64) -> u32 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.status();
+            if st.len() == 2 {
+                if let Some(p) = st.iter().find(|s| s.role == PRIMARY && s.redundant) {
+                    let s = st.iter().find(|s| s.node != p.node).unwrap();
+                    if p.epoch > after && s.role == SECONDARY && s.epoch == p.epoch {
+                        return p.node;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group not redundant in {timeout:?}: {st:?} (logs in {})",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The primary's epoch now.
+    pub fn epoch(&mut self) -> u64 {
+        let p = self.primary();
+        self.status()
+            .iter()
+            .find(|s| s.node == p)
+            .map_or(0, |s| s.epoch)
+    }
+
+    pub fn primary(&mut self) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(p) = self.status().iter().find(|s| s.role == PRIMARY) {
+                return p.node;
+            }
+            assert!(Instant::now() < deadline, "no primary");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn nodes_arg(&self) -> String {
+        format!("{},{}", self.addrs[0], self.addrs[1])
+    }
 }

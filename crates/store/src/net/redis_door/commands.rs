@@ -1,12 +1,8 @@
 //! The commands of the front door (the table in the module's doc), each
 //! a method of the connection's [`Session`].
 
-use std::sync::atomic::Ordering;
-
-use super::session::{
-    impossible_key, integer, store_err, unknown_subcommand, upper, wrong_args, Out, Session,
-};
-use super::MAX_CLIENTS;
+use super::command_table;
+use super::session::{impossible_key, integer, store_err, upper, wrong_args, Out, Session};
 use crate::proto::{self, Cond, Op};
 use crate::resp_codec::Reply;
 
@@ -14,18 +10,18 @@ use crate::resp_codec::Reply;
 /// out step by step).
 const MGET_STEP: usize = 4 * crate::net::link::READ_BATCH;
 
-/// The commands served (`COMMAND COUNT`).
-const COMMANDS: [&str; 21] = [
-    "PING", "ECHO", "QUIT", "SELECT", "COMMAND", "CLIENT", "CONFIG", "GET", "SET", "SETNX", "DEL",
-    "UNLINK", "EXISTS", "MGET", "MSET", "KEYS", "SCAN", "DBSIZE", "WAIT", "INFO", "AUTH",
-];
-
 impl Session {
     /// Runs one command, its reply written to `out`; whether to close the
     /// connection.
     pub(super) fn exec(&mut self, args: &[Vec<u8>], out: &mut Out) -> bool {
         let cmd = upper(&args[0]);
         let n = args.len();
+        self.info.touch();
+        // Redis checks the arity first, for every command it knows.
+        if command_table::find(&cmd).is_some_and(|c| !command_table::arity_ok(c, n)) {
+            out.reply(&wrong_args(&cmd));
+            return false;
+        }
         if let Err((reply, close)) = self.admit(&cmd) {
             out.reply(&reply);
             return close;
@@ -42,52 +38,35 @@ impl Session {
                 out.reply(&Reply::ok());
                 return true;
             }
+            // One database: a cluster node's answer.
             "SELECT" if n == 2 => match integer(&args[1]) {
                 Ok(0) => Reply::ok(),
-                Ok(_) => Reply::err("ERR DB index is out of range"),
+                Ok(_) => Reply::err("ERR SELECT is not allowed in cluster mode"),
                 Err(r) => r,
             },
-            "COMMAND" if n == 1 => Reply::Array(Vec::new()),
-            "COMMAND" => match upper(&args[1]).as_str() {
-                // No command table: clients (redis-cli's hints) do
-                // without one.
-                "DOCS" | "INFO" => Reply::Array(Vec::new()),
-                "COUNT" if n == 2 => Reply::Int(COMMANDS.len() as i64),
-                _ => unknown_subcommand("COMMAND", &args[1]),
+            "HELLO" => self.hello(args, out),
+            "COMMAND" => self.command(args),
+            "CLIENT" if n >= 2 => self.client(args),
+            "CONFIG" if n >= 2 => self.config(args),
+            "CLUSTER" => self.cluster(args),
+            "READONLY" | "READWRITE" | "ASKING" if n == 1 => Reply::ok(),
+            "ROLE" if n == 1 => self.role_reply(),
+            "TIME" if n == 1 => self.time(),
+            "TYPE" if n == 2 => match self.value(&args[1]) {
+                Ok(Some(_)) => Reply::Simple("string".into()),
+                Ok(None) => Reply::Simple("none".into()),
+                Err(r) => r,
             },
-            "CLIENT" if n >= 2 => match (upper(&args[1]).as_str(), n) {
-                ("SETNAME", 3) => {
-                    self.name = args[2].clone();
-                    Reply::ok()
-                }
-                ("GETNAME", 2) if self.name.is_empty() => Reply::Nil,
-                ("GETNAME", 2) => Reply::Bulk(self.name.clone()),
-                ("ID", 2) => Reply::Int(self.no as i64),
-                ("SETINFO", 4) => Reply::ok(),
-                ("SETNAME" | "GETNAME" | "ID" | "SETINFO", _) => Reply::err(format!(
-                    "ERR wrong number of arguments for 'client|{}' command",
-                    String::from_utf8_lossy(&args[1]).to_ascii_lowercase()
-                )),
-                _ => unknown_subcommand("CLIENT", &args[1]),
+            "STRLEN" if n == 2 => match self.value(&args[1]) {
+                Ok(v) => Reply::Int(v.map_or(0, |v| v.len() as i64)),
+                Err(r) => r,
             },
-            "CONFIG" if n >= 2 => match upper(&args[1]).as_str() {
-                // What redis-benchmark asks; the store has no such
-                // settings (no snapshots, no append-only file).
-                "GET" if n >= 3 => {
-                    let mut pairs = Vec::new();
-                    for p in &args[2..] {
-                        let v: &[u8] = match p.to_ascii_lowercase().as_slice() {
-                            b"save" => b"",
-                            b"appendonly" => b"no",
-                            _ => continue,
-                        };
-                        pairs.push(Reply::Bulk(p.to_ascii_lowercase()));
-                        pairs.push(Reply::Bulk(v.to_vec()));
-                    }
-                    Reply::Array(pairs)
-                }
-                "GET" => Reply::err("ERR wrong number of arguments for 'config|get' command"),
-                _ => unknown_subcommand("CONFIG", &args[1]),
+            "GETRANGE" | "SUBSTR" if n == 4 => match (integer(&args[2]), integer(&args[3])) {
+                (Err(r), _) | (_, Err(r)) => r,
+                (Ok(start), Ok(end)) => match self.value(&args[1]) {
+                    Ok(v) => Reply::Bulk(range(&v.unwrap_or_default(), start, end).to_vec()),
+                    Err(r) => r,
+                },
             },
             "GET" if n == 2 => self.get(&args[1]),
             "SET" if n >= 3 => self.set(args),
@@ -113,12 +92,25 @@ impl Session {
             "MGET" if n >= 2 => {
                 // Step by step, each step's values written out before the
                 // next is read: a long MGET never holds all its values.
-                // An error in a step answers its keys with the error.
-                out.raw(format!("*{}\r\n", n - 1).as_bytes());
-                for step in args[1..].chunks(MGET_STEP) {
-                    match self.mget(step) {
-                        Ok(v) => v.iter().for_each(|r| out.reply(r)),
-                        Err(r) => (0..step.len()).for_each(|_| out.reply(&r)),
+                // The first step is read before anything is written, so
+                // its failure is the reply; a later step that fails (the
+                // primary lost meanwhile, and no new one in time) cannot
+                // be answered inside the array, so it ends the connection
+                // as a node's death would.
+                for (i, step) in args[1..].chunks(MGET_STEP).enumerate() {
+                    let got = self.mget(step);
+                    match (i, got) {
+                        (0, Err(r)) => {
+                            out.reply(&r);
+                            return false;
+                        }
+                        (_, Err(_)) => return true,
+                        (i, Ok(v)) => {
+                            if i == 0 {
+                                out.raw(format!("*{}\r\n", n - 1).as_bytes());
+                            }
+                            v.iter().for_each(|r| out.reply(r));
+                        }
                     }
                     if out.broken {
                         return true;
@@ -137,19 +129,9 @@ impl Session {
                 Ok((s, _)) => Reply::Int(s.keys as i64),
                 Err(r) => r,
             },
-            "WAIT" if n == 3 => match (integer(&args[1]), integer(&args[2])) {
-                (Err(r), _) | (_, Err(r)) => r,
-                (_, Ok(t)) if t < 0 => Reply::err("ERR timeout is negative"),
-                _ => match self.role(true) {
-                    Ok((s, _)) => Reply::Int(s.redundant as i64),
-                    Err(r) => r,
-                },
-            },
-            "INFO" => self.info(),
-            "ECHO" | "SELECT" | "CLIENT" | "CONFIG" | "GET" | "SET" | "SETNX" | "DEL"
-            | "UNLINK" | "EXISTS" | "MGET" | "MSET" | "KEYS" | "SCAN" | "DBSIZE" | "WAIT" => {
-                wrong_args(&cmd)
-            }
+            "WAIT" if n == 3 => self.wait(args),
+            "INFO" => self.info_reply(args),
+            _ if command_table::find(&cmd).is_some() => wrong_args(&cmd),
             _ => {
                 // Worded as Redis words it.
                 let mut text = format!(
@@ -164,6 +146,15 @@ impl Session {
         };
         out.reply(&reply);
         false
+    }
+
+    /// `key`'s value (a read, as `GET` does it).
+    fn value(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Reply> {
+        match self.get(key) {
+            Reply::Bulk(v) => Ok(Some(v)),
+            Reply::Nil => Ok(None),
+            r => Err(r),
+        }
     }
 
     fn get(&mut self, key: &[u8]) -> Reply {
@@ -320,49 +311,19 @@ impl Session {
             Err(r) => r,
         }
     }
+}
 
-    fn info(&mut self) -> Reply {
-        let (s, primary) = match self.role(true) {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
-        let role = if s.role == proto::ROLE_PRIMARY {
-            "master"
-        } else {
-            "slave"
-        };
-        let mut t = String::new();
-        t.push_str("# Server\r\nredis_version:7.0.0\r\nsoftrdma_store:1\r\n");
-        t.push_str(&format!(
-            "\r\n# Clients\r\nconnected_clients:{}\r\nmaxclients:{MAX_CLIENTS}\r\n",
-            self.shared.conns.load(Ordering::Relaxed)
-        ));
-        t.push_str(&format!(
-            "\r\n# Replication\r\nrole:{role}\r\nsoftrdma_role:{}\r\nconnected_slaves:{}\r\n",
-            proto::role_name(s.role),
-            s.redundant as u8
-        ));
-        if let Some(p) = primary {
-            t.push_str(&format!(
-                "master_host:{}\r\nmaster_port:{}\r\n",
-                p.ip(),
-                p.port()
-            ));
-        }
-        t.push_str(&format!(
-            "epoch:{}\r\nredundant:{}\r\napplied_seq:{}\r\nmin_in_sync_replicas:{}\r\n\
-             durability:{}\r\n",
-            s.epoch,
-            s.redundant as u8,
-            s.applied_seq,
-            s.min_in_sync,
-            crate::config::durability(s.min_in_sync)
-        ));
-        t.push_str(&format!(
-            "\r\n# Memory\r\narena_bytes:{}\r\narena_used_bytes:{}\r\nobjects:{}\r\n",
-            s.arena_len, s.allocated, s.objects
-        ));
-        t.push_str(&format!("\r\n# Keyspace\r\ndb0:keys={}\r\n", s.keys));
-        Reply::Bulk(t.into_bytes())
+/// `GETRANGE`'s bytes of `v`: `start` to `end` inclusive, negative
+/// indexes from the end, clamped, as Redis cuts them.
+fn range(v: &[u8], start: i64, end: i64) -> &[u8] {
+    let len = v.len() as i64;
+    if start < 0 && end < 0 && start > end {
+        return &[];
     }
+    let fix = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+    let (start, end) = (fix(start), fix(end).min(len - 1));
+    if len == 0 || start > end || start >= len {
+        return &[];
+    }
+    &v[start as usize..=end as usize]
 }

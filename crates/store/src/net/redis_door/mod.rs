@@ -32,17 +32,21 @@
 //! | `MSET k v ...` | `put` each, in order (**not atomic** across keys: a failure part-way leaves the earlier keys set, and the error says how many) |
 //! | `KEYS p`, `SCAN c [MATCH p] [COUNT n]` | `scan` of the committed index |
 //! | `DBSIZE` | keys in the index (`status`) |
-//! | `INFO [section]` | role, epoch, redundancy, keys, arena use |
-//! | `WAIT n t` | at once: `:1` while the group is redundant, else `:0` (every write is acknowledged only once replicated, or, under `min_in_sync_replicas = 0` with the group degraded, held by the primary alone, which this reports) |
-//! | `PING`, `ECHO`, `SELECT 0`, `QUIT`, `COMMAND [COUNT\|DOCS\|INFO]`, `CONFIG GET save\|appendonly`, `CLIENT SETNAME\|GETNAME\|ID\|SETINFO` | what clients send when they connect |
+//! | `TYPE k`, `STRLEN k`, `GETRANGE k a b` | a look-up |
+//! | `INFO [section...]` | Redis's sections, the fields clients read, the store's own |
+//! | `WAIT n t` | the secondaries holding every write answered (1 while the group is redundant), asked again until `t` ms while fewer than `n` |
+//! | `HELLO [2\|3 [AUTH u p] [SETNAME n]]` | the connection's protocol (RESP3 maps, sets, nulls, verbatim text) |
+//! | `CLUSTER ...`, `READONLY`, `READWRITE`, `ASKING`, `ROLE` | the group as one shard of all 16,384 slots (`cluster.rs`) |
+//! | `COMMAND [INFO\|COUNT\|LIST\|DOCS]` | the command table (`command_table.rs`) |
+//! | `PING`, `ECHO`, `SELECT 0`, `QUIT`, `TIME`, `CONFIG GET`, `CLIENT ...` | what clients send when they connect (`connection.rs`) |
 //!
 //! Anything else is answered `-ERR unknown command '...'`, as Redis does;
 //! bytes that are not RESP get `-ERR Protocol error: ...` and the
 //! connection is closed. A write sent to a node that is not the primary
 //! is answered `-MOVED SLOT HOST:PORT` naming the key's cluster slot and
 //! the primary's RESP address (`redis-cli -c` follows it; the host is the
-//! primary's store address, the port its RESP port), or `-READONLY` when
-//! no primary is known;
+//! primary's store address, the port its RESP port); while no primary is
+//! known it waits for one (at most 5 s, then `-CLUSTERDOWN`);
 //! reads on any node are served (through the primary's arena). Values
 //! are at most `net::link::MAX_VALUE` bytes, keys 1 to 1,024 bytes, and
 //! TTLs (`EX`, `PX`, ...) are refused: the store does not expire keys.
@@ -52,7 +56,9 @@
 //! loop's side implements. Inside: `shared.rs` (what all connections
 //! share: the pool of store clients, the node's last known role),
 //! `session.rs` (a connection: its bytes, its authentication, the paths
-//! of a write and of a local read) and `commands.rs` (the commands).
+//! of a write and of a local read), `commands.rs` (the dispatcher and the
+//! keyed commands), `connection.rs` (the connection's and the server's
+//! commands), `cluster.rs` (the cluster protocol) and `command_table.rs`.
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -64,7 +70,10 @@ use crate::net::handshake::{ClientAuth, Gate};
 use crate::proto;
 use crate::ptr::ArenaRef;
 
+mod cluster;
+mod command_table;
 mod commands;
+mod connection;
 mod session;
 mod shared;
 

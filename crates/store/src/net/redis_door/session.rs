@@ -9,13 +9,13 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::shared::Shared;
+use super::shared::{ConnInfo, Shared};
 use crate::auth::{Credentials, Rights};
 use crate::index::Layout;
 use crate::lookup::{self, Outcome};
 use crate::net::client::{ClientError, StoreClient};
 use crate::proto::{self, Op, StatusInfo, StoreError};
-use crate::resp_codec::{self, Decoder, Reply};
+use crate::resp_codec::{self, Decoder, Proto, Reply};
 
 /// How long a node's role, as the front door last asked, is trusted
 /// before a write asks again.
@@ -35,17 +35,23 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Key -> pointer entries one connection keeps.
 const SESSION_CACHE: usize = 16 << 10;
 
+/// How long a write waits for a primary while none is known (a
+/// failover under way) before it is refused.
+const FAILOVER_WAIT: Duration = Duration::from_secs(5);
+
 /// A connection's replies, written out as they pile up.
 pub(super) struct Out {
     pub(super) conn: TcpStream,
     pub(super) buf: Vec<u8>,
+    /// The protocol the replies are written in (`HELLO`).
+    pub(super) proto: Proto,
     /// A write failed: the connection is done.
     pub(super) broken: bool,
 }
 
 impl Out {
     pub(super) fn reply(&mut self, r: &Reply) {
-        r.encode(&mut self.buf);
+        r.encode_as(self.proto, &mut self.buf);
         self.maybe_flush();
     }
 
@@ -93,6 +99,24 @@ pub(super) fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
     // Without credentials everyone is the default user, as in Redis.
     let user =
         (!creds.configured()).then(|| (crate::auth::DEFAULT_USER.to_string(), Rights::ReadWrite));
+    let info = Arc::new(ConnInfo::new(
+        no,
+        conn.peer_addr().ok(),
+        conn.local_addr().ok(),
+    ));
+    shared
+        .clients
+        .lock()
+        .expect("clients")
+        .insert(no, info.clone());
+    // Whatever ends the connection, it leaves `CLIENT LIST`.
+    struct Listed<'a>(&'a Shared, u64);
+    impl Drop for Listed<'_> {
+        fn drop(&mut self) {
+            self.0.clients.lock().expect("clients").remove(&self.1);
+        }
+    }
+    let _listed = Listed(shared, no);
     let mut session = Session {
         user,
         creds,
@@ -100,8 +124,7 @@ pub(super) fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
         shared: shared.clone(),
         retry: None,
         id: crate::auth::random_u64(),
-        no,
-        name: Vec::new(),
+        info,
         req: 0,
         layout: None,
         cache: HashMap::new(),
@@ -109,6 +132,7 @@ pub(super) fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
     let mut out = Out {
         conn,
         buf: Vec::with_capacity(16 << 10),
+        proto: Proto::Resp2,
         broken: false,
     };
     let mut decoder = Decoder::default();
@@ -166,10 +190,8 @@ pub(super) struct Session {
     pub(super) retry: Option<StoreClient>,
     /// This connection's client id, on both paths.
     pub(super) id: u64,
-    /// `CLIENT ID`.
-    pub(super) no: u64,
-    /// `CLIENT SETNAME`.
-    pub(super) name: Vec<u8>,
+    /// What `CLIENT LIST` shows of it (its `CLIENT ID`, name, ...).
+    pub(super) info: Arc<ConnInfo>,
     /// Request ids used before `retry` existed.
     pub(super) req: u64,
     /// The key index's layout, read from the local arena's superblock.
@@ -365,19 +387,36 @@ impl Session {
 
     /// `None` if this node may take writes of `key`; else the
     /// redirection (`-MOVED slot host:port`, the key's cluster slot, so
-    /// that cluster-aware clients such as `redis-cli -c` follow it).
+    /// that cluster-aware clients such as `redis-cli -c` follow it). While
+    /// no node is the primary (a failover under way) the write waits for
+    /// one, at most [`FAILOVER_WAIT`], rather than fail at once; then
+    /// `-CLUSTERDOWN`, which cluster clients retry.
     pub(super) fn not_primary(&mut self, key: &[u8]) -> Option<Reply> {
-        match self.role(false) {
-            Err(r) => Some(r),
-            Ok((s, _)) if s.role == proto::ROLE_PRIMARY => None,
-            Ok((_, Some(p))) => Some(Reply::err(format!(
-                "MOVED {} {p}",
-                resp_codec::key_slot(key)
-            ))),
-            Ok((s, None)) => Some(Reply::err(format!(
-                "READONLY this node is {}, not the primary, and no primary is known",
-                proto::role_name(s.role)
-            ))),
+        let deadline = Instant::now() + FAILOVER_WAIT;
+        let mut fresh = false;
+        loop {
+            match self.role(fresh) {
+                Err(r) => return Some(r),
+                Ok((s, _)) if s.role == proto::ROLE_PRIMARY => return None,
+                Ok((_, Some(p))) => {
+                    return Some(Reply::err(format!(
+                        "MOVED {} {p}",
+                        resp_codec::key_slot(key)
+                    )))
+                }
+                Ok((s, None)) if Instant::now() >= deadline => {
+                    return Some(Reply::err(format!(
+                        "CLUSTERDOWN this node is {}, not the primary, and no primary was \
+                         known for {} s",
+                        proto::role_name(s.role),
+                        FAILOVER_WAIT.as_secs()
+                    )))
+                }
+                Ok(_) => {
+                    fresh = true;
+                    std::thread::sleep(ROLE_TTL / 4);
+                }
+            }
         }
     }
 
@@ -406,7 +445,7 @@ impl Session {
             self.creds = now;
         }
         match (&self.user, cmd) {
-            (_, "AUTH" | "QUIT") => Ok(()),
+            (_, "AUTH" | "HELLO" | "QUIT") => Ok(()),
             (None, _) => Err((Reply::err("NOAUTH Authentication required."), false)),
             (Some((u, Rights::Read)), "SET" | "SETNX" | "DEL" | "UNLINK" | "MSET") => Err((
                 Reply::err(format!(
@@ -435,6 +474,7 @@ impl Session {
         }
         match creds.check_password(&user, pass) {
             Some(rights) => {
+                self.info.user.lock().expect("user").clone_from(&user);
                 self.user = Some((user, rights));
                 self.creds = creds;
                 Reply::ok()

@@ -1,8 +1,9 @@
 //! What all connections of the front door share: the node, the
 //! credentials, a few store clients, the node's last known role.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -33,6 +34,10 @@ pub(super) struct Shared {
     pub(super) conns: AtomicUsize,
     /// Connections ever accepted (`CLIENT ID`).
     pub(super) accepted: AtomicU64,
+    /// The connections open now (`CLIENT LIST`), by `CLIENT ID`.
+    pub(super) clients: Mutex<BTreeMap<u64, Arc<ConnInfo>>>,
+    /// When the door started (`INFO`'s uptime).
+    pub(super) started: Instant,
     pool: Mutex<Pool>,
     pool_free: Condvar,
 }
@@ -59,6 +64,8 @@ impl Shared {
             role: Mutex::new(None),
             conns: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
+            clients: Mutex::new(BTreeMap::new()),
+            started: Instant::now(),
             pool: Mutex::new(Pool::default()),
             pool_free: Condvar::new(),
         }
@@ -99,5 +106,69 @@ impl Shared {
         self.pool.lock().expect("pool").idle.push(c);
         self.pool_free.notify_one();
         Ok(r)
+    }
+}
+
+/// What `CLIENT LIST` shows of a connection; updated by its thread, read
+/// by any.
+pub(super) struct ConnInfo {
+    /// `CLIENT ID`.
+    pub(super) no: u64,
+    /// The client's address and ours.
+    pub(super) addr: Option<SocketAddr>,
+    pub(super) laddr: Option<SocketAddr>,
+    pub(super) since: Instant,
+    /// Milliseconds from `since` to the last command.
+    pub(super) last_ms: AtomicU64,
+    /// `CLIENT SETNAME`.
+    pub(super) name: Mutex<Vec<u8>>,
+    /// Who it authenticated as.
+    pub(super) user: Mutex<String>,
+    /// 2 or 3 (`HELLO`).
+    pub(super) resp: AtomicU8,
+}
+
+impl ConnInfo {
+    pub(super) fn new(no: u64, addr: Option<SocketAddr>, laddr: Option<SocketAddr>) -> ConnInfo {
+        ConnInfo {
+            no,
+            addr,
+            laddr,
+            since: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            name: Mutex::new(Vec::new()),
+            user: Mutex::new(crate::auth::DEFAULT_USER.into()),
+            resp: AtomicU8::new(2),
+        }
+    }
+
+    /// A command arrived now.
+    pub(super) fn touch(&self) {
+        self.last_ms
+            .store(self.since.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Its `CLIENT LIST` line; `cmd`: its last command as Redis names it.
+    pub(super) fn line(&self, cmd: &str) -> String {
+        let age = self.since.elapsed();
+        let idle = age.as_millis() as u64
+            - self
+                .last_ms
+                .load(Ordering::Relaxed)
+                .min(age.as_millis() as u64);
+        let at = |a: Option<SocketAddr>| a.map_or_else(String::new, |a| a.to_string());
+        format!(
+            "id={} addr={} laddr={} fd=0 name={} age={} idle={} flags=N db=0 sub=0 psub=0 \
+             ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 \
+             omem=0 tot-mem=0 events=r cmd={cmd} user={} redir=-1 resp={}\n",
+            self.no,
+            at(self.addr),
+            at(self.laddr),
+            String::from_utf8_lossy(&self.name.lock().expect("name")),
+            age.as_secs(),
+            idle / 1000,
+            self.user.lock().expect("user"),
+            self.resp.load(Ordering::Relaxed),
+        )
     }
 }

@@ -1,0 +1,91 @@
+// The application of kv_app.py on ioredis's Cluster client, unmodified:
+// 3,000 keys written over and over (each write a value of its own), then
+// every acknowledged value read back through a fresh client. Run by
+// crates/cli/tests/redis_door.rs, which kills the primary part-way.
+//
+//   node kv_app.js PORT,PORT SECONDS      (the password on stdin)
+//
+// stdout: JSON lines, {"type":"progress","acked":N} every 200 writes, then
+// {"type":"summary",...}. Exit 1 if a verification failed.
+const Redis = require("ioredis");
+
+const ports = process.argv[2].split(",").map(Number);
+const seconds = Number(process.argv[3]);
+const KEYS = 3000;
+
+function cluster(password) {
+  return new Redis.Cluster(
+    ports.map((port) => ({ host: "127.0.0.1", port })),
+    {
+      redisOptions: { password },
+      clusterRetryStrategy: () => 50,
+      retryDelayOnFailover: 50,
+      retryDelayOnClusterDown: 50,
+      slotsRefreshTimeout: 2000,
+    }
+  );
+}
+
+const say = (o) => process.stdout.write(JSON.stringify(o) + "\n");
+
+async function main(password) {
+  const prefix = `js${Date.now()}:`;
+  let client = cluster(password);
+  const acked = new Map();
+  const maybe = new Map();
+  const errors = [];
+  let writes = 0;
+  let unknown = 0;
+  const t0 = Date.now();
+  let i = 0;
+  while (Date.now() - t0 < seconds * 1000) {
+    const key = `${prefix}${i % KEYS}`;
+    const value = `v${i}`;
+    i += 1;
+    try {
+      const r = await client.set(key, value);
+      if (r !== "OK") throw new Error(`SET answered ${r}`);
+      acked.set(key, value);
+      maybe.delete(key);
+      writes += 1;
+      if (writes % 200 === 0) say({ type: "progress", acked: writes, t: (Date.now() - t0) / 1000 });
+    } catch (e) {
+      // The outcome is unknown: the write may or may not have happened.
+      unknown += 1;
+      if (!maybe.has(key)) maybe.set(key, new Set());
+      maybe.get(key).add(value);
+      errors.push(String(e.message || e).slice(0, 120));
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  client.disconnect();
+  const check = cluster(password);
+  const lost = [];
+  for (const [key, value] of acked) {
+    let got;
+    for (let tries = 0; ; tries++) {
+      try {
+        got = await check.get(key);
+        break;
+      } catch (e) {
+        if (tries > 200) throw e;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+    if (got !== value && !(maybe.get(key) || new Set()).has(got)) lost.push([key, value, got]);
+  }
+  check.disconnect();
+  say({
+    type: "summary", mode: "ioredis-cluster", acked: writes, keys: acked.size, unknown,
+    lost: lost.length, lost_examples: lost.slice(0, 5), errors: errors.length,
+    error_examples: errors.slice(0, 5), ioredis: require("ioredis/package.json").version,
+  });
+  process.exit(lost.length || !writes ? 1 : 0);
+}
+
+let input = "";
+process.stdin.on("data", (d) => (input += d));
+process.stdin.on("end", () => main(input.trim()).catch((e) => {
+  console.error(e);
+  process.exit(2);
+}));

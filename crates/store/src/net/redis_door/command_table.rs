@@ -1,0 +1,304 @@
+//! The door's command table: each command it serves with Redis 7's
+//! arity, flags, key positions and ACL categories, for `COMMAND`,
+//! `COMMAND INFO|COUNT|LIST` and the arity check every request passes.
+//! Cluster clients (redis-py's `RedisCluster`, ioredis's `Cluster`) read
+//! the key positions to find a command's slot. Key specs, tips and
+//! subcommands are not given (first/last/step describe every command
+//! here).
+
+use crate::resp_codec::Reply;
+
+/// One command as `COMMAND INFO` describes it.
+pub(super) struct Cmd {
+    /// Lower case.
+    pub(super) name: &'static str,
+    /// Arguments with the name: exactly `arity`, or at least `-arity`.
+    pub(super) arity: i64,
+    pub(super) flags: &'static [&'static str],
+    /// First key, last key (negative: from the end), step.
+    pub(super) keys: (i64, i64, i64),
+    pub(super) acl: &'static [&'static str],
+}
+
+/// Every command the door serves.
+pub(super) const TABLE: &[Cmd] = &[
+    Cmd {
+        name: "ping",
+        arity: -1,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "echo",
+        arity: 2,
+        flags: &["loading", "stale", "fast"],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "quit",
+        arity: -1,
+        flags: &[
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "no_auth",
+            "allow_busy",
+        ],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "select",
+        arity: 2,
+        flags: &["loading", "stale", "fast"],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "command",
+        arity: -1,
+        flags: &["loading", "stale"],
+        keys: (0, 0, 0),
+        acl: &["@slow", "@connection"],
+    },
+    Cmd {
+        name: "client",
+        arity: -2,
+        flags: &[],
+        keys: (0, 0, 0),
+        acl: &["@slow"],
+    },
+    Cmd {
+        name: "config",
+        arity: -2,
+        flags: &[],
+        keys: (0, 0, 0),
+        acl: &["@slow"],
+    },
+    Cmd {
+        name: "hello",
+        arity: -1,
+        flags: &[
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "no_auth",
+            "allow_busy",
+        ],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "auth",
+        arity: -2,
+        flags: &[
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "no_auth",
+            "allow_busy",
+        ],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "info",
+        arity: -1,
+        flags: &["loading", "stale"],
+        keys: (0, 0, 0),
+        acl: &["@slow", "@dangerous"],
+    },
+    Cmd {
+        name: "time",
+        arity: 1,
+        flags: &["loading", "stale", "fast"],
+        keys: (0, 0, 0),
+        acl: &["@fast"],
+    },
+    Cmd {
+        name: "role",
+        arity: 1,
+        flags: &["noscript", "loading", "stale", "fast"],
+        keys: (0, 0, 0),
+        acl: &["@admin", "@fast", "@dangerous"],
+    },
+    Cmd {
+        name: "wait",
+        arity: 3,
+        flags: &["noscript"],
+        keys: (0, 0, 0),
+        acl: &["@slow", "@connection"],
+    },
+    Cmd {
+        name: "cluster",
+        arity: -2,
+        flags: &[],
+        keys: (0, 0, 0),
+        acl: &["@slow"],
+    },
+    Cmd {
+        name: "readonly",
+        arity: 1,
+        flags: &["loading", "stale", "fast"],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "readwrite",
+        arity: 1,
+        flags: &["loading", "stale", "fast"],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "asking",
+        arity: 1,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+        acl: &["@fast", "@connection"],
+    },
+    Cmd {
+        name: "get",
+        arity: 2,
+        flags: &["readonly", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@read", "@string", "@fast"],
+    },
+    Cmd {
+        name: "set",
+        arity: -3,
+        flags: &["write", "denyoom"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@slow"],
+    },
+    Cmd {
+        name: "setnx",
+        arity: 3,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
+        name: "del",
+        arity: -2,
+        flags: &["write"],
+        keys: (1, -1, 1),
+        acl: &["@keyspace", "@write", "@slow"],
+    },
+    Cmd {
+        name: "unlink",
+        arity: -2,
+        flags: &["write", "fast"],
+        keys: (1, -1, 1),
+        acl: &["@keyspace", "@write", "@fast"],
+    },
+    Cmd {
+        name: "exists",
+        arity: -2,
+        flags: &["readonly", "fast"],
+        keys: (1, -1, 1),
+        acl: &["@keyspace", "@read", "@fast"],
+    },
+    Cmd {
+        name: "mget",
+        arity: -2,
+        flags: &["readonly", "fast"],
+        keys: (1, -1, 1),
+        acl: &["@read", "@string", "@fast"],
+    },
+    Cmd {
+        name: "mset",
+        arity: -3,
+        flags: &["write", "denyoom"],
+        keys: (1, -1, 2),
+        acl: &["@write", "@string", "@slow"],
+    },
+    Cmd {
+        name: "keys",
+        arity: 2,
+        flags: &["readonly"],
+        keys: (0, 0, 0),
+        acl: &["@keyspace", "@read", "@slow", "@dangerous"],
+    },
+    Cmd {
+        name: "scan",
+        arity: -2,
+        flags: &["readonly"],
+        keys: (0, 0, 0),
+        acl: &["@keyspace", "@read", "@slow"],
+    },
+    Cmd {
+        name: "dbsize",
+        arity: 1,
+        flags: &["readonly", "fast"],
+        keys: (0, 0, 0),
+        acl: &["@keyspace", "@read", "@fast"],
+    },
+    Cmd {
+        name: "type",
+        arity: 2,
+        flags: &["readonly", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@keyspace", "@read", "@fast"],
+    },
+    Cmd {
+        name: "strlen",
+        arity: 2,
+        flags: &["readonly", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@read", "@string", "@fast"],
+    },
+    Cmd {
+        name: "getrange",
+        arity: 4,
+        flags: &["readonly"],
+        keys: (1, 1, 1),
+        acl: &["@read", "@string", "@slow"],
+    },
+    Cmd {
+        name: "substr",
+        arity: 4,
+        flags: &["readonly"],
+        keys: (1, 1, 1),
+        acl: &["@read", "@string", "@slow"],
+    },
+];
+
+/// `name`'s entry (any case).
+pub(super) fn find(name: &str) -> Option<&'static Cmd> {
+    TABLE.iter().find(|c| c.name.eq_ignore_ascii_case(name))
+}
+
+/// Whether `n` arguments (with the name) suit `cmd`.
+pub(super) fn arity_ok(cmd: &Cmd, n: usize) -> bool {
+    let n = n as i64;
+    match cmd.arity {
+        a if a >= 0 => n == a,
+        a => n >= -a,
+    }
+}
+
+impl Cmd {
+    /// Its `COMMAND INFO` entry.
+    pub(super) fn reply(&self) -> Reply {
+        let words =
+            |w: &[&str]| Reply::Set(w.iter().map(|f| Reply::Simple(f.to_string())).collect());
+        Reply::Array(vec![
+            Reply::text(self.name),
+            Reply::Int(self.arity),
+            words(self.flags),
+            Reply::Int(self.keys.0),
+            Reply::Int(self.keys.1),
+            Reply::Int(self.keys.2),
+            words(self.acl),
+            Reply::Set(Vec::new()),
+            Reply::Set(Vec::new()),
+            Reply::Array(Vec::new()),
+        ])
+    }
+}
