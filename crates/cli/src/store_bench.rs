@@ -727,14 +727,14 @@ fn measure_redis(
     clients: usize,
     secs: f64,
     pipeline: usize,
-) -> Result<(RedisResult, RedisResult)> {
+) -> Result<(RedisResult, RedisResult, RedisResult)> {
     let out = measure_resp(redis.port, size, clients, secs, pipeline, None)?;
     redis_cli(redis.port, &["flushall"])?;
     Ok(out)
 }
 
-/// `redis-benchmark -t set,get` against any RESP server at `port` (Redis,
-/// or the store's front door).
+/// `redis-benchmark -t set,get,incr` against any RESP server at `port`
+/// (Redis, or the store's front door): SET, GET, INCR.
 fn measure_resp(
     port: u16,
     size: usize,
@@ -742,7 +742,7 @@ fn measure_resp(
     secs: f64,
     pipeline: usize,
     password: Option<&str>,
-) -> Result<(RedisResult, RedisResult)> {
+) -> Result<(RedisResult, RedisResult, RedisResult)> {
     let cal_n = 2000.max(1000 * clients as u64) * pipeline as u64;
     let cal = parse_csv(&redis_benchmark(
         port, "set", size, clients, cal_n, pipeline, password,
@@ -753,7 +753,7 @@ fn measure_resp(
         .map(|(_, r)| r.ops_per_s)
         .context("redis-benchmark printed no SET result")?;
     let n = ((rate * secs) as u64).clamp(1000, 10_000_000);
-    let text = redis_benchmark(port, "set,get", size, clients, n, pipeline, password)?;
+    let text = redis_benchmark(port, "set,get,incr", size, clients, n, pipeline, password)?;
     let res = parse_csv(&text);
     let get = |t: &str| {
         res.iter()
@@ -761,7 +761,7 @@ fn measure_resp(
             .map(|(_, r)| *r)
             .with_context(|| format!("redis-benchmark printed no {t} result: {text:?}"))
     };
-    Ok((get("SET")?, get("GET")?))
+    Ok((get("SET")?, get("GET")?, get("INCR")?))
 }
 
 // ---------------------------------------------------------------------------
@@ -961,14 +961,14 @@ pub fn run(a: Args) -> Result<()> {
                 a.secs,
             )?;
             say(format!("redis: {size} B values, {clients} clients"));
-            let (set, get) = measure_redis(&redis, size, clients, a.secs, 1)?;
-            let (_, get_many) = measure_redis(&redis, size, clients, a.secs, READ_MANY)?;
+            let (set, get, incr) = measure_redis(&redis, size, clients, a.secs, 1)?;
+            let (_, get_many, _) = measure_redis(&redis, size, clients, a.secs, READ_MANY)?;
             say(format!(
                 "store RESP front door (redis-benchmark): {size} B values, {clients} clients"
             ));
             let k0 = crate::bench::children_cpu_secs();
             let c0 = CpuSample::now(&pids);
-            let (resp_set, resp_get) = measure_resp(
+            let (resp_set, resp_get, resp_incr) = measure_resp(
                 group.resp,
                 size,
                 clients,
@@ -1026,6 +1026,7 @@ pub fn run(a: Args) -> Result<()> {
             let resp_rows = [
                 ("resp_set", resp_row(resp_set)),
                 ("resp_get", resp_row(resp_get)),
+                ("resp_incr", resp_row(resp_incr)),
             ];
             let rows = OPS.iter().copied().zip(ours).chain(resp_rows);
             for (op, m) in rows {
@@ -1033,6 +1034,9 @@ pub fn run(a: Args) -> Result<()> {
                     "read" | "resp_get" => ("GET", get, read_target, None),
                     "get" | "get_uncached" => ("GET", get, get_target, None),
                     "read_many" => ("GET-P16", get_many, read_target, None),
+                    // A replicated read-modify-write against Redis's INCR
+                    // (acknowledged before its replica has it).
+                    "resp_incr" => ("INCR", incr, 1.0, Some(set_wait)),
                     _ => ("SET", set, 1.0, Some(set_wait)),
                 };
                 let row = Row {

@@ -390,6 +390,66 @@ GET {p}empty
 STRLEN {p}empty
 GETRANGE {p}empty 0 -1
 KEYS {p}nothing*
+INCR {p}n
+INCR {p}n
+INCRBY {p}n 10
+DECR {p}n
+DECRBY {p}n 5
+INCRBY {p}n -20
+INCRBY {p}n x
+INCRBY {p}n 1.5
+DECRBY {p}n -9223372036854775808
+SET {p}max 9223372036854775807
+INCR {p}max
+DECRBY {p}max -1
+SET {p}min -9223372036854775808
+DECR {p}min
+INCRBY {p}min -1
+SET {p}str abc
+INCR {p}str
+SET {p}lz 007
+INCR {p}lz
+SET {p}mz -0
+INCR {p}mz
+SET {p}sp \s1
+INCR {p}sp
+SET {p}pl +1
+INCR {p}pl
+INCR
+INCRBY {p}n
+APPEND {p}ap Hello
+APPEND {p}ap \sWorld
+GET {p}ap
+APPEND {p}ap \e
+APPEND {p}ap
+SETRANGE {p}sr 5 xy
+GET {p}sr
+SETRANGE {p}sr 0 AB
+GET {p}sr
+SETRANGE {p}sr -1 x
+SETRANGE {p}sr x 1
+SETRANGE {p}missing 0 \e
+EXISTS {p}missing
+SETRANGE {p}sr 1 \e
+SETRANGE {p}sr 1
+GETSET {p}gs one
+GETSET {p}gs two
+GET {p}gs
+GETSET {p}gs
+GETDEL {p}gs
+GETDEL {p}gs
+GETDEL
+SET {p}sg v1 GET
+SET {p}sg v2 GET
+SET {p}sg v3 NX GET
+SET {p}sg v4 XX GET
+GET {p}sg
+SET {p}sg2 v XX GET
+EXISTS {p}sg2
+SET {p}sg v GET GET
+SET {p}sg v NX XX GET
+SET {p}sg v NX NX
+SET {p}sg w XX XX
 WAIT 0 0
 WAIT 1
 WAIT x 0
@@ -479,12 +539,45 @@ fn random_command() -> impl Strategy<Value = Vec<Vec<u8>>> {
             .prop_map(|ks| [vec!["EXISTS".to_string()], ks].concat()),
         prop::collection::vec(key.clone(), 1..4)
             .prop_map(|ks| [vec!["MGET".to_string()], ks].concat()),
-        prop::collection::vec((key.clone(), val), 1..3).prop_map(|kv| {
+        prop::collection::vec((key.clone(), val.clone()), 1..3).prop_map(|kv| {
             let mut c = vec!["MSET".to_string()];
             kv.into_iter().for_each(|(k, v)| c.extend([k, v]));
             c
         }),
         key.clone().prop_map(|k| vec!["STRLEN".to_string(), k]),
+        (
+            key.clone(),
+            prop::sample::select(vec!["INCR", "DECR", "GETDEL"])
+        )
+            .prop_map(|(k, c)| vec![c.to_string(), k]),
+        (
+            key.clone(),
+            -3i64..3,
+            prop::sample::select(vec!["INCRBY", "DECRBY"])
+        )
+            .prop_map(|(k, n, c)| vec![c.to_string(), k, n.to_string()]),
+        (
+            key.clone(),
+            val.clone(),
+            prop::sample::select(vec!["APPEND", "GETSET"])
+        )
+            .prop_map(|(k, v, c)| vec![c.to_string(), k, v]),
+        (key.clone(), val.clone(), 0u32..16).prop_map(|(k, v, o)| vec![
+            "SETRANGE".into(),
+            k,
+            o.to_string(),
+            v
+        ]),
+        (
+            key.clone(),
+            val.clone(),
+            prop::sample::select(vec!["GET", "NX GET", "XX GET"])
+        )
+            .prop_map(|(k, v, o)| {
+                let mut c = vec!["SET".to_string(), k, v];
+                c.extend(o.split(' ').map(String::from));
+                c
+            }),
         key.clone().prop_map(|k| vec!["TYPE".to_string(), k]),
         (key, idx.clone(), idx).prop_map(|(k, a, b)| vec![
             "GETRANGE".into(),
@@ -721,6 +814,8 @@ fn client_library_applications_lose_no_acknowledged_write_across_a_primary_kill(
         let mut g = Group::with_resp(&format!("py{mode}"), "16MiB");
         let s = run_app(&mut g, mode, 6.0);
         assert_eq!(s["lost"], 0, "{mode}: {s}");
+        assert_eq!(s["counters_off"], serde_json::json!([]), "{mode}: {s}");
+        assert!(s["increments"].as_u64().unwrap() > 1000, "{mode}: {s}");
         // It went on writing after the failover.
         assert!(s["acked"].as_u64().unwrap() > 6000, "{mode}: {s}");
         if mode == "plain" {

@@ -80,6 +80,10 @@ fn bench_json_one_point() {
                 }
             } else if op == "resp_get" {
                 assert_eq!(v["redis_op"], "GET", "{l}");
+            } else if op == "resp_incr" {
+                // Redis's INCR beside it, and its SET+WAIT.
+                assert_eq!(v["redis_op"], "INCR", "{l}");
+                assert!(v["ops_per_s"].as_f64().unwrap() > 0.0, "{l}");
             } else {
                 assert!(wait.is_some_and(|x| x > 0.0), "no SET+WAIT rate: {l}");
                 assert!(v["ratio_set_wait"].as_f64().is_some(), "{l}");
@@ -104,7 +108,8 @@ fn bench_json_one_point() {
             "get",
             "get_uncached",
             "resp_set",
-            "resp_get"
+            "resp_get",
+            "resp_incr"
         ],
         "stdout:\n{stdout}"
     );

@@ -1,5 +1,6 @@
 // The application of kv_app.py on ioredis's Cluster client, unmodified:
-// 3,000 keys written over and over (each write a value of its own), then
+// 3,000 keys written over and over (each write a value of its own) and 10
+// counters counted with INCR, then
 // every acknowledged value read back through a fresh client. Run by
 // crates/cli/tests/redis_door.rs, which kills the primary part-way.
 //
@@ -36,12 +37,28 @@ async function main(password) {
   const errors = [];
   let writes = 0;
   let unknown = 0;
+  const counted = new Map();
+  const uncounted = new Map();
+  const bump = (m, k) => m.set(k, (m.get(k) || 0) + 1);
   const t0 = Date.now();
   let i = 0;
   while (Date.now() - t0 < seconds * 1000) {
     const key = `${prefix}${i % KEYS}`;
     const value = `v${i}`;
     i += 1;
+    if (i % 3 === 0) {
+      const ctr = `${prefix}ctr${i % 10}`;
+      try {
+        await client.incr(ctr);
+        bump(counted, ctr);
+      } catch (e) {
+        bump(uncounted, ctr);
+        unknown += 1;
+        errors.push(String(e.message || e).slice(0, 120));
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      continue;
+    }
     try {
       const r = await client.set(key, value);
       if (r !== "OK") throw new Error(`SET answered ${r}`);
@@ -74,13 +91,22 @@ async function main(password) {
     }
     if (got !== value && !(maybe.get(key) || new Set()).has(got)) lost.push([key, value, got]);
   }
+  // Each counter holds its acknowledged increments, and at most those
+  // whose answer was lost besides.
+  const countersOff = [];
+  for (const [ctr, n] of counted) {
+    const got = Number((await check.get(ctr)) || 0);
+    const extra = uncounted.get(ctr) || 0;
+    if (!(n <= got && got <= n + extra)) countersOff.push([ctr, n, extra, got]);
+  }
   check.disconnect();
   say({
     type: "summary", mode: "ioredis-cluster", acked: writes, keys: acked.size, unknown,
     lost: lost.length, lost_examples: lost.slice(0, 5), errors: errors.length,
+    increments: [...counted.values()].reduce((a, b) => a + b, 0), counters_off: countersOff,
     error_examples: errors.slice(0, 5), ioredis: require("ioredis/package.json").version,
   });
-  process.exit(lost.length || !writes ? 1 : 0);
+  process.exit(lost.length || countersOff.length || !writes || !counted.size ? 1 : 0);
 }
 
 let input = "";

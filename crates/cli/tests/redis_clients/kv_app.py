@@ -1,6 +1,6 @@
 """A small application on redis-py, unmodified, against the store's RESP
 door: it writes 3,000 keys over and over (each write a value of its own)
-and reads them back,
+and counts with INCR on 10 counters, then reads them back,
 through a cluster client (RedisCluster) or a plain one (Redis, which
 fails over by hand to the next node when its node stops answering or
 redirects). Run by crates/cli/tests/redis_door.rs, which kills the primary
@@ -45,11 +45,27 @@ KEYS = 3000
 # unknown outcome (any of them may be what the key holds now).
 acked, maybe, errors = {}, {}, []
 writes = unknown = 0
+# counter -> increments acknowledged, increments with an unknown outcome
+counted, uncounted = {}, {}
 t0 = time.time()
 i = 0
 while time.time() - t0 < seconds:
     key, value = "%s%d" % (prefix, i % KEYS), "v%d" % i
     i += 1
+    if i % 3 == 0:
+        ctr = "%sctr%d" % (prefix, i % 10)
+        try:
+            client.incr(ctr)
+            counted[ctr] = counted.get(ctr, 0) + 1
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
+            uncounted[ctr] = uncounted.get(ctr, 0) + 1
+            unknown += 1
+            if mode == "plain":
+                node += 1
+                client = plain(node)
+            errors.append(type(e).__name__ + ": " + str(e)[:120])
+            time.sleep(0.05)
+        continue
     try:
         if client.set(key, value) is True:
             acked[key] = value
@@ -90,9 +106,17 @@ for key, value in acked.items():
             time.sleep(0.05)
     if got != value.encode() and got not in maybe.get(key, set()):
         lost.append((key, value, got.decode() if got else None))
+# Each counter holds its acknowledged increments, and at most those whose
+# answer was lost besides.
+counters_off = []
+for ctr, n in counted.items():
+    got = int((plain(node) if check is None else check).get(ctr) or 0)
+    if not n <= got <= n + uncounted.get(ctr, 0):
+        counters_off.append((ctr, n, uncounted.get(ctr, 0), got))
 
 say(type="summary", mode=mode, acked=writes, keys=len(acked), unknown=unknown, lost=len(lost),
+    increments=sum(counted.values()), counters_off=counters_off,
     lost_examples=lost[:5], errors=len(errors), error_examples=errors[:5],
     proto=(hello or {}).get(b"proto") if isinstance(hello, dict) else None,
     redis_py=redis.__version__)
-sys.exit(1 if lost or not acked else 0)
+sys.exit(1 if lost or counters_off or not acked or not counted else 0)

@@ -690,7 +690,8 @@ fn is_write(op: &proto::Op) -> bool {
         | Delete { .. }
         | Put { .. }
         | Remove { .. }
-        | RotateStag { .. } => true,
+        | RotateStag { .. }
+        | Modify { .. } => true,
         Read { .. } | Get { .. } | Scan { .. } | Status => false,
     }
 }

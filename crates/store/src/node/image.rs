@@ -372,6 +372,7 @@ impl<M: Memory> Image<M> {
             }
             Op::Put { key, data, cond } => self.plan_put(seq, key, data, *cond),
             Op::Remove { key } => self.plan_remove(key),
+            Op::Modify { key, how } => self.plan_modify(seq, key, how),
             Op::RotateStag { stag } => {
                 if !crate::ptr::same_arena(*stag, self.arena.stag) || *stag == 0 {
                     return Err(StoreError::Other(format!(

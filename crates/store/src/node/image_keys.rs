@@ -13,7 +13,7 @@ use super::*;
 use crate::glob;
 use crate::index::{key_hash, tag_of, Slot};
 use crate::lookup::{self, Outcome};
-use crate::proto::Cond;
+use crate::proto::{redis_i64, Cond, Modify, MAX_MODIFY_BYTES};
 
 /// Buckets one scan request walks at most, so a sparse match cannot hold
 /// the node loop for long.
@@ -130,6 +130,158 @@ impl<M: Memory> Image<M> {
             ],
             Reply::Removed { existed: true },
         ))
+    }
+
+    /// `key`'s value as of the next write: its latest write, committed
+    /// or not (a primary plans with writes not yet replicated; a
+    /// read-modify-write must see them, or two pipelined `INCR`s would
+    /// both add to the same value).
+    fn current_value(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(f) = self.meta()?.get(key) else {
+            return Ok(None);
+        };
+        let off = f.entry.offset;
+        // The index as planned names the key's object at `off`; the
+        // latest unexposed write there is that object (another object
+        // could be written there only after this one was freed, which
+        // would have removed the key or moved it).
+        for w in self.unexposed.iter().rev() {
+            for e in w.op.effects.iter().rev() {
+                if let Effect::Write {
+                    offset,
+                    key: k,
+                    data,
+                    ..
+                } = e
+                {
+                    if *offset == off && k == key {
+                        return Ok(Some(data.clone()));
+                    }
+                }
+            }
+        }
+        let cap = f.entry.units as u64 * object::UNIT;
+        let o = object::read_object(&self.mem, off, cap)
+            .map_err(|e| StoreError::Other(format!("the object of a key: {e}")))?;
+        if o.key != key {
+            return Err(StoreError::Other(
+                "index: the key's slot does not match its object".into(),
+            ));
+        }
+        Ok(Some(o.data))
+    }
+
+    /// A read-modify-write ([`Modify`]) at sequence number `seq`: the new
+    /// value decided from the current one and planned as a put (or a
+    /// remove), so it is replicated as one write. A value that does not
+    /// suit the operation is a [`Reply::Refused`] without effects,
+    /// ordered like any write (its answer reflects earlier writes).
+    pub(super) fn plan_modify(
+        &self,
+        seq: u64,
+        key: &[u8],
+        how: &Modify,
+    ) -> Result<(Vec<Effect>, Reply), StoreError> {
+        crate::proto::check_key(key)?;
+        let old = self.current_value(key)?;
+        let refuse = |text: &str| Ok((Vec::new(), Reply::Refused(text.into())));
+        let too_big = |len: usize| {
+            (len > MAX_MODIFY_BYTES).then(|| {
+                Reply::Refused(format!(
+                    "ERR string exceeds maximum allowed size ({MAX_MODIFY_BYTES} bytes in this store)",
+                ))
+            })
+        };
+        let put = |data: &[u8], cond: Cond| -> Result<(Vec<Effect>, bool), StoreError> {
+            let (effects, reply) = self.plan_put(seq, key, data, cond)?;
+            Ok((effects, matches!(reply, Reply::Stored { .. })))
+        };
+        match how {
+            Modify::IncrBy(by) => {
+                let cur = match &old {
+                    None => 0,
+                    Some(v) => match redis_i64(v) {
+                        Some(n) => n,
+                        None => return refuse("ERR value is not an integer or out of range"),
+                    },
+                };
+                let Some(n) = cur.checked_add(*by) else {
+                    return refuse("ERR increment or decrement would overflow");
+                };
+                let text = n.to_string().into_bytes();
+                let (effects, _) = put(&text, Cond::Always)?;
+                let len = text.len() as u64;
+                Ok((
+                    effects,
+                    Reply::Modified {
+                        value: Some(text),
+                        len,
+                    },
+                ))
+            }
+            Modify::Append(data) => {
+                let mut v = old.unwrap_or_default();
+                if let Some(r) = too_big(v.len() + data.len()) {
+                    return Ok((Vec::new(), r));
+                }
+                v.extend_from_slice(data);
+                let (effects, _) = put(&v, Cond::Always)?;
+                Ok((
+                    effects,
+                    Reply::Modified {
+                        value: None,
+                        len: v.len() as u64,
+                    },
+                ))
+            }
+            Modify::SetRange { offset, data } => {
+                let mut v = old.unwrap_or_default();
+                if data.is_empty() {
+                    // Nothing to write: the length as it is.
+                    let len = v.len() as u64;
+                    return Ok((Vec::new(), Reply::Modified { value: None, len }));
+                }
+                let end = offset.saturating_add(data.len() as u64);
+                if let Some(r) = too_big(end.min(usize::MAX as u64) as usize) {
+                    return Ok((Vec::new(), r));
+                }
+                let (o, end) = (*offset as usize, end as usize);
+                if v.len() < end {
+                    v.resize(end, 0);
+                }
+                v[o..end].copy_from_slice(data);
+                let (effects, _) = put(&v, Cond::Always)?;
+                Ok((
+                    effects,
+                    Reply::Modified {
+                        value: None,
+                        len: v.len() as u64,
+                    },
+                ))
+            }
+            Modify::Swap { data, cond } => {
+                let carried = data.len() + old.as_ref().map_or(0, Vec::len);
+                if let Some(r) = too_big(carried) {
+                    return Ok((Vec::new(), r));
+                }
+                let (effects, stored) = put(data, *cond)?;
+                let len = match stored {
+                    true => data.len(),
+                    false => old.as_ref().map_or(0, Vec::len),
+                };
+                Ok((
+                    effects,
+                    Reply::Modified {
+                        value: old,
+                        len: len as u64,
+                    },
+                ))
+            }
+            Modify::Take => {
+                let (effects, _) = self.plan_remove(key)?;
+                Ok((effects, Reply::Modified { value: old, len: 0 }))
+            }
+        }
     }
 
     /// The server-side get: the one-sided reader's look-up ([`Lookup`])

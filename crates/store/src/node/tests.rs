@@ -491,3 +491,161 @@ fn the_server_side_get_is_the_look_up() {
         Err(StoreError::BadKey { len: 0, .. })
     ));
 }
+
+/// Issue 32: a read-modify-write sees the writes before it, committed or
+/// not. Three `INCRBY`s and an `APPEND` sent together (each planned while
+/// the ones before it are still being replicated) answer 1, 3, 6 and
+/// the length after the append; a value that does not suit is refused
+/// in order and changes nothing; `Swap` and `Take` answer the old value.
+#[test]
+fn read_modify_writes_see_the_writes_before_them() {
+    use crate::proto::Modify;
+    let mut h = H::new();
+    h.redundant();
+    let m = |key: &[u8], how: Modify| Op::Modify {
+        key: key.to_vec(),
+        how,
+    };
+    // Sent together: none is committed when the next is planned.
+    let mut ids = Vec::new();
+    for op in [
+        m(b"n", Modify::IncrBy(1)),
+        m(b"n", Modify::IncrBy(2)),
+        m(b"n", Modify::IncrBy(3)),
+        m(b"n", Modify::Append(b"0".to_vec())),
+        m(b"n", Modify::IncrBy(1)),
+    ] {
+        h.req_id += 1;
+        ids.push(h.req_id);
+        let env = Envelope {
+            epoch: h.node(1).epoch(),
+            body: Body::Request {
+                client: 77,
+                req_id: h.req_id,
+                op,
+            },
+        };
+        h.feed(
+            1,
+            Input::Message {
+                from: Addr::Client(77),
+                env,
+            },
+        );
+    }
+    h.run(4 * HB, &never);
+    let got: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            h.answers
+                .iter()
+                .find(|a| a.0 == *id)
+                .expect("answered")
+                .1
+                .clone()
+        })
+        .collect();
+    let num = |v: &str| {
+        Ok(Reply::Modified {
+            value: Some(v.as_bytes().to_vec()),
+            len: v.len() as u64,
+        })
+    };
+    assert_eq!(got[..3], [num("1"), num("3"), num("6")]);
+    assert_eq!(
+        got[3],
+        Ok(Reply::Modified {
+            value: None,
+            len: 2
+        })
+    );
+    assert_eq!(got[4], num("61"));
+    // Refused in order, nothing changed.
+    h.request(Op::Put {
+        key: b"s".to_vec(),
+        data: b"abc".to_vec(),
+        cond: Cond::Always,
+    })
+    .unwrap();
+    let refused = |t: &str| Ok(Reply::Refused(t.into()));
+    assert_eq!(
+        h.request(m(b"s", Modify::IncrBy(1))),
+        refused("ERR value is not an integer or out of range")
+    );
+    h.request(m(b"big", Modify::IncrBy(i64::MAX))).unwrap();
+    assert_eq!(
+        h.request(m(b"big", Modify::IncrBy(1))),
+        refused("ERR increment or decrement would overflow")
+    );
+    assert_eq!(
+        h.request(m(
+            b"s",
+            Modify::SetRange {
+                offset: crate::proto::MAX_MODIFY_BYTES as u64,
+                data: b"x".to_vec()
+            }
+        )),
+        refused(&format!(
+            "ERR string exceeds maximum allowed size ({} bytes in this store)",
+            crate::proto::MAX_MODIFY_BYTES
+        ))
+    );
+    // SETRANGE pads with zeros.
+    assert_eq!(
+        h.request(m(
+            b"s",
+            Modify::SetRange {
+                offset: 5,
+                data: b"Z".to_vec()
+            }
+        )),
+        Ok(Reply::Modified {
+            value: None,
+            len: 6
+        })
+    );
+    let get = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
+        Ok(Reply::Value { data, .. }) => Some(data),
+        _ => None,
+    };
+    assert_eq!(get(&mut h, b"s"), Some(b"abc\0\0Z".to_vec()));
+    // Swap answers the old value; under IfAbsent it stores nothing.
+    let swap = |cond| Modify::Swap {
+        data: b"new".to_vec(),
+        cond,
+    };
+    assert_eq!(
+        h.request(m(b"s", swap(Cond::IfAbsent))),
+        Ok(Reply::Modified {
+            value: Some(b"abc\0\0Z".to_vec()),
+            len: 6
+        })
+    );
+    assert_eq!(
+        h.request(m(b"s", swap(Cond::Always))),
+        Ok(Reply::Modified {
+            value: Some(b"abc\0\0Z".to_vec()),
+            len: 3
+        })
+    );
+    assert_eq!(
+        h.request(m(b"s", Modify::Take)),
+        Ok(Reply::Modified {
+            value: Some(b"new".to_vec()),
+            len: 0
+        })
+    );
+    assert_eq!(get(&mut h, b"s"), None);
+    assert_eq!(
+        h.request(m(b"s", Modify::Take)),
+        Ok(Reply::Modified {
+            value: None,
+            len: 0
+        })
+    );
+    // Every write reached the secondary.
+    assert_eq!(
+        h.node(2).status().applied_seq,
+        h.node(1).status().applied_seq
+    );
+}

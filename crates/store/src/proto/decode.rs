@@ -2,8 +2,8 @@
 //! [`super`]); garbage is an error, never a panic.
 
 use super::{
-    Body, Cond, DecodeError, DedupEntry, Effect, Envelope, Member, Op, RepOp, Reply, StatusInfo,
-    StoreError, MAX_MESSAGE,
+    Body, Cond, DecodeError, DedupEntry, Effect, Envelope, Member, Modify, Op, RepOp, Reply,
+    StatusInfo, StoreError, MAX_MESSAGE,
 };
 use crate::alloc::AllocSnapshot;
 use crate::ptr::RemotePtr;
@@ -208,12 +208,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
         6 => Op::Put {
             key: r.bytes()?,
             data: r.bytes()?,
-            cond: match r.u8()? {
-                0 => Cond::Always,
-                1 => Cond::IfAbsent,
-                2 => Cond::IfPresent,
-                tag => return Err(DecodeError::BadTag { what: "cond", tag }),
-            },
+            cond: dec_cond(r)?,
         },
         7 => Op::Get { key: r.bytes()? },
         8 => Op::Remove { key: r.bytes()? },
@@ -223,7 +218,38 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
             pattern: r.bytes()?,
         },
         10 => Op::RotateStag { stag: r.u32()? },
+        11 => Op::Modify {
+            key: r.bytes()?,
+            how: match r.u8()? {
+                1 => Modify::IncrBy(r.u64()? as i64),
+                2 => Modify::Append(r.bytes()?),
+                3 => Modify::SetRange {
+                    offset: r.u64()?,
+                    data: r.bytes()?,
+                },
+                4 => Modify::Swap {
+                    data: r.bytes()?,
+                    cond: dec_cond(r)?,
+                },
+                5 => Modify::Take,
+                tag => {
+                    return Err(DecodeError::BadTag {
+                        what: "modify",
+                        tag,
+                    })
+                }
+            },
+        },
         tag => return Err(DecodeError::BadTag { what: "op", tag }),
+    })
+}
+
+fn dec_cond(r: &mut R<'_>) -> Result<Cond, DecodeError> {
+    Ok(match r.u8()? {
+        0 => Cond::Always,
+        1 => Cond::IfAbsent,
+        2 => Cond::IfPresent,
+        tag => return Err(DecodeError::BadTag { what: "cond", tag }),
     })
 }
 
@@ -277,6 +303,14 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
             }
         }
         12 => Reply::Rotated { stag: r.u32()? },
+        13 => Reply::Modified {
+            value: match r.bool()? {
+                true => Some(r.bytes()?),
+                false => None,
+            },
+            len: r.u64()?,
+        },
+        14 => Reply::Refused(String::from_utf8_lossy(&r.bytes()?).into_owned()),
         tag => return Err(DecodeError::BadTag { what: "reply", tag }),
     })
 }

@@ -1,6 +1,6 @@
 //! Encoding: every message to bytes (the layout [`super`] describes).
 
-use super::{Body, Cond, Effect, Envelope, Op, Reply, StoreError};
+use super::{Body, Cond, Effect, Envelope, Modify, Op, Reply, StoreError};
 use crate::ptr::RemotePtr;
 
 struct W(Vec<u8>);
@@ -180,11 +180,7 @@ fn enc_op(w: &mut W, op: &Op) {
             w.u8(6);
             w.bytes(key);
             w.bytes(data);
-            w.u8(match cond {
-                Cond::Always => 0,
-                Cond::IfAbsent => 1,
-                Cond::IfPresent => 2,
-            });
+            w.u8(cond_tag(*cond));
         }
         Op::Get { key } => {
             w.u8(7);
@@ -208,6 +204,39 @@ fn enc_op(w: &mut W, op: &Op) {
             w.u8(10);
             w.u32(*stag);
         }
+        Op::Modify { key, how } => {
+            w.u8(11);
+            w.bytes(key);
+            match how {
+                Modify::IncrBy(by) => {
+                    w.u8(1);
+                    w.u64(*by as u64);
+                }
+                Modify::Append(data) => {
+                    w.u8(2);
+                    w.bytes(data);
+                }
+                Modify::SetRange { offset, data } => {
+                    w.u8(3);
+                    w.u64(*offset);
+                    w.bytes(data);
+                }
+                Modify::Swap { data, cond } => {
+                    w.u8(4);
+                    w.bytes(data);
+                    w.u8(cond_tag(*cond));
+                }
+                Modify::Take => w.u8(5),
+            }
+        }
+    }
+}
+
+fn cond_tag(c: Cond) -> u8 {
+    match c {
+        Cond::Always => 0,
+        Cond::IfAbsent => 1,
+        Cond::IfPresent => 2,
     }
 }
 
@@ -282,6 +311,21 @@ fn enc_reply(w: &mut W, r: &Reply) {
         Reply::Rotated { stag } => {
             w.u8(12);
             w.u32(*stag);
+        }
+        Reply::Modified { value, len } => {
+            w.u8(13);
+            match value {
+                Some(v) => {
+                    w.bool(true);
+                    w.bytes(v);
+                }
+                None => w.bool(false),
+            }
+            w.u64(*len);
+        }
+        Reply::Refused(text) => {
+            w.u8(14);
+            w.bytes(text.as_bytes());
         }
     }
 }

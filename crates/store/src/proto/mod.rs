@@ -227,6 +227,68 @@ pub enum Op {
         /// The new STag.
         stag: u32,
     },
+    /// A read-modify-write of `key`'s value ([`Modify`]), decided by the
+    /// primary from the value as of this write (earlier writes included,
+    /// committed or not) and replicated as one write: answered
+    /// [`Reply::Modified`], or [`Reply::Refused`] when the value does not
+    /// suit it (a refusal is ordered like a write, and changes nothing).
+    Modify {
+        /// The key.
+        key: Vec<u8>,
+        /// What to do with its value.
+        how: Modify,
+    },
+}
+
+/// The longest value, and the most value bytes a [`Op::Modify`]'s write
+/// and answer carry together (the new value, and the old one it answers
+/// with): what one replication message holds (`net::link::MAX_VALUE`).
+pub const MAX_MODIFY_BYTES: usize = 32 * 1024 - 256;
+
+/// `v` as Redis reads an integer (`string2ll`): an optional `-`, then
+/// digits with no leading zero (but `0` itself), nothing else, within i64.
+pub fn redis_i64(v: &[u8]) -> Option<i64> {
+    let digits = v.strip_prefix(b"-").unwrap_or(v);
+    let ok = match digits {
+        [] => false,
+        [b'0'] => v.len() == 1,
+        [b'0', ..] => false,
+        d => d.iter().all(u8::is_ascii_digit) && d.len() <= 20,
+    };
+    if !ok {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// The read-modify-writes of [`Op::Modify`] (Redis's string commands).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Modify {
+    /// `INCRBY`: the value, a 64-bit decimal (absent: 0), plus `by`;
+    /// answers the new value.
+    IncrBy(i64),
+    /// `APPEND`: the value (absent: empty) with the bytes after it;
+    /// answers the new length.
+    Append(Vec<u8>),
+    /// `SETRANGE`: the bytes written at `offset` of the value, which is
+    /// zero-padded to reach it; answers the new length. Nothing is
+    /// written for empty bytes (a missing key stays missing).
+    SetRange {
+        /// Where the bytes go.
+        offset: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// `GETSET`, `SET ... GET`: store the bytes (under `cond`); answers
+    /// the old value.
+    Swap {
+        /// The new value.
+        data: Vec<u8>,
+        /// When to store.
+        cond: Cond,
+    },
+    /// `GETDEL`: remove the key; answers the old value.
+    Take,
 }
 
 /// When a [`Op::Put`] stores.
@@ -294,6 +356,19 @@ pub enum Reply {
         /// Next cursor; 0 when the scan is complete.
         next: u64,
     },
+    /// Modify: the old value (`Swap`, `Take`), or the new number
+    /// (`IncrBy`, as decimal text), and the value's length now.
+    Modified {
+        /// The old value (`Swap`, `Take`); for `IncrBy`, the new value's
+        /// text; else `None`.
+        value: Option<Vec<u8>>,
+        /// The length of the key's value after the write (0: absent).
+        len: u64,
+    },
+    /// Modify: the value did not suit the operation; nothing changed.
+    /// The text is Redis's error (`ERR value is not an integer or out of
+    /// range`, ...).
+    Refused(String),
     /// RotateStag: the arena's STag now.
     Rotated {
         /// The new STag.

@@ -121,6 +121,21 @@ fn op() -> impl Strategy<Value = Op> {
             pattern
         }),
         any::<u32>().prop_map(|stag| Op::RotateStag { stag }),
+        (
+            bytes(),
+            prop_oneof![
+                any::<i64>().prop_map(Modify::IncrBy),
+                bytes().prop_map(Modify::Append),
+                (any::<u64>(), bytes())
+                    .prop_map(|(offset, data)| Modify::SetRange { offset, data }),
+                (bytes(), any::<bool>()).prop_map(|(data, nx)| Modify::Swap {
+                    data,
+                    cond: if nx { Cond::IfAbsent } else { Cond::Always }
+                }),
+                Just(Modify::Take),
+            ]
+        )
+            .prop_map(|(key, how)| Op::Modify { key, how }),
     ]
 }
 

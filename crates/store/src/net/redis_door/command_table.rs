@@ -267,6 +267,62 @@ pub(super) const TABLE: &[Cmd] = &[
         keys: (1, 1, 1),
         acl: &["@read", "@string", "@slow"],
     },
+    Cmd {
+        name: "incr",
+        arity: 2,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
+        name: "incrby",
+        arity: 3,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
+        name: "decr",
+        arity: 2,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
+        name: "decrby",
+        arity: 3,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
+        name: "append",
+        arity: 3,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
+        name: "setrange",
+        arity: 4,
+        flags: &["write", "denyoom"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@slow"],
+    },
+    Cmd {
+        name: "getset",
+        arity: 3,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
+        name: "getdel",
+        arity: 2,
+        flags: &["write", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
 ];
 
 /// `name`'s entry (any case).
@@ -284,6 +340,11 @@ pub(super) fn arity_ok(cmd: &Cmd, n: usize) -> bool {
 }
 
 impl Cmd {
+    /// Whether it changes keys (refused to read-only users).
+    pub(super) fn writes(&self) -> bool {
+        self.flags.contains(&"write")
+    }
+
     /// Its `COMMAND INFO` entry.
     pub(super) fn reply(&self) -> Reply {
         let words =

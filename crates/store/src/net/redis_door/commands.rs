@@ -76,6 +76,11 @@ impl Session {
                 Err(r) => r,
             },
             "DEL" | "UNLINK" if n >= 2 => self.del(&args[1..]),
+            "INCR" | "DECR" | "INCRBY" | "DECRBY" => self.incr(&cmd, args),
+            "APPEND" => self.append(args),
+            "SETRANGE" => self.setrange(args),
+            "GETSET" => self.getset(&args[1], &args[2], Cond::Always),
+            "GETDEL" => self.getdel(&args[1]),
             "EXISTS" if n >= 2 => {
                 let mut found = 0;
                 for step in args[1..].chunks(MGET_STEP) {
@@ -172,7 +177,7 @@ impl Session {
     }
 
     /// A put if this node is the primary: whether it was stored.
-    fn put(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, Reply> {
+    pub(super) fn put(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, Reply> {
         if let Some(r) = self.not_primary(key) {
             return Err(r);
         }
@@ -192,26 +197,6 @@ impl Session {
             proto::Reply::Stored { .. } => Ok(true),
             proto::Reply::NotStored => Ok(false),
             r => Err(Reply::err(format!("ERR unexpected answer {r:?}"))),
-        }
-    }
-
-    fn set(&mut self, args: &[Vec<u8>]) -> Reply {
-        let mut cond = Cond::Always;
-        for o in &args[3..] {
-            match upper(o).as_str() {
-                "NX" if cond == Cond::Always => cond = Cond::IfAbsent,
-                "XX" if cond == Cond::Always => cond = Cond::IfPresent,
-                "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
-                    return Reply::err("ERR TTLs are not supported: the store does not expire keys")
-                }
-                "GET" => return Reply::err("ERR SET ... GET is not supported"),
-                _ => return Reply::err("ERR syntax error"),
-            }
-        }
-        match self.put(&args[1], &args[2], cond) {
-            Ok(true) => Reply::ok(),
-            Ok(false) => Reply::Nil,
-            Err(r) => r,
         }
     }
 

@@ -24,7 +24,8 @@
 //! | command | store operation |
 //! |---|---|
 //! | `GET k` | one-sided look-up (`StoreClient::get`) |
-//! | `SET k v [NX\|XX]` | `put` (Always / IfAbsent / IfPresent); `$-1` when the condition fails |
+//! | `SET k v [NX\|XX] [GET]` | `put` (Always / IfAbsent / IfPresent); `$-1` when the condition fails; `GET`: a `Modify::Swap` |
+//! | `INCR`, `DECR`, `INCRBY`, `DECRBY`, `APPEND`, `SETRANGE`, `GETSET`, `GETDEL` | one `Op::Modify` each (`strings.rs`) |
 //! | `SETNX k v` | `put` IfAbsent: `:1` / `:0` |
 //! | `DEL k...`, `UNLINK k...` | `remove` each: the count that existed |
 //! | `EXISTS k...` | batched look-ups: the count found |
@@ -58,7 +59,8 @@
 //! `session.rs` (a connection: its bytes, its authentication, the paths
 //! of a write and of a local read), `commands.rs` (the dispatcher and the
 //! keyed commands), `connection.rs` (the connection's and the server's
-//! commands), `cluster.rs` (the cluster protocol) and `command_table.rs`.
+//! commands), `strings.rs` (the read-modify-write commands), `cluster.rs`
+//! (the cluster protocol) and `command_table.rs`.
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -76,6 +78,7 @@ mod commands;
 mod connection;
 mod session;
 mod shared;
+mod strings;
 
 use shared::Shared;
 

@@ -447,13 +447,17 @@ impl Session {
         match (&self.user, cmd) {
             (_, "AUTH" | "HELLO" | "QUIT") => Ok(()),
             (None, _) => Err((Reply::err("NOAUTH Authentication required."), false)),
-            (Some((u, Rights::Read)), "SET" | "SETNX" | "DEL" | "UNLINK" | "MSET") => Err((
-                Reply::err(format!(
-                    "NOPERM User {u} has no permissions to run the '{}' command",
-                    cmd.to_ascii_lowercase()
-                )),
-                false,
-            )),
+            (Some((u, Rights::Read)), _)
+                if super::command_table::find(cmd).is_some_and(|c| c.writes()) =>
+            {
+                Err((
+                    Reply::err(format!(
+                        "NOPERM User {u} has no permissions to run the '{}' command",
+                        cmd.to_ascii_lowercase()
+                    )),
+                    false,
+                ))
+            }
             _ => Ok(()),
         }
     }
