@@ -76,6 +76,8 @@ mod cluster;
 mod command_table;
 mod commands;
 mod connection;
+#[doc(hidden)]
+pub mod fuzzing;
 mod session;
 mod shared;
 mod strings;

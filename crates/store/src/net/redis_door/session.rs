@@ -41,7 +41,8 @@ const FAILOVER_WAIT: Duration = Duration::from_secs(5);
 
 /// A connection's replies, written out as they pile up.
 pub(super) struct Out {
-    pub(super) conn: TcpStream,
+    /// Where the replies go (the connection; a sink under fuzzing).
+    pub(super) conn: Box<dyn Write + Send>,
     pub(super) buf: Vec<u8>,
     /// The protocol the replies are written in (`HELLO`).
     pub(super) proto: Proto,
@@ -117,53 +118,13 @@ pub(super) fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
         }
     }
     let _listed = Listed(shared, no);
-    let mut session = Session {
-        user,
-        creds,
-        seen_changes,
-        shared: shared.clone(),
-        retry: None,
-        id: crate::auth::random_u64(),
-        info,
-        req: 0,
-        layout: None,
-        cache: HashMap::new(),
-    };
-    let mut out = Out {
-        conn,
-        buf: Vec::with_capacity(16 << 10),
-        proto: Proto::Resp2,
-        broken: false,
-    };
+    let mut session = Session::new(shared, info, user, creds, seen_changes);
+    let mut out = Out::new(Box::new(conn));
     let mut decoder = Decoder::default();
     let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
     let mut chunk = vec![0u8; 64 << 10];
     loop {
-        let mut used = 0;
-        let mut close = false;
-        loop {
-            match decoder.decode(&buf[used..]) {
-                Ok(Some((args, n))) => {
-                    used += n;
-                    if args.is_empty() {
-                        continue;
-                    }
-                    if session.exec(&args, &mut out) {
-                        close = true;
-                        break;
-                    }
-                    if out.broken {
-                        return;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    out.reply(&Reply::err(format!("ERR Protocol error: {e}")));
-                    close = true;
-                    break;
-                }
-            }
-        }
+        let (used, close) = session.serve_bytes(&mut decoder, &buf, &mut out);
         buf.drain(..used);
         out.flush();
         if close || out.broken {
@@ -172,6 +133,17 @@ pub(super) fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
         match input.read(&mut chunk) {
             Ok(0) | Err(_) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+impl Out {
+    pub(super) fn new(conn: Box<dyn Write + Send>) -> Out {
+        Out {
+            conn,
+            buf: Vec::with_capacity(16 << 10),
+            proto: Proto::Resp2,
+            broken: false,
         }
     }
 }
@@ -252,6 +224,60 @@ pub(super) fn unknown_subcommand(cmd: &str, sub: &[u8]) -> Reply {
 }
 
 impl Session {
+    /// A connection's session: `user` is who it is before any `AUTH`
+    /// (the default user when no credential is configured).
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        info: Arc<ConnInfo>,
+        user: Option<(String, Rights)>,
+        creds: Arc<Credentials>,
+        seen_changes: u64,
+    ) -> Session {
+        Session {
+            user,
+            creds,
+            seen_changes,
+            shared: shared.clone(),
+            retry: None,
+            id: crate::auth::random_u64(),
+            info,
+            req: 0,
+            layout: None,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// Runs every whole request in `buf` (the decoder remembers where an
+    /// incomplete one stopped); returns the bytes used and whether the
+    /// connection is to be closed (`QUIT`, a protocol error, a reply that
+    /// could not be written).
+    pub(super) fn serve_bytes(
+        &mut self,
+        decoder: &mut Decoder,
+        buf: &[u8],
+        out: &mut Out,
+    ) -> (usize, bool) {
+        let mut used = 0;
+        loop {
+            match decoder.decode(&buf[used..]) {
+                Ok(Some((args, n))) => {
+                    used += n;
+                    if args.is_empty() {
+                        continue;
+                    }
+                    if self.exec(&args, out) || out.broken {
+                        return (used, true);
+                    }
+                }
+                Ok(None) => return (used, false),
+                Err(e) => {
+                    out.reply(&Reply::err(format!("ERR Protocol error: {e}")));
+                    return (used, true);
+                }
+            }
+        }
+    }
+
     /// The client that retries this connection's writes.
     pub(super) fn retry_client(&mut self) -> Result<&mut StoreClient, Reply> {
         if self.retry.is_none() {

@@ -38,6 +38,9 @@ pub(super) struct Shared {
     pub(super) clients: Mutex<BTreeMap<u64, Arc<ConnInfo>>>,
     /// When the door started (`INFO`'s uptime).
     pub(super) started: Instant,
+    /// No store clients: what needs one answers `-TRYAGAIN` at once (the
+    /// fuzzed door, which has no network).
+    pub(super) offline: bool,
     pool: Mutex<Pool>,
     pool_free: Condvar,
 }
@@ -66,6 +69,7 @@ impl Shared {
             accepted: AtomicU64::new(0),
             clients: Mutex::new(BTreeMap::new()),
             started: Instant::now(),
+            offline: false,
             pool: Mutex::new(Pool::default()),
             pool_free: Condvar::new(),
         }
@@ -81,6 +85,9 @@ impl Shared {
     /// Runs `f` with a client of the pool (made when fewer than [`POOL`]
     /// exist, else waited for).
     pub(super) fn pooled<R>(&self, f: impl FnOnce(&mut StoreClient) -> R) -> Result<R, Reply> {
+        if self.offline {
+            return Err(Reply::err("TRYAGAIN no store clients (offline)"));
+        }
         let mut c = {
             let mut p = self.pool.lock().expect("pool");
             loop {
