@@ -19,7 +19,8 @@
 //! writes, an operation may have seen only whether the register held a
 //! value (`Present`: a conditional put that was refused), or have seen
 //! that and written atomically (`Swap`: a remove that says whether the key
-//! existed, a put that says whether it created the key).
+//! existed, a put that says whether it created the key), or have read the
+//! value and written atomically (`Exchange`: `GETSET`, `GETDEL`).
 //!
 //! [`minimize`] shrinks a failing key's history to a small one that still
 //! fails, for a readable report.
@@ -45,6 +46,14 @@ pub enum Kind {
         /// The value it set (`None`: delete).
         to: Option<u64>,
     },
+    /// Read the register's value (`was`), then set it to `to`,
+    /// atomically (`GETSET`, `GETDEL`).
+    Exchange {
+        /// The value it held before (`None`: absent).
+        was: Option<u64>,
+        /// The value it set (`None`: delete).
+        to: Option<u64>,
+    },
 }
 
 impl Kind {
@@ -56,6 +65,7 @@ impl Kind {
             Kind::Read(v) => (v == state, state),
             Kind::Present(p) => (state.is_some() == p, state),
             Kind::Swap { was, to } => (state.is_some() == was, to),
+            Kind::Exchange { was, to } => (state == was, to),
         }
     }
 
@@ -67,7 +77,7 @@ impl Kind {
     /// The value it writes, if it writes.
     fn written(self) -> Option<Option<u64>> {
         match self {
-            Kind::Write(v) | Kind::Swap { to: v, .. } => Some(v),
+            Kind::Write(v) | Kind::Swap { to: v, .. } | Kind::Exchange { to: v, .. } => Some(v),
             Kind::Read(_) | Kind::Present(_) => None,
         }
     }
@@ -100,6 +110,7 @@ impl fmt::Display for Op {
                 v(to),
                 if was { "present" } else { "absent" }
             ),
+            Kind::Exchange { was, to } => format!("write {} (was {})", v(to), v(was)),
         };
         let ret = self.ret.map_or("?".to_string(), |r| r.to_string());
         write!(

@@ -303,7 +303,9 @@ pub fn assert_linearizable(ops: &[Op], dir: &Path, what: &str) {
                 Kind::Write(v) => ("write", v),
                 Kind::Read(v) => ("read", v),
                 // (These tests record plain reads and writes only.)
-                Kind::Present(_) | Kind::Swap { .. } => unreachable!("not recorded here"),
+                Kind::Present(_) | Kind::Swap { .. } | Kind::Exchange { .. } => {
+                    unreachable!("not recorded here")
+                }
             };
             format!(
                 "{{\"key\":{},\"client\":{},\"call\":{},\"ret\":{},\"op\":\"{kind}\",\"value\":{}}}\n",

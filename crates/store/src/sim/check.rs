@@ -95,8 +95,13 @@ impl Sim {
         for (c, cl) in self.clients.iter().enumerate() {
             if let Some(inf) = &cl.inflight {
                 let kind = match &inf.op {
-                    Op::Update { data, .. } | Op::Put { data, .. } => Kind::Write(tag_of(data)),
-                    Op::Delete { .. } | Op::Remove { .. } => Kind::Write(None),
+                    Op::Update { data, .. }
+                    | Op::Put { data, .. }
+                    | Op::Modify {
+                        how: crate::proto::Modify::Swap { data, .. },
+                        ..
+                    } => Kind::Write(tag_of(data)),
+                    Op::Delete { .. } | Op::Remove { .. } | Op::Modify { .. } => Kind::Write(None),
                     _ => continue,
                 };
                 let oid = match inf.key_no {

@@ -1,5 +1,6 @@
 //! The workload: clients that insert, update, delete and read objects and
-//! keys, one-sided where they may, retry on the other node when an answer
+//! keys (and swap and take keys' values: `GETSET`, `GETDEL`), one-sided
+//! where they may, retry on the other node when an answer
 //! is late, and record every operation in the checked history.
 
 use super::{
@@ -10,7 +11,7 @@ use crate::index::Layout;
 use crate::lincheck::{self, Kind};
 use crate::lookup::{Lookup, Outcome, Step};
 use crate::object;
-use crate::proto::{self, Body, Cond, Envelope, NodeId, Op, Reply, StoreError};
+use crate::proto::{self, Body, Cond, Envelope, Modify, NodeId, Op, Reply, StoreError};
 use crate::ptr::RemotePtr;
 
 impl Sim {
@@ -95,9 +96,26 @@ impl Sim {
                     cond: Cond::IfPresent,
                 },
                 60..72 => Op::Remove { key },
+                // Read-modify-writes (issue 32): GETSET and GETDEL.
+                72..80 => Op::Modify {
+                    key,
+                    how: Modify::Swap {
+                        data: value,
+                        cond: Cond::Always,
+                    },
+                },
+                80..84 => Op::Modify {
+                    key,
+                    how: Modify::Take,
+                },
                 _ => Op::Get { key },
             };
-            if let Op::Put { data, .. } = &op {
+            if let Op::Put { data, .. }
+            | Op::Modify {
+                how: Modify::Swap { data, .. },
+                ..
+            } = &op
+            {
                 if let Some(t) = tag_of(data) {
                     self.tag_key.insert(t, KEY_OID + k);
                 }
@@ -502,6 +520,21 @@ impl Sim {
                 let was = *existed;
                 (KEY_OID + inf.key_no.unwrap(), Kind::Swap { was, to: None })
             }
+            // A read-modify-write's answer is the value it replaced.
+            (Op::Modify { how, .. }, Ok(Reply::Modified { value, .. })) => {
+                let was = value.as_deref().and_then(tag_of);
+                if value.as_ref().is_some_and(|v| tag_of(v).is_none()) {
+                    self.violations.push(format!(
+                        "client {c}: a GETSET answered a value no client wrote"
+                    ));
+                    return;
+                }
+                let to = match how {
+                    Modify::Swap { data, .. } => tag_of(data),
+                    _ => None,
+                };
+                (KEY_OID + inf.key_no.unwrap(), Kind::Exchange { was, to })
+            }
             (Op::Get { .. }, Ok(Reply::Value { data, .. })) => {
                 (KEY_OID + inf.key_no.unwrap(), Kind::Read(tag_of(data)))
             }
@@ -568,6 +601,7 @@ impl Sim {
                 cl.cache.insert(k, (ptr.addr - self.arena.base, ptr.len));
             }
             (Op::Put { .. }, Reply::NotStored)
+            | (Op::Modify { .. }, Reply::Modified { .. })
             | (Op::Remove { .. }, Reply::Removed { .. })
             | (Op::Get { .. }, Reply::NoKey) => {}
             (op, r) => self
