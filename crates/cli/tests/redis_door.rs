@@ -850,3 +850,48 @@ fn client_library_applications_lose_no_acknowledged_write_across_a_primary_kill(
         }
     }
 }
+
+/// `WAIT n t` counts the secondaries that hold the connection's writes:
+/// 1 while the group is redundant; with the secondary gone (a primary
+/// that goes on alone under `min_in_sync_replicas = 0`), 0 after waiting
+/// `t` ms for one; and once a restarted secondary is in sync, `WAIT 1 0`
+/// answers 1 (it waited for it).
+#[test]
+fn wait_counts_the_replicas_that_hold_the_writes() {
+    let mut g = Group::with_options("wait", "16MiB", None, "min_in_sync_replicas = 0", true, "");
+    let p = g.primary() as usize - 1;
+    let mut c = Conn::new(g.resp[p]);
+    c.cmd(&format!("AUTH {}", common::STORE_SECRET));
+    assert_eq!(c.cmd("SET w 1"), b"+OK\r\n");
+    assert_eq!(c.cmd("WAIT 1 0"), b":1\r\n");
+    let before = g.epoch();
+    g.nodes[1 - p].kill();
+    // The primary notices and goes on alone (its writes held by it only).
+    wait_for("the primary alone", Duration::from_secs(10), || {
+        match c.cmd("INFO replication") {
+            r if String::from_utf8_lossy(&r).contains("redundant:0") => Ok(()),
+            r => Err(String::from_utf8_lossy(&r).into_owned()),
+        }
+    });
+    assert_eq!(c.cmd("SET w 2"), b"+OK\r\n");
+    let t0 = Instant::now();
+    assert_eq!(c.cmd("WAIT 1 300"), b":0\r\n");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300),
+        "WAIT returned after {waited:?}"
+    );
+    assert_eq!(c.cmd("WAIT 0 0"), b":0\r\n");
+    // The secondary comes back and copies; WAIT 1 0 waits for it.
+    let mut w = Conn::new(g.resp[p]);
+    w.cmd(&format!("AUTH {}", common::STORE_SECRET));
+    let waiter = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        (w.cmd("WAIT 1 0"), t0.elapsed())
+    });
+    g.nodes[1 - p].start("secondary");
+    g.wait_redundant(Duration::from_secs(30), before);
+    let (r, took) = waiter.join().unwrap();
+    assert_eq!(r, b":1\r\n");
+    eprintln!("WAIT 1 300 alone took {waited:?}; WAIT 1 0 returned after {took:?}");
+}
