@@ -417,6 +417,35 @@ SET {p}pl +1
 INCR {p}pl
 INCR
 INCRBY {p}n
+INCRBYFLOAT {p}f 10.50
+INCRBYFLOAT {p}f 0.1
+INCRBYFLOAT {p}f -5.0e3
+INCRBYFLOAT {p}f 2.0e2
+INCRBYFLOAT {p}g 0.1
+INCRBYFLOAT {p}g 0.2
+INCRBYFLOAT {p}g 1e20
+INCRBYFLOAT {p}g -1e20
+INCRBYFLOAT {p}g 3.14159265358979323846
+INCRBYFLOAT {p}g 1e-18
+INCRBYFLOAT {p}g .5
+INCRBYFLOAT {p}g 5.
+INCRBYFLOAT {p}g +2
+INCRBYFLOAT {p}g -0
+INCRBYFLOAT {p}g 1e300
+INCRBYFLOAT {p}g -1e300
+INCRBYFLOAT {p}g inf
+INCRBYFLOAT {p}g nan
+INCRBYFLOAT {p}g 1e
+INCRBYFLOAT {p}g \s1
+INCRBYFLOAT {p}g 1e5000
+INCRBYFLOAT {p}g 1e-5000
+INCRBYFLOAT {p}g abc
+INCRBYFLOAT {p}str 1
+INCRBYFLOAT {p}n 1.5
+INCRBYFLOAT {p}g
+SET {p}h 7
+INCRBYFLOAT {p}h 0.3333333333333333333333
+INCRBYFLOAT {p}h 1180591620717411303424
 APPEND {p}ap Hello
 APPEND {p}ap \sWorld
 GET {p}ap
@@ -550,6 +579,11 @@ fn random_command() -> impl Strategy<Value = Vec<Vec<u8>>> {
             prop::sample::select(vec!["INCR", "DECR", "GETDEL"])
         )
             .prop_map(|(k, c)| vec![c.to_string(), k]),
+        (
+            key.clone(),
+            prop::sample::select(vec!["0.1", "-2.5", "1e3", "0.3333", "7", "-0.1", "1e-5"])
+        )
+            .prop_map(|(k, f)| vec!["INCRBYFLOAT".into(), k, f.into()]),
         (
             key.clone(),
             -3i64..3,

@@ -41,7 +41,9 @@
 //! * [`lookup`]: a key's one-sided look-up, as a pure state machine.
 //! * [`glob`]: glob patterns over keys (`scan`, `KEYS`).
 //! * [`ptr`]: remote pointers, their encodings and validation.
-//! * [`resp_codec`]: the Redis protocol (RESP2) as a pure codec.
+//! * [`resp_codec`]: the Redis protocol (RESP2 and RESP3) as a pure codec.
+//! * [`redis_float`]: `INCRBYFLOAT`'s 80-bit arithmetic and printing, as
+//!   Redis does them.
 //! * [`proto`]: messages (every one carries the sender's epoch) and codec.
 //! * `node/` (private): the pure replication state machine of one node:
 //!   the replicated image apart from the protocol (roles, epochs, leases;
@@ -78,6 +80,7 @@ mod node;
 pub mod object;
 pub mod proto;
 pub mod ptr;
+pub mod redis_float;
 pub mod resp_codec;
 /// Deterministic simulation of a replica group (`SOFTRDMA_SEEDS` seeds of
 /// crashes, partitions and clock faults against the real `Node`); built

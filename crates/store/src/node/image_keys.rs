@@ -219,6 +219,21 @@ impl<M: Memory> Image<M> {
                     },
                 ))
             }
+            Modify::IncrByFloat(by) => {
+                let text = match crate::redis_float::incr_by_float(old.as_deref(), by) {
+                    Ok(t) => t.into_bytes(),
+                    Err(e) => return refuse(e.text()),
+                };
+                let (effects, _) = put(&text, Cond::Always)?;
+                let len = text.len() as u64;
+                Ok((
+                    effects,
+                    Reply::Modified {
+                        value: Some(text),
+                        len,
+                    },
+                ))
+            }
             Modify::Append(data) => {
                 let mut v = old.unwrap_or_default();
                 if let Some(r) = too_big(v.len() + data.len()) {

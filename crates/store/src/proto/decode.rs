@@ -232,6 +232,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                     cond: dec_cond(r)?,
                 },
                 5 => Modify::Take,
+                6 => Modify::IncrByFloat(r.bytes()?),
                 tag => {
                     return Err(DecodeError::BadTag {
                         what: "modify",

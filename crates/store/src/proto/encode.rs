@@ -227,6 +227,10 @@ fn enc_op(w: &mut W, op: &Op) {
                     w.u8(cond_tag(*cond));
                 }
                 Modify::Take => w.u8(5),
+                Modify::IncrByFloat(by) => {
+                    w.u8(6);
+                    w.bytes(by);
+                }
             }
         }
     }

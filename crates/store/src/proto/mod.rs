@@ -267,6 +267,10 @@ pub enum Modify {
     /// `INCRBY`: the value, a 64-bit decimal (absent: 0), plus `by`;
     /// answers the new value.
     IncrBy(i64),
+    /// `INCRBYFLOAT`: the value and the increment (its text) read and
+    /// added as Redis does ([`crate::redis_float`]); answers the new
+    /// value's text.
+    IncrByFloat(Vec<u8>),
     /// `APPEND`: the value (absent: empty) with the bytes after it;
     /// answers the new length.
     Append(Vec<u8>),
@@ -357,10 +361,10 @@ pub enum Reply {
         next: u64,
     },
     /// Modify: the old value (`Swap`, `Take`), or the new number
-    /// (`IncrBy`, as decimal text), and the value's length now.
+    /// (`IncrBy`, `IncrByFloat`, as text), and the value's length now.
     Modified {
-        /// The old value (`Swap`, `Take`); for `IncrBy`, the new value's
-        /// text; else `None`.
+        /// The old value (`Swap`, `Take`); for `IncrBy` and
+        /// `IncrByFloat`, the new value's text; else `None`.
         value: Option<Vec<u8>>,
         /// The length of the key's value after the write (0: absent).
         len: u64,

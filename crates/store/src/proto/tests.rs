@@ -133,6 +133,7 @@ fn op() -> impl Strategy<Value = Op> {
                     cond: if nx { Cond::IfAbsent } else { Cond::Always }
                 }),
                 Just(Modify::Take),
+                bytes().prop_map(Modify::IncrByFloat),
             ]
         )
             .prop_map(|(key, how)| Op::Modify { key, how }),

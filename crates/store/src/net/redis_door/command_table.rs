@@ -296,6 +296,13 @@ pub(super) const TABLE: &[Cmd] = &[
         acl: &["@write", "@string", "@fast"],
     },
     Cmd {
+        name: "incrbyfloat",
+        arity: 3,
+        flags: &["write", "denyoom", "fast"],
+        keys: (1, 1, 1),
+        acl: &["@write", "@string", "@fast"],
+    },
+    Cmd {
         name: "append",
         arity: 3,
         flags: &["write", "denyoom", "fast"],

@@ -78,6 +78,7 @@ impl Session {
             "DEL" | "UNLINK" if n >= 2 => self.del(&args[1..]),
             "INCR" | "DECR" | "INCRBY" | "DECRBY" => self.incr(&cmd, args),
             "APPEND" => self.append(args),
+            "INCRBYFLOAT" => self.incrbyfloat(args),
             "SETRANGE" => self.setrange(args),
             "GETSET" => self.getset(&args[1], &args[2], Cond::Always),
             "GETDEL" => self.getdel(&args[1]),

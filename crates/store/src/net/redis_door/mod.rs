@@ -25,7 +25,7 @@
 //! |---|---|
 //! | `GET k` | one-sided look-up (`StoreClient::get`) |
 //! | `SET k v [NX\|XX] [GET]` | `put` (Always / IfAbsent / IfPresent); `$-1` when the condition fails; `GET`: a `Modify::Swap` |
-//! | `INCR`, `DECR`, `INCRBY`, `DECRBY`, `APPEND`, `SETRANGE`, `GETSET`, `GETDEL` | one `Op::Modify` each (`strings.rs`) |
+//! | `INCR`, `DECR`, `INCRBY`, `DECRBY`, `INCRBYFLOAT`, `APPEND`, `SETRANGE`, `GETSET`, `GETDEL` | one `Op::Modify` each (`strings.rs`) |
 //! | `SETNX k v` | `put` IfAbsent: `:1` / `:0` |
 //! | `DEL k...`, `UNLINK k...` | `remove` each: the count that existed |
 //! | `EXISTS k...` | batched look-ups: the count found |

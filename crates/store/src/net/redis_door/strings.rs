@@ -1,5 +1,5 @@
 //! Redis's read-modify-write string commands: `INCR`/`INCRBY`/`DECR`/
-//! `DECRBY`, `APPEND`, `SETRANGE`, `GETSET`, `GETDEL` and `SET ... GET`.
+//! `DECRBY`, `INCRBYFLOAT`, `APPEND`, `SETRANGE`, `GETSET`, `GETDEL` and `SET ... GET`.
 //! Each is one store write ([`Op::Modify`]): the primary decides the new
 //! value from the current one, in order with every other write, and
 //! replicates the result as one write, so two clients' `INCR`s never
@@ -51,6 +51,15 @@ impl Session {
                 None => Reply::err("ERR the store answered a counter that is not a number"),
             },
             Ok((None, _)) => Reply::err("ERR the store answered no counter"),
+            Err(r) => r,
+        }
+    }
+
+    /// `INCRBYFLOAT k by`: the new value, as Redis prints it.
+    pub(super) fn incrbyfloat(&mut self, args: &[Vec<u8>]) -> Reply {
+        match self.modify(&args[1], Modify::IncrByFloat(args[2].clone())) {
+            Ok((Some(v), _)) => Reply::Bulk(v),
+            Ok((None, _)) => Reply::err("ERR the store answered no number"),
             Err(r) => r,
         }
     }
