@@ -673,8 +673,22 @@ struct GatedRelay {
     done: Receiver<Vec<io::Result<(u64, u64)>>>,
 }
 
-fn gated_relay(target: u16, conns: usize) -> GatedRelay {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+/// A relay to `target` on a port none of `reserved` (the ports qemu is
+/// to forward: the kernel hands out a port that `free_ports` just
+/// released, and qemu then cannot bind its forward; stop-42's CI failure:
+/// "Could not set up host forwarding rule").
+fn gated_relay(target: u16, conns: usize, reserved: &[u16]) -> GatedRelay {
+    // Rejected listeners are held until a good one is found, so the
+    // kernel does not hand the same port out again.
+    let mut rejected = Vec::new();
+    let l = loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        if !reserved.contains(&l.local_addr().unwrap().port()) {
+            break l;
+        }
+        rejected.push(l);
+    };
+    drop(rejected);
     let port = l.local_addr().unwrap().port();
     let (gates, gate_rx): (Vec<Sender<()>>, Vec<Receiver<()>>) =
         (0..conns).map(|_| mpsc::channel()).unzip();
@@ -916,7 +930,8 @@ fn dropin_clients_vs_guest_siw_servers() {
                 guest_server_with_retry(name, c.crc, &server, &ready, &es)
             }
             Prog::Perftest(p) => {
-                relays.insert(i, gated_relay(c.host_port, 2));
+                let reserved: Vec<u16> = cases.iter().map(|c| c.host_port).collect();
+                relays.insert(i, gated_relay(c.host_port, 2, &reserved));
                 format!(
                     "timeout {GUEST_CASE_S} {tool} -d siw0 {args} -p {gp} > /tmp/p.out 2> /tmp/p.err &\n\
                      spid=$!\n\
