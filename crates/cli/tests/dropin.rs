@@ -508,52 +508,80 @@ fn perftest_rdma_cm_tests_at_three_sizes_on_both_paths() {
     }
 }
 
+/// qperf's `rc_bw` and `rc_lat` over RDMA CM on both paths. `rc_bw`'s
+/// sender does not wait for the receiver's buffers: it counts on
+/// InfiniBand's RNR retry, which iWARP does not have (RFC 5040: a Send
+/// with no posted receive ends the connection with a Terminate, as Linux
+/// siw does). Its server reposts as it goes, so it keeps up unless it is
+/// starved of CPU (stop 42's CI, beside a `yes` hog: "rc_bw failed: Remote
+/// invalid request" after our Terminate "invalid MSN, no buffer
+/// available"; beside a `yes` hog on this 2-core machine, 2 first attempts
+/// in 6). That exact failure gets up to four more attempts, each said
+/// aloud; any other failure, or a fifth overrun, fails the test.
 #[test]
 fn qperf_rc_bw_and_rc_lat_over_rdma_cm() {
     lib_dir();
     for path in PATHS {
-        let port = free_ports(1)[0].to_string();
-        let _g = PAIR_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let s = run_cmd(path, "qperf", &strs(&["-lp", &port]), false)
-            .spawn()
-            .unwrap();
-        while !listening(port.parse().unwrap()) {
-            assert!(Instant::now() < deadline, "qperf server did not listen");
-            std::thread::sleep(Duration::from_millis(10));
+        for attempt in 1..=5 {
+            let r = qperf_pair(path);
+            let overrun = r.err.contains("invalid MSN, no buffer available");
+            if !r.ok && overrun && attempt < 5 {
+                println!(
+                    "qperf {path:?}: rc_bw's sender outran its server's receives (no RNR retry \
+                     in iWARP); once more:\n{}",
+                    r.out
+                );
+                continue;
+            }
+            assert!(r.ok, "qperf {path:?}:\n{}\n{}", r.out, r.err);
+            assert!(
+                r.out.contains("bw  =") && r.out.contains("latency  ="),
+                "qperf {path:?}:\n{}",
+                r.out
+            );
+            assert!(
+                !r.out.contains("failed") && !r.out.contains("unexpected"),
+                "{}",
+                r.out
+            );
+            break;
         }
-        let c = run_cmd(
-            path,
-            "qperf",
-            &strs(&[
-                "-lp",
-                &port,
-                "-cm1",
-                "-t",
-                "1",
-                "127.0.0.1",
-                "rc_bw",
-                "rc_lat",
-            ]),
-            false,
-        )
+    }
+}
+
+/// One qperf server and a client running `rc_bw` and `rc_lat` against it.
+fn qperf_pair(path: Path_) -> Ran {
+    let port = free_ports(1)[0].to_string();
+    let _g = PAIR_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let s = run_cmd(path, "qperf", &strs(&["-lp", &port]), false)
         .spawn()
         .unwrap();
-        let r = finish(c, deadline, "qperf client");
-        kill_group(&s);
-        let _ = finish(s, Instant::now() + Duration::from_secs(5), "qperf server");
-        assert!(r.ok, "qperf {path:?}:\n{}\n{}", r.out, r.err);
-        assert!(
-            r.out.contains("bw  =") && r.out.contains("latency  ="),
-            "qperf {path:?}:\n{}",
-            r.out
-        );
-        assert!(
-            !r.out.contains("failed") && !r.out.contains("unexpected"),
-            "{}",
-            r.out
-        );
+    while !listening(port.parse().unwrap()) {
+        assert!(Instant::now() < deadline, "qperf server did not listen");
+        std::thread::sleep(Duration::from_millis(10));
     }
+    let c = run_cmd(
+        path,
+        "qperf",
+        &strs(&[
+            "-lp",
+            &port,
+            "-cm1",
+            "-t",
+            "1",
+            "127.0.0.1",
+            "rc_bw",
+            "rc_lat",
+        ]),
+        false,
+    )
+    .spawn()
+    .unwrap();
+    let r = finish(c, deadline, "qperf client");
+    kill_group(&s);
+    let _ = finish(s, Instant::now() + Duration::from_secs(5), "qperf server");
+    r
 }
 
 // ------------------------------------------------------------ verbs_check

@@ -2061,38 +2061,47 @@ fn guest_perftest_send_bw_1m_under_cpu_hog() {
         .collect();
     // The hog: a busy loop on the clients' CPU, for the whole run.
     let hog = "taskset -c 0 sh -c 'while :; do :; done' &\n";
-    let ends = run_perftest_with(
-        "guest_perftest_send_bw_1m_under_cpu_hog",
-        &[PerftestServer {
-            args: &[],
-            crc: false,
-            ops: &[],
-        }],
-        &cases,
-        hog,
-        240,
-        // 150 MiB of traffic: tshark's decoding of it would take minutes,
-        // and the server's counts are what this test is about.
-        false,
-    );
-    if ends.is_empty() {
-        return; // no guest, and SOFTRDMA_NO_GUEST=1 allowed that
+    // The calibration failure is perftest's, at the mercy of the guest's
+    // scheduler: a round of clients may meet none (stop 42's CI: 0 of 3).
+    // Another round (another guest boot) then, up to four; every client of
+    // every round is checked all the same.
+    for round in 1..=4 {
+        let ends = run_perftest_with(
+            "guest_perftest_send_bw_1m_under_cpu_hog",
+            &[PerftestServer {
+                args: &[],
+                crc: false,
+                ops: &[],
+            }],
+            &cases,
+            hog,
+            240,
+            // 150 MiB of traffic: tshark's decoding of it would take minutes,
+            // and the server's counts are what this test is about.
+            false,
+        );
+        if ends.is_empty() {
+            return; // no guest, and SOFTRDMA_NO_GUEST=1 allowed that
+        }
+        let count = |e: PerftestEnd| ends.iter().filter(|x| **x == e).count();
+        let (exits, zeros) = (
+            count(PerftestEnd::CalibrationExit),
+            count(PerftestEnd::Uncalibrated),
+        );
+        println!(
+            "host| round {round} under the CPU hog: {exits} of {} clients without -F exited on \
+             perftest's clock calibration, {zeros} of {} with -F printed zeros after it; all \
+             others completed",
+            cases.iter().filter(|c| !c.freq_f).count(),
+            cases.iter().filter(|c| c.freq_f).count(),
+        );
+        if exits + zeros > 0 {
+            return;
+        }
     }
-    let count = |e: PerftestEnd| ends.iter().filter(|x| **x == e).count();
-    let (exits, zeros) = (
-        count(PerftestEnd::CalibrationExit),
-        count(PerftestEnd::Uncalibrated),
-    );
-    println!(
-        "host| under the CPU hog: {exits} of {} clients without -F exited on perftest's clock \
-         calibration, {zeros} of {} with -F printed zeros after it; all others completed",
-        cases.iter().filter(|c| !c.freq_f).count(),
-        cases.iter().filter(|c| c.freq_f).count(),
-    );
-    assert!(
-        exits + zeros > 0,
-        "no client met perftest's calibration failure under the CPU hog: the case of issue \
-         29 (finding 8) was not exercised"
+    panic!(
+        "no client of 4 rounds met perftest's calibration failure under the CPU hog: the case of \
+         issue 29 (finding 8) was not exercised"
     );
 }
 
