@@ -196,6 +196,14 @@ impl<M: Memory> Image<M> {
             let (effects, reply) = self.plan_put(seq, key, data, cond)?;
             Ok((effects, matches!(reply, Reply::Stored { .. })))
         };
+        // The value becomes `v`; the answer is its length, and with
+        // `answer_value` (a counter's new text) the value itself.
+        let rewrite = |v: Vec<u8>, answer_value: bool| {
+            let (effects, _) = put(&v, Cond::Always)?;
+            let len = v.len() as u64;
+            let value = answer_value.then_some(v);
+            Ok((effects, Reply::Modified { value, len }))
+        };
         match how {
             Modify::IncrBy(by) => {
                 let cur = match &old {
@@ -208,31 +216,13 @@ impl<M: Memory> Image<M> {
                 let Some(n) = cur.checked_add(*by) else {
                     return refuse("ERR increment or decrement would overflow");
                 };
-                let text = n.to_string().into_bytes();
-                let (effects, _) = put(&text, Cond::Always)?;
-                let len = text.len() as u64;
-                Ok((
-                    effects,
-                    Reply::Modified {
-                        value: Some(text),
-                        len,
-                    },
-                ))
+                rewrite(n.to_string().into_bytes(), true)
             }
             Modify::IncrByFloat(by) => {
-                let text = match crate::redis_float::incr_by_float(old.as_deref(), by) {
-                    Ok(t) => t.into_bytes(),
-                    Err(e) => return refuse(e.text()),
-                };
-                let (effects, _) = put(&text, Cond::Always)?;
-                let len = text.len() as u64;
-                Ok((
-                    effects,
-                    Reply::Modified {
-                        value: Some(text),
-                        len,
-                    },
-                ))
+                match crate::redis_float::incr_by_float(old.as_deref(), by) {
+                    Ok(t) => rewrite(t.into_bytes(), true),
+                    Err(e) => refuse(e.text()),
+                }
             }
             Modify::Append(data) => {
                 let mut v = old.unwrap_or_default();
@@ -240,14 +230,7 @@ impl<M: Memory> Image<M> {
                     return Ok((Vec::new(), r));
                 }
                 v.extend_from_slice(data);
-                let (effects, _) = put(&v, Cond::Always)?;
-                Ok((
-                    effects,
-                    Reply::Modified {
-                        value: None,
-                        len: v.len() as u64,
-                    },
-                ))
+                rewrite(v, false)
             }
             Modify::SetRange { offset, data } => {
                 let mut v = old.unwrap_or_default();
@@ -265,14 +248,7 @@ impl<M: Memory> Image<M> {
                     v.resize(end, 0);
                 }
                 v[o..end].copy_from_slice(data);
-                let (effects, _) = put(&v, Cond::Always)?;
-                Ok((
-                    effects,
-                    Reply::Modified {
-                        value: None,
-                        len: v.len() as u64,
-                    },
-                ))
+                rewrite(v, false)
             }
             Modify::Swap { data, cond } => {
                 let carried = data.len() + old.as_ref().map_or(0, Vec::len);

@@ -51,9 +51,8 @@ pub(super) fn node_id(arena_base: u64, node: u64) -> String {
 }
 
 impl Session {
-    /// The group's nodes that answer now, this node first (with
-    /// `fresh`, asked again; else the answer of at most
-    /// `session::ROLE_TTL` ago).
+    /// The group's nodes that answer now, this node first, each asked
+    /// its status now.
     pub(super) fn members(&mut self) -> Result<Vec<Member>, Reply> {
         let (me, _) = self.role(true)?;
         let nodes = self.shared.nodes.clone();

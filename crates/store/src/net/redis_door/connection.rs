@@ -223,15 +223,15 @@ impl Session {
             "GET" if args.len() >= 3 => {
                 let mut pairs = Vec::new();
                 for p in &args[2..] {
-                    let v: &[u8] = match p.to_ascii_lowercase().as_slice() {
-                        b"save" => b"",
-                        b"appendonly" => b"no",
-                        b"cluster-enabled" => b"yes",
-                        b"databases" => b"1",
-                        b"maxclients" => b"1000",
+                    let v = match p.to_ascii_lowercase().as_slice() {
+                        b"save" => String::new(),
+                        b"appendonly" => "no".into(),
+                        b"cluster-enabled" => "yes".into(),
+                        b"databases" => "1".into(),
+                        b"maxclients" => MAX_CLIENTS.to_string(),
                         _ => continue,
                     };
-                    pairs.push((Reply::Bulk(p.to_ascii_lowercase()), Reply::Bulk(v.to_vec())));
+                    pairs.push((Reply::Bulk(p.to_ascii_lowercase()), Reply::text(v)));
                 }
                 Reply::Map(pairs)
             }
