@@ -283,6 +283,10 @@ impl QueuePair {
         }
         rq.push_back(wqe);
         drop(rq);
+        // A receiver waiting for a receive goes on now.
+        if let Some(t) = q.transport.get() {
+            t.on_recv_posted(q);
+        }
         if q.state() == QpState::Error {
             // Raced with a flush: flush what we just added.
             q.fail(WcStatus::WrFlushErr, None);

@@ -37,6 +37,7 @@ impl SharedReceiveQueue {
                 max_wr,
                 max_sge,
                 q: Mutex::new(VecDeque::new()),
+                waiters: Mutex::new(Vec::new()),
             }),
             pd: pd.clone(),
         })
@@ -54,6 +55,14 @@ impl SharedReceiveQueue {
             return Err(Error::RecvQueueFull);
         }
         q.push_back(wqe);
+        drop(q);
+        // Receivers that found the queue empty go on now.
+        let waiters = std::mem::take(&mut *self.inner.waiters.lock());
+        for qp in waiters.iter().filter_map(std::sync::Weak::upgrade) {
+            if let Some(t) = qp.transport.get() {
+                t.on_recv_posted(&qp);
+            }
+        }
         Ok(())
     }
 

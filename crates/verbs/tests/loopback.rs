@@ -3,6 +3,7 @@
 mod common;
 use common::*;
 use softrdma_verbs::*;
+use std::time::Duration;
 
 fn all_params() -> Vec<ConnParams> {
     let mut v = Vec::new();
@@ -793,4 +794,117 @@ fn closing_a_listener_wakes_its_waiter() {
     ));
     drop(l);
     dev.listen(addr).expect("the port is free after the drop");
+}
+
+/// A Send that finds no posted receive waits for one
+/// (`DeviceConfig::recv_wait`), as an InfiniBand requester retries after a
+/// receiver-not-ready NAK (qperf's `rc_bw` counts on that: its sender runs
+/// ahead of the receives its server reposts). Posted within the wait, the
+/// receive gets the message, whole and in order with the ones behind it,
+/// over TCP and over the same-host rings, to a QP's own receive queue and
+/// to an SRQ. None posted by the deadline: the Terminate of RFC 5041
+/// ("invalid MSN, no buffer available"), as Linux siw sends at once.
+#[test]
+fn a_send_waits_for_a_receive_posted_late() {
+    for same_host in [false, true] {
+        for srq in [false, true] {
+            let what = format!("same_host {same_host}, srq {srq}");
+            let dev = Device::open(DeviceConfig {
+                publish: false,
+                same_host,
+                recv_wait: Duration::from_secs(5),
+                ..Default::default()
+            })
+            .unwrap();
+            let pd_s = dev.alloc_pd().unwrap();
+            let cq_s = dev.create_cq(64).unwrap();
+            let shared = srq.then(|| pd_s.create_srq(16, 1).unwrap());
+            let mut attr = QpInitAttr::new(&cq_s);
+            attr.srq = shared.clone();
+            let qp_s = pd_s.create_qp(attr).unwrap();
+            let l = dev.listen("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let c = side(&dev, QpCaps::default());
+            let t = std::thread::spawn(move || {
+                c.qp.connect(addr, &ConnParams::default()).unwrap();
+                c
+            });
+            l.get_request()
+                .unwrap()
+                .accept(&qp_s, &ConnParams::default())
+                .unwrap();
+            let c = t.join().unwrap();
+            // Three Sends, no receive posted yet: each completes at the
+            // sender (handed to the connection), none at the receiver.
+            let src = c.pd.alloc_mr(3 * 4096, Access::LOCAL_WRITE).unwrap();
+            src.write_at(0, &pattern(3 * 4096, 7));
+            for i in 0..3u64 {
+                c.qp.post_send(&SendWr::send(i, &[src.sge(i as usize * 4096, 4096)]))
+                    .unwrap();
+            }
+            for _ in 0..3 {
+                assert!(wait(&c.cq).is_ok(), "{what}");
+            }
+            assert!(
+                cq_s.wait_one(Duration::from_millis(300)).is_none(),
+                "{what}: a completion with no receive posted"
+            );
+            assert_eq!(qp_s.state(), QpState::Rts, "{what}: the wait failed the QP");
+            // Receives posted late, one at a time: each takes the next
+            // message.
+            let dst = pd_s.alloc_mr(3 * 4096, Access::LOCAL_WRITE).unwrap();
+            for i in 0..3u64 {
+                let wr = RecvWr::new(10 + i, &[dst.sge(i as usize * 4096, 4096)]);
+                match &shared {
+                    Some(s) => s.post_recv(&wr).unwrap(),
+                    None => qp_s.post_recv(&wr).unwrap(),
+                }
+                let wc = wait(&cq_s);
+                assert!(wc.is_ok(), "{what}: {wc:?}");
+                assert_eq!((wc.wr_id, wc.byte_len), (10 + i, 4096), "{what}");
+            }
+            assert!(dst.to_vec() == pattern(3 * 4096, 7), "{what}: bytes differ");
+
+            // No receive within the wait: the Terminate, the QP in ERROR.
+            let dev2 = Device::open(DeviceConfig {
+                publish: false,
+                same_host,
+                recv_wait: Duration::from_millis(200),
+                ..Default::default()
+            })
+            .unwrap();
+            let (c, s) = pair_on(
+                &dev,
+                &dev2,
+                ConnParams::default(),
+                ConnParams::default(),
+                |_| {},
+            );
+            let m = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+            let t0 = std::time::Instant::now();
+            c.qp.post_send(&SendWr::send(1, &[m.sge_all()])).unwrap();
+            assert!(wait(&c.cq).is_ok(), "{what}");
+            let code = loop {
+                match s.dev.next_event(T) {
+                    Some(AsyncEvent::Terminated { code, by_peer, .. }) => {
+                        assert!(!by_peer, "{what}");
+                        break code;
+                    }
+                    Some(_) => continue,
+                    None => panic!("{what}: no Terminate"),
+                }
+            };
+            assert_eq!(
+                code,
+                wire::terminate::codes::DDP_UNTAGGED_NO_BUFFER,
+                "{what}"
+            );
+            assert!(
+                t0.elapsed() >= Duration::from_millis(200),
+                "{what}: terminated after {:?}, before the wait ran out",
+                t0.elapsed()
+            );
+            assert_eq!(s.qp.state(), QpState::Error, "{what}");
+        }
+    }
 }

@@ -113,6 +113,16 @@ pub struct DeviceConfig {
     /// Read larger than the connection's buffer budget is streamed) before
     /// the peer counts as not reading and the QP fails. Default 30 s.
     pub tx_stall_timeout: std::time::Duration,
+    /// How long a Send (or Immediate Data) that finds no posted receive
+    /// waits for one before the Terminate of RFC 5041 ("invalid MSN, no
+    /// buffer available"). InfiniBand's requester retries after a
+    /// receiver-not-ready NAK, and applications written for it (qperf's
+    /// `rc_bw`) let their sender run ahead of the receives they repost;
+    /// iWARP has no such retry, and Linux siw terminates at once. Here the
+    /// receiver leaves the Send unread meanwhile (TCP's flow control holds
+    /// the sender back), and it lands in the first receive posted. Zero:
+    /// terminate at once, as siw does. Default 1 s.
+    pub recv_wait: std::time::Duration,
 }
 
 impl Default for DeviceConfig {
@@ -128,6 +138,7 @@ impl Default for DeviceConfig {
             responder_hold: std::time::Duration::from_millis(200),
             handshake_timeout: std::time::Duration::from_secs(5),
             tx_stall_timeout: std::time::Duration::from_secs(30),
+            recv_wait: std::time::Duration::from_secs(1),
         }
     }
 }
@@ -366,4 +377,7 @@ pub(crate) struct SrqInner {
     pub max_wr: usize,
     pub max_sge: usize,
     pub q: Mutex<VecDeque<RecvWqe>>,
+    /// QPs whose receiver waits for a receive (see
+    /// [`DeviceConfig::recv_wait`]): told at the next post.
+    pub waiters: Mutex<Vec<std::sync::Weak<QpInner>>>,
 }

@@ -70,6 +70,10 @@ pub(crate) trait Transport: Send + Sync + 'static {
         false
     }
 
+    /// A receive was posted (to the QP's receive queue or its SRQ): a
+    /// receiver waiting for one goes on.
+    fn on_recv_posted(&self, _q: &Arc<QpInner>) {}
+
     /// The connection has room for output again.
     fn on_writable(&self, _q: &Arc<QpInner>) {}
 

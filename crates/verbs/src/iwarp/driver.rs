@@ -54,6 +54,12 @@ impl Transport for Conn {
         q.kick_with(q.sq.lock());
     }
 
+    fn on_recv_posted(&self, q: &Arc<QpInner>) {
+        if self.set_recv_waiting(false, q.qpn) {
+            self.add_timer(q, std::time::Instant::now());
+        }
+    }
+
     fn on_timer(&self, q: &Arc<QpInner>) {
         on_timer(q, self)
     }
@@ -108,8 +114,34 @@ fn on_timer(q: &Arc<QpInner>, c: &Conn) {
         return;
     }
     drop((sq, tx));
+    // A receiver waiting for a receive: one was posted, or its deadline
+    // came (it then sends the Terminate).
+    c.set_recv_waiting(false, q.qpn);
     if on_readable(q, c, RX_BUDGET) {
         c.add_timer(q, now);
+    }
+}
+
+/// A Send found no posted receive ([`RxEnd::NoRecv`]): input is left
+/// unread until a receive is posted ([`Transport::on_recv_posted`]) or
+/// the deadline passes (the timer runs the receiver, which then sends the
+/// Terminate).
+fn wait_for_recv(q: &Arc<QpInner>, c: &Conn, deadline: std::time::Instant) {
+    c.set_recv_waiting(true, q.qpn);
+    if let Some(srq) = &q.srq {
+        srq.waiters.lock().push(Arc::downgrade(q));
+    }
+    // A receive posted before the flag was up found no waiter: go on now.
+    // (The flag is set before the queue is looked at and a post pushes
+    // before it looks at the flag, so one of the two sees the other.)
+    let posted = match &q.srq {
+        Some(srq) => !srq.q.lock().is_empty(),
+        None => !q.rq.lock().is_empty(),
+    };
+    if posted && c.set_recv_waiting(false, q.qpn) {
+        c.add_timer(q, std::time::Instant::now());
+    } else {
+        c.add_timer(q, deadline);
     }
 }
 
@@ -283,6 +315,7 @@ fn on_readable(q: &Arc<QpInner>, c: &Conn, budget: usize) -> bool {
     let more = matches!(end, RxEnd::Budget);
     match end {
         RxEnd::Block | RxEnd::Budget => {}
+        RxEnd::NoRecv(deadline) => wait_for_recv(q, c, deadline),
         RxEnd::Eof => {
             tracing::debug!(qpn = q.qpn, "peer disconnected");
             c.on_peer_fin();

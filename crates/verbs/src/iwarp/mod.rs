@@ -114,6 +114,10 @@ pub(crate) struct Conn {
     /// taken from the socket until its bytes are read, so later Writes
     /// cannot overtake it and memory stays bounded). Not armed for input.
     pub rx_paused: AtomicBool,
+    /// The receiver waits for a receive to be posted (a Send found none:
+    /// `DeviceConfig::recv_wait`). Not armed for input meanwhile; the post
+    /// (`Transport::on_recv_posted`) or the deadline's timer runs it again.
+    pub(super) recv_waiting: AtomicBool,
     /// The same-host transport, where both ends agreed to it.
     pub link: Option<crate::samehost::Link>,
     /// The transmitter found the peer's ring full (ring mode): the next
@@ -202,6 +206,7 @@ impl Conn {
             fin_sent: AtomicBool::new(false),
             polled: AtomicBool::new(false),
             rx_paused: AtomicBool::new(false),
+            recv_waiting: AtomicBool::new(false),
             link,
             tx_blocked: AtomicBool::new(false),
             inbound: AtomicUsize::new(0),
@@ -256,7 +261,10 @@ impl Conn {
 
     /// The epoll interest for the current modes.
     fn interest(&self, out: bool) -> u32 {
-        let inp = if self.polled.load(Ordering::Acquire) || self.rx_paused.load(Ordering::Acquire) {
+        let inp = if self.polled.load(Ordering::Acquire)
+            || self.rx_paused.load(Ordering::Acquire)
+            || self.recv_waiting.load(Ordering::SeqCst)
+        {
             0
         } else {
             sys::EV_IN
@@ -483,6 +491,19 @@ impl Conn {
             .as_ref()
             .and_then(|l| l.ring_rx.as_ref())
             .is_some_and(|r| r.active() && r.available() > 0)
+    }
+
+    /// Starts or ends a wait for a receive (see `recv_waiting`); true if
+    /// this call changed it.
+    pub(super) fn set_recv_waiting(&self, on: bool, qpn: u32) -> bool {
+        if self.recv_waiting.swap(on, Ordering::SeqCst) == on {
+            return false;
+        }
+        if !self.closed.load(Ordering::Acquire) {
+            let out = self.out_armed.load(Ordering::Acquire);
+            let _ = self.watch(self.interest(out), qpn, false);
+        }
+        true
     }
 
     /// Pauses or resumes the receiver (see `rx_paused`).

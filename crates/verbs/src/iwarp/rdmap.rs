@@ -168,6 +168,27 @@ pub(super) fn on_read_response(
     })
 }
 
+/// A message for queue 0 found no posted receive. Up to
+/// `DeviceConfig::recv_wait` after it first found none, it stays unread (the
+/// header is handled again when a receive is posted: nothing was changed),
+/// as an InfiniBand requester retries after a receiver-not-ready NAK; then
+/// the Terminate of RFC 5041 section 7.2, as siw sends at once.
+fn no_receive(q: &QpInner, rx: &mut Rx, raw: &[u8]) -> RxEnd {
+    let now = std::time::Instant::now();
+    let since = *rx.no_recv_since.get_or_insert(now);
+    let deadline = since + q.core.config.recv_wait;
+    if now < deadline {
+        return RxEnd::NoRecv(deadline);
+    }
+    rx.no_recv_since = None;
+    tracing::warn!(
+        qpn = q.qpn,
+        waited = ?now.saturating_duration_since(since),
+        "a Send found no receive posted, and none came in time"
+    );
+    refuse(codes::DDP_UNTAGGED_NO_BUFFER, raw)
+}
+
 /// A Send-type segment (Send, with Solicited Event, with Invalidate, the one-
 /// shot ones): queue 0's MSN and MO, placed into the receive it starts or
 /// continues.
@@ -193,8 +214,9 @@ pub(super) fn on_send(
                 if g.payload_len == 0 && rx.rtr_expected {
                     return Ok(Action::Rtr);
                 }
-                return Err(refuse(codes::DDP_UNTAGGED_NO_BUFFER, g.raw));
+                return Err(no_receive(q, rx, g.raw));
             };
+            rx.no_recv_since = None;
             rx.cur_recv = Some(CurRecv { wqe, received: 0 });
         }
         let cur = rx.cur_recv.as_ref().expect("receive in progress");
@@ -314,8 +336,9 @@ pub(super) fn on_immediate(
             None => q.rq.lock().pop_front(),
         };
         let Some(wqe) = wqe else {
-            return Err(refuse(codes::DDP_UNTAGGED_NO_BUFFER, g.raw));
+            return Err(no_receive(q, rx, g.raw));
         };
+        rx.no_recv_since = None;
         let imm = u32::from_be_bytes(rx.hdr_bytes[g.hl..g.hl + 4].try_into().unwrap());
         Action::Imm(wqe, imm, u.opcode.solicited())
     })

@@ -128,6 +128,9 @@ pub(crate) struct Rx {
     /// Initiator in peer-to-peer mode: our Read RTR awaits its
     /// zero-length Read Response.
     pub rtr_read_pending: bool,
+    /// Since when the Send at the head of the stream has waited for a
+    /// receive (see [`RxEnd::NoRecv`]).
+    pub(super) no_recv_since: Option<std::time::Instant>,
 }
 
 /// What the receive loop ended with.
@@ -145,6 +148,9 @@ pub(crate) enum RxEnd {
     Fatal(TermCode, Option<Vec<u8>>, WcStatus),
     /// The peer sent a Terminate.
     PeerTerminated(TermCode),
+    /// A Send found no posted receive: it stays unread until one is
+    /// posted or until this deadline (`DeviceConfig::recv_wait`).
+    NoRecv(std::time::Instant),
 }
 
 /// Why [`process`] stopped.
@@ -201,6 +207,7 @@ impl Rx {
             kick: false,
             to_tx: ToTx::default(),
             rtr_read_pending: false,
+            no_recv_since: None,
         }
     }
 
