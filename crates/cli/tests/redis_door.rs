@@ -367,6 +367,15 @@ UNLINK {p}c
 MSET {p}x 1 {p}y 2
 MSET {p}x 1 {p}y
 MSET
+MSET {p}x 0 {p}x 1 {p}x 2
+MSETNX {p}nx1 a {p}nx2 b
+MGET {p}nx1 {p}nx2
+MSETNX {p}nx3 c {p}nx1 z
+MGET {p}nx1 {p}nx3
+MSETNX {p}nx4 d {p}nx4 e
+GET {p}nx4
+MSETNX {p}nx5
+MSETNX
 MGET {p}x {p}nope {p}y
 MGET
 TYPE {p}x
@@ -568,11 +577,15 @@ fn random_command() -> impl Strategy<Value = Vec<Vec<u8>>> {
             .prop_map(|ks| [vec!["EXISTS".to_string()], ks].concat()),
         prop::collection::vec(key.clone(), 1..4)
             .prop_map(|ks| [vec!["MGET".to_string()], ks].concat()),
-        prop::collection::vec((key.clone(), val.clone()), 1..3).prop_map(|kv| {
-            let mut c = vec!["MSET".to_string()];
-            kv.into_iter().for_each(|(k, v)| c.extend([k, v]));
-            c
-        }),
+        (
+            prop::collection::vec((key.clone(), val.clone()), 1..4),
+            prop::sample::select(vec!["MSET", "MSETNX"])
+        )
+            .prop_map(|(kv, cmd)| {
+                let mut c = vec![cmd.to_string()];
+                kv.into_iter().for_each(|(k, v)| c.extend([k, v]));
+                c
+            }),
         key.clone().prop_map(|k| vec!["STRLEN".to_string(), k]),
         (
             key.clone(),
@@ -928,4 +941,73 @@ fn wait_counts_the_replicas_that_hold_the_writes() {
     let (r, took) = waiter.join().unwrap();
     assert_eq!(r, b":1\r\n");
     eprintln!("WAIT 1 300 alone took {waited:?}; WAIT 1 0 returned after {took:?}");
+}
+
+/// Issue 32: `MSET` is one replicated write. A writer sets `a` and `b` to
+/// the same rising number with `MSET` while readers on both nodes read
+/// `a` and then `b` (`MGET` looks keys up one by one): none may find `a`
+/// ahead of `b`, which is what keys set one after the other (as the door
+/// did before) let a reader see between the two writes. `MSETNX` on the
+/// same keys never sets them (they exist), and a key of its own is set
+/// with them or not at all.
+#[test]
+fn mset_is_one_write_that_readers_see_whole() {
+    let mut g = Group::with_resp("msetwhole", "16MiB");
+    let p = g.primary() as usize - 1;
+    let auth = format!("AUTH {}", common::STORE_SECRET);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = [p, 1 - p]
+        .into_iter()
+        .map(|node| {
+            let (port, stop, auth) = (g.resp[node], stop.clone(), auth.clone());
+            std::thread::spawn(move || {
+                let mut c = Conn::new(port);
+                c.cmd(&auth);
+                let (mut reads, mut moving) = (0u64, 0u64);
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let r = c.call(&[b"MGET", b"{m}a", b"{m}b"]);
+                    let Some((V::Array(v), _)) = parse(&r) else {
+                        panic!("MGET answered {}", show(&r))
+                    };
+                    let num = |v: &V| match v {
+                        V::Bulk(b) => String::from_utf8_lossy(b).parse::<u64>().unwrap(),
+                        _ => 0,
+                    };
+                    let (a, b) = (num(&v[0]), num(&v[1]));
+                    assert!(a <= b, "read a = {a} and then b = {b}: a part of an MSET");
+                    reads += 1;
+                    moving += (a < b) as u64;
+                }
+                (reads, moving)
+            })
+        })
+        .collect();
+    let mut w = Conn::new(g.resp[p]);
+    w.cmd(&auth);
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_secs(3) {
+        n += 1;
+        let v = n.to_string();
+        let r = w.call(&[b"MSET", b"{m}a", v.as_bytes(), b"{m}b", v.as_bytes()]);
+        assert_eq!(r, b"+OK\r\n");
+        let r = w.call(&[b"MSETNX", b"{m}own", v.as_bytes(), b"{m}a", b"x"]);
+        assert_eq!(r, b":0\r\n");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    for (i, r) in readers.into_iter().enumerate() {
+        let (reads, moving) = r.join().unwrap();
+        eprintln!("reader {i}: {reads} reads beside {n} MSETs, {moving} with b newer than a (an MSET between the two look-ups)");
+        assert!(reads > 100, "reader {i} read {reads} times only");
+    }
+    assert_eq!(w.call(&[b"EXISTS", b"{m}own"]), b":0\r\n");
+    let v = n.to_string();
+    let r = w.call(&[b"MGET", b"{m}a", b"{m}b"]);
+    assert_eq!(
+        parse(&r).unwrap().0,
+        V::Array(vec![
+            V::Bulk(v.clone().into_bytes()),
+            V::Bulk(v.into_bytes())
+        ])
+    );
 }

@@ -266,6 +266,32 @@ impl Allocator {
         Ok(len)
     }
 
+    /// Offsets freed and not reused inside `[offset, offset + len)`: what
+    /// an [`alloc_at`](Allocator::alloc_at) there forgets, and
+    /// [`undo_alloc`](Allocator::undo_alloc) puts back.
+    pub fn freed_in(&self, offset: u64, len: u64) -> Vec<u64> {
+        let end = offset.saturating_add(round_up(len).unwrap_or(u64::MAX));
+        self.freed.range(offset..end).copied().collect()
+    }
+
+    /// Takes back an [`alloc_at`](Allocator::alloc_at) at `offset`, which
+    /// forgot the freed offsets `freed` ([`freed_in`](Allocator::freed_in)
+    /// before it): the allocator is as it was before it, exactly (free
+    /// ranges are always coalesced, so the split range joins again).
+    pub fn undo_alloc(&mut self, offset: u64, freed: &[u64]) -> Result<(), AllocError> {
+        self.free(offset)?;
+        self.freed.remove(&offset);
+        self.freed.extend(freed.iter().copied());
+        Ok(())
+    }
+
+    /// Takes back a [`free`](Allocator::free) of the allocation of `len`
+    /// bytes at `offset`: allocated again, and no longer counted as freed
+    /// (an allocation holds no freed offset).
+    pub fn undo_free(&mut self, offset: u64, len: u64) -> Result<(), AllocError> {
+        self.alloc_at(offset, len)
+    }
+
     /// Length of the allocation starting at `offset`, if any.
     pub fn allocation_at(&self, offset: u64) -> Option<u64> {
         self.allocated.get(&offset).copied()

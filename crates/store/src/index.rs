@@ -745,6 +745,10 @@ impl Meta {
     }
 }
 
+#[path = "index_undo.rs"]
+mod undo;
+pub use undo::MetaUndo;
+
 #[cfg(test)]
 #[path = "index_tests.rs"]
 mod tests;

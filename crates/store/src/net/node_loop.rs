@@ -691,7 +691,8 @@ fn is_write(op: &proto::Op) -> bool {
         | Put { .. }
         | Remove { .. }
         | RotateStag { .. }
-        | Modify { .. } => true,
+        | Modify { .. }
+        | Batch { .. } => true,
         Read { .. } | Get { .. } | Scan { .. } | Status => false,
     }
 }

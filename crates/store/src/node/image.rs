@@ -42,6 +42,9 @@ use crate::ptr::{ArenaRef, PtrError, RemotePtr};
 #[path = "image_keys.rs"]
 mod keys;
 
+#[path = "image_batch.rs"]
+mod batch;
+
 /// A write applied to the allocator and the retry table but not yet to
 /// the arena's bytes.
 #[derive(Debug, Clone)]
@@ -88,6 +91,9 @@ pub(super) struct Image<M: Memory> {
     /// whose generation differs is stale (finding 3). Kept by every
     /// replica as it applies writes; rebuilt from the headers after a copy.
     unkeyed_gens: BTreeMap<u64, u64>,
+    /// While a batch is planned ([`Image::plan_batch`]): the object writes
+    /// of its writes so far, which the next ones read (`current_value`).
+    batch_writes: Vec<Effect>,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -110,6 +116,7 @@ impl<M: Memory> Image<M> {
             dedup: BTreeMap::new(),
             applied_seq: 0,
             unexposed: VecDeque::new(),
+            batch_writes: Vec::new(),
             layout: None,
             index: None,
             unkeyed_gens: BTreeMap::new(),
@@ -385,6 +392,11 @@ impl<M: Memory> Image<M> {
                     Reply::Rotated { stag: *stag },
                 ))
             }
+            Op::Batch { .. } => Err(StoreError::BatchTooLarge {
+                ops: 0,
+                len: 0,
+                max: crate::proto::MAX_BATCH_BYTES as u64,
+            }),
             Op::Read { .. } | Op::Get { .. } | Op::Scan { .. } | Op::Status => {
                 unreachable!("not a write")
             }

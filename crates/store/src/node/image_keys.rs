@@ -144,7 +144,21 @@ impl<M: Memory> Image<M> {
         // The index as planned names the key's object at `off`; the
         // latest unexposed write there is that object (another object
         // could be written there only after this one was freed, which
-        // would have removed the key or moved it).
+        // would have removed the key or moved it). A batch's earlier
+        // writes come later still.
+        for e in self.batch_writes.iter().rev() {
+            if let Effect::Write {
+                offset,
+                key: k,
+                data,
+                ..
+            } = e
+            {
+                if *offset == off && k == key {
+                    return Ok(Some(data.clone()));
+                }
+            }
+        }
         for w in self.unexposed.iter().rev() {
             for e in w.op.effects.iter().rev() {
                 if let Effect::Write {

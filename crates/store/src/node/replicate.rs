@@ -113,7 +113,7 @@ impl<M: Memory> Node<M> {
                 },
             );
         }
-        match self.image.plan(&op) {
+        match self.image.plan_write(&op) {
             Err(e) => self.send(
                 from,
                 Body::Response {

@@ -649,3 +649,6 @@ fn read_modify_writes_see_the_writes_before_them() {
         h.node(1).status().applied_seq
     );
 }
+
+#[path = "batch_tests.rs"]
+mod batch;

@@ -241,6 +241,29 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                 }
             },
         },
+        12 => {
+            let all_or_none = r.bool()?;
+            let n = r.count(2)?;
+            if n > super::MAX_BATCH_OPS {
+                return Err(DecodeError::BadTag {
+                    what: "batch length",
+                    tag: 0,
+                });
+            }
+            let mut ops = Vec::with_capacity(n);
+            for _ in 0..n {
+                // Keyed writes only: a batch never nests.
+                let op = dec_op(r)?;
+                if !matches!(op, Op::Put { .. } | Op::Remove { .. } | Op::Modify { .. }) {
+                    return Err(DecodeError::BadTag {
+                        what: "batched op",
+                        tag: 12,
+                    });
+                }
+                ops.push(op);
+            }
+            Op::Batch { ops, all_or_none }
+        }
         tag => return Err(DecodeError::BadTag { what: "op", tag }),
     })
 }
@@ -312,6 +335,27 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
             len: r.u64()?,
         },
         14 => Reply::Refused(String::from_utf8_lossy(&r.bytes()?).into_owned()),
+        15 => {
+            let n = r.count(1)?;
+            if n > super::MAX_BATCH_OPS {
+                return Err(DecodeError::BadTag {
+                    what: "batch length",
+                    tag: 0,
+                });
+            }
+            let mut replies = Vec::with_capacity(n);
+            for _ in 0..n {
+                let reply = dec_reply(r)?;
+                if matches!(reply, Reply::Batch(_)) {
+                    return Err(DecodeError::BadTag {
+                        what: "batched reply",
+                        tag: 15,
+                    });
+                }
+                replies.push(reply);
+            }
+            Reply::Batch(replies)
+        }
         tag => return Err(DecodeError::BadTag { what: "reply", tag }),
     })
 }
@@ -402,6 +446,11 @@ fn dec_error(r: &mut R<'_>) -> Result<StoreError, DecodeError> {
         },
         16 => StoreError::NoPermission,
         17 => StoreError::StalePointer { expected: r.u64()? },
+        18 => StoreError::BatchTooLarge {
+            ops: r.u64()?,
+            len: r.u64()?,
+            max: r.u64()?,
+        },
         tag => return Err(DecodeError::BadTag { what: "error", tag }),
     })
 }

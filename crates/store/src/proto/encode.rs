@@ -233,6 +233,14 @@ fn enc_op(w: &mut W, op: &Op) {
                 }
             }
         }
+        Op::Batch { ops, all_or_none } => {
+            w.u8(12);
+            w.bool(*all_or_none);
+            w.u32(ops.len() as u32);
+            for op in ops {
+                enc_op(w, op);
+            }
+        }
     }
 }
 
@@ -330,6 +338,13 @@ fn enc_reply(w: &mut W, r: &Reply) {
         Reply::Refused(text) => {
             w.u8(14);
             w.bytes(text.as_bytes());
+        }
+        Reply::Batch(replies) => {
+            w.u8(15);
+            w.u32(replies.len() as u32);
+            for r in replies {
+                enc_reply(w, r);
+            }
         }
     }
 }
@@ -458,6 +473,12 @@ fn enc_error(w: &mut W, e: &StoreError) {
         StoreError::StalePointer { expected } => {
             w.u8(17);
             w.u64(*expected);
+        }
+        StoreError::BatchTooLarge { ops, len, max } => {
+            w.u8(18);
+            w.u64(*ops);
+            w.u64(*len);
+            w.u64(*max);
         }
     }
 }

@@ -238,7 +238,29 @@ pub enum Op {
         /// What to do with its value.
         how: Modify,
     },
+    /// Keyed writes ([`Op::Put`], [`Op::Remove`], [`Op::Modify`]) planned
+    /// in order, each seeing the ones before it, and replicated as **one**
+    /// write: every node applies all of them or none, and a reader sees
+    /// the store before them or after them all (`MSET`, `MSETNX`).
+    /// Answered [`Reply::Batch`], a reply per write. With `all_or_none`,
+    /// a write whose condition fails ([`Reply::NotStored`]) undoes the
+    /// batch: no effects, and each reply as planned up to it. A batch
+    /// whose replicated write would not fit one frame is refused
+    /// ([`StoreError::BatchTooLarge`]), changing nothing.
+    Batch {
+        /// The writes, in order (at most [`MAX_BATCH_OPS`]).
+        ops: Vec<Op>,
+        /// A failed condition undoes them all.
+        all_or_none: bool,
+    },
 }
+
+/// The most writes in one [`Op::Batch`].
+pub const MAX_BATCH_OPS: usize = 1024;
+
+/// The largest replicated write of an [`Op::Batch`], encoded: what one
+/// replication frame holds (`net::link::MAX_VALUE`).
+pub const MAX_BATCH_BYTES: usize = MAX_MODIFY_BYTES;
 
 /// The longest value, and the most value bytes a [`Op::Modify`]'s write
 /// and answer carry together (the new value, and the old one it answers
@@ -335,6 +357,8 @@ pub enum Reply {
     },
     /// Put: the condition failed, nothing changed.
     NotStored,
+    /// Batch: the reply of each write, in order.
+    Batch(Vec<Reply>),
     /// Get: the key's value.
     Value {
         /// The object.
@@ -620,6 +644,18 @@ pub enum StoreError {
     StalePointer {
         /// The pointer's generation.
         expected: u64,
+    },
+    /// An [`Op::Batch`] whose replicated write is larger than one frame,
+    /// or holds more than [`MAX_BATCH_OPS`] writes or a write that is not
+    /// keyed: nothing was changed.
+    #[error("a batch of {ops} writes, {len} bytes replicated: at most {max} bytes and {MAX_BATCH_OPS} keyed writes")]
+    BatchTooLarge {
+        /// Writes in it.
+        ops: u64,
+        /// Bytes of its replicated write (0: not measured).
+        len: u64,
+        /// The most one replicated write may hold.
+        max: u64,
     },
     /// Anything else.
     #[error("{0}")]

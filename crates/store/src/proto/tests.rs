@@ -21,6 +21,16 @@ fn bytes() -> impl Strategy<Value = Vec<u8>> {
 
 fn reply() -> impl Strategy<Value = Reply> {
     prop_oneof![
+        4 => plain_reply(),
+        1 => prop::collection::vec(plain_reply(), 0..4).prop_map(Reply::Batch),
+    ]
+}
+
+fn plain_reply() -> impl Strategy<Value = Reply> {
+    prop_oneof![
+        (any::<Option<Vec<u8>>>(), any::<u64>())
+            .prop_map(|(value, len)| Reply::Modified { value, len }),
+        "[a-z é]{0,12}".prop_map(Reply::Refused),
         ptr().prop_map(Reply::Inserted),
         any::<u32>().prop_map(|stag| Reply::Rotated { stag }),
         ptr().prop_map(Reply::Updated),
@@ -93,10 +103,33 @@ fn error() -> impl Strategy<Value = StoreError> {
         "[a-z é]{0,12}".prop_map(StoreError::Other),
         Just(StoreError::NoPermission),
         any::<u64>().prop_map(|expected| StoreError::StalePointer { expected }),
+        (any::<u64>(), any::<u64>(), any::<u64>())
+            .prop_map(|(ops, len, max)| StoreError::BatchTooLarge { ops, len, max }),
     ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => plain_op(),
+        1 => (
+            prop::collection::vec(plain_op(), 0..4),
+            any::<bool>()
+        )
+            .prop_map(|(ops, all_or_none)| Op::Batch {
+                // Keyed writes only (others are refused by the decoder).
+                ops: ops
+                    .into_iter()
+                    .map(|op| match op {
+                        Op::Put { .. } | Op::Remove { .. } | Op::Modify { .. } => op,
+                        _ => Op::Remove { key: vec![1] },
+                    })
+                    .collect(),
+                all_or_none,
+            }),
+    ]
+}
+
+fn plain_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         bytes().prop_map(|data| Op::Insert { data }),
         (ptr(), bytes()).prop_map(|(ptr, data)| Op::Update { ptr, data }),

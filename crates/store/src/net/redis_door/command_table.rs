@@ -219,6 +219,13 @@ pub(super) const TABLE: &[Cmd] = &[
         acl: &["@write", "@string", "@slow"],
     },
     Cmd {
+        name: "msetnx",
+        arity: -3,
+        flags: &["write", "denyoom"],
+        keys: (1, -1, 2),
+        acl: &["@write", "@string", "@slow"],
+    },
+    Cmd {
         name: "keys",
         arity: 2,
         flags: &["readonly"],

@@ -124,7 +124,8 @@ impl Session {
                 }
                 return false;
             }
-            "MSET" if n >= 3 && n % 2 == 1 => self.mset(&args[1..]),
+            "MSET" if n % 2 == 1 => self.mset(&args[1..]),
+            "MSETNX" if n % 2 == 1 => self.msetnx(&args[1..]),
             "KEYS" if n == 2 => match self.shared.pooled(|c| c.scan(&args[1])) {
                 Ok(Ok(keys)) => Reply::Array(keys.into_iter().map(Reply::Bulk).collect()),
                 Ok(Err(e)) => store_err(e),
@@ -247,19 +248,86 @@ impl Session {
         Ok(out)
     }
 
+    /// `MSET`: the pairs as one batch ([`Op::Batch`]), replicated as one
+    /// write: every node holds all of them or none, and a reader sees all
+    /// or none of them. A batch is one replicated frame, so an `MSET`
+    /// larger than that ([`mset_batches`]) is written as consecutive
+    /// batches, each atomic, and a failure after the first says how many
+    /// keys were set.
     fn mset(&mut self, kv: &[Vec<u8>]) -> Reply {
-        for (i, pair) in kv.chunks(2).enumerate() {
-            if let Err(r) = self.put(&pair[0], &pair[1], Cond::Always) {
-                if i == 0 {
-                    return r;
+        if let Some(r) = self.check_pairs(kv) {
+            return r;
+        }
+        let mut done = 0;
+        for batch in mset_batches(kv) {
+            let ops = puts(batch, Cond::Always);
+            match self.write(Op::Batch {
+                ops,
+                all_or_none: false,
+            }) {
+                Ok(proto::Reply::Batch(_)) => done += batch.len() / 2,
+                Ok(r) => return Reply::err(format!("ERR unexpected answer {r:?}")),
+                Err(r) if done == 0 => return r,
+                Err(Reply::Error(text)) => {
+                    return Reply::err(format!(
+                        "{text} (an MSET larger than one replicated write is not atomic: the \
+                         first {done} keys were set)"
+                    ))
                 }
-                let Reply::Error(text) = r else { return r };
-                return Reply::err(format!(
-                    "{text} (MSET is not atomic: the first {i} keys were set)"
-                ));
+                Err(r) => return r,
             }
         }
         Reply::ok()
+    }
+
+    /// `MSETNX`: every key set, or none when one exists (one batch, all
+    /// or none); larger than one replicated write, refused.
+    fn msetnx(&mut self, kv: &[Vec<u8>]) -> Reply {
+        if let Some(r) = self.check_pairs(kv) {
+            return r;
+        }
+        // Redis looks at every key before it sets any: a key given twice
+        // is set (to its last value) when it did not exist. As puts each
+        // seeing the one before, the key is put once, with that value.
+        let mut last: Vec<Vec<u8>> = Vec::with_capacity(kv.len());
+        let mut at = std::collections::HashMap::new();
+        for p in kv.chunks(2) {
+            match at.get(&p[0]) {
+                Some(&i) => last[i + 1] = p[1].clone(),
+                None => {
+                    at.insert(&p[0], last.len());
+                    last.extend([p[0].clone(), p[1].clone()]);
+                }
+            }
+        }
+        let ops = puts(&last, Cond::IfAbsent);
+        let n = ops.len();
+        match self.write(Op::Batch {
+            ops,
+            all_or_none: true,
+        }) {
+            Ok(proto::Reply::Batch(r)) => Reply::Int(
+                (r.len() == n && r.iter().all(|r| matches!(r, proto::Reply::Stored { .. }))) as i64,
+            ),
+            Ok(r) => Reply::err(format!("ERR unexpected answer {r:?}")),
+            Err(r) => r,
+        }
+    }
+
+    /// What every pair of an `MSET` must be before anything is written:
+    /// sent to the primary (a redirection otherwise), values within the
+    /// limit.
+    fn check_pairs(&mut self, kv: &[Vec<u8>]) -> Option<Reply> {
+        if let Some(r) = self.not_primary(&kv[0]) {
+            return Some(r);
+        }
+        let max = crate::net::link::MAX_VALUE;
+        kv.chunks(2).find(|p| p[1].len() > max).map(|p| {
+            Reply::err(format!(
+                "ERR value of {} bytes exceeds the limit of {max} bytes",
+                p[1].len()
+            ))
+        })
     }
 
     fn scan(&mut self, args: &[Vec<u8>]) -> Reply {
@@ -312,4 +380,37 @@ fn range(v: &[u8], start: i64, end: i64) -> &[u8] {
         return &[];
     }
     &v[start as usize..=end as usize]
+}
+
+/// The pairs `kv` as puts under `cond`.
+fn puts(kv: &[Vec<u8>], cond: Cond) -> Vec<Op> {
+    kv.chunks(2)
+        .map(|p| Op::Put {
+            key: p[0].clone(),
+            data: p[1].clone(),
+            cond,
+        })
+        .collect()
+}
+
+/// An `MSET`'s pairs cut into batches whose replicated write fits a frame:
+/// each put replicates its key twice (the object, the index edit), its
+/// value once, and about 100 bytes of effects and reply; at most
+/// [`proto::MAX_BATCH_OPS`] puts. One batch when it fits (then the `MSET`
+/// is atomic).
+fn mset_batches(kv: &[Vec<u8>]) -> Vec<&[Vec<u8>]> {
+    let budget = crate::net::link::MAX_VALUE - 512;
+    let cost = |p: &[Vec<u8>]| 2 * p[0].len() + p[1].len() + 128;
+    let mut out = Vec::new();
+    let (mut start, mut used) = (0, 0);
+    for (i, p) in kv.chunks(2).enumerate() {
+        let c = cost(p);
+        if i > start / 2 && (used + c > budget || i - start / 2 >= proto::MAX_BATCH_OPS) {
+            out.push(&kv[start..2 * i]);
+            (start, used) = (2 * i, 0);
+        }
+        used += c;
+    }
+    out.push(&kv[start..]);
+    out
 }

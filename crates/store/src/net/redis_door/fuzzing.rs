@@ -45,52 +45,60 @@ impl Front for StubFront {
         op: Op,
         _timeout: Duration,
     ) -> Option<Result<proto::Reply, StoreError>> {
-        let ptr = RemotePtr {
-            addr: ARENA.base + 4096,
-            stag: ARENA.stag,
-            len: 64,
-            gen: 1,
-        };
-        Some(Ok(match op {
-            Op::Status => proto::Reply::Status(StatusInfo {
-                node: 1,
-                role: proto::ROLE_PRIMARY,
-                epoch: 3,
-                arena_base: ARENA.base,
-                arena_len: ARENA.len,
-                stag: ARENA.stag,
-                allocated: 0,
-                objects: 0,
-                redundant: true,
-                applied_seq: 7,
-                keys: 0,
-                resp_port: 6379,
-                min_in_sync: 1,
-            }),
-            Op::Put { .. } => proto::Reply::Stored {
-                ptr,
-                generation: 1,
-                created: true,
-            },
-            Op::Remove { .. } => proto::Reply::Removed { existed: true },
-            Op::Modify {
-                how: Modify::IncrBy(by),
-                ..
-            } => proto::Reply::Modified {
-                value: Some(by.to_string().into_bytes()),
-                len: by.to_string().len() as u64,
-            },
-            Op::Modify { .. } => proto::Reply::Modified {
-                value: Some(b"old".to_vec()),
-                len: 3,
-            },
-            _ => return Some(Err(StoreError::Other("not in the stub".into()))),
-        }))
+        Some(stub_reply(op))
     }
 
     fn read(&self, _offset: u64, _out: &mut [u8]) -> bool {
         false
     }
+}
+
+/// The stub's answer to `op`.
+fn stub_reply(op: Op) -> Result<proto::Reply, StoreError> {
+    let ptr = RemotePtr {
+        addr: ARENA.base + 4096,
+        stag: ARENA.stag,
+        len: 64,
+        gen: 1,
+    };
+    Ok(match op {
+        Op::Batch { ops, .. } => {
+            proto::Reply::Batch(ops.into_iter().map(stub_reply).collect::<Result<_, _>>()?)
+        }
+        Op::Status => proto::Reply::Status(StatusInfo {
+            node: 1,
+            role: proto::ROLE_PRIMARY,
+            epoch: 3,
+            arena_base: ARENA.base,
+            arena_len: ARENA.len,
+            stag: ARENA.stag,
+            allocated: 0,
+            objects: 0,
+            redundant: true,
+            applied_seq: 7,
+            keys: 0,
+            resp_port: 6379,
+            min_in_sync: 1,
+        }),
+        Op::Put { .. } => proto::Reply::Stored {
+            ptr,
+            generation: 1,
+            created: true,
+        },
+        Op::Remove { .. } => proto::Reply::Removed { existed: true },
+        Op::Modify {
+            how: Modify::IncrBy(by),
+            ..
+        } => proto::Reply::Modified {
+            value: Some(by.to_string().into_bytes()),
+            len: by.to_string().len() as u64,
+        },
+        Op::Modify { .. } => proto::Reply::Modified {
+            value: Some(b"old".to_vec()),
+            len: 3,
+        },
+        _ => return Err(StoreError::Other("not in the stub".into())),
+    })
 }
 
 /// What the door wrote.

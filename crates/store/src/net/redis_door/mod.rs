@@ -30,7 +30,8 @@
 //! | `DEL k...`, `UNLINK k...` | `remove` each: the count that existed |
 //! | `EXISTS k...` | batched look-ups: the count found |
 //! | `MGET k...` | look-ups in steps of 64 keys (on a secondary: `get_many`, Reads batched) |
-//! | `MSET k v ...` | `put` each, in order (**not atomic** across keys: a failure part-way leaves the earlier keys set, and the error says how many) |
+//! | `MSET k v ...` | the puts as one `Op::Batch` (one replicated write); larger than one frame, consecutive batches |
+//! | `MSETNX k v ...` | the puts IfAbsent as one batch, all or none |
 //! | `KEYS p`, `SCAN c [MATCH p] [COUNT n]` | `scan` of the committed index |
 //! | `DBSIZE` | keys in the index (`status`) |
 //! | `TYPE k`, `STRLEN k`, `GETRANGE k a b` | a look-up |

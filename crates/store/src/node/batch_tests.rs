@@ -1,0 +1,164 @@
+//! The node's batches ([`Op::Batch`], `image_batch.rs`) through the test
+//! harness of `tests.rs`.
+
+use super::*;
+
+/// Issue 32 (`MSET`, `MSETNX`): a batch's writes are planned in order,
+/// each seeing the ones before it (a value moved to a larger allocation,
+/// a key created then appended to, removed, a counter counted twice), and
+/// replicated as **one** write (one sequence number, on both nodes). A
+/// batch that fails (a bad key part-way, a replicated write larger than a
+/// frame) is an error that leaves the planner's state exactly as it was;
+/// under `all_or_none` a failed condition makes it a write without effects.
+#[test]
+fn a_batch_is_one_write_and_a_failed_one_leaves_nothing() {
+    use crate::proto::Modify;
+    let mut h = H::new();
+    h.redundant();
+    let put = |k: &[u8], v: &[u8], cond| Op::Put {
+        key: k.to_vec(),
+        data: v.to_vec(),
+        cond,
+    };
+    let m = |k: &[u8], how| Op::Modify {
+        key: k.to_vec(),
+        how,
+    };
+    let get = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
+        Ok(Reply::Value { data, .. }) => Some(data),
+        _ => None,
+    };
+    h.request(put(b"a", b"1", Cond::Always)).unwrap();
+    h.request(put(b"gone", b"x", Cond::Always)).unwrap();
+    let seq = h.node(1).status().applied_seq;
+    let batch = Op::Batch {
+        ops: vec![
+            put(b"a", &[7; 300], Cond::Always),
+            put(b"b", b"x", Cond::IfAbsent),
+            m(b"b", Modify::Append(b"y".to_vec())),
+            Op::Remove {
+                key: b"gone".to_vec(),
+            },
+            put(b"gone", b"back", Cond::IfAbsent),
+            m(b"n", Modify::IncrBy(5)),
+            m(b"n", Modify::IncrBy(1)),
+            put(b"a", b"short", Cond::IfPresent),
+        ],
+        all_or_none: false,
+    };
+    let Ok(Reply::Batch(replies)) = h.request(batch) else {
+        panic!("not a batch reply")
+    };
+    let kinds: Vec<String> = replies
+        .iter()
+        .map(|r| match r {
+            Reply::Stored { created, .. } => format!("stored {created}"),
+            Reply::Modified { value, len } => {
+                format!("{:?} {len}", value.as_deref().map(String::from_utf8_lossy))
+            }
+            Reply::Removed { existed } => format!("removed {existed}"),
+            r => format!("{r:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "stored false",
+            "stored true",
+            "None 2",
+            "removed true",
+            "stored true",
+            "Some(\"5\") 1",
+            "Some(\"6\") 1",
+            "stored false"
+        ]
+    );
+    // One write, on both nodes.
+    assert_eq!(h.node(1).status().applied_seq, seq + 1);
+    assert_eq!(h.node(2).status().applied_seq, seq + 1);
+    assert_eq!(get(&mut h, b"a"), Some(b"short".to_vec()));
+    assert_eq!(get(&mut h, b"b"), Some(b"xy".to_vec()));
+    assert_eq!(get(&mut h, b"gone"), Some(b"back".to_vec()));
+    assert_eq!(get(&mut h, b"n"), Some(b"6".to_vec()));
+    assert_eq!(h.node(1).status().keys, 4);
+    assert_eq!(h.node(2).status().keys, 4);
+    assert_eq!(h.node(1).status().allocated, h.node(2).status().allocated);
+
+    // Failures leave the planner's state exactly as it was.
+    let before = h.node(1).image.planner_state();
+    let seq = h.node(1).status().applied_seq;
+    let bad_key = Op::Batch {
+        ops: vec![
+            put(b"e", b"1", Cond::Always),
+            Op::Remove { key: b"a".to_vec() },
+            m(b"n", Modify::IncrBy(1)),
+            put(b"", b"1", Cond::Always),
+        ],
+        all_or_none: false,
+    };
+    assert!(matches!(
+        h.request(bad_key),
+        Err(StoreError::BadKey { len: 0, .. })
+    ));
+    assert!(
+        h.node(1).image.planner_state() == before,
+        "a failed batch left changes"
+    );
+    let big: Vec<Op> = (0..40u8)
+        .map(|i| put(&[b'k', i], &[i; 1000], Cond::Always))
+        .collect();
+    assert!(matches!(
+        h.request(Op::Batch {
+            ops: big,
+            all_or_none: false
+        }),
+        Err(StoreError::BatchTooLarge { ops: 40, .. })
+    ));
+    assert!(
+        h.node(1).image.planner_state() == before,
+        "a batch too large left changes"
+    );
+    assert_eq!(
+        h.node(1).status().applied_seq,
+        seq,
+        "a failed batch was replicated"
+    );
+    assert_eq!(get(&mut h, b"e"), None);
+    assert_eq!(get(&mut h, b"a"), Some(b"short".to_vec()));
+
+    // all_or_none: the second key exists, so nothing is stored.
+    let nx = Op::Batch {
+        ops: vec![
+            put(b"d", b"1", Cond::IfAbsent),
+            put(b"b", b"1", Cond::IfAbsent),
+            put(b"f", b"1", Cond::IfAbsent),
+        ],
+        all_or_none: true,
+    };
+    let Ok(Reply::Batch(replies)) = h.request(nx) else {
+        panic!("not a batch reply")
+    };
+    assert!(matches!(
+        replies[..],
+        [Reply::Stored { .. }, Reply::NotStored]
+    ));
+    assert_eq!(get(&mut h, b"d"), None);
+    assert!(
+        h.node(1).image.planner_state() == before,
+        "an undone batch left changes"
+    );
+    let nx = Op::Batch {
+        ops: vec![
+            put(b"d", b"1", Cond::IfAbsent),
+            put(b"f", b"2", Cond::IfAbsent),
+        ],
+        all_or_none: true,
+    };
+    assert!(matches!(h.request(nx), Ok(Reply::Batch(r)) if r.len() == 2));
+    assert_eq!(get(&mut h, b"d"), Some(b"1".to_vec()));
+    assert_eq!(get(&mut h, b"f"), Some(b"2".to_vec()));
+    assert_eq!(
+        h.node(2).status().applied_seq,
+        h.node(1).status().applied_seq
+    );
+}
