@@ -40,12 +40,34 @@ async function main(password) {
   const counted = new Map();
   const uncounted = new Map();
   const bump = (m, k) => m.set(k, (m.get(k) || 0) + 1);
+  // Transfers: MULTI, INCRBY a -1, INCRBY b 1, EXEC (one slot: a hash
+  // tag). Atomic, so a + b is 0 whatever happened to each, and b counts
+  // the acknowledged transfers (and at most those whose outcome is unknown).
+  const acctA = `{${prefix}acct}a`;
+  const acctB = `{${prefix}acct}b`;
+  let transfers = 0;
+  let transfersUnknown = 0;
   const t0 = Date.now();
   let i = 0;
   while (Date.now() - t0 < seconds * 1000) {
     const key = `${prefix}${i % KEYS}`;
     const value = `v${i}`;
     i += 1;
+    if (i % 5 === 1) {
+      try {
+        const got = await client.multi().incrby(acctA, -1).incrby(acctB, 1).exec();
+        if (!got || got.length !== 2 || got[0][0] || got[1][0] || got[0][1] !== -got[1][1]) {
+          errors.push(`EXEC answered ${JSON.stringify(got)}`);
+        }
+        transfers += 1;
+      } catch (e) {
+        transfersUnknown += 1;
+        unknown += 1;
+        errors.push(String(e.message || e).slice(0, 120));
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      continue;
+    }
     if (i % 3 === 0) {
       const ctr = `${prefix}ctr${i % 10}`;
       try {
@@ -99,14 +121,21 @@ async function main(password) {
     const extra = uncounted.get(ctr) || 0;
     if (!(n <= got && got <= n + extra)) countersOff.push([ctr, n, extra, got]);
   }
+  // Both sides of every transfer, or neither.
+  const a = Number((await check.get(acctA)) || 0);
+  const b = Number((await check.get(acctB)) || 0);
+  const transfersOff = a + b === 0 && transfers <= b && b <= transfers + transfersUnknown
+    ? [] : [a, b, transfers, transfersUnknown];
   check.disconnect();
   say({
     type: "summary", mode: "ioredis-cluster", acked: writes, keys: acked.size, unknown,
+    transfers, transfers_off: transfersOff,
     lost: lost.length, lost_examples: lost.slice(0, 5), errors: errors.length,
     increments: [...counted.values()].reduce((a, b) => a + b, 0), counters_off: countersOff,
     error_examples: errors.slice(0, 5), ioredis: require("ioredis/package.json").version,
   });
-  process.exit(lost.length || countersOff.length || !writes || !counted.size ? 1 : 0);
+  process.exit(lost.length || countersOff.length || transfersOff.length || !writes || !counted.size
+    || !transfers ? 1 : 0);
 }
 
 let input = "";

@@ -47,11 +47,34 @@ acked, maybe, errors = {}, {}, []
 writes = unknown = 0
 # counter -> increments acknowledged, increments with an unknown outcome
 counted, uncounted = {}, {}
+# Transfers: MULTI, INCRBY a -1, INCRBY b 1, EXEC (one slot: a hash tag).
+# Atomic, so a + b is 0 whatever happened to each, and b counts the
+# acknowledged transfers (and at most those whose outcome is unknown).
+acct_a, acct_b = "{%sacct}a" % prefix, "{%sacct}b" % prefix
+transfers = transfers_unknown = 0
 t0 = time.time()
 i = 0
 while time.time() - t0 < seconds:
     key, value = "%s%d" % (prefix, i % KEYS), "v%d" % i
     i += 1
+    if i % 5 == 1:
+        try:
+            with client.pipeline(transaction=True) as p:
+                p.incrby(acct_a, -1)
+                p.incrby(acct_b, 1)
+                got = p.execute()
+            if len(got) != 2 or got[0] != -got[1]:
+                errors.append("EXEC answered %r" % (got,))
+            transfers += 1
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
+            transfers_unknown += 1
+            unknown += 1
+            if mode == "plain":
+                node += 1
+                client = plain(node)
+            errors.append(type(e).__name__ + ": " + str(e)[:120])
+            time.sleep(0.05)
+        continue
     if i % 3 == 0:
         ctr = "%sctr%d" % (prefix, i % 10)
         try:
@@ -114,9 +137,16 @@ for ctr, n in counted.items():
     if not n <= got <= n + uncounted.get(ctr, 0):
         counters_off.append((ctr, n, uncounted.get(ctr, 0), got))
 
-say(type="summary", mode=mode, acked=writes, keys=len(acked), unknown=unknown, lost=len(lost),
+# Both sides of every transfer, or neither.
+reader = plain(node) if check is None else check
+a, b = (int(reader.get(k) or 0) for k in (acct_a, acct_b))
+transfers_off = [] if a + b == 0 and transfers <= b <= transfers + transfers_unknown else [
+    a, b, transfers, transfers_unknown]
+
+say(type="summary", mode=mode, acked=writes, transfers=transfers, transfers_off=transfers_off, keys=len(acked), unknown=unknown, lost=len(lost),
     increments=sum(counted.values()), counters_off=counters_off,
     lost_examples=lost[:5], errors=len(errors), error_examples=errors[:5],
     proto=(hello or {}).get(b"proto") if isinstance(hello, dict) else None,
     redis_py=redis.__version__)
-sys.exit(1 if lost or counters_off or not acked or not counted else 0)
+sys.exit(1 if lost or counters_off or transfers_off or not acked or not counted or not transfers
+         else 0)

@@ -162,3 +162,73 @@ fn a_batch_is_one_write_and_a_failed_one_leaves_nothing() {
         h.node(1).status().applied_seq
     );
 }
+
+/// `WATCH`'s check (`Modify::Unchanged`) in a batch: the version of the
+/// key's latest write (or absent) as seen before passes and changes
+/// nothing; a write since makes the whole batch a write without effects,
+/// answered `Changed`; `Peek` reads the value as of its place in the batch.
+#[test]
+fn an_unchanged_check_undoes_the_batch_when_the_key_was_written() {
+    use crate::proto::Modify;
+    let mut h = H::new();
+    h.redundant();
+    let version = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
+        Ok(Reply::Value { version, .. }) => Some(version),
+        _ => None,
+    };
+    let put = |v: &[u8]| Op::Put {
+        key: b"w".to_vec(),
+        data: v.to_vec(),
+        cond: Cond::Always,
+    };
+    let check = |version| Op::Modify {
+        key: b"w".to_vec(),
+        how: Modify::Unchanged { version },
+    };
+    let peek = Op::Modify {
+        key: b"w".to_vec(),
+        how: Modify::Peek,
+    };
+    // Absent, and still absent: the batch runs; the peek sees its put.
+    let ok = h.request(Op::Batch {
+        ops: vec![check(None), put(b"1"), peek.clone()],
+        all_or_none: false,
+    });
+    let Ok(Reply::Batch(r)) = ok else {
+        panic!("{ok:?}")
+    };
+    assert_eq!(
+        r[2],
+        Reply::Modified {
+            value: Some(b"1".to_vec()),
+            len: 1
+        }
+    );
+    let v1 = version(&mut h, b"w");
+    assert!(v1.is_some());
+    // Written since (even with the same value): undone.
+    h.request(put(b"1")).unwrap();
+    let seq = h.node(1).status().applied_seq;
+    let undone = h.request(Op::Batch {
+        ops: vec![check(v1), put(b"2")],
+        all_or_none: false,
+    });
+    assert_eq!(undone, Ok(Reply::Batch(vec![Reply::Changed])));
+    assert_eq!(
+        h.node(1).status().applied_seq,
+        seq + 1,
+        "replicated, without effects"
+    );
+    let Ok(Reply::Value { data, .. }) = h.request(Op::Get { key: b"w".to_vec() }) else {
+        panic!("gone")
+    };
+    assert_eq!(data, b"1");
+    // The current version passes.
+    let v2 = version(&mut h, b"w");
+    assert_ne!(v1, v2);
+    let ok = h.request(Op::Batch {
+        ops: vec![check(v2), put(b"3")],
+        all_or_none: false,
+    });
+    assert!(matches!(&ok, Ok(Reply::Batch(r)) if r.len() == 2), "{ok:?}");
+}

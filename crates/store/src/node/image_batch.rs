@@ -96,9 +96,10 @@ impl<M: Memory> Image<M> {
             let (e, reply) = self.plan(op)?;
             self.apply_planned(&e, journal)?;
             let failed = matches!(reply, Reply::NotStored);
+            let changed = matches!(reply, Reply::Changed);
             effects.extend(e);
             replies.push(reply);
-            if all_or_none && failed {
+            if (all_or_none && failed) || changed {
                 return Ok((Vec::new(), replies));
             }
         }

@@ -137,6 +137,12 @@ impl<M: Memory> Image<M> {
     /// read-modify-write must see them, or two pipelined `INCR`s would
     /// both add to the same value).
     fn current_value(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.current_object(key)?.map(|(_, data)| data))
+    }
+
+    /// `key`'s latest write as [`Self::current_value`] finds it: its
+    /// version (the write's sequence number) and value.
+    fn current_object(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         let Some(f) = self.meta()?.get(key) else {
             return Ok(None);
         };
@@ -146,31 +152,22 @@ impl<M: Memory> Image<M> {
         // could be written there only after this one was freed, which
         // would have removed the key or moved it). A batch's earlier
         // writes come later still.
-        for e in self.batch_writes.iter().rev() {
+        let unexposed = self
+            .unexposed
+            .iter()
+            .rev()
+            .flat_map(|w| w.op.effects.iter().rev());
+        for e in self.batch_writes.iter().rev().chain(unexposed) {
             if let Effect::Write {
                 offset,
                 key: k,
                 data,
+                version,
                 ..
             } = e
             {
                 if *offset == off && k == key {
-                    return Ok(Some(data.clone()));
-                }
-            }
-        }
-        for w in self.unexposed.iter().rev() {
-            for e in w.op.effects.iter().rev() {
-                if let Effect::Write {
-                    offset,
-                    key: k,
-                    data,
-                    ..
-                } = e
-                {
-                    if *offset == off && k == key {
-                        return Ok(Some(data.clone()));
-                    }
+                    return Ok(Some((*version, data.clone())));
                 }
             }
         }
@@ -182,7 +179,7 @@ impl<M: Memory> Image<M> {
                 "index: the key's slot does not match its object".into(),
             ));
         }
-        Ok(Some(o.data))
+        Ok(Some((o.version, o.data)))
     }
 
     /// A read-modify-write ([`Modify`]) at sequence number `seq`: the new
@@ -281,6 +278,23 @@ impl<M: Memory> Image<M> {
                         len: len as u64,
                     },
                 ))
+            }
+            Modify::Peek => {
+                let len = old.as_ref().map_or(0, Vec::len) as u64;
+                Ok((Vec::new(), Reply::Modified { value: old, len }))
+            }
+            Modify::Unchanged { version } => {
+                let now = self.current_object(key)?.map(|(v, _)| v);
+                match now == *version {
+                    true => Ok((
+                        Vec::new(),
+                        Reply::Modified {
+                            value: None,
+                            len: 0,
+                        },
+                    )),
+                    false => Ok((Vec::new(), Reply::Changed)),
+                }
             }
             Modify::Take => {
                 let (effects, _) = self.plan_remove(key)?;

@@ -233,6 +233,13 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                 },
                 5 => Modify::Take,
                 6 => Modify::IncrByFloat(r.bytes()?),
+                7 => Modify::Peek,
+                8 => Modify::Unchanged {
+                    version: match r.bool()? {
+                        true => Some(r.u64()?),
+                        false => None,
+                    },
+                },
                 tag => {
                     return Err(DecodeError::BadTag {
                         what: "modify",
@@ -335,6 +342,7 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
             len: r.u64()?,
         },
         14 => Reply::Refused(String::from_utf8_lossy(&r.bytes()?).into_owned()),
+        16 => Reply::Changed,
         15 => {
             let n = r.count(1)?;
             if n > super::MAX_BATCH_OPS {

@@ -231,6 +231,17 @@ fn enc_op(w: &mut W, op: &Op) {
                     w.u8(6);
                     w.bytes(by);
                 }
+                Modify::Peek => w.u8(7),
+                Modify::Unchanged { version } => {
+                    w.u8(8);
+                    match version {
+                        Some(v) => {
+                            w.bool(true);
+                            w.u64(*v);
+                        }
+                        None => w.bool(false),
+                    }
+                }
             }
         }
         Op::Batch { ops, all_or_none } => {
@@ -339,6 +350,7 @@ fn enc_reply(w: &mut W, r: &Reply) {
             w.u8(14);
             w.bytes(text.as_bytes());
         }
+        Reply::Changed => w.u8(16),
         Reply::Batch(replies) => {
             w.u8(15);
             w.u32(replies.len() as u32);

@@ -315,6 +315,17 @@ pub enum Modify {
     },
     /// `GETDEL`: remove the key; answers the old value.
     Take,
+    /// A read in a transaction (`GET` between `MULTI` and `EXEC`): no
+    /// effects; answers the value as of this write.
+    Peek,
+    /// `WATCH`'s check at `EXEC`: the key's version (the sequence number
+    /// of its latest write; `None`: absent) is still `version`. No
+    /// effects; if it changed, [`Reply::Changed`], which undoes the
+    /// [`Op::Batch`] holding it.
+    Unchanged {
+        /// The version seen by `WATCH`.
+        version: Option<u64>,
+    },
 }
 
 /// When a [`Op::Put`] stores.
@@ -359,6 +370,9 @@ pub enum Reply {
     NotStored,
     /// Batch: the reply of each write, in order.
     Batch(Vec<Reply>),
+    /// [`Modify::Unchanged`]: the key was written since (a batch holding
+    /// it has no effects).
+    Changed,
     /// Get: the key's value.
     Value {
         /// The object.

@@ -31,6 +31,7 @@ fn plain_reply() -> impl Strategy<Value = Reply> {
         (any::<Option<Vec<u8>>>(), any::<u64>())
             .prop_map(|(value, len)| Reply::Modified { value, len }),
         "[a-z é]{0,12}".prop_map(Reply::Refused),
+        Just(Reply::Changed),
         ptr().prop_map(Reply::Inserted),
         any::<u32>().prop_map(|stag| Reply::Rotated { stag }),
         ptr().prop_map(Reply::Updated),
@@ -167,6 +168,8 @@ fn plain_op() -> impl Strategy<Value = Op> {
                 }),
                 Just(Modify::Take),
                 bytes().prop_map(Modify::IncrByFloat),
+                Just(Modify::Peek),
+                any::<Option<u64>>().prop_map(|version| Modify::Unchanged { version }),
             ]
         )
             .prop_map(|(key, how)| Op::Modify { key, how }),

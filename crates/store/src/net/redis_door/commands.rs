@@ -19,12 +19,26 @@ impl Session {
         self.info.touch();
         // Redis checks the arity first, for every command it knows.
         if command_table::find(&cmd).is_some_and(|c| !command_table::arity_ok(c, n)) {
+            self.multi_refused();
             out.reply(&wrong_args(&cmd));
             return false;
         }
         if let Err((reply, close)) = self.admit(&cmd) {
+            self.multi_refused();
             out.reply(&reply);
             return close;
+        }
+        // Inside a transaction every other command is queued.
+        if self.in_multi() && !matches!(cmd.as_str(), "EXEC" | "DISCARD" | "MULTI" | "QUIT") {
+            let reply = match command_table::find(&cmd) {
+                Some(_) => self.queue(&cmd, args),
+                None => {
+                    self.multi_refused();
+                    unknown(args)
+                }
+            };
+            out.reply(&reply);
+            return false;
         }
         let reply = match cmd.as_str() {
             "AUTH" => self.auth(args),
@@ -137,19 +151,14 @@ impl Session {
                 Err(r) => r,
             },
             "WAIT" if n == 3 => self.wait(args),
+            "MULTI" => self.multi(),
+            "EXEC" => self.exec_multi(),
+            "DISCARD" => self.discard(),
+            "WATCH" => self.watch(&args[1..]),
+            "UNWATCH" => self.unwatch(),
             "INFO" => self.info_reply(args),
             _ if command_table::find(&cmd).is_some() => wrong_args(&cmd),
-            _ => {
-                // Worded as Redis words it.
-                let mut text = format!(
-                    "ERR unknown command '{}', with args beginning with: ",
-                    String::from_utf8_lossy(&args[0])
-                );
-                for a in args[1..].iter().take(4) {
-                    text.push_str(&format!("'{}' ", String::from_utf8_lossy(a)));
-                }
-                Reply::err(text)
-            }
+            _ => unknown(args),
         };
         out.reply(&reply);
         false
@@ -369,7 +378,7 @@ impl Session {
 
 /// `GETRANGE`'s bytes of `v`: `start` to `end` inclusive, negative
 /// indexes from the end, clamped, as Redis cuts them.
-fn range(v: &[u8], start: i64, end: i64) -> &[u8] {
+pub(super) fn range(v: &[u8], start: i64, end: i64) -> &[u8] {
     let len = v.len() as i64;
     if start < 0 && end < 0 && start > end {
         return &[];
@@ -413,4 +422,16 @@ fn mset_batches(kv: &[Vec<u8>]) -> Vec<&[Vec<u8>]> {
     }
     out.push(&kv[start..]);
     out
+}
+
+/// An unknown command's error, worded as Redis words it.
+fn unknown(args: &[Vec<u8>]) -> Reply {
+    let mut text = format!(
+        "ERR unknown command '{}', with args beginning with: ",
+        String::from_utf8_lossy(&args[0])
+    );
+    for a in args[1..].iter().take(4) {
+        text.push_str(&format!("'{}' ", String::from_utf8_lossy(a)));
+    }
+    Reply::err(text)
 }

@@ -32,6 +32,7 @@
 //! | `MGET k...` | look-ups in steps of 64 keys (on a secondary: `get_many`, Reads batched) |
 //! | `MSET k v ...` | the puts as one `Op::Batch` (one replicated write); larger than one frame, consecutive batches |
 //! | `MSETNX k v ...` | the puts IfAbsent as one batch, all or none |
+//! | `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH` | the queued commands as one batch, watched keys checked first (`transaction.rs`) |
 //! | `KEYS p`, `SCAN c [MATCH p] [COUNT n]` | `scan` of the committed index |
 //! | `DBSIZE` | keys in the index (`status`) |
 //! | `TYPE k`, `STRLEN k`, `GETRANGE k a b` | a look-up |
@@ -60,7 +61,8 @@
 //! `session.rs` (a connection: its bytes, its authentication, the paths
 //! of a write and of a local read), `commands.rs` (the dispatcher and the
 //! keyed commands), `connection.rs` (the connection's and the server's
-//! commands), `strings.rs` (the read-modify-write commands), `cluster.rs`
+//! commands), `strings.rs` (the read-modify-write commands),
+//! `transaction.rs` (`MULTI`/`EXEC`/`WATCH`), `cluster.rs`
 //! (the cluster protocol) and `command_table.rs`.
 
 use std::io::Write;
@@ -82,6 +84,7 @@ pub mod fuzzing;
 mod session;
 mod shared;
 mod strings;
+mod transaction;
 
 use shared::Shared;
 

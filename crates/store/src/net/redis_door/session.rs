@@ -171,6 +171,10 @@ pub(super) struct Session {
     /// Key -> (arena offset, allocation length), as in `StoreClient`; at
     /// most [`SESSION_CACHE`] entries.
     pub(super) cache: HashMap<Vec<u8>, (u64, u32)>,
+    /// The open transaction (`MULTI`), if any.
+    pub(super) multi: Option<super::transaction::Multi>,
+    /// Keys `WATCH`ed and the version each had then.
+    pub(super) watched: Vec<(Vec<u8>, Option<u64>)>,
 }
 
 pub(super) fn upper(a: &[u8]) -> String {
@@ -244,6 +248,8 @@ impl Session {
             req: 0,
             layout: None,
             cache: HashMap::new(),
+            multi: None,
+            watched: Vec::new(),
         }
     }
 
