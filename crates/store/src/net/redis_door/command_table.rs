@@ -219,6 +219,20 @@ pub(super) const TABLE: &[Cmd] = &[
         acl: &["@write", "@string", "@slow"],
     },
     Cmd {
+        name: "flushdb",
+        arity: -1,
+        flags: &["write"],
+        keys: (0, 0, 0),
+        acl: &["@keyspace", "@write", "@slow", "@dangerous"],
+    },
+    Cmd {
+        name: "flushall",
+        arity: -1,
+        flags: &["write"],
+        keys: (0, 0, 0),
+        acl: &["@keyspace", "@write", "@slow", "@dangerous"],
+    },
+    Cmd {
         name: "multi",
         arity: 1,
         flags: &["noscript", "loading", "stale", "fast", "allow_busy"],

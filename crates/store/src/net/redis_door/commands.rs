@@ -151,6 +151,7 @@ impl Session {
                 Err(r) => r,
             },
             "WAIT" if n == 3 => self.wait(args),
+            "FLUSHDB" | "FLUSHALL" => self.flush(args),
             "MULTI" => self.multi(),
             "EXEC" => self.exec_multi(),
             "DISCARD" => self.discard(),
@@ -211,23 +212,72 @@ impl Session {
         }
     }
 
+    /// `DEL`/`UNLINK`: the removes as one batch (every node and reader
+    /// sees all of them or none), in consecutive batches past one
+    /// replicated write; the count that existed.
     fn del(&mut self, keys: &[Vec<u8>]) -> Reply {
         if let Some(r) = self.not_primary(&keys[0]) {
             return r;
         }
-        let mut n = 0;
-        for k in keys {
-            self.cache.remove(k);
-            if impossible_key(k) {
-                continue;
+        let ops: Vec<Op> = keys
+            .iter()
+            .filter(|k| !impossible_key(k))
+            .map(|k| Op::Remove { key: k.clone() })
+            .collect();
+        self.remove_all(ops)
+    }
+
+    /// Runs `ops` (removes) in batches ([`cut`]); the count of keys that
+    /// existed.
+    fn remove_all(&mut self, ops: Vec<Op>) -> Reply {
+        for op in &ops {
+            if let Op::Remove { key } = op {
+                self.cache.remove(key);
             }
-            match self.write(Op::Remove { key: k.clone() }) {
-                Ok(proto::Reply::Removed { existed }) => n += existed as i64,
+        }
+        let mut n = 0;
+        for batch in cut(&ops) {
+            match self.write(Op::Batch {
+                ops: batch.to_vec(),
+                all_or_none: false,
+            }) {
+                Ok(proto::Reply::Batch(r)) => {
+                    n += r
+                        .iter()
+                        .filter(|r| matches!(r, proto::Reply::Removed { existed: true }))
+                        .count() as i64
+                }
                 Ok(r) => return Reply::err(format!("ERR unexpected answer {r:?}")),
                 Err(r) => return r,
             }
         }
         Reply::Int(n)
+    }
+
+    /// `FLUSHDB [ASYNC|SYNC]`, `FLUSHALL [ASYNC|SYNC]`: every key removed,
+    /// in batches of removes (each atomic; the whole is not: a write
+    /// during the flush may stay).
+    fn flush(&mut self, args: &[Vec<u8>]) -> Reply {
+        if args.len() > 2
+            || args
+                .get(1)
+                .is_some_and(|a| !matches!(upper(a).as_str(), "ASYNC" | "SYNC"))
+        {
+            return Reply::err("ERR syntax error");
+        }
+        if let Some(r) = self.not_primary(b"flush") {
+            return r;
+        }
+        let keys = match self.shared.pooled(|c| c.scan(b"")) {
+            Ok(Ok(keys)) => keys,
+            Ok(Err(e)) => return store_err(e),
+            Err(r) => return r,
+        };
+        let ops = keys.into_iter().map(|key| Op::Remove { key }).collect();
+        match self.remove_all(ops) {
+            Reply::Int(_) => Reply::ok(),
+            r => r,
+        }
     }
 
     /// The values of `keys` (a step of `MGET`), in order.
@@ -267,14 +317,14 @@ impl Session {
         if let Some(r) = self.check_pairs(kv) {
             return r;
         }
+        let ops = puts(kv, Cond::Always);
         let mut done = 0;
-        for batch in mset_batches(kv) {
-            let ops = puts(batch, Cond::Always);
+        for batch in cut(&ops) {
             match self.write(Op::Batch {
-                ops,
+                ops: batch.to_vec(),
                 all_or_none: false,
             }) {
-                Ok(proto::Reply::Batch(_)) => done += batch.len() / 2,
+                Ok(proto::Reply::Batch(_)) => done += batch.len(),
                 Ok(r) => return Reply::err(format!("ERR unexpected answer {r:?}")),
                 Err(r) if done == 0 => return r,
                 Err(Reply::Error(text)) => {
@@ -402,25 +452,31 @@ fn puts(kv: &[Vec<u8>], cond: Cond) -> Vec<Op> {
         .collect()
 }
 
-/// An `MSET`'s pairs cut into batches whose replicated write fits a frame:
-/// each put replicates its key twice (the object, the index edit), its
-/// value once, and about 100 bytes of effects and reply; at most
-/// [`proto::MAX_BATCH_OPS`] puts. One batch when it fits (then the `MSET`
-/// is atomic).
-fn mset_batches(kv: &[Vec<u8>]) -> Vec<&[Vec<u8>]> {
-    let budget = crate::net::link::MAX_VALUE - 512;
-    let cost = |p: &[Vec<u8>]| 2 * p[0].len() + p[1].len() + 128;
+/// Keyed writes cut into batches whose replicated write fits a frame:
+/// each replicates its key twice (the object, the index edit), its value
+/// once, and about 100 bytes of effects and reply; at most
+/// [`proto::MAX_BATCH_OPS`] writes. One batch when they fit (then they are
+/// atomic together).
+fn cut(ops: &[Op]) -> Vec<&[Op]> {
+    let budget = proto::MAX_BATCH_BYTES - 512;
+    let cost = |op: &Op| match op {
+        Op::Put { key, data, .. } => 2 * key.len() + data.len() + 128,
+        Op::Remove { key } | Op::Modify { key, .. } => 2 * key.len() + 128,
+        _ => 128,
+    };
     let mut out = Vec::new();
     let (mut start, mut used) = (0, 0);
-    for (i, p) in kv.chunks(2).enumerate() {
-        let c = cost(p);
-        if i > start / 2 && (used + c > budget || i - start / 2 >= proto::MAX_BATCH_OPS) {
-            out.push(&kv[start..2 * i]);
-            (start, used) = (2 * i, 0);
+    for (i, op) in ops.iter().enumerate() {
+        let c = cost(op);
+        if i > start && (used + c > budget || i - start >= proto::MAX_BATCH_OPS) {
+            out.push(&ops[start..i]);
+            (start, used) = (i, 0);
         }
         used += c;
     }
-    out.push(&kv[start..]);
+    if start < ops.len() {
+        out.push(&ops[start..]);
+    }
     out
 }
 

@@ -27,7 +27,8 @@
 //! | `SET k v [NX\|XX] [GET]` | `put` (Always / IfAbsent / IfPresent); `$-1` when the condition fails; `GET`: a `Modify::Swap` |
 //! | `INCR`, `DECR`, `INCRBY`, `DECRBY`, `INCRBYFLOAT`, `APPEND`, `SETRANGE`, `GETSET`, `GETDEL` | one `Op::Modify` each (`strings.rs`) |
 //! | `SETNX k v` | `put` IfAbsent: `:1` / `:0` |
-//! | `DEL k...`, `UNLINK k...` | `remove` each: the count that existed |
+//! | `DEL k...`, `UNLINK k...` | the removes as one batch: the count that existed |
+//! | `FLUSHDB`, `FLUSHALL` | every key (a scan) removed in batches |
 //! | `EXISTS k...` | batched look-ups: the count found |
 //! | `MGET k...` | look-ups in steps of 64 keys (on a secondary: `get_many`, Reads batched) |
 //! | `MSET k v ...` | the puts as one `Op::Batch` (one replicated write); larger than one frame, consecutive batches |
