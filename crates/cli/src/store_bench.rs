@@ -727,14 +727,23 @@ fn measure_redis(
     clients: usize,
     secs: f64,
     pipeline: usize,
-) -> Result<(RedisResult, RedisResult, RedisResult)> {
+) -> Result<Resp> {
     let out = measure_resp(redis.port, size, clients, secs, pipeline, None)?;
     redis_cli(redis.port, &["flushall"])?;
     Ok(out)
 }
 
-/// `redis-benchmark -t set,get,incr` against any RESP server at `port`
-/// (Redis, or the store's front door): SET, GET, INCR.
+/// What `redis-benchmark -t set,get,incr,mset` measured.
+struct Resp {
+    set: RedisResult,
+    get: RedisResult,
+    incr: RedisResult,
+    /// `MSET` of 10 keys (redis-benchmark's): commands per second.
+    mset: RedisResult,
+}
+
+/// `redis-benchmark -t set,get,incr,mset` against any RESP server at
+/// `port` (Redis, or the store's front door).
 fn measure_resp(
     port: u16,
     size: usize,
@@ -742,7 +751,7 @@ fn measure_resp(
     secs: f64,
     pipeline: usize,
     password: Option<&str>,
-) -> Result<(RedisResult, RedisResult, RedisResult)> {
+) -> Result<Resp> {
     let cal_n = 2000.max(1000 * clients as u64) * pipeline as u64;
     let cal = parse_csv(&redis_benchmark(
         port, "set", size, clients, cal_n, pipeline, password,
@@ -753,7 +762,15 @@ fn measure_resp(
         .map(|(_, r)| r.ops_per_s)
         .context("redis-benchmark printed no SET result")?;
     let n = ((rate * secs) as u64).clamp(1000, 10_000_000);
-    let text = redis_benchmark(port, "set,get,incr", size, clients, n, pipeline, password)?;
+    let text = redis_benchmark(
+        port,
+        "set,get,incr,mset",
+        size,
+        clients,
+        n,
+        pipeline,
+        password,
+    )?;
     let res = parse_csv(&text);
     let get = |t: &str| {
         res.iter()
@@ -761,7 +778,12 @@ fn measure_resp(
             .map(|(_, r)| *r)
             .with_context(|| format!("redis-benchmark printed no {t} result: {text:?}"))
     };
-    Ok((get("SET")?, get("GET")?, get("INCR")?))
+    Ok(Resp {
+        set: get("SET")?,
+        get: get("GET")?,
+        incr: get("INCR")?,
+        mset: get("MSET (10 keys)")?,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -961,14 +983,19 @@ pub fn run(a: Args) -> Result<()> {
                 a.secs,
             )?;
             say(format!("redis: {size} B values, {clients} clients"));
-            let (set, get, incr) = measure_redis(&redis, size, clients, a.secs, 1)?;
-            let (_, get_many, _) = measure_redis(&redis, size, clients, a.secs, READ_MANY)?;
+            let Resp {
+                set,
+                get,
+                incr,
+                mset,
+            } = measure_redis(&redis, size, clients, a.secs, 1)?;
+            let get_many = measure_redis(&redis, size, clients, a.secs, READ_MANY)?.get;
             say(format!(
                 "store RESP front door (redis-benchmark): {size} B values, {clients} clients"
             ));
             let k0 = crate::bench::children_cpu_secs();
             let c0 = CpuSample::now(&pids);
-            let (resp_set, resp_get, resp_incr) = measure_resp(
+            let resp = measure_resp(
                 group.resp,
                 size,
                 clients,
@@ -1024,9 +1051,10 @@ pub fn run(a: Args) -> Result<()> {
                 cpu: resp_cpu,
             };
             let resp_rows = [
-                ("resp_set", resp_row(resp_set)),
-                ("resp_get", resp_row(resp_get)),
-                ("resp_incr", resp_row(resp_incr)),
+                ("resp_set", resp_row(resp.set)),
+                ("resp_get", resp_row(resp.get)),
+                ("resp_incr", resp_row(resp.incr)),
+                ("resp_mset", resp_row(resp.mset)),
             ];
             let rows = OPS.iter().copied().zip(ours).chain(resp_rows);
             for (op, m) in rows {
@@ -1037,6 +1065,9 @@ pub fn run(a: Args) -> Result<()> {
                     // A replicated read-modify-write against Redis's INCR
                     // (acknowledged before its replica has it).
                     "resp_incr" => ("INCR", incr, 1.0, Some(set_wait)),
+                    // Ten keys as one replicated write against Redis's
+                    // MSET of ten (acknowledged before its replica has it).
+                    "resp_mset" => ("MSET", mset, 1.0, None),
                     _ => ("SET", set, 1.0, Some(set_wait)),
                 };
                 let row = Row {

@@ -80,6 +80,10 @@ fn bench_json_one_point() {
                 }
             } else if op == "resp_get" {
                 assert_eq!(v["redis_op"], "GET", "{l}");
+            } else if op == "resp_mset" {
+                // Redis's MSET of ten keys beside it.
+                assert_eq!(v["redis_op"], "MSET", "{l}");
+                assert!(v["ops_per_s"].as_f64().unwrap() > 0.0, "{l}");
             } else if op == "resp_incr" {
                 // Redis's INCR beside it, and its SET+WAIT.
                 assert_eq!(v["redis_op"], "INCR", "{l}");
@@ -109,7 +113,8 @@ fn bench_json_one_point() {
             "get_uncached",
             "resp_set",
             "resp_get",
-            "resp_incr"
+            "resp_incr",
+            "resp_mset"
         ],
         "stdout:\n{stdout}"
     );
