@@ -94,6 +94,21 @@ impl Sim {
         let mut h = self.history.clone();
         for (c, cl) in self.clients.iter().enumerate() {
             if let Some(inf) = &cl.inflight {
+                // A batch's puts, each possibly applied.
+                if let Op::Batch { ops, .. } = &inf.op {
+                    for op in ops {
+                        if let Op::Put { key, data, .. } = op {
+                            h.push(lincheck::Op {
+                                key: KEY_OID + super::key_no(key),
+                                client: c as u64,
+                                call: inf.call,
+                                ret: None,
+                                kind: Kind::Write(tag_of(data)),
+                            });
+                        }
+                    }
+                    continue;
+                }
                 let kind = match &inf.op {
                     Op::Update { data, .. }
                     | Op::Put { data, .. }

@@ -4,8 +4,8 @@
 //! is late, and record every operation in the checked history.
 
 use super::{
-    key_name, other, tag_of, Ent, Event, Inflight, Obj, OneSided, Payload, Sim, CLIENT_TIMEOUT,
-    KEY_OID,
+    key_name, key_no, other, tag_of, Ent, Event, Inflight, Obj, OneSided, Payload, Sim,
+    CLIENT_TIMEOUT, KEY_OID,
 };
 use crate::index::Layout;
 use crate::lincheck::{self, Kind};
@@ -108,6 +108,34 @@ impl Sim {
                     key,
                     how: Modify::Take,
                 },
+                // MSET (issue 32): two keys' puts as one replicated
+                // batch; the second value's tag is the request's with bit
+                // 31 set.
+                84..90 if self.cfg.batches => {
+                    let k2 = (k + 1 + rng.range(0, self.cfg.keys.max(2) - 1)) % self.cfg.keys;
+                    let mut v2 = value.clone();
+                    v2[8..16].copy_from_slice(&(req_id | 1 << 31).to_le_bytes());
+                    for (kk, v) in [(k, &value), (k2, &v2)] {
+                        if let Some(t) = tag_of(v) {
+                            self.tag_key.insert(t, KEY_OID + kk);
+                        }
+                    }
+                    Op::Batch {
+                        ops: vec![
+                            Op::Put {
+                                key,
+                                data: value,
+                                cond: Cond::Always,
+                            },
+                            Op::Put {
+                                key: key_name(k2),
+                                data: v2,
+                                cond: Cond::Always,
+                            },
+                        ],
+                        all_or_none: false,
+                    }
+                }
                 _ => Op::Get { key },
             };
             if let Op::Put { data, .. }
@@ -472,6 +500,36 @@ impl Sim {
     fn record(&mut self, c: usize, inf: &Inflight, result: &Result<Reply, StoreError>) {
         let client = self.clients[c].id;
         let now = self.now;
+        // A batch's puts: each a put of its key, at the batch's instants.
+        if let (Op::Batch { ops, .. }, Ok(Reply::Batch(replies))) = (&inf.op, result) {
+            if ops.len() != replies.len() {
+                self.violations.push(format!(
+                    "client {c}: a batch of {} writes answered {} replies",
+                    ops.len(),
+                    replies.len()
+                ));
+                return;
+            }
+            self.report.batches += 1;
+            for (op, r) in ops.iter().zip(replies) {
+                let (Op::Put { key, data, .. }, Reply::Stored { created, .. }) = (op, r) else {
+                    self.violations
+                        .push(format!("client {c}: a batched {op:?} answered {r:?}"));
+                    continue;
+                };
+                self.history.push(lincheck::Op {
+                    key: KEY_OID + key_no(key),
+                    client,
+                    call: inf.call,
+                    ret: Some(now),
+                    kind: Kind::Swap {
+                        was: !*created,
+                        to: tag_of(data),
+                    },
+                });
+            }
+            return;
+        }
         let (key, kind) = match (&inf.op, result) {
             (Op::Insert { data }, Ok(Reply::Inserted(_))) => {
                 // The key is made when the insert is acknowledged.
@@ -601,6 +659,7 @@ impl Sim {
                 cl.cache.insert(k, (ptr.addr - self.arena.base, ptr.len));
             }
             (Op::Put { .. }, Reply::NotStored)
+            | (Op::Batch { .. }, Reply::Batch(_))
             | (Op::Modify { .. }, Reply::Modified { .. })
             | (Op::Remove { .. }, Reply::Removed { .. })
             | (Op::Get { .. }, Reply::NoKey) => {}

@@ -151,6 +151,9 @@ pub struct SimConfig {
     /// With `faults`: some messages stall for up to 40 ms (longer than a
     /// lease), provoking false suspicion and lapsed leases.
     pub stalls: bool,
+    /// Some keyed writes are two keys' puts as one batch (`MSET`; issue
+    /// 32). Off by default, so the other runs' schedules stay as they were.
+    pub batches: bool,
 }
 
 impl Default for SimConfig {
@@ -178,6 +181,7 @@ impl Default for SimConfig {
             pause_secondary_only: false,
             long_secondary_pause: 0,
             stalls: true,
+            batches: false,
         }
     }
 }
@@ -229,6 +233,8 @@ pub struct SimReport {
     pub step_downs: u64,
     /// Copies of the arena a primary started (`SyncStart`s sent).
     pub copies: u64,
+    /// Batches acknowledged.
+    pub batches: u64,
 }
 
 /// Totals over runs: every count is added (`end_time` becomes the virtual
@@ -257,6 +263,7 @@ impl AddAssign<&SimReport> for SimReport {
             cache_hits,
             step_downs,
             copies,
+            batches,
         } = r;
         self.acked_ops += acked_ops;
         self.crashes += crashes;
@@ -279,6 +286,7 @@ impl AddAssign<&SimReport> for SimReport {
         self.cache_hits += cache_hits;
         self.step_downs += step_downs;
         self.copies += copies;
+        self.batches += batches;
     }
 }
 
@@ -393,6 +401,15 @@ const KEY_OID: u64 = 1 << 40;
 
 fn key_name(k: u64) -> Vec<u8> {
     format!("key-{k}").into_bytes()
+}
+
+/// The number of the key named `name` ([`key_name`]).
+fn key_no(name: &[u8]) -> u64 {
+    std::str::from_utf8(name)
+        .ok()
+        .and_then(|n| n.strip_prefix("key-"))
+        .and_then(|n| n.parse().ok())
+        .expect("a key of the workload")
 }
 
 /// A value's tag in the history: the writer's id and request number,

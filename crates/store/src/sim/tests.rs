@@ -173,3 +173,28 @@ fn runs_are_deterministic() {
         (b.acked_ops, b.crashes, b.messages, b.end_time)
     );
 }
+
+/// Issue 32: batches (two keys' puts as one replicated write, `MSET`)
+/// among the other operations, under crashes, pauses, lost and stalled
+/// messages and failovers: every key's history stays linearizable, each
+/// batched put checked as a put of its key (created or not) at the
+/// batch's instants, and a batch whose answer was lost as possibly
+/// applied.
+#[test]
+fn batched_puts_keep_histories_linearizable() {
+    let cfg = SimConfig {
+        batches: true,
+        ..SimConfig::default()
+    };
+    let (mut batches, mut crashes) = (0, 0);
+    for seed in 0..seeds(60, 1000) {
+        let r = run(seed, &cfg).unwrap_or_else(|e| panic!("{e}"));
+        batches += r.batches;
+        crashes += r.crashes;
+    }
+    eprintln!("{batches} batches acknowledged across {crashes} crashes");
+    assert!(
+        batches > 200 && crashes > 20,
+        "{batches} batches, {crashes} crashes"
+    );
+}
