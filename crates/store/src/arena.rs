@@ -27,6 +27,8 @@
 
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Size of a page; arena addresses and lengths must be multiples of it.
 pub const PAGE_SIZE: u64 = 4096;
@@ -112,6 +114,49 @@ pub trait Memory {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArenaError>;
     /// Copies `data` to `offset`.
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), ArenaError>;
+    /// The writes until [`Self::end_together`] belong together (a batch's
+    /// objects): a reader that checks [`Exposures`] sees all or none of
+    /// them. Nothing by default (the simulation's memory).
+    fn begin_together(&mut self) {}
+    /// Ends what [`Self::begin_together`] began.
+    fn end_together(&mut self) {}
+}
+
+/// A sequence lock over the writes that belong together: odd while a
+/// batch's objects are being written into the arena, two more after each.
+/// A reader in this process (the RESP door's look-ups) takes
+/// [`Exposures::read_begin`] before its reads and [`Exposures::read_valid`]
+/// after them: when that holds, no batch was written meanwhile, so the
+/// reads saw every batch whole or not at all. Writers never wait.
+#[derive(Debug, Default)]
+pub struct Exposures(AtomicU64);
+
+impl Exposures {
+    /// Where a set of reads starts: an even count (no batch being
+    /// written), or `None` while one is.
+    pub fn read_begin(&self) -> Option<u64> {
+        let c = self.0.load(Ordering::Acquire);
+        c.is_multiple_of(2).then_some(c)
+    }
+
+    /// Whether no batch was written since [`Self::read_begin`] gave
+    /// `since` (the reads in between are then consistent).
+    pub fn read_valid(&self, since: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.0.load(Ordering::Relaxed) == since
+    }
+
+    fn begin(&self) {
+        let c = self.0.load(Ordering::Relaxed);
+        assert!(c.is_multiple_of(2), "batches written one at a time");
+        self.0.store(c + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+    }
+
+    fn end(&self) {
+        let c = self.0.load(Ordering::Relaxed);
+        self.0.store(c + 1, Ordering::Release);
+    }
 }
 
 fn check_range(offset: u64, len: usize, arena_len: u64) -> Result<(), ArenaError> {
@@ -131,6 +176,7 @@ pub struct Arena {
     base: NonNull<u8>,
     len: u64,
     kind: ArenaKind,
+    exposures: Arc<Exposures>,
 }
 
 // SAFETY: `Arena` owns its mapping exclusively (like a `Box<[u8]>`); the raw
@@ -210,7 +256,12 @@ impl Arena {
             return Err(ArenaError::AddressTaken { addr, len });
         }
         let base = NonNull::new(got as *mut u8).expect("mmap returned a null mapping");
-        Ok(Arena { base, len, kind })
+        Ok(Arena {
+            base,
+            len,
+            kind,
+            exposures: Arc::default(),
+        })
     }
 
     /// Maps `len` bytes at an address of its choosing and keeps the
@@ -265,7 +316,12 @@ impl Arena {
             });
         }
         let base = NonNull::new(got as *mut u8).expect("mmap returned a null mapping");
-        Ok(Arena { base, len, kind })
+        Ok(Arena {
+            base,
+            len,
+            kind,
+            exposures: Arc::default(),
+        })
     }
 
     /// Virtual address of the first byte.
@@ -283,6 +339,12 @@ impl Arena {
     /// this arena's own copies (that is what the object checksums are for).
     pub fn as_ptr(&self) -> *mut u8 {
         self.base.as_ptr()
+    }
+
+    /// The sequence lock this arena's batches are written under
+    /// ([`Memory::begin_together`]), for readers in this process.
+    pub fn exposures(&self) -> Arc<Exposures> {
+        self.exposures.clone()
     }
 
     /// Whether `[addr, addr + len)` lies inside the arena.
@@ -325,6 +387,14 @@ impl Memory for Arena {
             )
         };
         Ok(())
+    }
+
+    fn begin_together(&mut self) {
+        self.exposures.begin();
+    }
+
+    fn end_together(&mut self) {
+        self.exposures.end();
     }
 }
 

@@ -52,6 +52,20 @@ counted, uncounted = {}, {}
 # acknowledged transfers (and at most those whose outcome is unknown).
 acct_a, acct_b = "{%sacct}a" % prefix, "{%sacct}b" % prefix
 transfers = transfers_unknown = 0
+
+
+def failed(e):
+    """A request whose outcome is unknown: counted, and the plain client
+    fails over by hand to the next node (a -MOVED names it too)."""
+    global unknown, node, client
+    unknown += 1
+    if mode == "plain":
+        node += 1
+        client = plain(node)
+    errors.append(type(e).__name__ + ": " + str(e)[:120])
+    time.sleep(0.05)
+
+
 t0 = time.time()
 i = 0
 while time.time() - t0 < seconds:
@@ -68,12 +82,7 @@ while time.time() - t0 < seconds:
             transfers += 1
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
             transfers_unknown += 1
-            unknown += 1
-            if mode == "plain":
-                node += 1
-                client = plain(node)
-            errors.append(type(e).__name__ + ": " + str(e)[:120])
-            time.sleep(0.05)
+            failed(e)
         continue
     if i % 3 == 0:
         ctr = "%sctr%d" % (prefix, i % 10)
@@ -82,12 +91,7 @@ while time.time() - t0 < seconds:
             counted[ctr] = counted.get(ctr, 0) + 1
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
             uncounted[ctr] = uncounted.get(ctr, 0) + 1
-            unknown += 1
-            if mode == "plain":
-                node += 1
-                client = plain(node)
-            errors.append(type(e).__name__ + ": " + str(e)[:120])
-            time.sleep(0.05)
+            failed(e)
         continue
     try:
         if client.set(key, value) is True:
@@ -100,14 +104,8 @@ while time.time() - t0 < seconds:
             errors.append("SET %s answered not OK" % key)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
         # The outcome is unknown: the write may or may not have happened.
-        unknown += 1
         maybe.setdefault(key, set()).add(value.encode())
-        if mode == "plain":
-            # Fail over by hand: the next node (a -MOVED names it too).
-            node += 1
-            client = plain(node)
-        errors.append(type(e).__name__ + ": " + str(e)[:120])
-        time.sleep(0.05)
+        failed(e)
 
 # Every acknowledged write reads back, from a fresh client.
 check = cluster() if mode == "cluster" else None

@@ -9,11 +9,11 @@
 //! the engine may be reading it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use softrdma_verbs::{Access, MemoryRegion, ProtectionDomain, RegOptions};
 
-use crate::arena::Arena;
+use crate::arena::{Arena, Exposures};
 use crate::ptr::ArenaRef;
 
 /// The arena's registration for remote reads (see the module's doc).
@@ -24,6 +24,8 @@ pub(crate) struct ArenaReg {
     len: usize,
     base: u64,
     stag: AtomicU32,
+    /// The arena's batches' sequence lock (read by the RESP door).
+    pub(crate) exposures: Arc<Exposures>,
 }
 
 impl ArenaReg {
@@ -40,6 +42,7 @@ impl ArenaReg {
             len: aref.len as usize,
             base: aref.base,
             stag: AtomicU32::new(aref.stag),
+            exposures: arena.exposures(),
         };
         reg.register(pd, aref.stag)?;
         Ok(reg)

@@ -146,6 +146,14 @@ impl Front for NodeFront {
     fn read(&self, offset: u64, out: &mut [u8]) -> bool {
         self.reg.read(offset, out)
     }
+
+    fn read_begin(&self) -> Option<u64> {
+        self.reg.exposures.read_begin()
+    }
+
+    fn read_valid(&self, since: u64) -> bool {
+        self.reg.exposures.read_valid(since)
+    }
 }
 
 /// How long the node loop polls for more work before it sleeps, when a

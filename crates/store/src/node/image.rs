@@ -435,7 +435,30 @@ impl<M: Memory> Image<M> {
     /// already applied (checked there: they cannot fail on a well-formed
     /// arena); `caps`: the allocation of each `Write` effect, in order, as
     /// `apply_meta` found them.
+    ///
+    /// A batch's bytes are written together ([`Memory::begin_together`]):
+    /// the RESP door's look-ups on this node see all of its keys' new
+    /// values or none.
     fn apply_bytes(
+        &mut self,
+        seq: u64,
+        op: &RepOp,
+        caps: &[u64],
+        over_copy: bool,
+    ) -> Result<(), String> {
+        let together = matches!(op.reply, Reply::Batch(_)) && op.effects.len() > 1;
+        if together {
+            self.mem.begin_together();
+        }
+        let r = self.apply_effects(seq, op, caps, over_copy);
+        if together {
+            self.mem.end_together();
+        }
+        r
+    }
+
+    /// [`Self::apply_bytes`]'s effects, in order.
+    fn apply_effects(
         &mut self,
         seq: u64,
         op: &RepOp,

@@ -250,13 +250,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
         },
         12 => {
             let all_or_none = r.bool()?;
-            let n = r.count(2)?;
-            if n > super::MAX_BATCH_OPS {
-                return Err(DecodeError::BadTag {
-                    what: "batch length",
-                    tag: 0,
-                });
-            }
+            let n = batch_len(r, 2)?;
             let mut ops = Vec::with_capacity(n);
             for _ in 0..n {
                 // Keyed writes only: a batch never nests.
@@ -273,6 +267,19 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
         }
         tag => return Err(DecodeError::BadTag { what: "op", tag }),
     })
+}
+
+/// The count of a batch's writes or replies (at most `MAX_BATCH_OPS`,
+/// each at least `min_elem` bytes).
+fn batch_len(r: &mut R<'_>, min_elem: usize) -> Result<usize, DecodeError> {
+    let n = r.count(min_elem)?;
+    if n > super::MAX_BATCH_OPS {
+        return Err(DecodeError::BadTag {
+            what: "batch length",
+            tag: 0,
+        });
+    }
+    Ok(n)
 }
 
 fn dec_cond(r: &mut R<'_>) -> Result<Cond, DecodeError> {
@@ -344,13 +351,7 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
         14 => Reply::Refused(String::from_utf8_lossy(&r.bytes()?).into_owned()),
         16 => Reply::Changed,
         15 => {
-            let n = r.count(1)?;
-            if n > super::MAX_BATCH_OPS {
-                return Err(DecodeError::BadTag {
-                    what: "batch length",
-                    tag: 0,
-                });
-            }
+            let n = batch_len(r, 1)?;
             let mut replies = Vec::with_capacity(n);
             for _ in 0..n {
                 let reply = dec_reply(r)?;

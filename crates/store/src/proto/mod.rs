@@ -240,8 +240,12 @@ pub enum Op {
     },
     /// Keyed writes ([`Op::Put`], [`Op::Remove`], [`Op::Modify`]) planned
     /// in order, each seeing the ones before it, and replicated as **one**
-    /// write: every node applies all of them or none, and a reader sees
-    /// the store before them or after them all (`MSET`, `MSETNX`).
+    /// write: every node applies all of them or none, and every later
+    /// write (a transaction's reads included) is planned after them all
+    /// (`MSET`, `MSETNX`, `EXEC`). The RESP door's look-ups see a batch
+    /// whole ([`crate::arena::Exposures`]); a remote one-sided reader
+    /// looking keys up one by one may see its keys change between two
+    /// look-ups, as with any two writes.
     /// Answered [`Reply::Batch`], a reply per write. With `all_or_none`,
     /// a write whose condition fails ([`Reply::NotStored`]) undoes the
     /// batch: no effects, and each reply as planned up to it. A batch

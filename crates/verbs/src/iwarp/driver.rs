@@ -55,6 +55,12 @@ impl Transport for Conn {
     }
 
     fn on_recv_posted(&self, q: &Arc<QpInner>) {
+        // Every post comes here: a load, not a write, when nothing waits.
+        // (The receive queue's lock orders this with `wait_for_recv`'s
+        // look at the queue, so a waiter set before it is seen.)
+        if !self.recv_waiting.load(Ordering::Acquire) {
+            return;
+        }
         if self.set_recv_waiting(false, q.qpn) {
             self.add_timer(q, std::time::Instant::now());
         }
@@ -127,7 +133,13 @@ fn on_timer(q: &Arc<QpInner>, c: &Conn) {
 /// the deadline passes (the timer runs the receiver, which then sends the
 /// Terminate).
 fn wait_for_recv(q: &Arc<QpInner>, c: &Conn, deadline: std::time::Instant) {
-    c.set_recv_waiting(true, q.qpn);
+    // Already waiting (a busy-polling application runs the receiver again
+    // and again): the first wait's registration and deadline timer stand
+    // (the deadline is the same: `Rx::no_recv_since`). Registering each
+    // time grew the SRQ's waiters and the timer list by one per poll.
+    if !c.set_recv_waiting(true, q.qpn) {
+        return;
+    }
     if let Some(srq) = &q.srq {
         srq.waiters.lock().push(Arc::downgrade(q));
     }

@@ -2,13 +2,19 @@
 //! a method of the connection's [`Session`].
 
 use super::command_table;
-use super::session::{impossible_key, integer, store_err, upper, wrong_args, Out, Session};
+use super::session::{
+    impossible_key, integer, store_err, upper, value_too_long, wrong_args, Out, Session,
+};
 use crate::proto::{self, Cond, Op};
 use crate::resp_codec::Reply;
 
 /// Keys per step of `MGET`/`EXISTS` (their values are encoded and written
 /// out step by step).
 const MGET_STEP: usize = 4 * crate::net::link::READ_BATCH;
+
+/// How long an `MGET` step tries to read all its keys between two
+/// batches' writes before it reads them key by key.
+const MGET_PATIENCE: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl Session {
     /// Runs one command, its reply written to `out`; whether to close the
@@ -193,12 +199,8 @@ impl Session {
         if let Some(r) = self.not_primary(key) {
             return Err(r);
         }
-        if value.len() > crate::net::link::MAX_VALUE {
-            return Err(Reply::err(format!(
-                "ERR value of {} bytes exceeds the limit of {} bytes",
-                value.len(),
-                crate::net::link::MAX_VALUE
-            )));
+        if let Some(r) = value_too_long(value.len()) {
+            return Err(r);
         }
         let op = Op::Put {
             key: key.to_vec(),
@@ -282,7 +284,20 @@ impl Session {
 
     /// The values of `keys` (a step of `MGET`), in order.
     fn mget(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Reply>, Reply> {
-        // From the local arena while this node is the primary.
+        // From the local arena while this node is the primary: all keys
+        // between two batches' writes if that comes soon (a snapshot, as
+        // Redis's MGET is), else key by key (each between two batches).
+        let all = self.consistent(MGET_PATIENCE, |s| {
+            keys.iter()
+                .map(|k| s.local_get_once(k))
+                .collect::<Option<Vec<_>>>()
+        });
+        if let Some(all) = all {
+            return Ok(all
+                .into_iter()
+                .map(|v| v.map_or(Reply::Nil, Reply::Bulk))
+                .collect());
+        }
         let mut out = Vec::with_capacity(keys.len());
         for k in keys {
             match self.local_get(k) {
@@ -308,9 +323,9 @@ impl Session {
     }
 
     /// `MSET`: the pairs as one batch ([`Op::Batch`]), replicated as one
-    /// write: every node holds all of them or none, and a reader sees all
-    /// or none of them. A batch is one replicated frame, so an `MSET`
-    /// larger than that ([`mset_batches`]) is written as consecutive
+    /// write: every node holds all of them or none, and a transaction
+    /// sees all or none of them. A batch is one replicated frame, so an
+    /// `MSET` larger than that ([`cut`]) is written as consecutive
     /// batches, each atomic, and a failure after the first says how many
     /// keys were set.
     fn mset(&mut self, kv: &[Vec<u8>]) -> Reply {
@@ -380,13 +395,7 @@ impl Session {
         if let Some(r) = self.not_primary(&kv[0]) {
             return Some(r);
         }
-        let max = crate::net::link::MAX_VALUE;
-        kv.chunks(2).find(|p| p[1].len() > max).map(|p| {
-            Reply::err(format!(
-                "ERR value of {} bytes exceeds the limit of {max} bytes",
-                p[1].len()
-            ))
-        })
+        kv.chunks(2).find_map(|p| value_too_long(p[1].len()))
     }
 
     fn scan(&mut self, args: &[Vec<u8>]) -> Reply {

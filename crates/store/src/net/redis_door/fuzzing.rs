@@ -51,6 +51,14 @@ impl Front for StubFront {
     fn read(&self, _offset: u64, _out: &mut [u8]) -> bool {
         false
     }
+
+    fn read_begin(&self) -> Option<u64> {
+        Some(0)
+    }
+
+    fn read_valid(&self, _since: u64) -> bool {
+        true
+    }
 }
 
 /// The stub's answer to `op`.

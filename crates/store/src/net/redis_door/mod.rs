@@ -30,7 +30,7 @@
 //! | `DEL k...`, `UNLINK k...` | the removes as one batch: the count that existed |
 //! | `FLUSHDB`, `FLUSHALL` | every key (a scan) removed in batches |
 //! | `EXISTS k...` | batched look-ups: the count found |
-//! | `MGET k...` | look-ups in steps of 64 keys (on a secondary: `get_many`, Reads batched) |
+//! | `MGET k...` | look-ups in steps of 64 keys, each a snapshot on the primary ([`Session::consistent`]); on a secondary `get_many`, Reads batched |
 //! | `MSET k v ...` | the puts as one `Op::Batch` (one replicated write); larger than one frame, consecutive batches |
 //! | `MSETNX k v ...` | the puts IfAbsent as one batch, all or none |
 //! | `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH` | the queued commands as one batch, watched keys checked first (`transaction.rs`) |
@@ -117,6 +117,14 @@ pub trait Front: Send + Sync {
     /// one-sided reads now and still did when the copy ended; `false`
     /// otherwise (or outside the arena).
     fn read(&self, offset: u64, out: &mut [u8]) -> bool;
+
+    /// Where a set of [`Self::read`]s starts (`None` while a batch is
+    /// being written into the arena; [`crate::arena::Exposures`]).
+    fn read_begin(&self) -> Option<u64>;
+
+    /// Whether the reads since [`Self::read_begin`] gave `since` saw
+    /// every batch whole or not at all.
+    fn read_valid(&self, since: u64) -> bool;
 }
 
 /// Connections served at once (Redis's `maxclients` is 10,000; each

@@ -35,6 +35,12 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Key -> pointer entries one connection keeps.
 const SESSION_CACHE: usize = 16 << 10;
 
+/// How long a look-up in this node's arena keeps trying to read between
+/// two batches' writes ([`Session::consistent`]) before the key goes the
+/// remote way: far longer than writing one batch's bytes takes, unless
+/// the node loop is descheduled in the middle of one.
+const CONSISTENT_WAIT: Duration = Duration::from_millis(100);
+
 /// How long a write waits for a primary while none is known (a
 /// failover under way) before it is refused.
 const FAILOVER_WAIT: Duration = Duration::from_secs(5);
@@ -187,6 +193,16 @@ pub(super) fn impossible_key(key: &[u8]) -> bool {
     crate::proto::check_key(key).is_err()
 }
 
+/// The error for a value longer than a value may be (`net::link::MAX_VALUE`).
+pub(super) fn value_too_long(len: usize) -> Option<Reply> {
+    let max = crate::net::link::MAX_VALUE;
+    (len > max).then(|| {
+        Reply::err(format!(
+            "ERR value of {len} bytes exceeds the limit of {max} bytes"
+        ))
+    })
+}
+
 /// An integer argument, or Redis's error for it.
 pub(super) fn integer(a: &[u8]) -> Result<i64, Reply> {
     std::str::from_utf8(a)
@@ -334,9 +350,48 @@ impl Session {
 
     /// A keyed get served from this node's own arena, as a one-sided
     /// reader would (the same look-up, the reads checked against the
-    /// STag's validity and deadline); `None` if this node does not serve
-    /// reads now or the look-up gave up.
+    /// STag's validity and deadline), and between two batches' writes, so
+    /// a batch's keys are seen all new or all old; `None` if this node
+    /// does not serve reads now or the look-up gave up.
     pub(super) fn local_get(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        self.consistent(CONSISTENT_WAIT, |s| s.local_get_once(key))
+    }
+
+    /// Runs `reads` (look-ups in this node's arena) until they ran while
+    /// no batch's bytes were being written ([`crate::arena::Exposures`]),
+    /// for at most `patience`: every batch they saw, they saw whole (a
+    /// batch's writes land one object after another). `None` if `reads`
+    /// gave `None` or patience ran out.
+    pub(super) fn consistent<R>(
+        &mut self,
+        patience: Duration,
+        mut reads: impl FnMut(&mut Self) -> Option<R>,
+    ) -> Option<R> {
+        let front = self.shared.front.clone();
+        let mut until = None;
+        let mut tries = 0u32;
+        loop {
+            if let Some(since) = front.read_begin() {
+                let r = reads(self)?;
+                if front.read_valid(since) {
+                    return Some(r);
+                }
+            }
+            let until = *until.get_or_insert_with(|| Instant::now() + patience);
+            if Instant::now() >= until {
+                return None;
+            }
+            tries = tries.saturating_add(1);
+            if tries < 16 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// One look-up of [`Self::local_get`], with no check against batches.
+    pub(super) fn local_get_once(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
         if impossible_key(key) {
             return Some(None);
         }

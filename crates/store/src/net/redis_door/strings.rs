@@ -33,17 +33,9 @@ impl Session {
 
     /// `INCR`, `DECR`, `INCRBY k n`, `DECRBY k n`.
     pub(super) fn incr(&mut self, cmd: &str, args: &[Vec<u8>]) -> Reply {
-        let by = match cmd {
-            "INCR" => 1,
-            "DECR" => -1,
-            _ => match (integer(&args[2]), cmd) {
-                (Err(r), _) => return r,
-                (Ok(n), "INCRBY") => n,
-                (Ok(n), _) => match n.checked_neg() {
-                    Some(n) => n,
-                    None => return Reply::err("ERR decrement would overflow"),
-                },
-            },
+        let by = match incr_amount(cmd, args) {
+            Ok(by) => by,
+            Err(r) => return r,
         };
         match self.modify(&args[1], Modify::IncrBy(by)) {
             Ok((Some(v), _)) => match proto::redis_i64(&v) {
@@ -110,21 +102,10 @@ impl Session {
 
     /// `SET k v [NX|XX] [GET]`.
     pub(super) fn set(&mut self, args: &[Vec<u8>]) -> Reply {
-        let mut cond = Cond::Always;
-        let mut get = false;
-        for o in &args[3..] {
-            match upper(o).as_str() {
-                // Repeated flags are taken, conflicting ones refused, as
-                // Redis parses them.
-                "NX" if cond != Cond::IfPresent => cond = Cond::IfAbsent,
-                "XX" if cond != Cond::IfAbsent => cond = Cond::IfPresent,
-                "GET" => get = true,
-                "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
-                    return Reply::err("ERR TTLs are not supported: the store does not expire keys")
-                }
-                _ => return Reply::err("ERR syntax error"),
-            }
-        }
+        let (cond, get) = match set_options(&args[3..]) {
+            Ok(o) => o,
+            Err(r) => return r,
+        };
         if get {
             return self.getset(&args[1], &args[2], cond);
         }
@@ -134,4 +115,37 @@ impl Session {
             Err(r) => r,
         }
     }
+}
+
+/// The amount `INCR`, `DECR`, `INCRBY k n` or `DECRBY k n` adds.
+pub(super) fn incr_amount(cmd: &str, args: &[Vec<u8>]) -> Result<i64, Reply> {
+    Ok(match cmd {
+        "INCR" => 1,
+        "DECR" => -1,
+        "INCRBY" => integer(&args[2])?,
+        _ => integer(&args[2])?
+            .checked_neg()
+            .ok_or_else(|| Reply::err("ERR decrement would overflow"))?,
+    })
+}
+
+/// `SET k v`'s options: its condition and whether `GET` was given.
+/// Repeated flags are taken, conflicting ones refused, as Redis parses them.
+pub(super) fn set_options(opts: &[Vec<u8>]) -> Result<(Cond, bool), Reply> {
+    let mut cond = Cond::Always;
+    let mut get = false;
+    for o in opts {
+        match upper(o).as_str() {
+            "NX" if cond != Cond::IfPresent => cond = Cond::IfAbsent,
+            "XX" if cond != Cond::IfAbsent => cond = Cond::IfPresent,
+            "GET" => get = true,
+            "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
+                return Err(Reply::err(
+                    "ERR TTLs are not supported: the store does not expire keys",
+                ))
+            }
+            _ => return Err(Reply::err("ERR syntax error")),
+        }
+    }
+    Ok((cond, get))
 }

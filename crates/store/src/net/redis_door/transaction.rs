@@ -7,7 +7,8 @@
 //! each command becomes its writes (a read becomes [`Modify::Peek`], the
 //! value as of that point of the transaction), planned in order by the
 //! primary and replicated as one write, so the transaction is atomic on
-//! every node and to every reader, and the answers come back in the
+//! every node, to every other transaction and to the door's reads (which
+//! wait out a batch being written into the arena), and the answers come back in the
 //! batch's reply. `WATCH` notes each key's version (the sequence number of
 //! its latest write) and `EXEC` puts a [`Modify::Unchanged`] check of each
 //! first in the batch: a key written since makes the batch a write without
@@ -16,7 +17,8 @@
 //! and the others run, as in Redis; a queued command Redis would refuse
 //! (unknown, wrong arity) makes `EXEC` answer `-EXECABORT`.
 
-use super::session::{impossible_key, integer, upper, Session};
+use super::session::{impossible_key, integer, upper, value_too_long, Session};
+use super::strings::{incr_amount, set_options};
 use crate::proto::{self, Cond, Modify, Op};
 use crate::resp_codec::Reply;
 
@@ -38,14 +40,13 @@ enum Finish {
     /// `EXISTS`/`MGET`: per key, whether it has a write in the batch.
     Exists(Vec<bool>),
     MGet(Vec<bool>),
-    Get,
-    Strlen,
+    /// The value the write answered (`GET`, `GETSET`, `INCRBYFLOAT`, ...).
+    Value,
+    /// The length the write answered (`STRLEN`, `APPEND`, `SETRANGE`).
+    Len,
     Type,
     Range(i64, i64),
     Int,
-    Bulk,
-    Len,
-    Old,
     Ok,
 }
 
@@ -235,12 +236,8 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
     };
     let put = |key: &[u8], data: &[u8], cond: Cond| -> Result<Op, Reply> {
         proto::check_key(key).map_err(|e| Reply::err(format!("ERR {e}")))?;
-        let max = crate::net::link::MAX_VALUE;
-        if data.len() > max {
-            return Err(Reply::err(format!(
-                "ERR value of {} bytes exceeds the limit of {max} bytes",
-                data.len()
-            )));
+        if let Some(r) = value_too_long(data.len()) {
+            return Err(r);
         }
         Ok(Op::Put {
             key: key.to_vec(),
@@ -267,14 +264,15 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             .collect();
         (ops, mask)
     };
-    let read = |key: &[u8], finish: Finish, absent: Reply| {
+    // A key that cannot exist has no write: `absent` is the answer.
+    let read = |key: &[u8], how: Modify, finish: Finish, absent: Reply| {
         if impossible_key(key) {
             return Ok(Planned {
                 ops: Vec::new(),
                 finish: Finish::Const(absent),
             });
         }
-        one(modify(key, Modify::Peek)?, finish)
+        one(modify(key, how)?, finish)
     };
     match cmd.as_str() {
         "PING" => Ok(Planned {
@@ -288,12 +286,18 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             ops: Vec::new(),
             finish: Finish::Const(Reply::Bulk(args[1].clone())),
         }),
-        "GET" => read(&args[1], Finish::Get, Reply::Nil),
-        "STRLEN" => read(&args[1], Finish::Strlen, Reply::Int(0)),
-        "TYPE" => read(&args[1], Finish::Type, Reply::Simple("none".into())),
+        "GET" => read(&args[1], Modify::Peek, Finish::Value, Reply::Nil),
+        "STRLEN" => read(&args[1], Modify::Peek, Finish::Len, Reply::Int(0)),
+        "TYPE" => read(
+            &args[1],
+            Modify::Peek,
+            Finish::Type,
+            Reply::Simple("none".into()),
+        ),
         "GETRANGE" | "SUBSTR" => {
             let (a, b) = (integer(&args[2])?, integer(&args[3])?);
-            read(&args[1], Finish::Range(a, b), Reply::Bulk(Vec::new()))
+            let finish = Finish::Range(a, b);
+            read(&args[1], Modify::Peek, finish, Reply::Bulk(Vec::new()))
         }
         "EXISTS" | "MGET" => {
             let (ops, mask) = peeks(&args[1..]);
@@ -304,27 +308,13 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             Ok(Planned { ops, finish })
         }
         "SET" => {
-            let mut cond = Cond::Always;
-            let mut get = false;
-            for o in &args[3..] {
-                match upper(o).as_str() {
-                    "NX" if cond != Cond::IfPresent => cond = Cond::IfAbsent,
-                    "XX" if cond != Cond::IfAbsent => cond = Cond::IfPresent,
-                    "GET" => get = true,
-                    "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
-                        return Err(Reply::err(
-                            "ERR TTLs are not supported: the store does not expire keys",
-                        ))
-                    }
-                    _ => return Err(Reply::err("ERR syntax error")),
-                }
-            }
+            let (cond, get) = set_options(&args[3..])?;
             if get {
                 let how = Modify::Swap {
                     data: args[2].clone(),
                     cond,
                 };
-                return one(modify(&args[1], how)?, Finish::Old);
+                return one(modify(&args[1], how)?, Finish::Value);
             }
             one(put(&args[1], &args[2], cond)?, Finish::SetOk)
         }
@@ -351,19 +341,12 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             finish: Finish::Removed,
         }),
         "INCR" | "DECR" | "INCRBY" | "DECRBY" => {
-            let by = match cmd.as_str() {
-                "INCR" => 1,
-                "DECR" => -1,
-                "INCRBY" => integer(&args[2])?,
-                _ => integer(&args[2])?
-                    .checked_neg()
-                    .ok_or_else(|| Reply::err("ERR decrement would overflow"))?,
-            };
+            let by = incr_amount(&cmd, args)?;
             one(modify(&args[1], Modify::IncrBy(by))?, Finish::Int)
         }
         "INCRBYFLOAT" => one(
             modify(&args[1], Modify::IncrByFloat(args[2].clone()))?,
-            Finish::Bulk,
+            Finish::Value,
         ),
         "APPEND" => one(
             modify(&args[1], Modify::Append(args[2].clone()))?,
@@ -385,30 +368,13 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
                 data: args[2].clone(),
                 cond: Cond::Always,
             };
-            one(modify(&args[1], how)?, Finish::Old)
+            one(modify(&args[1], how)?, Finish::Value)
         }
-        "GETDEL" => read_or(&args[1], Modify::Take),
+        "GETDEL" => read(&args[1], Modify::Take, Finish::Value, Reply::Nil),
         _ => Err(Reply::err(format!(
             "ERR {cmd} inside MULTI is not supported"
         ))),
     }
-}
-
-/// `GETDEL` of a key that cannot exist: nil, no write.
-fn read_or(key: &[u8], how: Modify) -> Result<Planned, Reply> {
-    if impossible_key(key) {
-        return Ok(Planned {
-            ops: Vec::new(),
-            finish: Finish::Const(Reply::Nil),
-        });
-    }
-    Ok(Planned {
-        ops: vec![Op::Modify {
-            key: key.to_vec(),
-            how,
-        }],
-        finish: Finish::Old,
-    })
 }
 
 /// A command's answer from its writes' replies.
@@ -459,8 +425,8 @@ fn finish(f: Finish, replies: &[proto::Reply]) -> Reply {
                 .map(|v| v.map_or(Reply::Nil, Reply::Bulk))
                 .collect(),
         ),
-        Finish::Get | Finish::Old | Finish::Bulk => value(0).0.map_or(Reply::Nil, Reply::Bulk),
-        Finish::Strlen | Finish::Len => Reply::Int(value(0).1 as i64),
+        Finish::Value => value(0).0.map_or(Reply::Nil, Reply::Bulk),
+        Finish::Len => Reply::Int(value(0).1 as i64),
         Finish::Type => match value(0).0 {
             Some(_) => Reply::Simple("string".into()),
             None => Reply::Simple("none".into()),
