@@ -387,11 +387,7 @@ pub extern "C" fn softrdma_rdma_connect(
             // SAFETY: registered, so live while we hold the lock.
             let id = unsafe { &*(idu as *const Id) };
             match r {
-                Ok(pd) => {
-                    id.st.lock().connected = true;
-                    mark_rts(id);
-                    id.event(RDMA_CM_EVENT_ESTABLISHED, 0, &pd, std::ptr::null_mut());
-                }
+                Ok(pd) => established(id, &pd),
                 Err(Error::Rejected { private_data }) => id.event(
                     RDMA_CM_EVENT_REJECTED,
                     -libc::ECONNREFUSED,
@@ -430,9 +426,7 @@ pub extern "C" fn softrdma_rdma_accept(idp: *mut rdma_cm_id, param: *mut rdma_co
         let req = id.st.lock().req.take().ok_or(libc::EINVAL)?;
         let params = conn_params(param, rt.cfg.crc);
         req.accept(&qp, &params).map_err(|e| crate::errno::of(&e))?;
-        id.st.lock().connected = true;
-        mark_rts(id);
-        id.event(RDMA_CM_EVENT_ESTABLISHED, 0, &[], std::ptr::null_mut());
+        established(id, &[]);
         if id.is_sync() {
             id.wait(RDMA_CM_EVENT_ESTABLISHED)?;
         }

@@ -102,6 +102,10 @@ pub(crate) struct Conn {
     /// size go out back to back, a batch per call.
     pub seg: usize,
     out_armed: AtomicBool,
+    /// Held while the epoll interest is worked out from the modes and
+    /// set ([`Conn::rewatch`]), so that the last interest set is the one
+    /// the modes give once every caller is done.
+    watching: Mutex<()>,
     closed: AtomicBool,
     /// We sent our FIN (graceful disconnect started here).
     fin_sent: AtomicBool,
@@ -202,6 +206,7 @@ impl Conn {
             peer,
             params,
             out_armed: AtomicBool::new(false),
+            watching: Mutex::new(()),
             closed: AtomicBool::new(false),
             fin_sent: AtomicBool::new(false),
             polled: AtomicBool::new(false),
@@ -272,15 +277,35 @@ impl Conn {
         inp | if out { sys::EV_OUT } else { 0 }
     }
 
+    /// Sets the epoll interest the modes give now (after a mode changed).
+    /// Two threads that change modes at once (an application's busy poll
+    /// and the event thread ending its lease, a post of a receive and the
+    /// receiver) each set the interest after their change; worked out
+    /// and set under `watching`, the last one set reads every change
+    /// made before it. Unserialised, a thread could set the interest it
+    /// worked out before the other's change after the other had set
+    /// its own: a QP left with input disarmed and busy-poll off, whose
+    /// peer's hang-up nobody read (an rdma_cm server waited for
+    /// DISCONNECTED forever, tests/dropin.rs, about once in 15 runs
+    /// beside two CPU hogs).
+    fn rewatch(&self, qpn: u32) -> io::Result<()> {
+        let _g = self.watching.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let out = self.out_armed.load(Ordering::Acquire);
+        self.watch(self.interest(out), qpn, false)
+    }
+
     fn arm_out(&self, qpn: u32) {
-        if !self.out_armed.swap(true, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
-            let _ = self.watch(self.interest(true), qpn, false);
+        if !self.out_armed.swap(true, Ordering::AcqRel) {
+            let _ = self.rewatch(qpn);
         }
     }
 
     fn disarm_out(&self, qpn: u32) {
-        if self.out_armed.swap(false, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire) {
-            let _ = self.watch(self.interest(false), qpn, false);
+        if self.out_armed.swap(false, Ordering::AcqRel) {
+            let _ = self.rewatch(qpn);
         }
     }
 
@@ -499,20 +524,14 @@ impl Conn {
         if self.recv_waiting.swap(on, Ordering::SeqCst) == on {
             return false;
         }
-        if !self.closed.load(Ordering::Acquire) {
-            let out = self.out_armed.load(Ordering::Acquire);
-            let _ = self.watch(self.interest(out), qpn, false);
-        }
+        let _ = self.rewatch(qpn);
         true
     }
 
     /// Pauses or resumes the receiver (see `rx_paused`).
     pub fn set_rx_paused(&self, on: bool, qpn: u32) {
         self.rx_paused.store(on, Ordering::Release);
-        if !self.closed.load(Ordering::Acquire) {
-            let out = self.out_armed.load(Ordering::Acquire);
-            let _ = self.watch(self.interest(out), qpn, false);
-        }
+        let _ = self.rewatch(qpn);
     }
 
     /// The segment size to cut FPDUs to now: with `ext::LARGE_SEGMENTS`
@@ -551,11 +570,7 @@ impl Conn {
     /// Switches busy-poll mode (see `polled`).
     pub fn set_polled(&self, on: bool, qpn: u32) -> io::Result<()> {
         self.polled.store(on, Ordering::Release);
-        if self.closed.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let out = self.out_armed.load(Ordering::Acquire);
-        self.watch(self.interest(out), qpn, false)
+        self.rewatch(qpn)
     }
 
     /// Stops all I/O on the connection (idempotent).
@@ -563,6 +578,9 @@ impl Conn {
         if !self.closed.swap(true, Ordering::AcqRel) {
             match &self.io {
                 Io::Tcp { fd, epoll, .. } => {
+                    // After any `rewatch` under way: none modifies the
+                    // deleted registration.
+                    drop(self.watching.lock());
                     let _ = epoll.delete(*fd);
                     sys::shutdown(*fd);
                 }
