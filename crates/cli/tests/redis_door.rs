@@ -256,6 +256,13 @@ fn difference(args: &[&[u8]], redis: &V, store: &V) -> Option<&'static str> {
             matches!(store, V::Error(e) if e == "ERR SELECT is not allowed in cluster mode")
                 .then_some("SELECT: one database, as in cluster mode")
         }
+        // The empty key is the pointer API's (an object with no key):
+        // writes refuse it, reads find nothing.
+        (_, "") if args.len() > 1 && args[1].is_empty() => match (cmd.as_str(), store) {
+            ("SET", V::Error(e)) if e.starts_with("ERR the empty key") => Some("the empty key"),
+            ("GET", V::Null) | ("EXISTS" | "DEL", V::Int(0)) => Some("the empty key"),
+            _ => None,
+        },
         // The store's secondary holds every acknowledged write; this
         // Redis has no replica.
         ("WAIT", _) => matches!((redis, store), (V::Int(0), V::Int(1)))
@@ -469,6 +476,11 @@ GETRANGE {p}s x 1
 GETRANGE {p}s 0
 SUBSTR {p}s 0 2
 SET {p}empty \e
+# The empty key: refused by writes, absent to reads (a named difference).
+SET \e v
+GET \e
+EXISTS \e
+DEL \e
 GET {p}empty
 STRLEN {p}empty
 GETRANGE {p}empty 0 -1
@@ -606,6 +618,7 @@ fn the_door_answers_as_redis_does_in_resp2_and_resp3() {
         for want in [
             "SELECT: one database, as in cluster mode",
             "WAIT: the store's secondary",
+            "the empty key",
         ] {
             assert!(reasons.contains(&want), "{want} not seen: {reasons:?}");
         }

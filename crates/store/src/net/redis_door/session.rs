@@ -213,6 +213,10 @@ pub(super) fn integer(a: &[u8]) -> Result<i64, Reply> {
 
 pub(super) fn store_err(e: ClientError) -> Reply {
     match e {
+        ClientError::Store(StoreError::BadKey { len: 0, max }) => Reply::err(format!(
+            "ERR the empty key is not supported: an object with no key is the pointer \
+             API's (keys are 1 to {max} bytes)"
+        )),
         ClientError::Store(StoreError::BadKey { len, max }) => {
             Reply::err(format!("ERR key of {len} bytes: keys are 1 to {max} bytes"))
         }
