@@ -140,7 +140,12 @@ pub struct SimConfig {
     /// spills into bucket 1; each keyed write rewrites one of the two
     /// buckets every keyed reader reads).
     pub index_buckets: u64,
-    /// Crash only the secondary (the coordinator's primary stays up).
+    /// Crash only the in-sync secondary (the coordinator's primary stays
+    /// up; its incarnation, not one before a restart), so that every
+    /// restart is one whose copy had finished: a secondary crashed again
+    /// before its copy began would make two restarts cost one copy (seed
+    /// 21 with batches did: the record still named the incarnation before
+    /// the restart as in sync).
     pub crash_secondary_only: bool,
     /// Pause only the secondary (the coordinator's in-sync member).
     pub pause_secondary_only: bool,

@@ -307,7 +307,9 @@ impl Sim {
         if !(rec.primary == m || rec.in_sync == Some(m)) {
             return; // the victim may hold the only copy of some writes
         }
-        if self.cfg.crash_secondary_only && rec.primary != m {
+        if self.cfg.crash_secondary_only
+            && (rec.primary != m || rec.in_sync != self.nodes.get(&victim).map(|n| n.member()))
+        {
             return;
         }
         let node = self.nodes.remove(&victim).expect("victim alive");
