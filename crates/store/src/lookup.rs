@@ -42,6 +42,21 @@ use crate::object;
 /// gives up.
 pub const MAX_RESTARTS: u32 = 4;
 
+/// How far a reader's clock may be behind the primary's, in
+/// milliseconds: a reader counts a key as expired this long before its
+/// own clock reaches the deadline ([`live`]), so that no reader returns a
+/// value the primary already counts as expired.
+pub const CLOCK_BOUND_MS: u64 = 100;
+
+/// Whether an object whose header carries `deadline` (milliseconds since
+/// the Unix epoch; 0: none) is still the key's value for a reader whose
+/// clock reads `now_ms`: the primary decides expiry by its own clock, and
+/// a reader's may lag it by up to [`CLOCK_BOUND_MS`], so the reader
+/// counts the key absent from `deadline - CLOCK_BOUND_MS` on.
+pub fn live(deadline: u64, now_ms: u64) -> bool {
+    deadline == 0 || now_ms.saturating_add(CLOCK_BOUND_MS) < deadline
+}
+
 /// What to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -72,6 +87,9 @@ pub enum Outcome {
         version: u64,
         /// The value.
         data: Vec<u8>,
+        /// When the key expires (milliseconds since the Unix epoch; 0:
+        /// never): its reader decides by [`live`].
+        deadline: u64,
     },
     /// No such key.
     Absent,
@@ -255,6 +273,7 @@ impl Lookup {
             generation: o.generation,
             version: o.version,
             data: o.data.to_vec(),
+            deadline: o.deadline,
         })
     }
 }

@@ -14,6 +14,8 @@ struct Arena {
     meta: Meta,
     next: u64,
     seq: u64,
+    /// The deadline of the objects `put` writes.
+    deadline: u64,
 }
 
 impl Arena {
@@ -27,6 +29,7 @@ impl Arena {
             meta: Meta::new(layout),
             next: 64 << 10,
             seq: 0,
+            deadline: 0,
         }
     }
 
@@ -45,6 +48,7 @@ impl Arena {
             generation,
             key,
             data,
+            deadline: self.deadline,
         };
         object::write_object(&mut self.mem, offset, 256, &f).unwrap();
         let old = self.meta.get(key).map(|f| f.entry.offset);
@@ -104,6 +108,30 @@ fn value(o: &Outcome) -> Option<&[u8]> {
         Outcome::Found { data, .. } => Some(data),
         _ => None,
     }
+}
+
+/// The look-up hands back the header's deadline, and a reader counts the
+/// key absent from `CLOCK_BOUND_MS` before it on its own clock.
+#[test]
+fn the_deadline_comes_with_the_value() {
+    let mut a = Arena::new(4);
+    a.deadline = 1_800_000_000_000;
+    a.put(b"session", b"token");
+    a.deadline = 0;
+    a.put(b"forever", b"x");
+    let deadline_of = |o: &Outcome| match o {
+        Outcome::Found { deadline, .. } => *deadline,
+        o => panic!("{o:?}"),
+    };
+    let (o, _) = a.lookup(b"session", None, |_, _| {});
+    assert_eq!(deadline_of(&o), 1_800_000_000_000);
+    let (o, _) = a.lookup(b"forever", None, |_, _| {});
+    assert_eq!(deadline_of(&o), 0);
+    let d = 1_800_000_000_000;
+    assert!(live(d, d - CLOCK_BOUND_MS - 1));
+    assert!(!live(d, d - CLOCK_BOUND_MS));
+    assert!(!live(d, d + 5));
+    assert!(live(0, u64::MAX), "no deadline: never expires");
 }
 
 #[test]

@@ -18,7 +18,8 @@
 //!                           write that stored these bytes
 //!     32     8  key hash    [`key_hash`]`(key)`; 0 without a key
 //!     40     2  key length  at most `MAX_KEY_LEN`
-//!     42     6  zero
+//!     42     6  deadline    when the key expires: milliseconds since the
+//!                           Unix epoch (48 bits, [`MAX_DEADLINE`]); 0: never
 //!     48     k  key
 //!   48+k     n  value
 //! ```
@@ -50,6 +51,9 @@ pub const HEADER_LEN: usize = 48;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRO2");
 /// The longest key, in bytes (memcached allows 250, this allows more).
 pub const MAX_KEY_LEN: usize = 1024;
+/// The latest deadline a header holds (48 bits of milliseconds since the
+/// Unix epoch: the year 10889).
+pub const MAX_DEADLINE: u64 = (1 << 48) - 1;
 
 /// The 64-bit hash of a key, the same on every node and client (the
 /// header's key hash; the index's buckets and tags come from it).
@@ -105,6 +109,9 @@ pub struct Fields<'a> {
     pub key: &'a [u8],
     /// The value.
     pub data: &'a [u8],
+    /// When the key expires, in milliseconds since the Unix epoch; 0:
+    /// never (and always for the pointer API). At most [`MAX_DEADLINE`].
+    pub deadline: u64,
 }
 
 impl<'a> Fields<'a> {
@@ -116,6 +123,7 @@ impl<'a> Fields<'a> {
             generation: version,
             key: &[],
             data,
+            deadline: 0,
         }
     }
 }
@@ -136,6 +144,8 @@ pub struct Object<'a> {
     pub data: &'a [u8],
     /// The allocation's length in bytes.
     pub allocation: u64,
+    /// When the key expires (milliseconds since the Unix epoch); 0: never.
+    pub deadline: u64,
 }
 
 /// An object read out of memory.
@@ -149,6 +159,8 @@ pub struct Owned {
     pub key: Vec<u8>,
     /// Value.
     pub data: Vec<u8>,
+    /// Deadline (see [`Fields::deadline`]).
+    pub deadline: u64,
 }
 
 /// Bytes needed to store a key of `key_len` bytes and `data_len` bytes of
@@ -176,6 +188,7 @@ pub fn header(f: &Fields<'_>, allocation: u64) -> [u8; HEADER_LEN] {
         f.key.len() <= MAX_KEY_LEN,
         "keys are at most {MAX_KEY_LEN} bytes"
     );
+    assert!(f.deadline <= MAX_DEADLINE, "a deadline has 48 bits");
     let hash = if f.key.is_empty() { 0 } else { key_hash(f.key) };
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -185,6 +198,7 @@ pub fn header(f: &Fields<'_>, allocation: u64) -> [u8; HEADER_LEN] {
     h[24..32].copy_from_slice(&f.generation.to_le_bytes());
     h[32..40].copy_from_slice(&hash.to_le_bytes());
     h[40..42].copy_from_slice(&(f.key.len() as u16).to_le_bytes());
+    h[42..48].copy_from_slice(&f.deadline.to_le_bytes()[..6]);
     let crc = checksum(&h, f.key, f.data);
     h[16..20].copy_from_slice(&crc.to_le_bytes());
     h
@@ -238,6 +252,9 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
     let generation = u64_at(24);
     let key_hash = u64_at(32);
     let key_len = u16::from_le_bytes(buf[40..42].try_into().unwrap()) as usize;
+    let mut d = [0u8; 8];
+    d[..6].copy_from_slice(&buf[42..48]);
+    let deadline = u64::from_le_bytes(d);
     if key_len > MAX_KEY_LEN || key_len + len > buf.len() - HEADER_LEN {
         // A length that cannot be right for this allocation: torn header.
         return Err(ObjectError::Torn);
@@ -254,6 +271,7 @@ pub fn decode(buf: &[u8]) -> Result<Object<'_>, ObjectError> {
         key,
         data,
         allocation,
+        deadline,
     })
 }
 
@@ -318,6 +336,7 @@ pub fn read_object<M: Memory + ?Sized>(
         generation: o.generation,
         key: o.key.to_vec(),
         data: o.data.to_vec(),
+        deadline: o.deadline,
     })
 }
 
@@ -390,6 +409,41 @@ mod tests {
         }
     }
 
+    /// The deadline round-trips through the header (48 bits, covered by
+    /// the checksum), and a header of before deadlines (zero bytes
+    /// there) reads as "never".
+    #[test]
+    fn the_deadline_is_kept_in_the_header() {
+        for deadline in [0, 1, 1_790_000_000_123, MAX_DEADLINE] {
+            let f = Fields {
+                version: 7,
+                generation: 3,
+                key: b"k",
+                data: b"v",
+                deadline,
+            };
+            let enc = encode(&f);
+            let o = decode_exact(&enc).unwrap();
+            assert_eq!(
+                (o.deadline, o.data, o.key),
+                (deadline, &b"v"[..], &b"k"[..])
+            );
+        }
+        let mut enc = encode(&Fields {
+            version: 7,
+            generation: 3,
+            key: b"k",
+            data: b"v",
+            deadline: 5,
+        });
+        enc[42] ^= 4;
+        assert_eq!(
+            decode(&enc),
+            Err(ObjectError::Torn),
+            "covered by the checksum"
+        );
+    }
+
     #[test]
     fn single_bit_flips_are_detected() {
         let f = Fields {
@@ -397,6 +451,7 @@ mod tests {
             generation: 2,
             key: b"a key",
             data: b"some payload",
+            deadline: 1_790_000_000_000,
         };
         let enc = encode(&f);
         // The header and the data (the rest of the allocation is no part of
@@ -465,9 +520,9 @@ mod tests {
         ) {
             let cap = 256;
             let mut ea = vec![0; cap];
-            encode_into(&mut ea, &Fields { version: 10, generation: 1, key: &ka, data: &a }).unwrap();
+            encode_into(&mut ea, &Fields { version: 10, generation: 1, key: &ka, data: &a, deadline: 0 }).unwrap();
             let mut eb = vec![0; cap];
-            encode_into(&mut eb, &Fields { version: 11, generation: 2, key: &kb, data: &b }).unwrap();
+            encode_into(&mut eb, &Fields { version: 11, generation: 2, key: &kb, data: &b, deadline: MAX_DEADLINE }).unwrap();
             let (lo, hi) = (cut.min(cut2), cut.max(cut2));
             // bytes [lo, hi) from b, the rest from a
             let mut mix = ea.clone();

@@ -232,3 +232,93 @@ fn an_unchanged_check_undoes_the_batch_when_the_key_was_written() {
     });
     assert!(matches!(&ok, Ok(Reply::Batch(r)) if r.len() == 2), "{ok:?}");
 }
+
+/// Issue 32, expiry's first layer: a key's deadline lives in its object
+/// (header bytes 42..48) and in the replicated `Effect::Write`. A
+/// read-modify-write keeps it (Redis's `INCR`, `APPEND` and `SETRANGE`
+/// keep a TTL), also inside a batch; a put or a swap (`SET`, `GETSET`)
+/// clears it. The deadline is set here through a replicated write's
+/// effect, as a secondary applies the primary's.
+#[test]
+fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
+    use crate::proto::{Modify, RepOp};
+    const D: u64 = 1_800_000_000_000;
+    let arena = crate::ptr::ArenaRef {
+        base: 0x7e00_0000_0000,
+        len: 1 << 20,
+        stag: 1,
+    };
+    let mut img = Image::new(arena, HeapMemory::new(1 << 20));
+    img.format(16);
+    let mut seq = 0;
+    let mut run = |img: &mut Image<HeapMemory>, op: Op, set: Option<u64>| {
+        let (mut effects, reply) = img.plan_write(&op).unwrap();
+        let mut deadlines = Vec::new();
+        for e in &mut effects {
+            if let Effect::Write { deadline, .. } = e {
+                if let Some(d) = set {
+                    *deadline = d;
+                }
+                deadlines.push(*deadline);
+            }
+        }
+        seq += 1;
+        let rep = RepOp {
+            client: 1,
+            req_id: seq,
+            effects,
+            reply,
+        };
+        img.apply(seq, &rep, false).unwrap();
+        deadlines
+    };
+    let put = |v: &[u8]| Op::Put {
+        key: b"k".to_vec(),
+        data: v.to_vec(),
+        cond: Cond::Always,
+    };
+    let m = |how| Op::Modify {
+        key: b"k".to_vec(),
+        how,
+    };
+    let deadline = |img: &Image<HeapMemory>| match img.get_key(b"k").unwrap() {
+        Reply::Value { ptr, .. } => {
+            let off = ptr.addr - arena.base;
+            object::read_object(img.memory(), off, ptr.len as u64)
+                .unwrap()
+                .deadline
+        }
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(run(&mut img, put(b"1"), Some(D)), [D]);
+    assert_eq!(deadline(&img), D, "in the header");
+    assert_eq!(run(&mut img, m(Modify::IncrBy(2)), None), [D]);
+    assert_eq!(run(&mut img, m(Modify::Append(vec![b'0'; 300])), None), [D]);
+    assert_eq!(deadline(&img), D, "kept when the value moved");
+    let batch = Op::Batch {
+        ops: vec![
+            m(Modify::SetRange {
+                offset: 0,
+                data: b"9".to_vec(),
+            }),
+            m(Modify::Append(b"1".to_vec())),
+        ],
+        all_or_none: false,
+    };
+    assert_eq!(run(&mut img, batch, None), [D, D]);
+    assert_eq!(
+        run(
+            &mut img,
+            m(Modify::Swap {
+                data: b"s".to_vec(),
+                cond: Cond::Always
+            }),
+            None
+        ),
+        [0]
+    );
+    assert_eq!(deadline(&img), 0, "a swap clears it");
+    assert_eq!(run(&mut img, put(b"2"), Some(D)), [D]);
+    assert_eq!(run(&mut img, put(b"3"), None), [0]);
+    assert_eq!(deadline(&img), 0, "a put clears it");
+}

@@ -92,7 +92,7 @@ pub(super) struct Image<M: Memory> {
     /// replica as it applies writes; rebuilt from the headers after a copy.
     unkeyed_gens: BTreeMap<u64, u64>,
     /// While a batch is planned ([`Image::plan_batch`]): the object writes
-    /// of its writes so far, which the next ones read (`current_value`).
+    /// of its writes so far, which the next ones read (`current_object`).
     batch_writes: Vec<Effect>,
 }
 
@@ -339,6 +339,7 @@ impl<M: Memory> Image<M> {
             generation,
             key: Vec::new(),
             data: data.to_vec(),
+            deadline: 0,
         };
         match op {
             Op::Insert { data } => {
@@ -377,7 +378,8 @@ impl<M: Memory> Image<M> {
                 let off = self.unkeyed_offset(ptr)?;
                 Ok((vec![Effect::Free { offset: off }], Reply::Deleted))
             }
-            Op::Put { key, data, cond } => self.plan_put(seq, key, data, *cond),
+            // A put's value has no deadline (as Redis's SET clears one).
+            Op::Put { key, data, cond } => self.plan_put(seq, key, data, *cond, 0),
             Op::Remove { key } => self.plan_remove(key),
             Op::Modify { key, how } => self.plan_modify(seq, key, how),
             Op::RotateStag { stag } => {
@@ -475,6 +477,7 @@ impl<M: Memory> Image<M> {
                     generation,
                     key,
                     data,
+                    deadline,
                 } => {
                     let cap = *caps.next().ok_or("allocation of a write unknown")?;
                     let f = object::Fields {
@@ -482,6 +485,7 @@ impl<M: Memory> Image<M> {
                         generation: *generation,
                         key,
                         data,
+                        deadline: *deadline,
                     };
                     object::write_object(&mut self.mem, *offset, cap, &f)
                         .map_err(|e| e.to_string())?;
@@ -528,8 +532,12 @@ impl<M: Memory> Image<M> {
                     key,
                     data,
                     generation,
+                    deadline,
                     ..
                 } => {
+                    if *deadline > object::MAX_DEADLINE || (key.is_empty() && *deadline != 0) {
+                        return Err(format!("deadline {deadline} of a write at {offset}"));
+                    }
                     if key.is_empty() {
                         self.unkeyed_gens.insert(*offset, *generation);
                     }

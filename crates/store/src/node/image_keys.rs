@@ -24,6 +24,13 @@ const SCAN_BUCKETS: u64 = 256;
 /// in, so long keys and a long pattern cannot hold the node loop either.
 const SCAN_WORK: u64 = 1 << 26;
 
+/// A key's latest write ([`Image::current_object`]).
+struct Current {
+    version: u64,
+    data: Vec<u8>,
+    deadline: u64,
+}
+
 impl<M: Memory> Image<M> {
     fn meta(&self) -> Result<&Meta, StoreError> {
         self.index
@@ -36,13 +43,14 @@ impl<M: Memory> Image<M> {
     /// key's slot repointed; a new key gets a new object and a slot. A
     /// failed condition is a write without effects, so its answer is
     /// replicated and ordered like any other (it reflects writes that may
-    /// not be committed yet).
+    /// not be committed yet). The object gets `deadline` (0: none).
     pub(super) fn plan_put(
         &self,
         seq: u64,
         key: &[u8],
         data: &[u8],
         cond: Cond,
+        deadline: u64,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
         crate::proto::check_key(key)?;
         let meta = self.meta()?;
@@ -64,6 +72,7 @@ impl<M: Memory> Image<M> {
             generation,
             key: key.to_vec(),
             data: data.to_vec(),
+            deadline,
         };
         if let Some(f) = existing {
             let cap = f.entry.units as u64 * object::UNIT;
@@ -132,17 +141,12 @@ impl<M: Memory> Image<M> {
         ))
     }
 
-    /// `key`'s value as of the next write: its latest write, committed
+    /// `key`'s object as of the next write: its latest write, committed
     /// or not (a primary plans with writes not yet replicated; a
     /// read-modify-write must see them, or two pipelined `INCR`s would
-    /// both add to the same value).
-    fn current_value(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.current_object(key)?.map(|(_, data)| data))
-    }
-
-    /// `key`'s latest write as [`Self::current_value`] finds it: its
-    /// version (the write's sequence number) and value.
-    fn current_object(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+    /// both add to the same value): its version (the write's sequence
+    /// number), value and deadline.
+    fn current_object(&self, key: &[u8]) -> Result<Option<Current>, StoreError> {
         let Some(f) = self.meta()?.get(key) else {
             return Ok(None);
         };
@@ -163,11 +167,16 @@ impl<M: Memory> Image<M> {
                 key: k,
                 data,
                 version,
+                deadline,
                 ..
             } = e
             {
                 if *offset == off && k == key {
-                    return Ok(Some((*version, data.clone())));
+                    return Ok(Some(Current {
+                        version: *version,
+                        data: data.clone(),
+                        deadline: *deadline,
+                    }));
                 }
             }
         }
@@ -179,7 +188,11 @@ impl<M: Memory> Image<M> {
                 "index: the key's slot does not match its object".into(),
             ));
         }
-        Ok(Some((o.version, o.data)))
+        Ok(Some(Current {
+            version: o.version,
+            data: o.data,
+            deadline: o.deadline,
+        }))
     }
 
     /// A read-modify-write ([`Modify`]) at sequence number `seq`: the new
@@ -194,7 +207,11 @@ impl<M: Memory> Image<M> {
         how: &Modify,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
         crate::proto::check_key(key)?;
-        let old = self.current_value(key)?;
+        let current = self.current_object(key)?;
+        // A read-modify-write keeps the key's deadline (Redis's INCR,
+        // APPEND and SETRANGE keep a TTL); a swap is a SET, which clears it.
+        let kept = current.as_ref().map_or(0, |c| c.deadline);
+        let old = current.map(|c| c.data);
         let refuse = |text: &str| Ok((Vec::new(), Reply::Refused(text.into())));
         let too_big = |len: usize| {
             (len > MAX_MODIFY_BYTES).then(|| {
@@ -203,14 +220,14 @@ impl<M: Memory> Image<M> {
                 ))
             })
         };
-        let put = |data: &[u8], cond: Cond| -> Result<(Vec<Effect>, bool), StoreError> {
-            let (effects, reply) = self.plan_put(seq, key, data, cond)?;
-            Ok((effects, matches!(reply, Reply::Stored { .. })))
+        let put = |data: &[u8], cond: Cond, deadline: u64| {
+            let (effects, reply) = self.plan_put(seq, key, data, cond, deadline)?;
+            Ok::<_, StoreError>((effects, matches!(reply, Reply::Stored { .. })))
         };
         // The value becomes `v`; the answer is its length, and with
         // `answer_value` (a counter's new text) the value itself.
         let rewrite = |v: Vec<u8>, answer_value: bool| {
-            let (effects, _) = put(&v, Cond::Always)?;
+            let (effects, _) = put(&v, Cond::Always, kept)?;
             let len = v.len() as u64;
             let value = answer_value.then_some(v);
             Ok((effects, Reply::Modified { value, len }))
@@ -266,7 +283,7 @@ impl<M: Memory> Image<M> {
                 if let Some(r) = too_big(carried) {
                     return Ok((Vec::new(), r));
                 }
-                let (effects, stored) = put(data, *cond)?;
+                let (effects, stored) = put(data, *cond, 0)?;
                 let len = match stored {
                     true => data.len(),
                     false => old.as_ref().map_or(0, Vec::len),
@@ -284,7 +301,7 @@ impl<M: Memory> Image<M> {
                 Ok((Vec::new(), Reply::Modified { value: old, len }))
             }
             Modify::Unchanged { version } => {
-                let now = self.current_object(key)?.map(|(v, _)| v);
+                let now = self.current_object(key)?.map(|o| o.version);
                 match now == *version {
                     true => Ok((
                         Vec::new(),
@@ -321,12 +338,16 @@ impl<M: Memory> Image<M> {
                 .map_err(|e| StoreError::Other(format!("index: {e}")))
         };
         match lookup::run(key, layout, None, read)?.0 {
+            // No write sets a deadline yet: expiry lands in layers (the
+            // header and the effects carry it first; the primary's own
+            // decision comes with the commands that set one).
             Outcome::Found {
                 offset,
                 len,
                 generation,
                 version,
                 data,
+                deadline: _,
             } => Ok(Reply::Value {
                 ptr: self.ptr_at(offset, len as u64, generation),
                 generation,

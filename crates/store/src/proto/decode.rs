@@ -381,6 +381,7 @@ fn dec_effect(r: &mut R<'_>) -> Result<Effect, DecodeError> {
             generation: r.u64()?,
             key: r.bytes()?,
             data: r.bytes()?,
+            deadline: r.u64()?,
         },
         3 => Effect::Free { offset: r.u64()? },
         4 => {

@@ -374,6 +374,7 @@ fn enc_effect(w: &mut W, e: &Effect) {
             generation,
             key,
             data,
+            deadline,
         } => {
             w.u8(2);
             w.u64(*offset);
@@ -381,6 +382,7 @@ fn enc_effect(w: &mut W, e: &Effect) {
             w.u64(*generation);
             w.bytes(key);
             w.bytes(data);
+            w.u64(*deadline);
         }
         Effect::Free { offset } => {
             w.u8(3);

@@ -504,6 +504,9 @@ pub enum Effect {
         key: Vec<u8>,
         /// Data.
         data: Vec<u8>,
+        /// When the key expires (milliseconds since the Unix epoch, at
+        /// most `object::MAX_DEADLINE`); 0: never (always, without a key).
+        deadline: u64,
     },
     /// Zero the header at `offset` and free the allocation.
     Free {

@@ -186,6 +186,7 @@ fn effect() -> impl Strategy<Value = Effect> {
                 generation: version / 3,
                 key,
                 data,
+                deadline: version / 5,
             }
         }),
         any::<u64>().prop_map(|offset| Effect::Free { offset }),

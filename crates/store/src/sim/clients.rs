@@ -370,6 +370,7 @@ impl Sim {
                 generation,
                 version,
                 data,
+                deadline: _,
             }) => {
                 self.report.one_sided_reads += 1;
                 self.report.keyed_one_sided += 1;
