@@ -57,6 +57,13 @@ pub fn live(deadline: u64, now_ms: u64) -> bool {
     deadline == 0 || now_ms.saturating_add(CLOCK_BOUND_MS) < deadline
 }
 
+/// This host's Unix time in milliseconds (0 before 1970).
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {

@@ -242,6 +242,8 @@ fn node_config(cfg: &Config, me: Member, aref: ArenaRef) -> NodeConfig {
         clock_drift_permille: cfg.clock_drift_permille,
         index_buckets: cfg.index_buckets,
         resp_port: cfg.resp.map_or(0, |a| a.port()),
+        // The node loop's clock starts when it is made, right after.
+        clock_origin_ms: crate::lookup::wall_ms(),
     }
 }
 

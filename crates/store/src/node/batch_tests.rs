@@ -322,3 +322,120 @@ fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
     assert_eq!(run(&mut img, put(b"3"), None), [0]);
     assert_eq!(deadline(&img), 0, "a put clears it");
 }
+
+/// Issue 32, expiry's second layer: the primary decides expiry by its
+/// clock (`NodeConfig::clock_origin_ms` plus its time). `Modify::Expire`
+/// sets, keeps or clears a deadline as Redis's `EXPIRE ... NX|XX|GT|LT`
+/// and `PERSIST` do; a `SET` with a TTL is a batch of a put and an expire
+/// (one write); once the deadline passes the key is absent to a get, a
+/// condition (`SETNX` succeeds), a counter (`INCR` starts from 0, without
+/// the old deadline) and `DEL` (0); a deadline already past removes it.
+#[test]
+fn keys_expire_by_the_primarys_clock() {
+    use crate::proto::{ExpireWhen, Modify};
+    let mut h = H::new();
+    h.redundant();
+    let now = |h: &H| CLOCK_ORIGIN_MS + h.t / 1000;
+    let put = |k: &[u8], v: &[u8], cond| Op::Put {
+        key: k.to_vec(),
+        data: v.to_vec(),
+        cond,
+    };
+    let m = |k: &[u8], how| Op::Modify {
+        key: k.to_vec(),
+        how,
+    };
+    let expire = |k: &[u8], at, when| m(k, Modify::Expire { at, when });
+    let changed = |r: Result<Reply, StoreError>| match r {
+        Ok(Reply::Modified { len, .. }) => len,
+        r => panic!("{r:?}"),
+    };
+    let get = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
+        Ok(Reply::Value { data, .. }) => Some(data),
+        Ok(Reply::NoKey) => None,
+        r => panic!("{r:?}"),
+    };
+    // SET k v PX 5000 as one write.
+    let at = now(&h) + 5_000;
+    let r = h.request(Op::Batch {
+        ops: vec![
+            put(b"k", b"v", Cond::Always),
+            expire(b"k", at, ExpireWhen::Always),
+        ],
+        all_or_none: false,
+    });
+    assert!(matches!(r, Ok(Reply::Batch(_))), "{r:?}");
+    // NX refuses (it has one), GT with an earlier one refuses, LT with a
+    // later one refuses, XX to the same is a change.
+    assert_eq!(
+        changed(h.request(expire(b"k", at + 5, ExpireWhen::IfNone))),
+        0
+    );
+    assert_eq!(
+        changed(h.request(expire(b"k", at - 5, ExpireWhen::IfLater))),
+        0
+    );
+    assert_eq!(
+        changed(h.request(expire(b"k", at + 5, ExpireWhen::IfEarlier))),
+        0
+    );
+    assert_eq!(changed(h.request(expire(b"k", at, ExpireWhen::IfSet))), 1);
+    // A missing key cannot get one.
+    assert_eq!(
+        changed(h.request(expire(b"none", at, ExpireWhen::Always))),
+        0
+    );
+    h.request(put(b"n", b"1", Cond::Always)).unwrap();
+    // No deadline is an infinite one: GT refuses, LT sets it.
+    assert_eq!(changed(h.request(expire(b"n", at, ExpireWhen::IfLater))), 0);
+    assert_eq!(
+        changed(h.request(expire(b"n", at, ExpireWhen::IfEarlier))),
+        1
+    );
+    assert_eq!(get(&mut h, b"k"), Some(b"v".to_vec()));
+    // PERSIST on a key with a deadline; then on one without.
+    h.request(put(b"p", b"x", Cond::Always)).unwrap();
+    assert_eq!(changed(h.request(expire(b"p", at, ExpireWhen::Always))), 1);
+    assert_eq!(changed(h.request(expire(b"p", 0, ExpireWhen::IfSet))), 1);
+    assert_eq!(changed(h.request(expire(b"p", 0, ExpireWhen::IfSet))), 0);
+    // Past the deadline: absent to everything, kept for nothing.
+    h.run(5_000_000, &never);
+    assert!(now(&h) > at);
+    assert_eq!(get(&mut h, b"k"), None);
+    assert_eq!(get(&mut h, b"p"), Some(b"x".to_vec()), "persisted");
+    assert!(matches!(
+        h.request(put(b"k", b"again", Cond::IfAbsent)),
+        Ok(Reply::Stored { .. })
+    ));
+    assert_eq!(
+        get(&mut h, b"k"),
+        Some(b"again".to_vec()),
+        "no deadline now"
+    );
+    let r = h.request(m(b"n", Modify::IncrBy(5)));
+    assert!(
+        matches!(&r, Ok(Reply::Modified { value: Some(v), .. }) if v == b"5"),
+        "INCR of an expired key starts from 0: {r:?}"
+    );
+    // A deadline already past removes the key; DEL of an expired key is 0.
+    assert_eq!(
+        changed(h.request(expire(b"p", now(&h) - 1, ExpireWhen::Always))),
+        1
+    );
+    assert_eq!(get(&mut h, b"p"), None);
+    h.request(put(b"d", b"x", Cond::Always)).unwrap();
+    assert_eq!(
+        changed(h.request(expire(b"d", now(&h) + 10, ExpireWhen::Always))),
+        1
+    );
+    h.run(50_000, &never);
+    assert!(matches!(
+        h.request(Op::Remove { key: b"d".to_vec() }),
+        Ok(Reply::Removed { existed: false })
+    ));
+    // Both nodes hold the same.
+    assert_eq!(
+        h.node(1).status().applied_seq,
+        h.node(2).status().applied_seq
+    );
+}

@@ -94,6 +94,8 @@ pub(super) struct Image<M: Memory> {
     /// While a batch is planned ([`Image::plan_batch`]): the object writes
     /// of its writes so far, which the next ones read (`current_object`).
     batch_writes: Vec<Effect>,
+    /// The node's wall time (Unix milliseconds) as of its last input.
+    wall_ms: u64,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -120,7 +122,21 @@ impl<M: Memory> Image<M> {
             layout: None,
             index: None,
             unkeyed_gens: BTreeMap::new(),
+            wall_ms: 0,
         }
+    }
+
+    /// The node's wall time now (Unix milliseconds), by which plans decide
+    /// which keys have expired.
+    pub(super) fn set_wall_ms(&mut self, ms: u64) {
+        self.wall_ms = ms;
+    }
+
+    /// Whether a key whose object carries `deadline` has expired, by this
+    /// node's clock (a primary's decision; readers allow for their clock's
+    /// lag, `lookup::live`).
+    pub(super) fn expired(&self, deadline: u64) -> bool {
+        deadline != 0 && self.wall_ms >= deadline
     }
 
     /// Discards all data (the STag stays the last one applied).

@@ -13,7 +13,7 @@ use super::*;
 use crate::glob;
 use crate::index::{key_hash, tag_of, Slot};
 use crate::lookup::{self, Outcome};
-use crate::proto::{redis_i64, Cond, Modify, MAX_MODIFY_BYTES};
+use crate::proto::{redis_i64, Cond, ExpireWhen, Modify, MAX_MODIFY_BYTES};
 
 /// Buckets one scan request walks at most, so a sparse match cannot hold
 /// the node loop for long.
@@ -55,8 +55,10 @@ impl<M: Memory> Image<M> {
         crate::proto::check_key(key)?;
         let meta = self.meta()?;
         let existing = meta.get(key).copied();
-        match (cond, existing) {
-            (Cond::IfAbsent, Some(_)) | (Cond::IfPresent, None) => {
+        // An expired key is absent to a condition (its slot is reused).
+        let present = existing.is_some() && (cond == Cond::Always || self.live(key)?.is_some());
+        match (cond, present) {
+            (Cond::IfAbsent, true) | (Cond::IfPresent, false) => {
                 return Ok((Vec::new(), Reply::NotStored))
             }
             _ => {}
@@ -128,6 +130,8 @@ impl<M: Memory> Image<M> {
             return Ok((Vec::new(), Reply::Removed { existed: false }));
         };
         let offset = meta.get(key).expect("planned from it").entry.offset;
+        // An expired key is removed too, but did not exist (Redis's DEL).
+        let existed = self.live(key)?.is_some();
         Ok((
             vec![
                 Effect::Free { offset },
@@ -137,8 +141,16 @@ impl<M: Memory> Image<M> {
                     edit,
                 },
             ],
-            Reply::Removed { existed: true },
+            Reply::Removed { existed },
         ))
+    }
+
+    /// [`Self::current_object`] unless it has expired by this node's
+    /// clock: the key as a command sees it.
+    fn live(&self, key: &[u8]) -> Result<Option<Current>, StoreError> {
+        Ok(self
+            .current_object(key)?
+            .filter(|c| !self.expired(c.deadline)))
     }
 
     /// `key`'s object as of the next write: its latest write, committed
@@ -207,7 +219,7 @@ impl<M: Memory> Image<M> {
         how: &Modify,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
         crate::proto::check_key(key)?;
-        let current = self.current_object(key)?;
+        let current = self.live(key)?;
         // A read-modify-write keeps the key's deadline (Redis's INCR,
         // APPEND and SETRANGE keep a TTL); a swap is a SET, which clears it.
         let kept = current.as_ref().map_or(0, |c| c.deadline);
@@ -301,7 +313,7 @@ impl<M: Memory> Image<M> {
                 Ok((Vec::new(), Reply::Modified { value: old, len }))
             }
             Modify::Unchanged { version } => {
-                let now = self.current_object(key)?.map(|o| o.version);
+                let now = self.live(key)?.map(|o| o.version);
                 match now == *version {
                     true => Ok((
                         Vec::new(),
@@ -316,6 +328,33 @@ impl<M: Memory> Image<M> {
             Modify::Take => {
                 let (effects, _) = self.plan_remove(key)?;
                 Ok((effects, Reply::Modified { value: old, len: 0 }))
+            }
+            Modify::Expire { at, when } => {
+                let changed = |len| Reply::Modified { value: None, len };
+                let Some(v) = old else {
+                    return Ok((Vec::new(), changed(0)));
+                };
+                // No deadline counts as an infinite one (Redis's GT, LT).
+                let inf = |d: u64| if d == 0 { u64::MAX } else { d };
+                let allowed = match when {
+                    ExpireWhen::Always => true,
+                    ExpireWhen::IfNone => kept == 0,
+                    ExpireWhen::IfSet => kept != 0,
+                    ExpireWhen::IfLater => inf(*at) > inf(kept),
+                    ExpireWhen::IfEarlier => inf(*at) < inf(kept),
+                };
+                if !allowed {
+                    return Ok((Vec::new(), changed(0)));
+                }
+                if *at != 0 && self.expired(*at) {
+                    let (effects, _) = self.plan_remove(key)?;
+                    return Ok((effects, changed(1)));
+                }
+                if *at > object::MAX_DEADLINE {
+                    return refuse("ERR invalid expire time");
+                }
+                let (effects, _) = put(&v, Cond::Always, *at)?;
+                Ok((effects, changed(1)))
             }
         }
     }
@@ -338,16 +377,15 @@ impl<M: Memory> Image<M> {
                 .map_err(|e| StoreError::Other(format!("index: {e}")))
         };
         match lookup::run(key, layout, None, read)?.0 {
-            // No write sets a deadline yet: expiry lands in layers (the
-            // header and the effects carry it first; the primary's own
-            // decision comes with the commands that set one).
+            // Expired by this node's clock: absent, as to a command.
+            Outcome::Found { deadline, .. } if self.expired(deadline) => Ok(Reply::NoKey),
             Outcome::Found {
                 offset,
                 len,
                 generation,
                 version,
                 data,
-                deadline: _,
+                ..
             } => Ok(Reply::Value {
                 ptr: self.ptr_at(offset, len as u64, generation),
                 generation,

@@ -122,6 +122,11 @@ pub struct NodeConfig {
     pub index_buckets: u64,
     /// The port of this node's RESP front door (0: none), for `status`.
     pub resp_port: u16,
+    /// Unix time, in milliseconds, at this node's time 0: its wall clock
+    /// is this plus its monotonic time, by which the primary decides
+    /// which keys have expired (a deadline is Unix milliseconds). Steps of
+    /// the system clock after the start do not move it.
+    pub clock_origin_ms: u64,
 }
 
 /// A party: a node of the group or a client.
@@ -424,6 +429,8 @@ impl<M: Memory> Node<M> {
     pub fn handle(&mut self, now: Micros, input: Input) -> Vec<Output> {
         assert!(now >= self.now, "time must not go backwards");
         self.now = now;
+        self.image
+            .set_wall_ms(self.cfg.clock_origin_ms + now / 1000);
         match input {
             Input::Message { from, env } => self.on_message(from, env),
             Input::Tick => self.on_tick(),

@@ -9,6 +9,9 @@ use crate::object;
 use crate::proto::{Cond, Effect, Op};
 use crate::ptr::RemotePtr;
 
+/// The nodes' wall clock at time 0 (Unix milliseconds).
+const CLOCK_ORIGIN_MS: u64 = 1_700_000_000_000;
+
 const ARENA: ArenaRef = ArenaRef {
     base: 0x7e00_0000_0000,
     len: 64 << 10,
@@ -56,6 +59,7 @@ impl H {
                 clock_drift_permille: 50,
                 index_buckets: 0,
                 resp_port: 0,
+                clock_origin_ms: CLOCK_ORIGIN_MS,
             };
             nodes.insert(n, Node::new(cfg, HeapMemory::new(ARENA.len)));
         }

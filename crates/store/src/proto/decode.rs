@@ -2,8 +2,8 @@
 //! [`super`]); garbage is an error, never a panic.
 
 use super::{
-    Body, Cond, DecodeError, DedupEntry, Effect, Envelope, Member, Modify, Op, RepOp, Reply,
-    StatusInfo, StoreError, MAX_MESSAGE,
+    Body, Cond, DecodeError, DedupEntry, Effect, Envelope, ExpireWhen, Member, Modify, Op, RepOp,
+    Reply, StatusInfo, StoreError, MAX_MESSAGE,
 };
 use crate::alloc::AllocSnapshot;
 use crate::ptr::RemotePtr;
@@ -238,6 +238,22 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                     version: match r.bool()? {
                         true => Some(r.u64()?),
                         false => None,
+                    },
+                },
+                9 => Modify::Expire {
+                    at: r.u64()?,
+                    when: match r.u8()? {
+                        0 => ExpireWhen::Always,
+                        1 => ExpireWhen::IfNone,
+                        2 => ExpireWhen::IfSet,
+                        3 => ExpireWhen::IfLater,
+                        4 => ExpireWhen::IfEarlier,
+                        tag => {
+                            return Err(DecodeError::BadTag {
+                                what: "expire condition",
+                                tag,
+                            })
+                        }
                     },
                 },
                 tag => {

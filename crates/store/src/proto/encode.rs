@@ -1,6 +1,6 @@
 //! Encoding: every message to bytes (the layout [`super`] describes).
 
-use super::{Body, Cond, Effect, Envelope, Modify, Op, Reply, StoreError};
+use super::{Body, Cond, Effect, Envelope, ExpireWhen, Modify, Op, Reply, StoreError};
 use crate::ptr::RemotePtr;
 
 struct W(Vec<u8>);
@@ -241,6 +241,17 @@ fn enc_op(w: &mut W, op: &Op) {
                         }
                         None => w.bool(false),
                     }
+                }
+                Modify::Expire { at, when } => {
+                    w.u8(9);
+                    w.u64(*at);
+                    w.u8(match when {
+                        ExpireWhen::Always => 0,
+                        ExpireWhen::IfNone => 1,
+                        ExpireWhen::IfSet => 2,
+                        ExpireWhen::IfLater => 3,
+                        ExpireWhen::IfEarlier => 4,
+                    });
                 }
             }
         }

@@ -330,6 +330,34 @@ pub enum Modify {
         /// The version seen by `WATCH`.
         version: Option<u64>,
     },
+    /// `EXPIRE`, `PEXPIREAT`, ... and `PERSIST`: the key's deadline
+    /// becomes `at` (milliseconds since the Unix epoch; 0: none) if the
+    /// key exists and `when` allows; a deadline the primary's clock has
+    /// passed removes the key, as Redis does. Answers `len` 1 if it
+    /// changed the key, else 0, without effects. `PERSIST` is `at` 0 with
+    /// [`ExpireWhen::IfSet`].
+    Expire {
+        /// The new deadline (0: none).
+        at: u64,
+        /// When to change it.
+        when: ExpireWhen,
+    },
+}
+
+/// When a [`Modify::Expire`] changes a key's deadline (Redis's `NX`,
+/// `XX`, `GT`, `LT`; no deadline counts as an infinite one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpireWhen {
+    /// Always.
+    Always,
+    /// Only if the key has no deadline (`NX`).
+    IfNone,
+    /// Only if the key has a deadline (`XX`).
+    IfSet,
+    /// Only if the new deadline is later (`GT`).
+    IfLater,
+    /// Only if the new deadline is earlier (`LT`).
+    IfEarlier,
 }
 
 /// When a [`Op::Put`] stores.

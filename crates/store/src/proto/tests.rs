@@ -170,6 +170,16 @@ fn plain_op() -> impl Strategy<Value = Op> {
                 bytes().prop_map(Modify::IncrByFloat),
                 Just(Modify::Peek),
                 any::<Option<u64>>().prop_map(|version| Modify::Unchanged { version }),
+                (any::<u64>(), 0u8..5).prop_map(|(at, w)| Modify::Expire {
+                    at,
+                    when: [
+                        ExpireWhen::Always,
+                        ExpireWhen::IfNone,
+                        ExpireWhen::IfSet,
+                        ExpireWhen::IfLater,
+                        ExpireWhen::IfEarlier
+                    ][w as usize],
+                }),
             ]
         )
             .prop_map(|(key, how)| Op::Modify { key, how }),

@@ -299,6 +299,10 @@ const HEARTBEAT: Micros = 5_000;
 const TIMEOUT: Micros = 25_000;
 /// As the runtime's default: 8 heartbeat timeouts.
 const SECONDARY_TIMEOUT: Micros = 8 * TIMEOUT;
+/// The simulated nodes' wall clock at their time 0 (Unix milliseconds):
+/// each node's wall time is this plus its own (drifting) clock.
+pub(crate) const CLOCK_ORIGIN_MS: u64 = 1_700_000_000_000;
+
 /// When [`SimConfig::long_secondary_pause`] begins (if any node is in sync).
 const LONG_PAUSE_AT: Micros = 100_000;
 const LEASE: Micros = 20_000;

@@ -116,6 +116,7 @@ impl Sim {
             clock_drift_permille: 50,
             index_buckets: self.cfg.index_buckets,
             resp_port: 0,
+            clock_origin_ms: super::CLOCK_ORIGIN_MS,
         }
     }
 

@@ -225,14 +225,20 @@ impl Reader {
     ) -> Option<Option<Vec<u8>>> {
         match o {
             Outcome::Found {
-                offset, len, data, ..
+                offset,
+                len,
+                data,
+                deadline,
+                ..
             } => {
                 self.stats.keyed_one_sided += 1;
                 self.stats.keyed_one_sided_at[target.min(3)] += 1;
                 self.stats.one_sided_reads += 1;
                 self.stats.cache_hits += one_read as u64;
                 self.cache_put(key, (offset, len));
-                Some(Some(data))
+                // Expired, allowing for this clock's lag behind the
+                // primary's (`lookup::live`): absent.
+                Some(crate::lookup::live(deadline, crate::lookup::wall_ms()).then_some(data))
             }
             Outcome::Absent => {
                 self.stats.keyed_one_sided += 1;
