@@ -2,6 +2,24 @@
 //! harness of `tests.rs`.
 
 use super::*;
+use crate::proto::Modify;
+
+/// A put of `v` at `k`.
+fn put(k: &[u8], v: &[u8], cond: Cond) -> Op {
+    Op::Put {
+        key: k.to_vec(),
+        data: v.to_vec(),
+        cond,
+    }
+}
+
+/// A read-modify-write of `k`.
+fn m(k: &[u8], how: Modify) -> Op {
+    Op::Modify {
+        key: k.to_vec(),
+        how,
+    }
+}
 
 /// Issue 32 (`MSET`, `MSETNX`): a batch's writes are planned in order,
 /// each seeing the ones before it (a value moved to a larger allocation,
@@ -12,18 +30,8 @@ use super::*;
 /// under `all_or_none` a failed condition makes it a write without effects.
 #[test]
 fn a_batch_is_one_write_and_a_failed_one_leaves_nothing() {
-    use crate::proto::Modify;
     let mut h = H::new();
     h.redundant();
-    let put = |k: &[u8], v: &[u8], cond| Op::Put {
-        key: k.to_vec(),
-        data: v.to_vec(),
-        cond,
-    };
-    let m = |k: &[u8], how| Op::Modify {
-        key: k.to_vec(),
-        how,
-    };
     let get = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
         Ok(Reply::Value { data, .. }) => Some(data),
         _ => None,
@@ -169,7 +177,6 @@ fn a_batch_is_one_write_and_a_failed_one_leaves_nothing() {
 /// answered `Changed`; `Peek` reads the value as of its place in the batch.
 #[test]
 fn an_unchanged_check_undoes_the_batch_when_the_key_was_written() {
-    use crate::proto::Modify;
     let mut h = H::new();
     h.redundant();
     let version = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
@@ -241,7 +248,7 @@ fn an_unchanged_check_undoes_the_batch_when_the_key_was_written() {
 /// effect, as a secondary applies the primary's.
 #[test]
 fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
-    use crate::proto::{Modify, RepOp};
+    use crate::proto::RepOp;
     const D: u64 = 1_800_000_000_000;
     let arena = crate::ptr::ArenaRef {
         base: 0x7e00_0000_0000,
@@ -332,19 +339,10 @@ fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
 /// the old deadline) and `DEL` (0); a deadline already past removes it.
 #[test]
 fn keys_expire_by_the_primarys_clock() {
-    use crate::proto::{ExpireWhen, Modify};
+    use crate::proto::ExpireWhen;
     let mut h = H::new();
     h.redundant();
     let now = |h: &H| CLOCK_ORIGIN_MS + h.t / 1000;
-    let put = |k: &[u8], v: &[u8], cond| Op::Put {
-        key: k.to_vec(),
-        data: v.to_vec(),
-        cond,
-    };
-    let m = |k: &[u8], how| Op::Modify {
-        key: k.to_vec(),
-        how,
-    };
     let expire = |k: &[u8], at, when| m(k, Modify::Expire { at, when });
     let changed = |r: Result<Reply, StoreError>| match r {
         Ok(Reply::Modified { len, .. }) => len,
