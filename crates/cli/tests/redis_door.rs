@@ -574,6 +574,173 @@ SET {p}sg v GET GET
 SET {p}sg v NX XX GET
 SET {p}sg v NX NX
 SET {p}sg w XX XX
+# Expiry. Deadlines far enough away that TTL rounds the same on both
+# servers; absolute ones in 2100 (4102444800) or long past.
+SET {p}e1 v EX 1000
+TTL {p}e1
+TTL {p}nope
+PTTL {p}nope
+SET {p}e2 v
+TTL {p}e2
+PTTL {p}e2
+EXPIRE {p}e2 1000
+TTL {p}e2
+EXPIRE {p}e2 2000 NX
+EXPIRE {p}e2 2000 XX
+TTL {p}e2
+EXPIRE {p}e2 1000 GT
+EXPIRE {p}e2 3000 gt
+TTL {p}e2
+EXPIRE {p}e2 5000 LT
+EXPIRE {p}e2 1000 LT
+TTL {p}e2
+EXPIRE {p}e2 500 XX LT
+EXPIRE {p}e2 900 XX GT
+TTL {p}e2
+EXPIRE {p}e2 10 NX XX
+EXPIRE {p}e2 10 NX GT
+EXPIRE {p}e2 10 GT LT
+EXPIRE {p}e2 10 FOO
+EXPIRE {p}e2 x
+EXPIRE {p}e2 9223372036854775807
+EXPIRE {p}e2 -9223372036854775807
+PEXPIRE {p}e2 9223372036854775807
+EXPIRE {p}e2
+EXPIRE {p}nope 100
+EXPIRE {p}nope 100 XX
+PERSIST {p}e2
+PERSIST {p}e2
+TTL {p}e2
+PERSIST {p}nope
+PERSIST
+EXPIRE {p}e2 1000 XX
+EXPIRE {p}e2 1000 LT XX
+TTL {p}e2
+EXPIREAT {p}e2 4102444800
+EXPIRETIME {p}e2
+PEXPIRETIME {p}e2
+PEXPIREAT {p}e2 4102444800123
+PEXPIRETIME {p}e2
+EXPIRETIME {p}e2
+EXPIRETIME {p}nope
+PEXPIRETIME {p}nope
+SET {p}e2b v
+EXPIRETIME {p}e2b
+PEXPIREAT {p}e2b 4102444800123 NX
+PEXPIREAT {p}e2b 4102444800124 NX
+PEXPIRETIME {p}e2b
+EXPIRE {p}e2 -1
+EXISTS {p}e2
+GET {p}e2
+TTL {p}e2
+EXPIREAT {p}e3 100
+SET {p}e3 v
+EXPIREAT {p}e3 100
+EXISTS {p}e3
+SET {p}e4 v
+PEXPIRE {p}e4 0
+EXISTS {p}e4
+SET {p}e4 v
+PEXPIREAT {p}e4 1 GT
+PEXPIREAT {p}e4 1 LT
+EXISTS {p}e4
+SETEX {p}e5 1000 v
+TTL {p}e5
+GET {p}e5
+SETEX {p}e5 0 v
+SETEX {p}e5 -1 v
+SETEX {p}e5 x v
+SETEX {p}e5 9223372036854775807 v
+SETEX {p}e5 1000
+PSETEX {p}e6 1000000 v
+TTL {p}e6
+PSETEX {p}e6 0 v
+PSETEX {p}e6 9223372036854775807 v
+SET {p}e7 v PX 1000000
+TTL {p}e7
+SET {p}e7 w KEEPTTL
+TTL {p}e7
+GET {p}e7
+SET {p}e7 x
+TTL {p}e7
+SET {p}e7 v EXAT 4102444800
+EXPIRETIME {p}e7
+SET {p}e7 v PXAT 4102444800123
+PEXPIRETIME {p}e7
+SET {p}e7 v keepttl
+PEXPIRETIME {p}e7
+SET {p}e7 v EX 0
+SET {p}e7 v EX -5
+SET {p}e7 v EX x
+SET {p}e7 v EX
+SET {p}e7 v EX 10 PX 10
+SET {p}e7 v EX 10 KEEPTTL
+SET {p}e7 v KEEPTTL EX 10
+SET {p}e7 v KEEPTTL KEEPTTL
+SET {p}e7 v PERSIST
+SET {p}e7 v EX 10 EX 1000
+TTL {p}e7
+SET {p}e7 v EX 9223372036854775807
+SET {p}e7 v PX 9223372036854775807
+SET {p}e7 v NX EX 100
+TTL {p}e7
+SET {p}e8 v NX EX 1000
+TTL {p}e8
+SET {p}e8 w XX GET EX 2000
+TTL {p}e8
+SET {p}e8 w GET KEEPTTL
+TTL {p}e8
+SET {p}e9 v PXAT 1
+EXISTS {p}e9
+GETEX {p}e8
+GETEX {p}e8 PERSIST
+TTL {p}e8
+GETEX {p}e8 EX 1000
+TTL {p}e8
+GETEX {p}e8 PX 2000000
+TTL {p}e8
+GETEX {p}e8 EXAT 4102444800
+EXPIRETIME {p}e8
+GETEX {p}e8 PXAT 1
+EXISTS {p}e8
+GETEX {p}nope EX 10
+GETEX {p}nope EX 0
+GETEX {p}nope EX x
+SET {p}e8 v
+GETEX {p}e8 EX 0
+GETEX {p}e8 EX x
+GETEX {p}e8 NX
+GETEX {p}e8 EX 1 PX 1
+GETEX {p}e8 KEEPTTL
+GETEX {p}e8 PERSIST PERSIST
+GETEX {p}e8 EX 10 EX 1000
+TTL {p}e8
+GETEX
+TTL
+TTL {p}e8 x
+MULTI
+SET {p}m1 v EX 1000
+TTL {p}m1
+EXPIRE {p}m1 2000
+TTL {p}m1
+PTTL {p}nope
+PERSIST {p}m1
+TTL {p}m1
+SETEX {p}m2 1000 v
+GETEX {p}m2 PERSIST
+TTL {p}m2
+GETEX {p}m2 EX 0
+GETEX {p}nope EX 0
+EXPIRE {p}m2 x
+SET {p}m2 v EX 0
+EXPIREAT {p}m2 4102444800
+EXPIRETIME {p}m2
+PEXPIRETIME {p}m2
+SET {p}m2 w KEEPTTL GET
+EXPIRETIME {p}m2
+GETEX {p}m2 PXAT 1
+EXISTS {p}m2
+EXEC
 WAIT 0 0
 WAIT 1
 WAIT x 0
@@ -597,6 +764,8 @@ HELLO 3 SETNAME
 HELLO 2 AUTH default wrong
 NOSUCHCOMMAND a b
 COMMAND INFO get set mset del exists wait cluster ping nosuch
+COMMAND INFO expire pexpire expireat pexpireat persist ttl pttl expiretime pexpiretime
+COMMAND INFO setex psetex getex
 COMMAND COUNT
 COMMAND COUNT x
 COMMAND NOSUCH
@@ -713,6 +882,43 @@ fn random_command() -> impl Strategy<Value = Vec<Vec<u8>>> {
                 c
             }),
         key.clone().prop_map(|k| vec!["TYPE".to_string(), k]),
+        // Expiry: relative times of 1000 s and more, so that TTL rounds
+        // the same on both servers; EXPIREAT 1000 is long past.
+        (
+            key.clone(),
+            prop::sample::select(vec!["1000", "2000", "-1"]),
+            prop::sample::select(vec!["", "NX", "XX", "GT", "LT", "XX LT"]),
+            prop::sample::select(vec!["EXPIRE", "EXPIREAT"])
+        )
+            .prop_map(|(k, t, o, c)| {
+                let mut v = vec![c.to_string(), k, t.to_string()];
+                v.extend(o.split_whitespace().map(String::from));
+                v
+            }),
+        (
+            key.clone(),
+            prop::sample::select(vec!["TTL", "PERSIST", "GETEX"])
+        )
+            .prop_map(|(k, c)| vec![c.to_string(), k]),
+        (
+            key.clone(),
+            val.clone(),
+            prop::sample::select(vec!["EX 1000", "PX 2000000", "KEEPTTL", "NX EX 3000"])
+        )
+            .prop_map(|(k, v, o)| {
+                let mut c = vec!["SET".to_string(), k, v];
+                c.extend(o.split(' ').map(String::from));
+                c
+            }),
+        (
+            key.clone(),
+            prop::sample::select(vec!["PERSIST", "EX 4000", "PXAT 1"])
+        )
+            .prop_map(|(k, o)| {
+                let mut c = vec!["GETEX".to_string(), k];
+                c.extend(o.split(' ').map(String::from));
+                c
+            }),
         (key, idx.clone(), idx).prop_map(|(k, a, b)| vec![
             "GETRANGE".into(),
             k,
@@ -968,6 +1174,7 @@ fn run_app(g: &mut Group, mode: &str, secs: f64) -> serde_json::Value {
 
 #[test]
 fn client_library_applications_lose_no_acknowledged_write_across_a_primary_kill() {
+    // Each: keys, counters, MULTI transfers and sessions with TTLs.
     // redis-py's RedisCluster, redis-py's plain Redis (failing over by
     // hand), ioredis's Cluster.
     for mode in ["cluster", "plain", "ioredis"] {
@@ -976,6 +1183,12 @@ fn client_library_applications_lose_no_acknowledged_write_across_a_primary_kill(
         assert_eq!(s["lost"], 0, "{mode}: {s}");
         assert_eq!(s["counters_off"], serde_json::json!([]), "{mode}: {s}");
         assert_eq!(s["transfers_off"], serde_json::json!([]), "{mode}: {s}");
+        // Sessions with TTLs: the long ones kept, the short ones read back
+        // at once and gone after their deadline, across the failover.
+        assert_eq!(s["sessions_off"], serde_json::json!([]), "{mode}: {s}");
+        assert_eq!(s["early"], 0, "{mode}: {s}");
+        assert!(s["sessions"].as_u64().unwrap() > 50, "{mode}: {s}");
+        assert!(s["short_sessions"].as_u64().unwrap() > 100, "{mode}: {s}");
         assert!(s["transfers"].as_u64().unwrap() > 500, "{mode}: {s}");
         assert!(s["increments"].as_u64().unwrap() > 1000, "{mode}: {s}");
         // It went on writing after the failover.
@@ -985,6 +1198,105 @@ fn client_library_applications_lose_no_acknowledged_write_across_a_primary_kill(
             assert_eq!(s["proto"], 3, "{s}");
         }
     }
+}
+
+/// Issue 32 (expiry): a key set with `PX` reads back on both nodes until
+/// [`CLOCK_BOUND`] before its deadline and is gone after it, never early;
+/// across a `kill -9` of the primary the new primary neither brings back
+/// a key that expired nor drops a live one before its deadline.
+#[test]
+fn keys_expire_on_time_on_both_nodes_and_across_a_failover() {
+    // The readers' allowance for clock lag (`lookup::CLOCK_BOUND_MS`),
+    // and 2 ms for the clocks' whole milliseconds (the deadline and the
+    // reader's time are each truncated).
+    const CLOCK_BOUND: Duration = Duration::from_millis(102);
+    // The new primary goes on alone (it takes writes without a secondary).
+    let mut g = Group::with_options(
+        "expiry",
+        "16MiB",
+        None,
+        "min_in_sync_replicas = 0",
+        true,
+        "",
+    );
+    let p = g.primary() as usize - 1;
+    let conn = |port: u16| {
+        let mut c = Conn::new(port);
+        c.cmd(&format!("AUTH {}", common::STORE_SECRET));
+        c
+    };
+    let (mut cp, mut cs) = (conn(g.resp[p]), conn(g.resp[1 - p]));
+    // When `key` first reads absent through `c`, polled from `t0`.
+    let gone_after = |c: &mut Conn, key: &str, t0: Instant, limit: Duration| loop {
+        match c.cmd(&format!("GET {key}")).as_slice() {
+            b"$-1\r\n" | b"_\r\n" => return t0.elapsed(),
+            b"$1\r\nv\r\n" => {}
+            r => panic!("GET {key}: {}", String::from_utf8_lossy(r)),
+        }
+        assert!(t0.elapsed() < limit, "{key} did not expire");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let t0 = Instant::now();
+    assert_eq!(cp.cmd("SET short v PX 700"), b"+OK\r\n");
+    let acked = t0.elapsed();
+    for c in [&mut cp, &mut cs] {
+        let ttl = String::from_utf8(c.cmd("PTTL short")).unwrap();
+        let ms: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+        assert!((1..=700).contains(&ms), "PTTL {ms}");
+    }
+    let on_primary = gone_after(&mut cp, "short", t0, Duration::from_secs(10));
+    let on_secondary = gone_after(&mut cs, "short", t0, Duration::from_secs(10));
+    eprintln!(
+        "PX 700 (acknowledged after {acked:?}): gone on the primary after {on_primary:?}, \
+         on the secondary after {on_secondary:?}"
+    );
+    for t in [on_primary, on_secondary] {
+        assert!(
+            t >= Duration::from_millis(700) - CLOCK_BOUND,
+            "early: {t:?}"
+        );
+        assert!(t < acked + Duration::from_millis(700 + 1000), "late: {t:?}");
+    }
+    assert_eq!(cp.cmd("EXISTS short"), b":0\r\n");
+    assert_eq!(cp.cmd("TTL short"), b":-2\r\n");
+    // Across a failover: one key expired before the kill, one lives on.
+    let t2 = Instant::now();
+    assert_eq!(cp.cmd("SET long v PX 8000"), b"+OK\r\n");
+    assert_eq!(cp.cmd("SET gone v PX 300"), b"+OK\r\n");
+    gone_after(&mut cp, "gone", t2, Duration::from_secs(5));
+    g.nodes[p].kill();
+    // The new primary takes writes.
+    let (_, took) = wait_for("a new primary", Duration::from_secs(10), || {
+        match cs.cmd("SET probe x").as_slice() {
+            b"+OK\r\n" => Ok(()),
+            r => Err(String::from_utf8_lossy(r).into_owned()),
+        }
+    });
+    eprintln!("the secondary took writes {took:?} after the kill");
+    assert_eq!(cs.cmd("GET gone"), b"$-1\r\n", "an expired key came back");
+    let seen = t2.elapsed();
+    assert!(
+        seen < Duration::from_millis(8000) - CLOCK_BOUND,
+        "the failover took too long to check the live key ({seen:?})"
+    );
+    assert_eq!(
+        cs.cmd("GET long"),
+        b"$1\r\nv\r\n",
+        "a live key expired early"
+    );
+    let left: i64 = String::from_utf8(cs.cmd("PTTL long"))
+        .unwrap()
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((1..=8000).contains(&left), "PTTL {left}");
+    let t = gone_after(&mut cs, "long", t2, Duration::from_secs(20));
+    eprintln!("PX 8000 across the failover: gone after {t:?}");
+    assert!(
+        t >= Duration::from_millis(8000) - CLOCK_BOUND,
+        "early: {t:?}"
+    );
 }
 
 /// `WAIT n t` counts the secondaries that hold the connection's writes:

@@ -936,7 +936,9 @@ fn redis_tools_work_against_the_resp_front_door() {
     assert!(info.contains("redundant:1"), "{info}");
     assert!(cli(p, &["hset", "h", "f", "v"])
         .starts_with("ERR unknown command 'hset', with args beginning with: 'h' 'f' 'v'"));
-    assert!(cli(p, &["set", "t", "v", "ex", "10"]).contains("TTLs are not supported"));
+    assert_eq!(cli(p, &["set", "t", "v", "ex", "1000"]), "OK");
+    assert_eq!(cli(p, &["ttl", "t"]), "1000");
+    assert!(cli(p, &["set", "t", "v", "ex", "0"]).contains("invalid expire time in 'set' command"));
     assert!(cli(p, &["get"]).contains("wrong number of arguments"));
     // The secondary: a write names the primary and the key's cluster
     // slot; redis-cli -c follows.

@@ -340,23 +340,52 @@ pub fn read_object<M: Memory + ?Sized>(
     })
 }
 
-/// Reads only the key and generation of the object at `offset` (a header
-/// and at most [`MAX_KEY_LEN`] bytes), checking nothing but the lengths:
-/// for a node rebuilding its index from its own, quiescent memory.
-pub fn read_key<M: Memory + ?Sized>(mem: &M, offset: u64) -> Result<(Vec<u8>, u64), ObjectError> {
+/// An object's header fields and key, read without its value ([`read_head`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// Key.
+    pub key: Vec<u8>,
+    /// Generation.
+    pub generation: u64,
+    /// Version.
+    pub version: u64,
+    /// Deadline (see [`Fields::deadline`]).
+    pub deadline: u64,
+}
+
+/// Reads only the header and key of the object at `offset` (at most
+/// [`HEADER_LEN`] + [`MAX_KEY_LEN`] bytes, never the value), checking
+/// nothing but the magic and the key's length: for a node reading its
+/// own memory, which only its loop writes (a key's version or deadline
+/// without copying its value; its index rebuilt from quiescent memory).
+pub fn read_head<M: Memory + ?Sized>(mem: &M, offset: u64) -> Result<Head, ObjectError> {
     let mut h = [0u8; HEADER_LEN];
     mem.read(offset, &mut h)?;
     if u32::from_le_bytes(h[0..4].try_into().unwrap()) != MAGIC {
         return Err(ObjectError::Empty);
     }
+    let version = u64::from_le_bytes(h[8..16].try_into().unwrap());
     let generation = u64::from_le_bytes(h[24..32].try_into().unwrap());
     let key_len = u16::from_le_bytes(h[40..42].try_into().unwrap()) as usize;
+    let mut d = [0u8; 8];
+    d[..6].copy_from_slice(&h[42..48]);
     if key_len > MAX_KEY_LEN {
         return Err(ObjectError::Torn);
     }
     let mut key = vec![0u8; key_len];
     mem.read(offset + HEADER_LEN as u64, &mut key)?;
-    Ok((key, generation))
+    Ok(Head {
+        key,
+        generation,
+        version,
+        deadline: u64::from_le_bytes(d),
+    })
+}
+
+/// Reads only the key and generation of the object at `offset`
+/// ([`read_head`]).
+pub fn read_key<M: Memory + ?Sized>(mem: &M, offset: u64) -> Result<(Vec<u8>, u64), ObjectError> {
+    read_head(mem, offset).map(|h| (h.key, h.generation))
 }
 
 #[cfg(test)]
@@ -442,6 +471,31 @@ mod tests {
             Err(ObjectError::Torn),
             "covered by the checksum"
         );
+    }
+
+    #[test]
+    fn the_head_is_read_without_the_value() {
+        let mut m = HeapMemory::new(4096);
+        let f = Fields {
+            version: 9,
+            generation: 4,
+            key: b"key",
+            data: &[7u8; 1000],
+            deadline: 1_790_000_000_123,
+        };
+        write_object(&mut m, 64, 2048, &f).unwrap();
+        assert_eq!(
+            read_head(&m, 64).unwrap(),
+            Head {
+                key: b"key".to_vec(),
+                generation: 4,
+                version: 9,
+                deadline: 1_790_000_000_123,
+            }
+        );
+        assert_eq!(read_key(&m, 64).unwrap(), (b"key".to_vec(), 4));
+        scrub(&mut m, 64).unwrap();
+        assert_eq!(read_head(&m, 64), Err(ObjectError::Empty));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 // The application of kv_app.py on ioredis's Cluster client, unmodified:
-// 3,000 keys written over and over (each write a value of its own) and 10
-// counters counted with INCR, then
+// 3,000 keys written over and over (each write a value of its own), 10
+// counters counted with INCR, transfers in MULTI, and sessions with TTLs
+// (long ones that must stay, short ones that must be gone after their
+// deadline), then
 // every acknowledged value read back through a fresh client. Run by
 // crates/cli/tests/redis_door.rs, which kills the primary part-way.
 //
@@ -47,6 +49,13 @@ async function main(password) {
   const acctB = `{${prefix}acct}b`;
   let transfers = 0;
   let transfersUnknown = 0;
+  // Sessions (as kv_app.py): long ones EX 600, short ones PX 1500.
+  const SHORT_MS = 1500;
+  const sessAcked = new Map();
+  const sessMaybe = new Map();
+  let shortSentLast = null;
+  let shortWritten = 0;
+  let early = 0;
   const t0 = Date.now();
   let i = 0;
   while (Date.now() - t0 < seconds * 1000) {
@@ -62,6 +71,36 @@ async function main(password) {
         transfers += 1;
       } catch (e) {
         transfersUnknown += 1;
+        unknown += 1;
+        errors.push(String(e.message || e).slice(0, 120));
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      continue;
+    }
+    if (i % 7 === 2) {
+      const short = Math.floor(i / 7) % 2 === 0;
+      const sid = `${prefix}sess${short ? "S" : "L"}${Math.floor(i / 14) % 100}`;
+      try {
+        if (short) {
+          shortSentLast = Date.now();
+          await client.set(sid, value, "PX", SHORT_MS);
+          shortWritten += 1;
+          // Read back at once: long before the deadline, never gone.
+          const got = await client.get(sid);
+          if (got !== value && Date.now() - shortSentLast < 1000) {
+            early += 1;
+            errors.push(`session ${sid} read ${got} right after SET PX`);
+          }
+        } else {
+          await client.set(sid, value, "EX", 600);
+          sessAcked.set(sid, value);
+          sessMaybe.delete(sid);
+        }
+      } catch (e) {
+        if (!short) {
+          if (!sessMaybe.has(sid)) sessMaybe.set(sid, new Set());
+          sessMaybe.get(sid).add(value);
+        }
         unknown += 1;
         errors.push(String(e.message || e).slice(0, 120));
         await new Promise((r) => setTimeout(r, 50));
@@ -126,16 +165,37 @@ async function main(password) {
   const b = Number((await check.get(acctB)) || 0);
   const transfersOff = a + b === 0 && transfers <= b && b <= transfers + transfersUnknown
     ? [] : [a, b, transfers, transfersUnknown];
+  // Sessions: the long ones hold their value and a TTL; the short ones
+  // are gone once the last one's deadline passed (plus the clock bound).
+  const sessionsOff = [];
+  for (const [sid, value] of sessAcked) {
+    const got = await check.get(sid);
+    const ttl = await check.ttl(sid);
+    if ((got !== value && !(sessMaybe.get(sid) || new Set()).has(got)) || !(ttl > 0 && ttl <= 600)) {
+      sessionsOff.push([sid, value, got, ttl]);
+    }
+  }
+  if (shortSentLast !== null) {
+    const wait = shortSentLast + SHORT_MS + 200 - Date.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    for (let n = 0; n < 100; n++) {
+      const sid = `${prefix}sessS${n}`;
+      const got = await check.get(sid);
+      if (got !== null) sessionsOff.push([sid, "expired", got, await check.pttl(sid)]);
+    }
+  }
   check.disconnect();
   say({
+    sessions: sessAcked.size, short_sessions: shortWritten, sessions_off: sessionsOff.slice(0, 5),
+    early,
     type: "summary", mode: "ioredis-cluster", acked: writes, keys: acked.size, unknown,
     transfers, transfers_off: transfersOff,
     lost: lost.length, lost_examples: lost.slice(0, 5), errors: errors.length,
     increments: [...counted.values()].reduce((a, b) => a + b, 0), counters_off: countersOff,
     error_examples: errors.slice(0, 5), ioredis: require("ioredis/package.json").version,
   });
-  process.exit(lost.length || countersOff.length || transfersOff.length || !writes || !counted.size
-    || !transfers ? 1 : 0);
+  process.exit(lost.length || countersOff.length || transfersOff.length || sessionsOff.length
+    || early || !writes || !counted.size || !transfers || !sessAcked.size || !shortWritten ? 1 : 0);
 }
 
 let input = "";

@@ -1,6 +1,9 @@
 """A small application on redis-py, unmodified, against the store's RESP
-door: it writes 3,000 keys over and over (each write a value of its own)
-and counts with INCR on 10 counters, then reads them back,
+door: it writes 3,000 keys over and over (each write a value of its own),
+counts with INCR on 10 counters, moves units between two accounts in
+MULTI transactions and keeps sessions with TTLs (long ones that must
+stay, short ones that must be gone once their deadline passed), then
+reads them back,
 through a cluster client (RedisCluster) or a plain one (Redis, which
 fails over by hand to the next node when its node stops answering or
 redirects). Run by crates/cli/tests/redis_door.rs, which kills the primary
@@ -52,6 +55,13 @@ counted, uncounted = {}, {}
 # acknowledged transfers (and at most those whose outcome is unknown).
 acct_a, acct_b = "{%sacct}a" % prefix, "{%sacct}b" % prefix
 transfers = transfers_unknown = 0
+# Sessions: long ones (EX 600) must hold their last acknowledged value
+# (or one whose outcome is unknown) with a TTL; short ones (PX 1500) must
+# read back at once and be gone after their deadline, failover or not.
+SHORT_MS = 1500
+sess_acked, sess_maybe = {}, {}
+short_sent_last = None
+short_written = early = 0
 
 
 def failed(e):
@@ -82,6 +92,28 @@ while time.time() - t0 < seconds:
             transfers += 1
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
             transfers_unknown += 1
+            failed(e)
+        continue
+    if i % 7 == 2:
+        short = (i // 7) % 2 == 0
+        sid = "%ssess%s%d" % (prefix, "S" if short else "L", (i // 14) % 100)
+        try:
+            if short:
+                short_sent_last = time.time()
+                client.set(sid, value, px=SHORT_MS)
+                short_written += 1
+                # Read back at once: long before the deadline, never gone.
+                got = client.get(sid)
+                if got != value.encode() and time.time() - short_sent_last < 1.0:
+                    early += 1
+                    errors.append("session %s read %r right after SET PX" % (sid, got))
+            else:
+                client.set(sid, value, ex=600)
+                sess_acked[sid] = value
+                sess_maybe.pop(sid, None)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as e:
+            if not short:
+                sess_maybe.setdefault(sid, set()).add(value.encode())
             failed(e)
         continue
     if i % 3 == 0:
@@ -141,10 +173,26 @@ a, b = (int(reader.get(k) or 0) for k in (acct_a, acct_b))
 transfers_off = [] if a + b == 0 and transfers <= b <= transfers + transfers_unknown else [
     a, b, transfers, transfers_unknown]
 
-say(type="summary", mode=mode, acked=writes, transfers=transfers, transfers_off=transfers_off, keys=len(acked), unknown=unknown, lost=len(lost),
+# Sessions: the long ones hold their value and a TTL; the short ones are
+# gone once the last one's deadline passed (plus the readers' clock bound).
+sessions_off = []
+for sid, value in sess_acked.items():
+    got, ttl = reader.get(sid), reader.ttl(sid)
+    if (got != value.encode() and got not in sess_maybe.get(sid, set())) or not 0 < ttl <= 600:
+        sessions_off.append((sid, value, got, ttl))
+if short_sent_last is not None:
+    time.sleep(max(0.0, short_sent_last + SHORT_MS / 1000 + 0.2 - time.time()))
+    for n in range(100):
+        sid = "%ssessS%d" % (prefix, n)
+        got = reader.get(sid)
+        if got is not None:
+            sessions_off.append((sid, "expired", got, reader.pttl(sid)))
+
+say(type="summary", mode=mode, acked=writes, sessions=len(sess_acked), short_sessions=short_written,
+    sessions_off=sessions_off[:5], early=early, transfers=transfers, transfers_off=transfers_off, keys=len(acked), unknown=unknown, lost=len(lost),
     increments=sum(counted.values()), counters_off=counters_off,
     lost_examples=lost[:5], errors=len(errors), error_examples=errors[:5],
     proto=(hello or {}).get(b"proto") if isinstance(hello, dict) else None,
     redis_py=redis.__version__)
-sys.exit(1 if lost or counters_off or transfers_off or not acked or not counted or not transfers
-         else 0)
+sys.exit(1 if lost or counters_off or transfers_off or sessions_off or early or not acked
+         or not counted or not transfers or not sess_acked or not short_written else 0)

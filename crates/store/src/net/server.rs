@@ -448,7 +448,7 @@ fn accept(
         Hello::Node(h) => Addr::Node(h.member.node),
         // The node's own rotations use this id: a client under it could
         // answer them from the retry table.
-        Hello::Client { id, .. } if id == ROTATE_CLIENT => {
+        Hello::Client { id, .. } if id == ROTATE_CLIENT || id == crate::node::REAP_CLIENT => {
             let _ = req.reject(
                 &handshake::Refusal::Reason("softrdma-store: reserved client id".into()).encode(),
             );

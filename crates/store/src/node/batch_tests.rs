@@ -10,6 +10,7 @@ fn put(k: &[u8], v: &[u8], cond: Cond) -> Op {
         key: k.to_vec(),
         data: v.to_vec(),
         cond,
+        ttl: crate::proto::Ttl::Clear,
     }
 }
 
@@ -187,6 +188,7 @@ fn an_unchanged_check_undoes_the_batch_when_the_key_was_written() {
         key: b"w".to_vec(),
         data: v.to_vec(),
         cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
     };
     let check = |version| Op::Modify {
         key: b"w".to_vec(),
@@ -283,6 +285,7 @@ fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
         key: b"k".to_vec(),
         data: v.to_vec(),
         cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
     };
     let m = |how| Op::Modify {
         key: b"k".to_vec(),
@@ -318,7 +321,8 @@ fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
             &mut img,
             m(Modify::Swap {
                 data: b"s".to_vec(),
-                cond: Cond::Always
+                cond: Cond::Always,
+                ttl: crate::proto::Ttl::Clear,
             }),
             None
         ),
@@ -436,4 +440,161 @@ fn keys_expire_by_the_primarys_clock() {
         h.node(1).status().applied_seq,
         h.node(2).status().applied_seq
     );
+}
+
+/// Issue 32 (`SET ... EX|PXAT|KEEPTTL`, `SETEX`, `TTL`): a put sets, keeps
+/// or clears the key's deadline in the same write; `Modify::Deadline`
+/// answers it (absent once expired); a deadline out of the header's range
+/// is refused without effects; `XX LT` needs a deadline and an earlier one.
+#[test]
+fn a_put_sets_keeps_or_clears_the_deadline_in_one_write() {
+    use crate::proto::{ExpireWhen, Ttl};
+    let mut h = H::new();
+    h.redundant();
+    let now = |h: &H| CLOCK_ORIGIN_MS + h.t / 1000;
+    let put_ttl = |k: &[u8], v: &[u8], ttl| Op::Put {
+        key: k.to_vec(),
+        data: v.to_vec(),
+        cond: Cond::Always,
+        ttl,
+    };
+    let deadline = |h: &mut H, k: &[u8]| match h.request(m(k, Modify::Deadline)) {
+        Ok(Reply::Modified { len, value: None }) => Some(len),
+        Ok(Reply::NoKey) => None,
+        r => panic!("{r:?}"),
+    };
+    let at = now(&h) + 10_000;
+    let seq = h.node(1).status().applied_seq;
+    h.request(put_ttl(b"k", b"v1", Ttl::At(at))).unwrap();
+    assert_eq!(h.node(1).status().applied_seq, seq + 1, "one write");
+    assert_eq!(deadline(&mut h, b"k"), Some(at));
+    // KEEPTTL keeps it (also when the value moves to a larger allocation).
+    h.request(put_ttl(b"k", &[7u8; 500], Ttl::Keep)).unwrap();
+    assert_eq!(deadline(&mut h, b"k"), Some(at));
+    // A plain put clears it; KEEPTTL of a key without one keeps none.
+    h.request(put(b"k", b"v3", Cond::Always)).unwrap();
+    assert_eq!(deadline(&mut h, b"k"), Some(0));
+    h.request(put_ttl(b"k", b"v4", Ttl::Keep)).unwrap();
+    assert_eq!(deadline(&mut h, b"k"), Some(0));
+    assert_eq!(deadline(&mut h, b"none"), None);
+    // SET ... GET with a deadline: the old value, and the new deadline.
+    let r = h.request(m(
+        b"k",
+        Modify::Swap {
+            data: b"v5".to_vec(),
+            cond: Cond::Always,
+            ttl: Ttl::At(at + 1),
+        },
+    ));
+    assert!(
+        matches!(&r, Ok(Reply::Modified { value: Some(v), .. }) if v == b"v4"),
+        "{r:?}"
+    );
+    assert_eq!(deadline(&mut h, b"k"), Some(at + 1));
+    // Out of range: refused, nothing changed.
+    for bad in [0, crate::object::MAX_DEADLINE + 1] {
+        let seq = h.node(1).status().applied_seq;
+        let r = h.request(put_ttl(b"k", b"bad", Ttl::At(bad)));
+        assert!(matches!(&r, Ok(Reply::Refused(_))), "{r:?}");
+        assert_eq!(deadline(&mut h, b"k"), Some(at + 1));
+        assert!(h.node(1).status().applied_seq > seq, "ordered like a write");
+    }
+    // XX LT: only with a deadline, and only an earlier one.
+    h.request(put(b"n", b"1", Cond::Always)).unwrap();
+    let xx_lt = |k: &[u8], at| {
+        m(
+            k,
+            Modify::Expire {
+                at,
+                when: ExpireWhen::IfSetAndEarlier,
+            },
+        )
+    };
+    assert!(matches!(
+        h.request(xx_lt(b"n", at)),
+        Ok(Reply::Modified { len: 0, .. })
+    ));
+    assert_eq!(deadline(&mut h, b"n"), Some(0));
+    assert!(matches!(
+        h.request(xx_lt(b"k", at + 2)),
+        Ok(Reply::Modified { len: 0, .. })
+    ));
+    assert!(matches!(
+        h.request(xx_lt(b"k", at)),
+        Ok(Reply::Modified { len: 1, .. })
+    ));
+    assert_eq!(deadline(&mut h, b"k"), Some(at));
+    // A put whose deadline has passed stores a key nobody sees.
+    let past = now(&h) - 1;
+    h.request(put_ttl(b"gone", b"x", Ttl::At(past))).unwrap();
+    assert_eq!(deadline(&mut h, b"gone"), None);
+    // Expired: absent to Deadline, and KEEPTTL does not revive its deadline.
+    h.run(11_000_000, &never);
+    assert_eq!(deadline(&mut h, b"k"), None);
+    h.request(put_ttl(b"k", b"v6", Ttl::Keep)).unwrap();
+    assert_eq!(deadline(&mut h, b"k"), Some(0));
+    assert_eq!(
+        h.node(1).status().applied_seq,
+        h.node(2).status().applied_seq
+    );
+}
+
+/// Issue 32 ("expired keys are reclaimed without a full scan"): both
+/// nodes keep the keys with a deadline in order as they apply writes; once
+/// the primary's clock passes a deadline it removes the key as its own
+/// replicated write (`Modify::Reap`), so expired keys leave the index and
+/// free their space on both nodes, while keys rewritten without a deadline
+/// (or with a later one) and keys without one stay.
+#[test]
+fn expired_keys_are_reclaimed_by_the_primary_without_a_scan() {
+    use crate::proto::Ttl;
+    let mut h = H::new();
+    h.redundant();
+    let now = |h: &H| CLOCK_ORIGIN_MS + h.t / 1000;
+    let put_ttl = |k: &[u8], ttl| Op::Put {
+        key: k.to_vec(),
+        data: vec![1u8; 200],
+        cond: Cond::Always,
+        ttl,
+    };
+    // (Each request below runs the harness for 20 ms.)
+    let at = now(&h) + 10_000;
+    for i in 0..40u32 {
+        h.request(put_ttl(format!("t{i}").as_bytes(), Ttl::At(at)))
+            .unwrap();
+    }
+    for i in 0..10u32 {
+        h.request(put(format!("p{i}").as_bytes(), b"v", Cond::Always))
+            .unwrap();
+    }
+    // One rewritten without a deadline, one given a later one.
+    h.request(put(b"t0", b"kept", Cond::Always)).unwrap();
+    h.request(put_ttl(b"t1", Ttl::At(at + 1_000_000))).unwrap();
+    for n in [1, 2] {
+        assert_eq!(h.node(n).keys_with_deadlines(), 39, "node {n}");
+        assert_eq!(h.node(n).status().keys, 50, "node {n}");
+    }
+    let allocated = h.node(1).status().allocated;
+    assert!(now(&h) < at, "the writes took too long for the test");
+    // Past the deadline: reclaimed.
+    h.run((at + 100 - now(&h)) * 1000, &never);
+    for n in [1, 2] {
+        let s = h.node(n).status();
+        assert_eq!(s.keys, 12, "node {n}: {s:?}");
+        assert_eq!(h.node(n).keys_with_deadlines(), 1, "node {n}");
+        assert!(s.allocated < allocated, "node {n}: space freed");
+    }
+    assert_eq!(
+        h.node(1).status().applied_seq,
+        h.node(2).status().applied_seq
+    );
+    let get = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
+        Ok(Reply::Value { data, .. }) => Some(data),
+        Ok(Reply::NoKey) => None,
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(get(&mut h, b"t0"), Some(b"kept".to_vec()));
+    assert!(get(&mut h, b"t1").is_some());
+    assert_eq!(get(&mut h, b"t2"), None);
+    assert_eq!(get(&mut h, b"p3"), Some(b"v".to_vec()));
 }

@@ -243,6 +243,11 @@ impl<M: Memory> Node<M> {
             self.diverged(format!("copied objects: {e}"));
             return self.become_joining(Some(primary));
         }
+        // And the keys' deadlines, which a primary reclaims by.
+        if let Err(e) = self.image.rebuild_deadlines() {
+            self.diverged(format!("copied deadlines: {e}"));
+            return self.become_joining(Some(primary));
+        }
         let through_seq = self.image.applied_seq();
         self.send(
             Addr::Node(primary),

@@ -45,6 +45,9 @@ mod keys;
 #[path = "image_batch.rs"]
 mod batch;
 
+#[path = "image_deadlines.rs"]
+mod deadlines;
+
 /// A write applied to the allocator and the retry table but not yet to
 /// the arena's bytes.
 #[derive(Debug, Clone)]
@@ -96,6 +99,9 @@ pub(super) struct Image<M: Memory> {
     batch_writes: Vec<Effect>,
     /// The node's wall time (Unix milliseconds) as of its last input.
     wall_ms: u64,
+    /// The keys with a deadline, as planned with (including unexposed
+    /// writes): what a primary reclaims once they expire.
+    deadlines: deadlines::Deadlines,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -123,6 +129,7 @@ impl<M: Memory> Image<M> {
             index: None,
             unkeyed_gens: BTreeMap::new(),
             wall_ms: 0,
+            deadlines: Default::default(),
         }
     }
 
@@ -148,6 +155,7 @@ impl<M: Memory> Image<M> {
         self.layout = None;
         self.index = None;
         self.unkeyed_gens.clear();
+        self.deadlines.clear();
     }
 
     /// Reserves and formats the key index at offset 0, with `buckets`
@@ -229,6 +237,7 @@ impl<M: Memory> Image<M> {
         }
         debug_assert!({
             self.alloc.check_invariants();
+            self.deadlines.check_invariants();
             true
         });
     }
@@ -395,7 +404,12 @@ impl<M: Memory> Image<M> {
                 Ok((vec![Effect::Free { offset: off }], Reply::Deleted))
             }
             // A put's value has no deadline (as Redis's SET clears one).
-            Op::Put { key, data, cond } => self.plan_put(seq, key, data, *cond, 0),
+            Op::Put {
+                key,
+                data,
+                cond,
+                ttl,
+            } => self.plan_put(seq, key, data, *cond, *ttl),
             Op::Remove { key } => self.plan_remove(key),
             Op::Modify { key, how } => self.plan_modify(seq, key, how),
             Op::RotateStag { stag } => {
@@ -557,6 +571,7 @@ impl<M: Memory> Image<M> {
                     if key.is_empty() {
                         self.unkeyed_gens.insert(*offset, *generation);
                     }
+                    self.deadlines.written(*offset, key, *deadline);
                     let cap = self
                         .alloc
                         .allocation_at(*offset)
@@ -574,6 +589,7 @@ impl<M: Memory> Image<M> {
                 Effect::Free { offset } => {
                     self.alloc.free(*offset).map_err(|e| e.to_string())?;
                     self.unkeyed_gens.remove(offset);
+                    self.deadlines.freed(*offset);
                 }
                 Effect::Stag { stag } => {
                     if !crate::ptr::same_arena(*stag, self.arena.stag) {
@@ -670,6 +686,35 @@ impl<M: Memory> Image<M> {
             .map_err(|e| e.to_string())?;
         self.index = Some(m);
         Ok(())
+    }
+
+    /// Rebuilds the keys' deadlines from the objects' headers (after
+    /// [`Self::rebuild_index`]).
+    pub(super) fn rebuild_deadlines(&mut self) -> Result<(), String> {
+        self.deadlines.clear();
+        let Some(m) = &self.index else {
+            return Ok(());
+        };
+        for (off, _) in self.alloc.allocations() {
+            if m.owns(off) {
+                let h = object::read_head(&self.mem, off)
+                    .map_err(|e| format!("the object at {off}: {e}"))?;
+                self.deadlines.written(off, &h.key, h.deadline);
+            }
+        }
+        Ok(())
+    }
+
+    /// The keys whose deadline this node's clock has reached (at most
+    /// `max`, and `max_bytes` of keys): what a primary reclaims next.
+    pub(super) fn due_keys(&self, max: usize, max_bytes: usize) -> Vec<Vec<u8>> {
+        self.deadlines.due(self.wall_ms, max, max_bytes)
+    }
+
+    /// Keys with a deadline.
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn keys_with_deadlines(&self) -> usize {
+        self.deadlines.len()
     }
 
     /// Rebuilds [`Self::unkeyed_gens`] from the objects' headers (after

@@ -13,7 +13,7 @@ use super::*;
 use crate::glob;
 use crate::index::{key_hash, tag_of, Slot};
 use crate::lookup::{self, Outcome};
-use crate::proto::{redis_i64, Cond, ExpireWhen, Modify, MAX_MODIFY_BYTES};
+use crate::proto::{redis_i64, Cond, ExpireWhen, Modify, Ttl, MAX_MODIFY_BYTES};
 
 /// Buckets one scan request walks at most, so a sparse match cannot hold
 /// the node loop for long.
@@ -24,11 +24,25 @@ const SCAN_BUCKETS: u64 = 256;
 /// in, so long keys and a long pattern cannot hold the node loop either.
 const SCAN_WORK: u64 = 1 << 26;
 
-/// A key's latest write ([`Image::current_object`]).
+/// The refusal of a deadline out of range (Redis's text without the
+/// command's name, which the door adds).
+const INVALID_EXPIRE: &str = "ERR invalid expire time";
+
+/// A key's latest write ([`Image::current_object`]): its value only when
+/// asked for ([`Want`]).
 struct Current {
     version: u64,
     data: Vec<u8>,
     deadline: u64,
+}
+
+/// What a look-up of a key's latest write needs: its value, or only its
+/// version and deadline (a condition, a remove, a WATCH check), which are
+/// read from the object's header without copying the value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Value,
+    Head,
 }
 
 impl<M: Memory> Image<M> {
@@ -38,13 +52,39 @@ impl<M: Memory> Image<M> {
             .ok_or_else(|| StoreError::Other("this node holds no key index yet".into()))
     }
 
+    /// A put at sequence number `seq` whose deadline `ttl` says
+    /// ([`Ttl::Keep`]: the key's, none if it is absent or expired); a
+    /// deadline out of range ([`Ttl::At`] 0 or past
+    /// [`object::MAX_DEADLINE`]) is refused, without effects.
+    pub(super) fn plan_put(
+        &self,
+        seq: u64,
+        key: &[u8],
+        data: &[u8],
+        cond: Cond,
+        ttl: Ttl,
+    ) -> Result<(Vec<Effect>, Reply), StoreError> {
+        let deadline = match ttl {
+            Ttl::Clear => 0,
+            Ttl::Keep => {
+                crate::proto::check_key(key)?;
+                self.live(key, Want::Head)?.map_or(0, |c| c.deadline)
+            }
+            Ttl::At(at) if at == 0 || at > object::MAX_DEADLINE => {
+                return Ok((Vec::new(), Reply::Refused(INVALID_EXPIRE.into())))
+            }
+            Ttl::At(at) => at,
+        };
+        self.plan_put_at(seq, key, data, cond, deadline)
+    }
+
     /// A put at sequence number `seq`: in place when the key's allocation
     /// holds the new value, else a new object, the old one freed and the
     /// key's slot repointed; a new key gets a new object and a slot. A
     /// failed condition is a write without effects, so its answer is
     /// replicated and ordered like any other (it reflects writes that may
     /// not be committed yet). The object gets `deadline` (0: none).
-    pub(super) fn plan_put(
+    fn plan_put_at(
         &self,
         seq: u64,
         key: &[u8],
@@ -56,7 +96,8 @@ impl<M: Memory> Image<M> {
         let meta = self.meta()?;
         let existing = meta.get(key).copied();
         // An expired key is absent to a condition (its slot is reused).
-        let present = existing.is_some() && (cond == Cond::Always || self.live(key)?.is_some());
+        let present =
+            existing.is_some() && (cond == Cond::Always || self.live(key, Want::Head)?.is_some());
         match (cond, present) {
             (Cond::IfAbsent, true) | (Cond::IfPresent, false) => {
                 return Ok((Vec::new(), Reply::NotStored))
@@ -131,7 +172,7 @@ impl<M: Memory> Image<M> {
         };
         let offset = meta.get(key).expect("planned from it").entry.offset;
         // An expired key is removed too, but did not exist (Redis's DEL).
-        let existed = self.live(key)?.is_some();
+        let existed = self.live(key, Want::Head)?.is_some();
         Ok((
             vec![
                 Effect::Free { offset },
@@ -147,9 +188,9 @@ impl<M: Memory> Image<M> {
 
     /// [`Self::current_object`] unless it has expired by this node's
     /// clock: the key as a command sees it.
-    fn live(&self, key: &[u8]) -> Result<Option<Current>, StoreError> {
+    fn live(&self, key: &[u8], want: Want) -> Result<Option<Current>, StoreError> {
         Ok(self
-            .current_object(key)?
+            .current_object(key, want)?
             .filter(|c| !self.expired(c.deadline)))
     }
 
@@ -157,8 +198,10 @@ impl<M: Memory> Image<M> {
     /// or not (a primary plans with writes not yet replicated; a
     /// read-modify-write must see them, or two pipelined `INCR`s would
     /// both add to the same value): its version (the write's sequence
-    /// number), value and deadline.
-    fn current_object(&self, key: &[u8]) -> Result<Option<Current>, StoreError> {
+    /// number), deadline and, with [`Want::Value`], value (else empty:
+    /// only the header is read, so a condition on a large value costs no
+    /// copy of it).
+    fn current_object(&self, key: &[u8], want: Want) -> Result<Option<Current>, StoreError> {
         let Some(f) = self.meta()?.get(key) else {
             return Ok(None);
         };
@@ -186,25 +229,50 @@ impl<M: Memory> Image<M> {
                 if *offset == off && k == key {
                     return Ok(Some(Current {
                         version: *version,
-                        data: data.clone(),
+                        data: match want {
+                            Want::Value => data.clone(),
+                            Want::Head => Vec::new(),
+                        },
                         deadline: *deadline,
                     }));
                 }
             }
         }
-        let cap = f.entry.units as u64 * object::UNIT;
-        let o = object::read_object(&self.mem, off, cap)
-            .map_err(|e| StoreError::Other(format!("the object of a key: {e}")))?;
-        if o.key != key {
+        let corrupt =
+            |e: object::ObjectError| StoreError::Other(format!("the object of a key: {e}"));
+        let (k, current) = match want {
+            Want::Value => {
+                let cap = f.entry.units as u64 * object::UNIT;
+                let o = object::read_object(&self.mem, off, cap).map_err(corrupt)?;
+                let (version, deadline) = (o.version, o.deadline);
+                (
+                    o.key,
+                    Current {
+                        version,
+                        data: o.data,
+                        deadline,
+                    },
+                )
+            }
+            Want::Head => {
+                let h = object::read_head(&self.mem, off).map_err(corrupt)?;
+                let (version, deadline) = (h.version, h.deadline);
+                (
+                    h.key,
+                    Current {
+                        version,
+                        data: Vec::new(),
+                        deadline,
+                    },
+                )
+            }
+        };
+        if k != key {
             return Err(StoreError::Other(
                 "index: the key's slot does not match its object".into(),
             ));
         }
-        Ok(Some(Current {
-            version: o.version,
-            data: o.data,
-            deadline: o.deadline,
-        }))
+        Ok(Some(current))
     }
 
     /// A read-modify-write ([`Modify`]) at sequence number `seq`: the new
@@ -219,7 +287,36 @@ impl<M: Memory> Image<M> {
         how: &Modify,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
         crate::proto::check_key(key)?;
-        let current = self.live(key)?;
+        // Only the header where the value plays no part.
+        let want = match how {
+            Modify::Deadline | Modify::Unchanged { .. } | Modify::Reap => Want::Head,
+            _ => Want::Value,
+        };
+        if let Modify::Reap = how {
+            // The key as it is, expired or not: removed only if it is.
+            let due = self
+                .current_object(key, Want::Head)?
+                .is_some_and(|c| self.expired(c.deadline));
+            if !due {
+                return Ok((
+                    Vec::new(),
+                    Reply::Modified {
+                        value: None,
+                        len: 0,
+                    },
+                ));
+            }
+            let (effects, _) = self.plan_remove(key)?;
+            return Ok((
+                effects,
+                Reply::Modified {
+                    value: None,
+                    len: 1,
+                },
+            ));
+        }
+        let current = self.live(key, want)?;
+        let version = current.as_ref().map(|c| c.version);
         // A read-modify-write keeps the key's deadline (Redis's INCR,
         // APPEND and SETRANGE keep a TTL); a swap is a SET, which clears it.
         let kept = current.as_ref().map_or(0, |c| c.deadline);
@@ -233,7 +330,7 @@ impl<M: Memory> Image<M> {
             })
         };
         let put = |data: &[u8], cond: Cond, deadline: u64| {
-            let (effects, reply) = self.plan_put(seq, key, data, cond, deadline)?;
+            let (effects, reply) = self.plan_put_at(seq, key, data, cond, deadline)?;
             Ok::<_, StoreError>((effects, matches!(reply, Reply::Stored { .. })))
         };
         // The value becomes `v`; the answer is its length, and with
@@ -290,12 +387,20 @@ impl<M: Memory> Image<M> {
                 v[o..end].copy_from_slice(data);
                 rewrite(v, false)
             }
-            Modify::Swap { data, cond } => {
+            Modify::Swap { data, cond, ttl } => {
                 let carried = data.len() + old.as_ref().map_or(0, Vec::len);
                 if let Some(r) = too_big(carried) {
                     return Ok((Vec::new(), r));
                 }
-                let (effects, stored) = put(data, *cond, 0)?;
+                let deadline = match *ttl {
+                    Ttl::Clear => 0,
+                    Ttl::Keep => kept,
+                    Ttl::At(at) if at == 0 || at > object::MAX_DEADLINE => {
+                        return refuse(INVALID_EXPIRE)
+                    }
+                    Ttl::At(at) => at,
+                };
+                let (effects, stored) = put(data, *cond, deadline)?;
                 let len = match stored {
                     true => data.len(),
                     false => old.as_ref().map_or(0, Vec::len),
@@ -312,23 +417,33 @@ impl<M: Memory> Image<M> {
                 let len = old.as_ref().map_or(0, Vec::len) as u64;
                 Ok((Vec::new(), Reply::Modified { value: old, len }))
             }
-            Modify::Unchanged { version } => {
-                let now = self.live(key)?.map(|o| o.version);
-                match now == *version {
-                    true => Ok((
-                        Vec::new(),
-                        Reply::Modified {
-                            value: None,
-                            len: 0,
-                        },
-                    )),
-                    false => Ok((Vec::new(), Reply::Changed)),
-                }
-            }
+            Modify::Unchanged {
+                version: version_seen,
+            } => match version == *version_seen {
+                true => Ok((
+                    Vec::new(),
+                    Reply::Modified {
+                        value: None,
+                        len: 0,
+                    },
+                )),
+                false => Ok((Vec::new(), Reply::Changed)),
+            },
             Modify::Take => {
                 let (effects, _) = self.plan_remove(key)?;
                 Ok((effects, Reply::Modified { value: old, len: 0 }))
             }
+            Modify::Reap => unreachable!("planned above"),
+            Modify::Deadline => match old {
+                Some(_) => Ok((
+                    Vec::new(),
+                    Reply::Modified {
+                        value: None,
+                        len: kept,
+                    },
+                )),
+                None => Ok((Vec::new(), Reply::NoKey)),
+            },
             Modify::Expire { at, when } => {
                 let changed = |len| Reply::Modified { value: None, len };
                 let Some(v) = old else {
@@ -342,6 +457,7 @@ impl<M: Memory> Image<M> {
                     ExpireWhen::IfSet => kept != 0,
                     ExpireWhen::IfLater => inf(*at) > inf(kept),
                     ExpireWhen::IfEarlier => inf(*at) < inf(kept),
+                    ExpireWhen::IfSetAndEarlier => kept != 0 && inf(*at) < inf(kept),
                 };
                 if !allowed {
                     return Ok((Vec::new(), changed(0)));
@@ -351,7 +467,7 @@ impl<M: Memory> Image<M> {
                     return Ok((effects, changed(1)));
                 }
                 if *at > object::MAX_DEADLINE {
-                    return refuse("ERR invalid expire time");
+                    return refuse(INVALID_EXPIRE);
                 }
                 let (effects, _) = put(&v, Cond::Always, *at)?;
                 Ok((effects, changed(1)))

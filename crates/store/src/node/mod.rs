@@ -80,6 +80,16 @@ use image::Image;
 /// Time in microseconds (any monotonic origin).
 pub type Micros = u64;
 
+/// The client id of a primary's own writes that reclaim expired keys
+/// ([`proto::Modify::Reap`]): no client may take it (their answers go
+/// nowhere, and a client under it could be answered from the retry table).
+pub const REAP_CLIENT: u64 = u64::MAX - 1;
+
+/// Keys reclaimed per tick at most, and their bytes: one batch, well
+/// inside a replicated write ([`proto::MAX_BATCH_BYTES`]).
+const REAP_KEYS: usize = 64;
+const REAP_BYTES: usize = 8 * 1024;
+
 /// Static configuration of a node.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -433,11 +443,53 @@ impl<M: Memory> Node<M> {
             .set_wall_ms(self.cfg.clock_origin_ms + now / 1000);
         match input {
             Input::Message { from, env } => self.on_message(from, env),
-            Input::Tick => self.on_tick(),
+            Input::Tick => {
+                self.on_tick();
+                self.reap();
+            }
             Input::Coord { id, reply } => self.on_coord(id, reply),
         }
         self.check_invariants();
         std::mem::take(&mut self.out)
+    }
+
+    /// A primary reclaims the keys its clock has expired, without a scan
+    /// (the image keeps them by deadline): a batch of their removals
+    /// ([`proto::Modify::Reap`], each checked again when planned) as its
+    /// own write, at most [`REAP_KEYS`] per tick. Its request id is the
+    /// write's sequence number, which grows across failovers, so the
+    /// retry table never takes it for an old request.
+    fn reap(&mut self) {
+        if !self.may_accept_writes() {
+            return;
+        }
+        let State::Primary(p) = &self.state else {
+            return;
+        };
+        let req_id = p.next_seq;
+        let keys = self.image.due_keys(REAP_KEYS, REAP_BYTES);
+        if keys.is_empty() {
+            return;
+        }
+        let ops = keys
+            .into_iter()
+            .map(|key| proto::Op::Modify {
+                key,
+                how: proto::Modify::Reap,
+            })
+            .collect();
+        let op = proto::Op::Batch {
+            ops,
+            all_or_none: false,
+        };
+        self.on_request(Addr::Client(REAP_CLIENT), REAP_CLIENT, req_id, op);
+    }
+
+    /// Keys with a deadline in this node's image (reclaimed by a primary
+    /// once it passes).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn keys_with_deadlines(&self) -> usize {
+        self.image.keys_with_deadlines()
     }
 
     // ------------------------------------------------------------ accessors
@@ -590,6 +642,9 @@ impl<M: Memory> Node<M> {
     // ------------------------------------------------------------ helpers
 
     fn send(&mut self, to: Addr, body: Body) {
+        if to == Addr::Client(REAP_CLIENT) {
+            return; // the primary's own reclaiming: nobody to answer
+        }
         self.out.push(Output::Send {
             to,
             env: Envelope {

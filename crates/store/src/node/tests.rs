@@ -304,6 +304,7 @@ fn a_scan_pattern_too_long_is_refused() {
         key: b"k1".to_vec(),
         data: b"v".to_vec(),
         cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
     };
     assert!(matches!(h.request(put), Ok(Reply::Stored { .. })));
     let scan = |pattern: Vec<u8>| Op::Scan {
@@ -340,6 +341,7 @@ fn a_bad_replicated_index_edit_is_a_divergence() {
         key: b"k1".to_vec(),
         data: b"v".to_vec(),
         cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
     };
     assert!(matches!(h.request(put), Ok(Reply::Stored { .. })));
     let layout = h.node(2).index_layout().unwrap();
@@ -404,6 +406,7 @@ fn too_large_names_the_largest_value_that_fits() {
         key: b"k1".to_vec(),
         data: vec![7; len as usize],
         cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
     };
     assert_eq!(
         h.request(put(most - 1)),
@@ -466,6 +469,7 @@ fn the_server_side_get_is_the_look_up() {
         key: b"k1".to_vec(),
         data: data.to_vec(),
         cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
     };
     let get = |key: &[u8]| Op::Get { key: key.to_vec() };
     let Ok(Reply::Stored { ptr, .. }) = h.request(put(b"one")) else {
@@ -569,6 +573,7 @@ fn read_modify_writes_see_the_writes_before_them() {
         key: b"s".to_vec(),
         data: b"abc".to_vec(),
         cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
     })
     .unwrap();
     let refused = |t: &str| Ok(Reply::Refused(t.into()));
@@ -617,6 +622,7 @@ fn read_modify_writes_see_the_writes_before_them() {
     let swap = |cond| Modify::Swap {
         data: b"new".to_vec(),
         cond,
+        ttl: crate::proto::Ttl::Clear,
     };
     assert_eq!(
         h.request(m(b"s", swap(Cond::IfAbsent))),

@@ -3,7 +3,7 @@
 
 use super::{
     Body, Cond, DecodeError, DedupEntry, Effect, Envelope, ExpireWhen, Member, Modify, Op, RepOp,
-    Reply, StatusInfo, StoreError, MAX_MESSAGE,
+    Reply, StatusInfo, StoreError, Ttl, MAX_MESSAGE,
 };
 use crate::alloc::AllocSnapshot;
 use crate::ptr::RemotePtr;
@@ -209,6 +209,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
             key: r.bytes()?,
             data: r.bytes()?,
             cond: dec_cond(r)?,
+            ttl: dec_ttl(r)?,
         },
         7 => Op::Get { key: r.bytes()? },
         8 => Op::Remove { key: r.bytes()? },
@@ -230,6 +231,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                 4 => Modify::Swap {
                     data: r.bytes()?,
                     cond: dec_cond(r)?,
+                    ttl: dec_ttl(r)?,
                 },
                 5 => Modify::Take,
                 6 => Modify::IncrByFloat(r.bytes()?),
@@ -248,6 +250,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                         2 => ExpireWhen::IfSet,
                         3 => ExpireWhen::IfLater,
                         4 => ExpireWhen::IfEarlier,
+                        5 => ExpireWhen::IfSetAndEarlier,
                         tag => {
                             return Err(DecodeError::BadTag {
                                 what: "expire condition",
@@ -256,6 +259,8 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                         }
                     },
                 },
+                10 => Modify::Deadline,
+                11 => Modify::Reap,
                 tag => {
                     return Err(DecodeError::BadTag {
                         what: "modify",
@@ -296,6 +301,15 @@ fn batch_len(r: &mut R<'_>, min_elem: usize) -> Result<usize, DecodeError> {
         });
     }
     Ok(n)
+}
+
+fn dec_ttl(r: &mut R<'_>) -> Result<Ttl, DecodeError> {
+    Ok(match r.u8()? {
+        0 => Ttl::Clear,
+        1 => Ttl::Keep,
+        2 => Ttl::At(r.u64()?),
+        tag => return Err(DecodeError::BadTag { what: "ttl", tag }),
+    })
 }
 
 fn dec_cond(r: &mut R<'_>) -> Result<Cond, DecodeError> {

@@ -1,6 +1,6 @@
 //! Encoding: every message to bytes (the layout [`super`] describes).
 
-use super::{Body, Cond, Effect, Envelope, ExpireWhen, Modify, Op, Reply, StoreError};
+use super::{Body, Cond, Effect, Envelope, ExpireWhen, Modify, Op, Reply, StoreError, Ttl};
 use crate::ptr::RemotePtr;
 
 struct W(Vec<u8>);
@@ -176,11 +176,17 @@ fn enc_op(w: &mut W, op: &Op) {
             w.ptr(ptr);
         }
         Op::Status => w.u8(5),
-        Op::Put { key, data, cond } => {
+        Op::Put {
+            key,
+            data,
+            cond,
+            ttl,
+        } => {
             w.u8(6);
             w.bytes(key);
             w.bytes(data);
             w.u8(cond_tag(*cond));
+            enc_ttl(w, *ttl);
         }
         Op::Get { key } => {
             w.u8(7);
@@ -221,10 +227,11 @@ fn enc_op(w: &mut W, op: &Op) {
                     w.u64(*offset);
                     w.bytes(data);
                 }
-                Modify::Swap { data, cond } => {
+                Modify::Swap { data, cond, ttl } => {
                     w.u8(4);
                     w.bytes(data);
                     w.u8(cond_tag(*cond));
+                    enc_ttl(w, *ttl);
                 }
                 Modify::Take => w.u8(5),
                 Modify::IncrByFloat(by) => {
@@ -251,8 +258,11 @@ fn enc_op(w: &mut W, op: &Op) {
                         ExpireWhen::IfSet => 2,
                         ExpireWhen::IfLater => 3,
                         ExpireWhen::IfEarlier => 4,
+                        ExpireWhen::IfSetAndEarlier => 5,
                     });
                 }
+                Modify::Deadline => w.u8(10),
+                Modify::Reap => w.u8(11),
             }
         }
         Op::Batch { ops, all_or_none } => {
@@ -262,6 +272,17 @@ fn enc_op(w: &mut W, op: &Op) {
             for op in ops {
                 enc_op(w, op);
             }
+        }
+    }
+}
+
+fn enc_ttl(w: &mut W, t: Ttl) {
+    match t {
+        Ttl::Clear => w.u8(0),
+        Ttl::Keep => w.u8(1),
+        Ttl::At(at) => {
+            w.u8(2);
+            w.u64(at);
         }
     }
 }

@@ -187,8 +187,9 @@ pub enum Op {
     },
     /// Report the node's state.
     Status,
-    /// Store `data` under `key` (see [`Cond`]); answered
-    /// [`Reply::Stored`] or, when the condition fails, [`Reply::NotStored`].
+    /// Store `data` under `key` (see [`Cond`]) with the deadline `ttl`
+    /// says; answered [`Reply::Stored`] or, when the condition fails,
+    /// [`Reply::NotStored`].
     Put {
         /// The key (1 to [`crate::object::MAX_KEY_LEN`] bytes).
         key: Vec<u8>,
@@ -196,6 +197,8 @@ pub enum Op {
         data: Vec<u8>,
         /// When to store.
         cond: Cond,
+        /// The key's deadline after the put.
+        ttl: Ttl,
     },
     /// Server-side read of a key (the fallback of the one-sided look-up):
     /// [`Reply::Value`] or [`Reply::NoKey`].
@@ -309,13 +312,15 @@ pub enum Modify {
         /// The bytes.
         data: Vec<u8>,
     },
-    /// `GETSET`, `SET ... GET`: store the bytes (under `cond`); answers
-    /// the old value.
+    /// `GETSET`, `SET ... GET`: store the bytes (under `cond`, with the
+    /// deadline `ttl` says); answers the old value.
     Swap {
         /// The new value.
         data: Vec<u8>,
         /// When to store.
         cond: Cond,
+        /// The key's deadline after the put.
+        ttl: Ttl,
     },
     /// `GETDEL`: remove the key; answers the old value.
     Take,
@@ -342,6 +347,15 @@ pub enum Modify {
         /// When to change it.
         when: ExpireWhen,
     },
+    /// The primary's reclaiming of an expired key ([`crate::node`]'s own
+    /// writes): removes the key if its deadline has passed by the
+    /// primary's clock, else nothing. Answers `len` 1 if it removed it.
+    Reap,
+    /// `TTL`, `PTTL`, `EXPIRETIME`, `PEXPIRETIME` (in a transaction, or
+    /// where the door cannot look the key up itself): no effects; answers
+    /// the key's deadline as `len` (0: none), or [`Reply::NoKey`] if the
+    /// key is absent or expired.
+    Deadline,
 }
 
 /// When a [`Modify::Expire`] changes a key's deadline (Redis's `NX`,
@@ -358,6 +372,24 @@ pub enum ExpireWhen {
     IfLater,
     /// Only if the new deadline is earlier (`LT`).
     IfEarlier,
+    /// Only if the key has a deadline and the new one is earlier (`XX LT`;
+    /// `XX GT` is `GT`, which no deadline never passes).
+    IfSetAndEarlier,
+}
+
+/// A put's deadline for its key (Redis's `SET` options): a plain put
+/// clears it, `KEEPTTL` keeps the key's (none for a new key), `EX`, `PX`,
+/// `EXAT`, `PXAT` set it. A deadline the primary's clock has passed
+/// stores a key no reader sees (Redis 7.0's `SET ... PXAT 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// No deadline (a plain `SET`).
+    Clear,
+    /// The key's deadline as it is (`KEEPTTL`).
+    Keep,
+    /// Milliseconds since the Unix epoch, 1 to
+    /// [`crate::object::MAX_DEADLINE`] (a later one is refused).
+    At(u64),
 }
 
 /// When a [`Op::Put`] stores.

@@ -144,9 +144,15 @@ fn plain_op() -> impl Strategy<Value = Op> {
                 Just(Cond::Always),
                 Just(Cond::IfAbsent),
                 Just(Cond::IfPresent)
-            ]
+            ],
+            ttl()
         )
-            .prop_map(|(key, data, cond)| Op::Put { key, data, cond }),
+            .prop_map(|(key, data, cond, ttl)| Op::Put {
+                key,
+                data,
+                cond,
+                ttl
+            }),
         bytes().prop_map(|key| Op::Get { key }),
         bytes().prop_map(|key| Op::Remove { key }),
         (any::<u64>(), any::<u32>(), bytes()).prop_map(|(cursor, count, pattern)| Op::Scan {
@@ -162,27 +168,39 @@ fn plain_op() -> impl Strategy<Value = Op> {
                 bytes().prop_map(Modify::Append),
                 (any::<u64>(), bytes())
                     .prop_map(|(offset, data)| Modify::SetRange { offset, data }),
-                (bytes(), any::<bool>()).prop_map(|(data, nx)| Modify::Swap {
+                (bytes(), any::<bool>(), ttl()).prop_map(|(data, nx, ttl)| Modify::Swap {
                     data,
-                    cond: if nx { Cond::IfAbsent } else { Cond::Always }
+                    cond: if nx { Cond::IfAbsent } else { Cond::Always },
+                    ttl
                 }),
                 Just(Modify::Take),
                 bytes().prop_map(Modify::IncrByFloat),
                 Just(Modify::Peek),
                 any::<Option<u64>>().prop_map(|version| Modify::Unchanged { version }),
-                (any::<u64>(), 0u8..5).prop_map(|(at, w)| Modify::Expire {
+                (any::<u64>(), 0u8..6).prop_map(|(at, w)| Modify::Expire {
                     at,
                     when: [
                         ExpireWhen::Always,
                         ExpireWhen::IfNone,
                         ExpireWhen::IfSet,
                         ExpireWhen::IfLater,
-                        ExpireWhen::IfEarlier
+                        ExpireWhen::IfEarlier,
+                        ExpireWhen::IfSetAndEarlier,
                     ][w as usize],
                 }),
+                Just(Modify::Deadline),
+                Just(Modify::Reap),
             ]
         )
             .prop_map(|(key, how)| Op::Modify { key, how }),
+    ]
+}
+
+fn ttl() -> impl Strategy<Value = Ttl> {
+    prop_oneof![
+        Just(Ttl::Clear),
+        Just(Ttl::Keep),
+        any::<u64>().prop_map(Ttl::At)
     ]
 }
 

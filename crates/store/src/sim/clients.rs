@@ -84,16 +84,19 @@ impl Sim {
                     key,
                     data: value,
                     cond: Cond::Always,
+                    ttl: crate::proto::Ttl::Clear,
                 },
                 40..50 => Op::Put {
                     key,
                     data: value,
                     cond: Cond::IfAbsent,
+                    ttl: crate::proto::Ttl::Clear,
                 },
                 50..60 => Op::Put {
                     key,
                     data: value,
                     cond: Cond::IfPresent,
+                    ttl: crate::proto::Ttl::Clear,
                 },
                 60..72 => Op::Remove { key },
                 // Read-modify-writes (issue 32): GETSET and GETDEL.
@@ -102,6 +105,7 @@ impl Sim {
                     how: Modify::Swap {
                         data: value,
                         cond: Cond::Always,
+                        ttl: crate::proto::Ttl::Clear,
                     },
                 },
                 80..84 => Op::Modify {
@@ -126,11 +130,13 @@ impl Sim {
                                 key,
                                 data: value,
                                 cond: Cond::Always,
+                                ttl: crate::proto::Ttl::Clear,
                             },
                             Op::Put {
                                 key: key_name(k2),
                                 data: v2,
                                 cond: Cond::Always,
+                                ttl: crate::proto::Ttl::Clear,
                             },
                         ],
                         all_or_none: false,

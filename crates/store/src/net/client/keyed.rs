@@ -18,7 +18,7 @@
 use super::error::{ClientError, OpKind};
 use super::StoreClient;
 use crate::net::link::MAX_VALUE;
-use crate::proto::{self, Cond, Op, Reply, StoreError};
+use crate::proto::{self, Cond, Op, Reply, StoreError, Ttl};
 use crate::ptr::RemotePtr;
 
 /// A value no larger than a message can carry.
@@ -50,12 +50,29 @@ impl StoreClient {
         data: &[u8],
         cond: Cond,
     ) -> Result<Option<RemotePtr>, ClientError> {
+        self.set_with(key, data, cond, Ttl::Clear)
+    }
+
+    /// Stores `data` under `key` if `cond` holds, with the deadline `ttl`
+    /// says (`SET ... EX|PX|EXAT|PXAT|KEEPTTL`): after it, every reader
+    /// (this client's one-sided gets included) counts the key absent
+    /// from [`crate::lookup::CLOCK_BOUND_MS`] before the deadline, and the
+    /// primary removes it by its own clock. `None`: the condition did not
+    /// hold, nothing changed.
+    pub fn set_with(
+        &mut self,
+        key: &[u8],
+        data: &[u8],
+        cond: Cond,
+        ttl: Ttl,
+    ) -> Result<Option<RemotePtr>, ClientError> {
         proto::check_key(key)?;
         check_value(data)?;
         let op = Op::Put {
             key: key.to_vec(),
             data: data.to_vec(),
             cond,
+            ttl,
         };
         match self.session.request(op)? {
             Reply::Stored { ptr, .. } => {

@@ -5,7 +5,7 @@ use super::command_table;
 use super::session::{
     impossible_key, integer, store_err, upper, value_too_long, wrong_args, Out, Session,
 };
-use crate::proto::{self, Cond, Op};
+use crate::proto::{self, Cond, Op, Ttl};
 use crate::resp_codec::Reply;
 
 /// Keys per step of `MGET`/`EXISTS` (their values are encoded and written
@@ -90,7 +90,7 @@ impl Session {
             },
             "GET" if n == 2 => self.get(&args[1]),
             "SET" if n >= 3 => self.set(args),
-            "SETNX" if n == 3 => match self.put(&args[1], &args[2], Cond::IfAbsent) {
+            "SETNX" if n == 3 => match self.put(&args[1], &args[2], Cond::IfAbsent, Ttl::Clear) {
                 Ok(true) => Reply::Int(1),
                 Ok(false) => Reply::Int(0),
                 Err(r) => r,
@@ -100,7 +100,12 @@ impl Session {
             "APPEND" => self.append(args),
             "INCRBYFLOAT" => self.incrbyfloat(args),
             "SETRANGE" => self.setrange(args),
-            "GETSET" => self.getset(&args[1], &args[2], Cond::Always),
+            "GETSET" => self.getset(&args[1], &args[2], Cond::Always, Ttl::Clear),
+            "SETEX" | "PSETEX" => self.setex(&cmd, args),
+            "GETEX" => self.getex(args),
+            "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => self.expire(&cmd, args),
+            "PERSIST" => self.persist(&args[1]),
+            "TTL" | "PTTL" | "EXPIRETIME" | "PEXPIRETIME" => self.ttl(&cmd, &args[1]),
             "GETDEL" => self.getdel(&args[1]),
             "EXISTS" if n >= 2 => {
                 let mut found = 0;
@@ -180,7 +185,8 @@ impl Session {
         }
     }
 
-    fn get(&mut self, key: &[u8]) -> Reply {
+    /// `GET k`.
+    pub(super) fn get(&mut self, key: &[u8]) -> Reply {
         match self.local_get(key) {
             Some(Some(v)) => return Reply::Bulk(v),
             Some(None) => return Reply::Nil,
@@ -194,8 +200,15 @@ impl Session {
         }
     }
 
-    /// A put if this node is the primary: whether it was stored.
-    pub(super) fn put(&mut self, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, Reply> {
+    /// A put (its deadline as `ttl` says) if this node is the primary:
+    /// whether it was stored.
+    pub(super) fn put(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        ttl: Ttl,
+    ) -> Result<bool, Reply> {
         if let Some(r) = self.not_primary(key) {
             return Err(r);
         }
@@ -206,10 +219,12 @@ impl Session {
             key: key.to_vec(),
             data: value.to_vec(),
             cond,
+            ttl,
         };
         match self.write(op)? {
             proto::Reply::Stored { .. } => Ok(true),
             proto::Reply::NotStored => Ok(false),
+            proto::Reply::Refused(text) => Err(Reply::err(text)),
             r => Err(Reply::err(format!("ERR unexpected answer {r:?}"))),
         }
     }
@@ -457,6 +472,7 @@ fn puts(kv: &[Vec<u8>], cond: Cond) -> Vec<Op> {
             key: p[0].clone(),
             data: p[1].clone(),
             cond,
+            ttl: Ttl::Clear,
         })
         .collect()
 }

@@ -24,7 +24,8 @@
 //! | command | store operation |
 //! |---|---|
 //! | `GET k` | one-sided look-up (`StoreClient::get`) |
-//! | `SET k v [NX\|XX] [GET]` | `put` (Always / IfAbsent / IfPresent); `$-1` when the condition fails; `GET`: a `Modify::Swap` |
+//! | `SET k v [NX\|XX] [GET] [EX\|PX\|EXAT\|PXAT t\|KEEPTTL]` | `put` (Always / IfAbsent / IfPresent) with its deadline (`Ttl`); `$-1` when the condition fails; `GET`: a `Modify::Swap` |
+//! | `SETEX`, `PSETEX`, `EXPIRE`, `PEXPIRE`, `EXPIREAT`, `PEXPIREAT`, `PERSIST`, `TTL`, `PTTL`, `EXPIRETIME`, `PEXPIRETIME`, `GETEX` | a put with a deadline, one `Modify::Expire`, a look-up's deadline (`expiry.rs`) |
 //! | `INCR`, `DECR`, `INCRBY`, `DECRBY`, `INCRBYFLOAT`, `APPEND`, `SETRANGE`, `GETSET`, `GETDEL` | one `Op::Modify` each (`strings.rs`) |
 //! | `SETNX k v` | `put` IfAbsent: `:1` / `:0` |
 //! | `DEL k...`, `UNLINK k...` | the removes as one batch: the count that existed |
@@ -52,8 +53,7 @@
 //! primary's store address, the port its RESP port); while no primary is
 //! known it waits for one (at most 5 s, then `-CLUSTERDOWN`);
 //! reads on any node are served (through the primary's arena). Values
-//! are at most `net::link::MAX_VALUE` bytes, keys 1 to 1,024 bytes, and
-//! TTLs (`EX`, `PX`, ...) are refused: the store does not expire keys.
+//! are at most `net::link::MAX_VALUE` bytes, keys 1 to 1,024 bytes.
 //!
 //! The door is this module alone: the server starts it ([`spawn`]) and
 //! hands it a [`Front`], the node as the door needs it, which the node
@@ -80,6 +80,7 @@ mod cluster;
 mod command_table;
 mod commands;
 mod connection;
+mod expiry;
 #[doc(hidden)]
 pub mod fuzzing;
 mod session;

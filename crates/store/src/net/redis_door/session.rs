@@ -39,7 +39,7 @@ const SESSION_CACHE: usize = 16 << 10;
 /// two batches' writes ([`Session::consistent`]) before the key goes the
 /// remote way: far longer than writing one batch's bytes takes, unless
 /// the node loop is descheduled in the middle of one.
-const CONSISTENT_WAIT: Duration = Duration::from_millis(100);
+pub(super) const CONSISTENT_WAIT: Duration = Duration::from_millis(100);
 
 /// How long a write waits for a primary while none is known (a
 /// failover under way) before it is refused.
@@ -396,6 +396,13 @@ impl Session {
 
     /// One look-up of [`Self::local_get`], with no check against batches.
     pub(super) fn local_get_once(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        self.local_entry_once(key).map(|e| e.map(|(v, _)| v))
+    }
+
+    /// One look-up in this node's arena: the key's value and deadline
+    /// (0: none), absent if it expired ([`lookup::live`]); `None` where
+    /// [`Self::local_get`] gives `None`.
+    pub(super) fn local_entry_once(&mut self, key: &[u8]) -> Option<Option<(Vec<u8>, u64)>> {
         if impossible_key(key) {
             return Some(None);
         }
@@ -436,7 +443,7 @@ impl Session {
                 self.cache.insert(key.to_vec(), (offset, len));
                 // Expired, allowing for this clock's lag behind the
                 // primary's: absent.
-                Some(lookup::live(deadline, lookup::wall_ms()).then_some(data))
+                Some(lookup::live(deadline, lookup::wall_ms()).then_some((data, deadline)))
             }
             Outcome::Absent => {
                 self.cache.remove(key);

@@ -8,12 +8,18 @@
 //! too, and changes nothing.
 
 use super::session::{integer, upper, Session};
-use crate::proto::{self, Cond, Modify, Op};
+use crate::lookup;
+use crate::object;
+use crate::proto::{self, Cond, Modify, Op, Ttl};
 use crate::resp_codec::Reply;
 
 impl Session {
     /// Runs `how` on `key`'s value if this node is the primary.
-    fn modify(&mut self, key: &[u8], how: Modify) -> Result<(Option<Vec<u8>>, u64), Reply> {
+    pub(super) fn modify(
+        &mut self,
+        key: &[u8],
+        how: Modify,
+    ) -> Result<(Option<Vec<u8>>, u64), Reply> {
         if let Err(e) = proto::check_key(key) {
             return Err(Reply::err(format!("ERR {e}")));
         }
@@ -78,10 +84,11 @@ impl Session {
         }
     }
 
-    /// `GETSET k v` (and `SET ... GET` with `cond`): the old value.
-    pub(super) fn getset(&mut self, key: &[u8], data: &[u8], cond: Cond) -> Reply {
+    /// `GETSET k v` (and `SET ... GET` with `cond` and `ttl`): the old
+    /// value.
+    pub(super) fn getset(&mut self, key: &[u8], data: &[u8], cond: Cond, ttl: Ttl) -> Reply {
         let data = data.to_vec();
-        match self.modify(key, Modify::Swap { data, cond }) {
+        match self.modify(key, Modify::Swap { data, cond, ttl }) {
             Ok((Some(old), _)) => Reply::Bulk(old),
             Ok((None, _)) => Reply::Nil,
             Err(r) => r,
@@ -100,18 +107,38 @@ impl Session {
         }
     }
 
-    /// `SET k v [NX|XX] [GET]`.
+    /// `SET k v [NX|XX] [GET] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL]`.
     pub(super) fn set(&mut self, args: &[Vec<u8>]) -> Reply {
-        let (cond, get) = match set_options(&args[3..]) {
+        let o = match set_options(&args[3..], false) {
             Ok(o) => o,
             Err(r) => return r,
         };
-        if get {
-            return self.getset(&args[1], &args[2], cond);
+        let ttl = match put_ttl("set", &o.ttl, lookup::wall_ms()) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        if o.get {
+            return self.getset(&args[1], &args[2], o.cond, ttl);
         }
-        match self.put(&args[1], &args[2], cond) {
+        match self.put(&args[1], &args[2], o.cond, ttl) {
             Ok(true) => Reply::ok(),
             Ok(false) => Reply::Nil,
+            Err(r) => r,
+        }
+    }
+
+    /// `SETEX k s v`, `PSETEX k ms v`.
+    pub(super) fn setex(&mut self, cmd: &str, args: &[Vec<u8>]) -> Reply {
+        let unit = match cmd {
+            "SETEX" => TimeUnit::Ex,
+            _ => TimeUnit::Px,
+        };
+        let at = match deadline_of(cmd, unit, &args[2], lookup::wall_ms()) {
+            Ok(at) => at,
+            Err(r) => return r,
+        };
+        match self.put(&args[1], &args[3], Cond::Always, Ttl::At(at)) {
+            Ok(_) => Reply::ok(),
             Err(r) => r,
         }
     }
@@ -129,23 +156,133 @@ pub(super) fn incr_amount(cmd: &str, args: &[Vec<u8>]) -> Result<i64, Reply> {
     })
 }
 
-/// `SET k v`'s options: its condition and whether `GET` was given.
-/// Repeated flags are taken, conflicting ones refused, as Redis parses them.
-pub(super) fn set_options(opts: &[Vec<u8>]) -> Result<(Cond, bool), Reply> {
-    let mut cond = Cond::Always;
-    let mut get = false;
-    for o in opts {
-        match upper(o).as_str() {
-            "NX" if cond != Cond::IfPresent => cond = Cond::IfAbsent,
-            "XX" if cond != Cond::IfAbsent => cond = Cond::IfPresent,
-            "GET" => get = true,
-            "EX" | "PX" | "EXAT" | "PXAT" | "KEEPTTL" => {
-                return Err(Reply::err(
-                    "ERR TTLs are not supported: the store does not expire keys",
-                ))
+/// The options of `SET` (and, with `getex`, of `GETEX`), as Redis parses
+/// them (`parseExtendedStringArgumentsOrReply`): a flag may repeat, a
+/// time unit too (the last one counts), conflicting ones are a syntax
+/// error.
+pub(super) fn set_options(opts: &[Vec<u8>], getex: bool) -> Result<SetOptions, Reply> {
+    let mut o = SetOptions {
+        cond: Cond::Always,
+        get: false,
+        ttl: TtlOption::Clear,
+    };
+    let mut i = 0;
+    while i < opts.len() {
+        let word = upper(&opts[i]);
+        let unit = match word.as_str() {
+            "EX" => Some(TimeUnit::Ex),
+            "PX" => Some(TimeUnit::Px),
+            "EXAT" => Some(TimeUnit::ExAt),
+            "PXAT" => Some(TimeUnit::PxAt),
+            _ => None,
+        };
+        let set = !getex;
+        if let Some(unit) = unit {
+            // Another unit, KEEPTTL or PERSIST before it: a conflict.
+            let free = match &o.ttl {
+                TtlOption::Clear => true,
+                TtlOption::Time { unit: u, .. } => *u == unit,
+                TtlOption::Keep | TtlOption::Persist => false,
+            };
+            if !free || i + 1 == opts.len() {
+                return Err(Reply::err("ERR syntax error"));
+            }
+            o.ttl = TtlOption::Time {
+                unit,
+                arg: opts[i + 1].clone(),
+            };
+            i += 2;
+            continue;
+        }
+        match (word.as_str(), &o.ttl) {
+            ("NX", _) if set && o.cond != Cond::IfPresent => o.cond = Cond::IfAbsent,
+            ("XX", _) if set && o.cond != Cond::IfAbsent => o.cond = Cond::IfPresent,
+            ("GET", _) if set => o.get = true,
+            ("KEEPTTL", TtlOption::Clear | TtlOption::Keep) if set => o.ttl = TtlOption::Keep,
+            ("PERSIST", TtlOption::Clear | TtlOption::Persist) if getex => {
+                o.ttl = TtlOption::Persist
             }
             _ => return Err(Reply::err("ERR syntax error")),
         }
+        i += 1;
     }
-    Ok((cond, get))
+    Ok(o)
+}
+
+/// The options of a `SET`-like command ([`set_options`]).
+pub(super) struct SetOptions {
+    pub(super) cond: Cond,
+    /// `GET`: answer the old value.
+    pub(super) get: bool,
+    pub(super) ttl: TtlOption,
+}
+
+/// A deadline as a command gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum TtlOption {
+    /// None given: a put clears the key's deadline, `GETEX` keeps it.
+    Clear,
+    /// `KEEPTTL`.
+    Keep,
+    /// `GETEX ... PERSIST`.
+    Persist,
+    /// `EX`, `PX`, `EXAT` or `PXAT` and its argument.
+    Time { unit: TimeUnit, arg: Vec<u8> },
+}
+
+/// The unit of a deadline's argument, and whether it is relative.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TimeUnit {
+    /// Seconds from now.
+    Ex,
+    /// Milliseconds from now.
+    Px,
+    /// Unix seconds.
+    ExAt,
+    /// Unix milliseconds.
+    PxAt,
+}
+
+/// The error Redis gives a deadline it cannot take, naming the command.
+pub(super) fn invalid_expire(cmd: &str) -> Reply {
+    Reply::err(format!(
+        "ERR invalid expire time in '{}' command",
+        cmd.to_ascii_lowercase()
+    ))
+}
+
+/// The deadline (Unix milliseconds) of `SET`'s, `SETEX`'s or `GETEX`'s
+/// time `arg` in `unit`, at `now_ms`, checked as Redis checks it
+/// (`getExpireMillisecondsOrReply`: a positive integer, no overflow).
+/// One past [`object::MAX_DEADLINE`] (the year 10889), which Redis
+/// takes, is refused with the same error: a named difference.
+pub(super) fn deadline_of(
+    cmd: &str,
+    unit: TimeUnit,
+    arg: &[u8],
+    now_ms: u64,
+) -> Result<u64, Reply> {
+    let n = integer(arg)?;
+    let seconds = matches!(unit, TimeUnit::Ex | TimeUnit::ExAt);
+    if n <= 0 || (seconds && n > i64::MAX / 1000) {
+        return Err(invalid_expire(cmd));
+    }
+    let ms = if seconds { n * 1000 } else { n };
+    let ms = match unit {
+        TimeUnit::Ex | TimeUnit::Px => ms.checked_add(now_ms as i64),
+        TimeUnit::ExAt | TimeUnit::PxAt => Some(ms),
+    };
+    match ms {
+        Some(ms) if ms as u64 <= object::MAX_DEADLINE => Ok(ms as u64),
+        _ => Err(invalid_expire(cmd)),
+    }
+}
+
+/// The deadline a `SET`-like command's [`TtlOption`] gives its put.
+pub(super) fn put_ttl(cmd: &str, ttl: &TtlOption, now_ms: u64) -> Result<Ttl, Reply> {
+    Ok(match ttl {
+        TtlOption::Clear | TtlOption::Persist => Ttl::Clear,
+        TtlOption::Keep => Ttl::Keep,
+        TtlOption::Time { unit, arg } => Ttl::At(deadline_of(cmd, *unit, arg, now_ms)?),
+    })
 }

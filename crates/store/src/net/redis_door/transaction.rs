@@ -17,9 +17,11 @@
 //! and the others run, as in Redis; a queued command Redis would refuse
 //! (unknown, wrong arity) makes `EXEC` answer `-EXECABORT`.
 
+use super::expiry::{expire_how, getex_how, ttl_reply, PERSIST};
 use super::session::{impossible_key, integer, upper, value_too_long, Session};
-use super::strings::{incr_amount, set_options};
-use crate::proto::{self, Cond, Modify, Op};
+use super::strings::{deadline_of, incr_amount, put_ttl, set_options, TimeUnit};
+use crate::lookup;
+use crate::proto::{self, Cond, Modify, Op, Ttl};
 use crate::resp_codec::Reply;
 
 /// The open transaction of a connection.
@@ -48,6 +50,12 @@ enum Finish {
     Range(i64, i64),
     Int,
     Ok,
+    /// `TTL` and its kin (the command): from the deadline the write
+    /// answered.
+    Ttl(&'static str),
+    /// `GETEX` with a time Redis refuses: `nil` if the key is absent,
+    /// else this error.
+    ErrorIfPresent(Reply),
 }
 
 /// A queued command as writes of the batch.
@@ -79,6 +87,18 @@ const IN_MULTI: &[&str] = &[
     "TYPE",
     "GETRANGE",
     "SUBSTR",
+    "SETEX",
+    "PSETEX",
+    "GETEX",
+    "EXPIRE",
+    "PEXPIRE",
+    "EXPIREAT",
+    "PEXPIREAT",
+    "PERSIST",
+    "TTL",
+    "PTTL",
+    "EXPIRETIME",
+    "PEXPIRETIME",
     "PING",
     "ECHO",
 ];
@@ -227,6 +247,8 @@ impl Session {
 /// A queued command as writes of the batch, or its error.
 fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
     let cmd = upper(&args[0]);
+    // Relative times count from `EXEC`, as in Redis.
+    let now = lookup::wall_ms();
     let modify = |key: &[u8], how: Modify| -> Result<Op, Reply> {
         proto::check_key(key).map_err(|e| Reply::err(format!("ERR {e}")))?;
         Ok(Op::Modify {
@@ -234,7 +256,7 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             how,
         })
     };
-    let put = |key: &[u8], data: &[u8], cond: Cond| -> Result<Op, Reply> {
+    let put = |key: &[u8], data: &[u8], cond: Cond, ttl: Ttl| -> Result<Op, Reply> {
         proto::check_key(key).map_err(|e| Reply::err(format!("ERR {e}")))?;
         if let Some(r) = value_too_long(data.len()) {
             return Err(r);
@@ -243,6 +265,7 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             key: key.to_vec(),
             data: data.to_vec(),
             cond,
+            ttl,
         })
     };
     let one = |op: Op, finish: Finish| {
@@ -308,24 +331,68 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             Ok(Planned { ops, finish })
         }
         "SET" => {
-            let (cond, get) = set_options(&args[3..])?;
-            if get {
+            let o = set_options(&args[3..], false)?;
+            let ttl = put_ttl("set", &o.ttl, now)?;
+            if o.get {
                 let how = Modify::Swap {
                     data: args[2].clone(),
-                    cond,
+                    cond: o.cond,
+                    ttl,
                 };
                 return one(modify(&args[1], how)?, Finish::Value);
             }
-            one(put(&args[1], &args[2], cond)?, Finish::SetOk)
+            one(put(&args[1], &args[2], o.cond, ttl)?, Finish::SetOk)
         }
-        "SETNX" => one(put(&args[1], &args[2], Cond::IfAbsent)?, Finish::SetNx),
+        "SETEX" | "PSETEX" => {
+            let unit = match cmd.as_str() {
+                "SETEX" => TimeUnit::Ex,
+                _ => TimeUnit::Px,
+            };
+            let at = deadline_of(&cmd, unit, &args[2], now)?;
+            one(
+                put(&args[1], &args[3], Cond::Always, Ttl::At(at))?,
+                Finish::Ok,
+            )
+        }
+        "GETEX" => match getex_how(args, now) {
+            Ok(None) => read(&args[1], Modify::Peek, Finish::Value, Reply::Nil),
+            Ok(Some(how)) if !impossible_key(&args[1]) => Ok(Planned {
+                ops: vec![modify(&args[1], Modify::Peek)?, modify(&args[1], how)?],
+                finish: Finish::Value,
+            }),
+            Ok(Some(_)) => read(&args[1], Modify::Peek, Finish::Value, Reply::Nil),
+            Err(r) => read(
+                &args[1],
+                Modify::Peek,
+                Finish::ErrorIfPresent(r),
+                Reply::Nil,
+            ),
+        },
+        "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => {
+            let how = expire_how(&cmd, args, now)?;
+            read(&args[1], how, Finish::Len, Reply::Int(0))
+        }
+        "PERSIST" => read(&args[1], PERSIST, Finish::Len, Reply::Int(0)),
+        "TTL" | "PTTL" | "EXPIRETIME" | "PEXPIRETIME" => {
+            let name = IN_MULTI.iter().find(|c| **c == cmd).expect("listed");
+            read(
+                &args[1],
+                Modify::Deadline,
+                Finish::Ttl(name),
+                Reply::Int(-2),
+            )
+        }
+        "SETNX" => one(
+            put(&args[1], &args[2], Cond::IfAbsent, Ttl::Clear)?,
+            Finish::SetNx,
+        ),
         "MSET" => {
             if args.len().is_multiple_of(2) {
                 return Err(super::session::wrong_args("MSET"));
             }
             let ops = args[1..]
                 .chunks(2)
-                .map(|p| put(&p[0], &p[1], Cond::Always))
+                .map(|p| put(&p[0], &p[1], Cond::Always, Ttl::Clear))
                 .collect::<Result<_, _>>()?;
             Ok(Planned {
                 ops,
@@ -367,6 +434,7 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             let how = Modify::Swap {
                 data: args[2].clone(),
                 cond: Cond::Always,
+                ttl: Ttl::Clear,
             };
             one(modify(&args[1], how)?, Finish::Value)
         }
@@ -439,5 +507,16 @@ fn finish(f: Finish, replies: &[proto::Reply]) -> Reply {
             None => Reply::err("ERR the store answered a counter that is not a number"),
         },
         Finish::Ok => Reply::ok(),
+        Finish::Ttl(cmd) => {
+            let deadline = match replies.first() {
+                Some(proto::Reply::Modified { len, .. }) => Some(*len),
+                _ => None,
+            };
+            ttl_reply(cmd, deadline, lookup::wall_ms())
+        }
+        Finish::ErrorIfPresent(r) => match value(0).0 {
+            Some(_) => r,
+            None => Reply::Nil,
+        },
     }
 }
