@@ -94,6 +94,10 @@ impl Sim {
         let mut h = self.history.clone();
         for (c, cl) in self.clients.iter().enumerate() {
             if let Some(inf) = &cl.inflight {
+                // Keys with deadlines have checks of their own.
+                if inf.key_no.is_some_and(super::expiry::is_ttl_key) {
+                    continue;
+                }
                 // A batch's puts, each possibly applied.
                 if let Op::Batch { ops, .. } = &inf.op {
                     for op in ops {
@@ -177,6 +181,7 @@ impl Sim {
                 s.last_divergence()
             ));
         }
+        v.extend(self.ttl_check());
         self.violations.extend(v);
     }
 }

@@ -11,7 +11,7 @@ use crate::index::Layout;
 use crate::lincheck::{self, Kind};
 use crate::lookup::{Lookup, Outcome, Step};
 use crate::object;
-use crate::proto::{self, Body, Cond, Envelope, Modify, NodeId, Op, Reply, StoreError};
+use crate::proto::{self, Body, Cond, Envelope, Modify, NodeId, Op, Reply, StoreError, Ttl};
 use crate::ptr::RemotePtr;
 
 impl Sim {
@@ -76,73 +76,79 @@ impl Sim {
         let n = cl.objects.len();
         let dice = rng.range(0, 100);
         let keyed = !shared_read && rng.range(0, 100) < self.cfg.keyed_percent;
+        let ttl = keyed && self.cfg.ttl_percent > 0 && rng.percent(self.cfg.ttl_percent);
         if keyed {
             let k = rng.range(0, self.cfg.keys);
             let key = key_name(k);
-            let op = match dice {
-                0..40 => Op::Put {
-                    key,
-                    data: value,
-                    cond: Cond::Always,
-                    ttl: crate::proto::Ttl::Clear,
-                },
-                40..50 => Op::Put {
-                    key,
-                    data: value,
-                    cond: Cond::IfAbsent,
-                    ttl: crate::proto::Ttl::Clear,
-                },
-                50..60 => Op::Put {
-                    key,
-                    data: value,
-                    cond: Cond::IfPresent,
-                    ttl: crate::proto::Ttl::Clear,
-                },
-                60..72 => Op::Remove { key },
-                // Read-modify-writes (issue 32): GETSET and GETDEL.
-                72..80 => Op::Modify {
-                    key,
-                    how: Modify::Swap {
+            let (op, k) = if ttl {
+                self.ttl_op(c, req_id)
+            } else {
+                let op = match dice {
+                    0..40 => Op::Put {
+                        key,
                         data: value,
                         cond: Cond::Always,
-                        ttl: crate::proto::Ttl::Clear,
+                        ttl: Ttl::Clear,
                     },
-                },
-                80..84 => Op::Modify {
-                    key,
-                    how: Modify::Take,
-                },
-                // MSET (issue 32): two keys' puts as one replicated
-                // batch; the second value's tag is the request's with bit
-                // 31 set.
-                84..90 if self.cfg.batches => {
-                    let k2 = (k + 1 + rng.range(0, self.cfg.keys.max(2) - 1)) % self.cfg.keys;
-                    let mut v2 = value.clone();
-                    v2[8..16].copy_from_slice(&(req_id | 1 << 31).to_le_bytes());
-                    for (kk, v) in [(k, &value), (k2, &v2)] {
-                        if let Some(t) = tag_of(v) {
-                            self.tag_key.insert(t, KEY_OID + kk);
+                    40..50 => Op::Put {
+                        key,
+                        data: value,
+                        cond: Cond::IfAbsent,
+                        ttl: Ttl::Clear,
+                    },
+                    50..60 => Op::Put {
+                        key,
+                        data: value,
+                        cond: Cond::IfPresent,
+                        ttl: Ttl::Clear,
+                    },
+                    60..72 => Op::Remove { key },
+                    // Read-modify-writes (issue 32): GETSET and GETDEL.
+                    72..80 => Op::Modify {
+                        key,
+                        how: Modify::Swap {
+                            data: value,
+                            cond: Cond::Always,
+                            ttl: Ttl::Clear,
+                        },
+                    },
+                    80..84 => Op::Modify {
+                        key,
+                        how: Modify::Take,
+                    },
+                    // MSET (issue 32): two keys' puts as one replicated
+                    // batch; the second value's tag is the request's with bit
+                    // 31 set.
+                    84..90 if self.cfg.batches => {
+                        let k2 = (k + 1 + rng.range(0, self.cfg.keys.max(2) - 1)) % self.cfg.keys;
+                        let mut v2 = value.clone();
+                        v2[8..16].copy_from_slice(&(req_id | 1 << 31).to_le_bytes());
+                        for (kk, v) in [(k, &value), (k2, &v2)] {
+                            if let Some(t) = tag_of(v) {
+                                self.tag_key.insert(t, KEY_OID + kk);
+                            }
+                        }
+                        Op::Batch {
+                            ops: vec![
+                                Op::Put {
+                                    key,
+                                    data: value,
+                                    cond: Cond::Always,
+                                    ttl: Ttl::Clear,
+                                },
+                                Op::Put {
+                                    key: key_name(k2),
+                                    data: v2,
+                                    cond: Cond::Always,
+                                    ttl: Ttl::Clear,
+                                },
+                            ],
+                            all_or_none: false,
                         }
                     }
-                    Op::Batch {
-                        ops: vec![
-                            Op::Put {
-                                key,
-                                data: value,
-                                cond: Cond::Always,
-                                ttl: crate::proto::Ttl::Clear,
-                            },
-                            Op::Put {
-                                key: key_name(k2),
-                                data: v2,
-                                cond: Cond::Always,
-                                ttl: crate::proto::Ttl::Clear,
-                            },
-                        ],
-                        all_or_none: false,
-                    }
-                }
-                _ => Op::Get { key },
+                    _ => Op::Get { key },
+                };
+                (op, k)
             };
             if let Op::Put { data, .. }
             | Op::Modify {
@@ -370,6 +376,15 @@ impl Sim {
                 }
                 self.read_one_sided(c);
             }
+            // Expired by this client's clock, allowing for the primary's
+            // lead (`lookup::live`): absent, as the real client reads it.
+            Step::Done(Outcome::Found { deadline, .. })
+                if !crate::lookup::live(deadline, super::expiry::true_ms(self.now)) =>
+            {
+                self.report.one_sided_reads += 1;
+                self.report.keyed_one_sided += 1;
+                self.complete(c, &inf, Ok(Reply::NoKey));
+            }
             Step::Done(Outcome::Found {
                 offset,
                 len,
@@ -505,6 +520,9 @@ impl Sim {
 
     /// Adds client `c`'s finished operation to the history.
     fn record(&mut self, c: usize, inf: &Inflight, result: &Result<Reply, StoreError>) {
+        if inf.key_no.is_some_and(super::expiry::is_ttl_key) {
+            return self.ttl_record(inf, result);
+        }
         let client = self.clients[c].id;
         let now = self.now;
         // A batch's puts: each a put of its key, at the batch's instants.

@@ -57,6 +57,7 @@ use crate::ptr::{ArenaRef, RemotePtr};
 
 mod check;
 mod clients;
+mod expiry;
 #[cfg(test)]
 mod fault_tests;
 #[cfg(test)]
@@ -159,6 +160,13 @@ pub struct SimConfig {
     /// Some keyed writes are two keys' puts as one batch (`MSET`; issue
     /// 32). Off by default, so the other runs' schedules stay as they were.
     pub batches: bool,
+    /// Percent of operations on keys with deadlines (issue 32's expiry,
+    /// `expiry.rs`); 0 by default, which also leaves the schedules as
+    /// they were.
+    pub ttl_percent: u64,
+    /// With `ttl_percent`: each node's wall clock is off true time by up
+    /// to this many milliseconds (NTP's bound; keep the drift small too).
+    pub wall_skew_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -187,6 +195,8 @@ impl Default for SimConfig {
             long_secondary_pause: 0,
             stalls: true,
             batches: false,
+            ttl_percent: 0,
+            wall_skew_ms: 30,
         }
     }
 }
@@ -240,6 +250,13 @@ pub struct SimReport {
     pub copies: u64,
     /// Batches acknowledged.
     pub batches: u64,
+    /// Puts with a deadline acknowledged.
+    pub ttl_puts: u64,
+    /// Reads of keys with deadlines that found a value.
+    pub ttl_reads_found: u64,
+    /// Reads of keys with deadlines that found none (expired, or not yet
+    /// written).
+    pub ttl_reads_absent: u64,
 }
 
 /// Totals over runs: every count is added (`end_time` becomes the virtual
@@ -269,6 +286,9 @@ impl AddAssign<&SimReport> for SimReport {
             step_downs,
             copies,
             batches,
+            ttl_puts,
+            ttl_reads_found,
+            ttl_reads_absent,
         } = r;
         self.acked_ops += acked_ops;
         self.crashes += crashes;
@@ -292,6 +312,9 @@ impl AddAssign<&SimReport> for SimReport {
         self.step_downs += step_downs;
         self.copies += copies;
         self.batches += batches;
+        self.ttl_puts += ttl_puts;
+        self.ttl_reads_found += ttl_reads_found;
+        self.ttl_reads_absent += ttl_reads_absent;
     }
 }
 
@@ -409,16 +432,22 @@ struct Inflight {
 const KEY_OID: u64 = 1 << 40;
 
 fn key_name(k: u64) -> Vec<u8> {
-    format!("key-{k}").into_bytes()
+    match expiry::is_ttl_key(k) {
+        true => format!("ttl-{}", k - expiry::TTL_KEY_BASE).into_bytes(),
+        false => format!("key-{k}").into_bytes(),
+    }
 }
 
 /// The number of the key named `name` ([`key_name`]).
 fn key_no(name: &[u8]) -> u64 {
-    std::str::from_utf8(name)
-        .ok()
-        .and_then(|n| n.strip_prefix("key-"))
-        .and_then(|n| n.parse().ok())
-        .expect("a key of the workload")
+    let n = std::str::from_utf8(name).expect("a key of the workload");
+    match n.strip_prefix("ttl-") {
+        Some(t) => expiry::TTL_KEY_BASE + t.parse::<u64>().expect("a TTL key"),
+        None => n
+            .strip_prefix("key-")
+            .and_then(|n| n.parse().ok())
+            .expect("a key of the workload"),
+    }
 }
 
 /// A value's tag in the history: the writer's id and request number,
@@ -481,6 +510,8 @@ struct Sim {
     next_oid: u64,
     /// Which object each written value (tag) was written to.
     tag_key: BTreeMap<u64, u64>,
+    /// The history of the keys with deadlines (`expiry.rs`).
+    ttl: expiry::TtlLog,
 }
 
 fn other(n: NodeId) -> NodeId {

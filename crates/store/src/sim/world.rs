@@ -99,7 +99,7 @@ impl Sim {
         );
     }
 
-    fn node_config(&self, n: NodeId, incarnation: u64) -> NodeConfig {
+    fn node_config(&mut self, n: NodeId, incarnation: u64) -> NodeConfig {
         NodeConfig {
             member: Member {
                 node: n,
@@ -116,8 +116,23 @@ impl Sim {
             clock_drift_permille: 50,
             index_buckets: self.cfg.index_buckets,
             resp_port: 0,
-            clock_origin_ms: super::CLOCK_ORIGIN_MS,
+            clock_origin_ms: self.wall_origin(n),
         }
+    }
+
+    /// Node `n`'s wall clock at its time 0 (Unix milliseconds). With keys
+    /// that expire, it reads true time now, off by a skew of at most
+    /// [`SimConfig::wall_skew_ms`](super::SimConfig::wall_skew_ms) (as NTP
+    /// keeps real hosts); else a constant (and no random draw, so the
+    /// other runs' schedules stay as they were).
+    fn wall_origin(&mut self, n: NodeId) -> u64 {
+        if self.cfg.ttl_percent == 0 {
+            return super::CLOCK_ORIGIN_MS;
+        }
+        let s = self.cfg.wall_skew_ms;
+        let skew = self.rng.range(0, 2 * s + 1) as i128 - s as i128;
+        let at = (super::CLOCK_ORIGIN_MS + self.now / 1000) as i128;
+        (at + skew - (self.node_now(n) / 1000) as i128) as u64
     }
 
     /// Node `n`'s clock now: its own origin and rate (drift).
@@ -408,6 +423,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         unstable: BTreeMap::new(),
         next_oid: 0,
         tag_key: BTreeMap::new(),
+        ttl: Default::default(),
     };
     for n in NODE_IDS {
         sim.start_node(n);
