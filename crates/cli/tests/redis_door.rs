@@ -1107,6 +1107,11 @@ fn node_modules() -> String {
 /// Runs `kv_app.py MODE` (`kv_app.js` for `ioredis`) against the group, kills the primary with
 /// SIGKILL once the application has 6,000 acknowledged writes, restarts it
 /// (it rejoins as the secondary); returns the application's summary.
+/// Acknowledged writes after which [`run_app`] kills the primary: early
+/// enough that a loaded machine (CI beside a CPU hog) gets there well
+/// within the application's 6 s (one run there did not reach 6,000).
+const KILL_AT: u64 = 3000;
+
 fn run_app(g: &mut Group, mode: &str, secs: f64) -> serde_json::Value {
     use std::io::{BufRead, BufReader};
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/redis_clients");
@@ -1151,7 +1156,7 @@ fn run_app(g: &mut Group, mode: &str, secs: f64) -> serde_json::Value {
         let l = l.unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&l).unwrap_or_else(|_| panic!("app said: {l}"));
-        if v["type"] == "progress" && !killed && v["acked"].as_u64().unwrap() >= 6000 {
+        if v["type"] == "progress" && !killed && v["acked"].as_u64().unwrap() >= KILL_AT {
             let p = g.primary() as usize - 1;
             let before = g.epoch();
             eprintln!("{mode}: SIGKILL to the primary (node {}) at {l}", p + 1);
@@ -1192,7 +1197,7 @@ fn client_library_applications_lose_no_acknowledged_write_across_a_primary_kill(
         assert!(s["transfers"].as_u64().unwrap() > 500, "{mode}: {s}");
         assert!(s["increments"].as_u64().unwrap() > 1000, "{mode}: {s}");
         // It went on writing after the failover.
-        assert!(s["acked"].as_u64().unwrap() > 6000, "{mode}: {s}");
+        assert!(s["acked"].as_u64().unwrap() > KILL_AT, "{mode}: {s}");
         if mode == "plain" {
             // redis-py asked for RESP3 (HELLO 3) and got it.
             assert_eq!(s["proto"], 3, "{s}");

@@ -316,6 +316,34 @@ pub fn write_object<M: Memory + ?Sized>(
     Ok(())
 }
 
+/// Gives the object in the allocation `[offset, offset + capacity)`,
+/// which must hold `key`, a new `version` and `deadline`: only its header
+/// is rewritten (the checksum recomputed over the same key and value).
+/// A one-sided reader racing it sees the old header or the new one, or a
+/// torn one that fails its checksum.
+pub fn retime<M: Memory + ?Sized>(
+    mem: &mut M,
+    offset: u64,
+    capacity: u64,
+    key: &[u8],
+    version: u64,
+    deadline: u64,
+) -> Result<(), ObjectError> {
+    let o = read_object(mem, offset, capacity)?;
+    if o.key != key || deadline > MAX_DEADLINE {
+        return Err(ObjectError::Torn);
+    }
+    let f = Fields {
+        version,
+        generation: o.generation,
+        key,
+        data: &o.data,
+        deadline,
+    };
+    mem.write(offset, &header(&f, capacity))?;
+    Ok(())
+}
+
 /// Zeroes the header at `offset` (on free), so reads fail with `Empty`.
 pub fn scrub<M: Memory + ?Sized>(mem: &mut M, offset: u64) -> Result<(), ObjectError> {
     mem.write(offset, &[0u8; HEADER_LEN])?;
@@ -470,6 +498,32 @@ mod tests {
             decode(&enc),
             Err(ObjectError::Torn),
             "covered by the checksum"
+        );
+    }
+
+    #[test]
+    fn a_retime_rewrites_only_the_header() {
+        let mut m = HeapMemory::new(4096);
+        let f = Fields {
+            version: 9,
+            generation: 4,
+            key: b"key",
+            data: &[7u8; 1000],
+            deadline: 0,
+        };
+        write_object(&mut m, 64, 2048, &f).unwrap();
+        let body = m.bytes()[64 + HEADER_LEN..64 + 2048].to_vec();
+        retime(&mut m, 64, 2048, b"key", 12, 1_790_000_000_000).unwrap();
+        let o = read_object(&m, 64, 2048).unwrap();
+        assert_eq!(
+            (o.version, o.generation, o.deadline, o.data),
+            (12, 4, 1_790_000_000_000, vec![7u8; 1000])
+        );
+        assert_eq!(&m.bytes()[64 + HEADER_LEN..64 + 2048], &body[..]);
+        assert_eq!(
+            retime(&mut m, 64, 2048, b"other", 13, 0),
+            Err(ObjectError::Torn),
+            "another key's object"
         );
     }
 

@@ -598,3 +598,92 @@ fn expired_keys_are_reclaimed_by_the_primary_without_a_scan() {
     assert_eq!(get(&mut h, b"t2"), None);
     assert_eq!(get(&mut h, b"p3"), Some(b"v".to_vec()));
 }
+
+/// Issue 32: a change of deadline (`EXPIRE`, `PERSIST`) replicates no
+/// value bytes: one `Effect::Retime` that rewrites the object's header in
+/// place (its version too, so `WATCH` sees it), the value untouched. The
+/// planner sees a retime over the write before it, whether that write is
+/// still unexposed, earlier in the same batch, or in the arena.
+#[test]
+fn a_change_of_deadline_rewrites_only_the_header() {
+    use crate::proto::{ExpireWhen, RepOp};
+    const D: u64 = 1_800_000_000_000;
+    let arena = crate::ptr::ArenaRef {
+        base: 0x7e00_0000_0000,
+        len: 1 << 20,
+        stag: 1,
+    };
+    let mut img = Image::new(arena, HeapMemory::new(1 << 20));
+    img.format(16);
+    img.set_wall_ms(CLOCK_ORIGIN_MS);
+    let big = vec![9u8; 20_000];
+    let mut seq = 0;
+    // Plans `op` and stages it (unexposed, as a primary's write before it
+    // commits); its effects and reply.
+    let mut stage = |img: &mut Image<HeapMemory>, op: Op| {
+        let (effects, reply) = img.plan_write(&op).unwrap();
+        seq += 1;
+        let rep = RepOp {
+            client: 1,
+            req_id: seq,
+            effects: effects.clone(),
+            reply: reply.clone(),
+        };
+        img.stage(seq, rep).unwrap();
+        (effects, reply, seq)
+    };
+    let expire = |at, when| m(b"k", Modify::Expire { at, when });
+    let deadline_of = |img: &mut Image<HeapMemory>| -> Option<u64> {
+        match img.plan_write(&m(b"k", Modify::Deadline)).unwrap().1 {
+            Reply::Modified { len, .. } => Some(len),
+            _ => None,
+        }
+    };
+    stage(&mut img, put(b"k", &big, Cond::Always));
+    // Over an unexposed write.
+    let (effects, reply, s2) = stage(&mut img, expire(D, ExpireWhen::Always));
+    assert!(matches!(reply, Reply::Modified { len: 1, .. }), "{reply:?}");
+    assert!(
+        matches!(&effects[..], [Effect::Retime { deadline: D, version, key, .. }]
+            if *version == s2 && key == b"k"),
+        "{effects:?}"
+    );
+    assert_eq!(deadline_of(&mut img), Some(D));
+    let peek = img.plan_write(&m(b"k", Modify::Peek)).unwrap().1;
+    assert!(matches!(&peek, Reply::Modified { value: Some(v), .. } if *v == big));
+    // In the arena: the value as it was, the header retimed.
+    img.expose(s2);
+    let Reply::Value {
+        ptr, data, version, ..
+    } = img.get_key(b"k").unwrap()
+    else {
+        panic!("k is gone")
+    };
+    assert_eq!((data, version), (big.clone(), s2));
+    let o = object::read_object(img.memory(), ptr.addr - arena.base, ptr.len as u64).unwrap();
+    assert_eq!(o.deadline, D);
+    // PERSIST over the arena's object; then a batch: a put, an expire of
+    // what it wrote, a read of both.
+    let (effects, _, _) = stage(&mut img, expire(0, ExpireWhen::IfSet));
+    assert!(matches!(&effects[..], [Effect::Retime { deadline: 0, .. }]));
+    assert_eq!(deadline_of(&mut img), Some(0));
+    let (_, reply, last) = stage(
+        &mut img,
+        Op::Batch {
+            ops: vec![
+                put(b"k", b"small", Cond::Always),
+                expire(D + 1, ExpireWhen::Always),
+                m(b"k", Modify::Peek),
+                m(b"k", Modify::Deadline),
+            ],
+            all_or_none: false,
+        },
+    );
+    let Reply::Batch(r) = reply else {
+        panic!("{reply:?}")
+    };
+    assert!(matches!(&r[2], Reply::Modified { value: Some(v), .. } if v == b"small"));
+    assert!(matches!(&r[3], Reply::Modified { len, .. } if *len == D + 1));
+    img.expose(last);
+    assert_eq!(deadline_of(&mut img), Some(D + 1));
+}

@@ -54,7 +54,7 @@ mod deadlines;
 struct Staged {
     seq: u64,
     op: RepOp,
-    /// The allocation of each `Write` effect, in order.
+    /// The allocation of each `Write` and `Retime` effect, in order.
     caps: Vec<u64>,
 }
 
@@ -520,6 +520,16 @@ impl<M: Memory> Image<M> {
                     object::write_object(&mut self.mem, *offset, cap, &f)
                         .map_err(|e| e.to_string())?;
                 }
+                Effect::Retime {
+                    offset,
+                    key,
+                    version,
+                    deadline,
+                } => {
+                    let cap = *caps.next().ok_or("allocation of a retime unknown")?;
+                    object::retime(&mut self.mem, *offset, cap, key, *version, *deadline)
+                        .map_err(|e| format!("a retime at {offset}: {e}"))?;
+                }
                 Effect::Free { offset } => {
                     object::scrub(&mut self.mem, *offset).map_err(|e| e.to_string())?;
                 }
@@ -584,6 +594,22 @@ impl<M: Memory> Image<M> {
                             key.len() + data.len()
                         ));
                     }
+                    caps.push(cap);
+                }
+                Effect::Retime {
+                    offset,
+                    key,
+                    deadline,
+                    ..
+                } => {
+                    if *deadline > object::MAX_DEADLINE || key.is_empty() {
+                        return Err(format!("a retime to {deadline} at {offset}"));
+                    }
+                    let cap = self
+                        .alloc
+                        .allocation_at(*offset)
+                        .ok_or_else(|| format!("a retime of unallocated offset {offset}"))?;
+                    self.deadlines.written(*offset, key, *deadline);
                     caps.push(cap);
                 }
                 Effect::Free { offset } => {

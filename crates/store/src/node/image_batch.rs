@@ -133,7 +133,7 @@ impl<M: Memory> Image<M> {
                         len,
                     });
                 }
-                Effect::Write { .. } => {
+                Effect::Write { .. } | Effect::Retime { .. } => {
                     self.batch_writes.push(e.clone());
                     journal.push(Undo::Write);
                 }

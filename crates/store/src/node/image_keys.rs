@@ -216,31 +216,50 @@ impl<M: Memory> Image<M> {
             .iter()
             .rev()
             .flat_map(|w| w.op.effects.iter().rev());
+        // The latest retime, if it came after the latest write: its
+        // version and deadline, over that write's value.
+        let mut retimed: Option<(u64, u64)> = None;
         for e in self.batch_writes.iter().rev().chain(unexposed) {
-            if let Effect::Write {
-                offset,
-                key: k,
-                data,
-                version,
-                deadline,
-                ..
-            } = e
-            {
-                if *offset == off && k == key {
+            match e {
+                Effect::Write {
+                    offset,
+                    key: k,
+                    data,
+                    version,
+                    deadline,
+                    ..
+                } if *offset == off && k == key => {
+                    let (version, deadline) = retimed.unwrap_or((*version, *deadline));
                     return Ok(Some(Current {
-                        version: *version,
+                        version,
                         data: match want {
                             Want::Value => data.clone(),
                             Want::Head => Vec::new(),
                         },
-                        deadline: *deadline,
+                        deadline,
                     }));
                 }
+                Effect::Retime {
+                    offset,
+                    key: k,
+                    version,
+                    deadline,
+                } if *offset == off && k == key && retimed.is_none() => {
+                    retimed = Some((*version, *deadline));
+                    if want == Want::Head {
+                        return Ok(Some(Current {
+                            version: *version,
+                            data: Vec::new(),
+                            deadline: *deadline,
+                        }));
+                    }
+                }
+                _ => {}
             }
         }
         let corrupt =
             |e: object::ObjectError| StoreError::Other(format!("the object of a key: {e}"));
-        let (k, current) = match want {
+        let (k, mut current) = match want {
             Want::Value => {
                 let cap = f.entry.units as u64 * object::UNIT;
                 let o = object::read_object(&self.mem, off, cap).map_err(corrupt)?;
@@ -272,6 +291,10 @@ impl<M: Memory> Image<M> {
                 "index: the key's slot does not match its object".into(),
             ));
         }
+        if let Some((version, deadline)) = retimed {
+            current.version = version;
+            current.deadline = deadline;
+        }
         Ok(Some(current))
     }
 
@@ -289,7 +312,9 @@ impl<M: Memory> Image<M> {
         crate::proto::check_key(key)?;
         // Only the header where the value plays no part.
         let want = match how {
-            Modify::Deadline | Modify::Unchanged { .. } | Modify::Reap => Want::Head,
+            Modify::Deadline | Modify::Unchanged { .. } | Modify::Reap | Modify::Expire { .. } => {
+                Want::Head
+            }
             _ => Want::Value,
         };
         if let Modify::Reap = how {
@@ -446,9 +471,9 @@ impl<M: Memory> Image<M> {
             },
             Modify::Expire { at, when } => {
                 let changed = |len| Reply::Modified { value: None, len };
-                let Some(v) = old else {
+                if old.is_none() {
                     return Ok((Vec::new(), changed(0)));
-                };
+                }
                 // No deadline counts as an infinite one (Redis's GT, LT).
                 let inf = |d: u64| if d == 0 { u64::MAX } else { d };
                 let allowed = match when {
@@ -469,8 +494,15 @@ impl<M: Memory> Image<M> {
                 if *at > object::MAX_DEADLINE {
                     return refuse(INVALID_EXPIRE);
                 }
-                let (effects, _) = put(&v, Cond::Always, *at)?;
-                Ok((effects, changed(1)))
+                // Only the header changes: no value bytes replicated.
+                let offset = self.meta()?.get(key).expect("a live key").entry.offset;
+                let retime = Effect::Retime {
+                    offset,
+                    key: key.to_vec(),
+                    version: seq,
+                    deadline: *at,
+                };
+                Ok((vec![retime], changed(1)))
             }
         }
     }

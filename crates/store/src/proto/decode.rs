@@ -442,6 +442,12 @@ fn dec_effect(r: &mut R<'_>) -> Result<Effect, DecodeError> {
             }
         }
         5 => Effect::Stag { stag: r.u32()? },
+        6 => Effect::Retime {
+            offset: r.u64()?,
+            key: r.bytes()?,
+            version: r.u64()?,
+            deadline: r.u64()?,
+        },
         tag => {
             return Err(DecodeError::BadTag {
                 what: "effect",

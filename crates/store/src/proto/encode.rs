@@ -454,6 +454,18 @@ fn enc_effect(w: &mut W, e: &Effect) {
                 }
             }
         }
+        Effect::Retime {
+            offset,
+            key,
+            version,
+            deadline,
+        } => {
+            w.u8(6);
+            w.u64(*offset);
+            w.bytes(key);
+            w.u64(*version);
+            w.u64(*deadline);
+        }
         Effect::Stag { stag } => {
             w.u8(5);
             w.u32(*stag);

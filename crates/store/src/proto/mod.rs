@@ -568,6 +568,20 @@ pub enum Effect {
         /// most `object::MAX_DEADLINE`); 0: never (always, without a key).
         deadline: u64,
     },
+    /// A key's new deadline (`EXPIRE`, `PERSIST`): the object at
+    /// `offset`, which holds `key`, gets `version` and `deadline` in its
+    /// header (its checksum recomputed), its key and value untouched, so
+    /// a change of deadline carries no value bytes.
+    Retime {
+        /// Arena offset of the key's object.
+        offset: u64,
+        /// The key (checked against the object's).
+        key: Vec<u8>,
+        /// The write's sequence number, the object's version from now on.
+        version: u64,
+        /// The new deadline (0: none; at most `object::MAX_DEADLINE`).
+        deadline: u64,
+    },
     /// Zero the header at `offset` and free the allocation.
     Free {
         /// Arena offset.

@@ -244,6 +244,14 @@ fn effect() -> impl Strategy<Value = Effect> {
             edit: crate::index::Edit::Spill { bucket },
         }),
         any::<u32>().prop_map(|stag| Effect::Stag { stag }),
+        (any::<u64>(), bytes(), any::<u64>(), any::<u64>()).prop_map(
+            |(offset, key, version, deadline)| Effect::Retime {
+                offset,
+                key,
+                version,
+                deadline
+            }
+        ),
     ]
 }
 
