@@ -787,23 +787,35 @@ mod tests {
             .unwrap()
             .grant("0", "a", Rights::READ)
             .unwrap();
-        let stop = std::sync::atomic::AtomicBool::new(false);
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = AtomicBool::new(false);
+        // The reader's reads so far, and the writers done: each writer
+        // waits for a new read every 10 updates, so reads and updates
+        // overlap whatever the scheduler does (a loaded CI machine once
+        // gave 75 reads and 1 change while the writers ran on their own),
+        // and the reader stops once both are done.
+        let (reads_done, finished) = (AtomicU64::new(0), AtomicU64::new(0));
         let reader = Store::open(&p).unwrap();
         std::thread::scope(|sc| {
             for w in 0..2 {
-                let (p, stop) = (&p, &stop);
+                let (p, stop, reads_done, finished) = (&p, &stop, &reads_done, &finished);
                 sc.spawn(move || {
                     let mut s = Store::open(p).unwrap();
-                    for i in 0..150 {
+                    for i in 0..150u64 {
+                        while reads_done.load(Ordering::Acquire) < i / 10 {
+                            std::thread::yield_now();
+                        }
                         let part = ((i + w) % 4).to_string();
                         s.grant(&part, "a", Rights::WRITE).unwrap();
                         s.revoke(&part, "a", Rights::WRITE).unwrap();
                     }
-                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    if finished.fetch_add(1, Ordering::AcqRel) == 1 {
+                        stop.store(true, Ordering::Release);
+                    }
                 });
             }
             let (mut last, mut stamp, mut reads, mut changes) = (0, None, 0, 0);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Acquire) {
                 // A full read each time, and one through the stamp.
                 let (_, l) = reader.reload(None).unwrap().expect("a layout");
                 assert!(
@@ -819,10 +831,13 @@ mod tests {
                 }
                 Store::open(&p).unwrap();
                 reads += 1;
+                reads_done.store(reads, Ordering::Release);
             }
-            // (How many reads overlap the updates depends on the
-            // scheduler: a loaded machine gave 72 reads and 10 changes.)
-            assert!(reads > 1 && changes > 1, "{reads} reads, {changes} changes");
+            // Each writer waited for 14 reads, each after updates.
+            assert!(
+                reads >= 14 && changes > 1,
+                "{reads} reads, {changes} changes"
+            );
         });
         let (_, l) = reader.reload(None).unwrap().unwrap();
         assert_eq!(l.generation, 2 + 2 * 2 * 150);
