@@ -3,9 +3,10 @@
 //! pauses and failovers, with each node's wall clock off true time by at
 //! most [`SimConfig::wall_skew_ms`](super::SimConfig::wall_skew_ms).
 //!
-//! Each TTL key has one writer (its client), whose deadlines only grow, so
-//! a key's deadline is at least that of any write to it acknowledged
-//! before. Two properties are checked after the run:
+//! Each TTL key has one writer (its client), whose deadlines only grow
+//! (puts, and `EXPIRE`s that move a value's deadline later: header
+//! rewrites), so a key's deadline is at least that of any write to it
+//! acknowledged before. Two properties are checked after the run:
 //! - **no expired read**: a read never returns a value whose deadline had
 //!   passed before the read began (by true time; less the nodes' skew for
 //!   a read a node served);
@@ -19,7 +20,7 @@
 
 use super::{key_name, Inflight, Sim, CLOCK_ORIGIN_MS};
 use crate::lookup;
-use crate::proto::{Cond, Op, Reply, StoreError, Ttl};
+use crate::proto::{Cond, ExpireWhen, Modify, Op, Reply, StoreError, Ttl};
 
 /// Key numbers from here on are TTL keys (`ttl-N`).
 pub(super) const TTL_KEY_BASE: u64 = 1 << 40;
@@ -27,11 +28,15 @@ pub(super) const TTL_KEY_BASE: u64 = 1 << 40;
 /// TTL keys per client.
 const KEYS_PER_CLIENT: u64 = 2;
 
-/// An acknowledged TTL put: its key, deadline, and acknowledgement.
+/// A TTL put, or an `EXPIRE` that changed its key's deadline (`put`
+/// false): its key, deadline, invocation and acknowledgement (`None`:
+/// still in flight at the end, maybe applied).
 #[derive(Debug, Clone)]
 pub(super) struct TtlPut {
     key: u64,
     deadline: u64,
+    put: bool,
+    call: u64,
     ret: Option<u64>,
 }
 
@@ -80,6 +85,19 @@ impl Sim {
             let last = self.ttl.last.get(&k).copied().unwrap_or(0);
             let deadline = (now_ms + self.rng.range(30, 300)).max(last + 1);
             self.ttl.last.insert(k, deadline);
+            // Now and then a later deadline for the value as it is
+            // (`EXPIRE`: a header rewrite, `Effect::Retime`).
+            if last != 0 && self.rng.percent(30) {
+                let how = Modify::Expire {
+                    at: deadline,
+                    when: ExpireWhen::Always,
+                };
+                let op = Op::Modify {
+                    key: key_name(k),
+                    how,
+                };
+                return (op, k);
+            }
             let mut data = Vec::with_capacity(40);
             data.extend_from_slice(&id.to_le_bytes());
             data.extend_from_slice(&req_id.to_le_bytes());
@@ -101,6 +119,15 @@ impl Sim {
     /// Records client `c`'s finished operation on a TTL key.
     pub(super) fn ttl_record(&mut self, inf: &Inflight, result: &Result<Reply, StoreError>) {
         let k = inf.key_no.expect("a keyed op");
+        let given = |s: &mut Sim, deadline: u64, put: bool| {
+            s.ttl.puts.push(TtlPut {
+                key: k,
+                deadline,
+                put,
+                call: inf.call,
+                ret: Some(s.now),
+            })
+        };
         match (&inf.op, result) {
             (
                 Op::Put {
@@ -109,11 +136,20 @@ impl Sim {
                 Ok(Reply::Stored { .. }),
             ) => {
                 self.report.ttl_puts += 1;
-                self.ttl.puts.push(TtlPut {
-                    key: k,
-                    deadline: *d,
-                    ret: Some(self.now),
-                });
+                given(self, *d, true);
+            }
+            // `len` 0: the key was gone (expired), nothing changed.
+            (
+                Op::Modify {
+                    how: Modify::Expire { at, .. },
+                    ..
+                },
+                Ok(Reply::Modified { len, .. }),
+            ) => {
+                if *len == 1 {
+                    self.report.ttl_retimes += 1;
+                    given(self, *at, false);
+                }
             }
             (Op::Get { .. }, Ok(r)) => {
                 let got = match r {
@@ -142,37 +178,49 @@ impl Sim {
     pub(super) fn ttl_check(&self) -> Vec<String> {
         // The nodes' skew, and 2 ms for clocks read in whole milliseconds.
         let skew = self.cfg.wall_skew_ms + 2;
-        // Puts still in flight may have been applied.
-        let in_flight: Vec<(u64, u64)> = self
-            .clients
-            .iter()
-            .filter_map(|c| match &c.inflight {
-                Some(Inflight {
-                    op: Op::Put {
-                        ttl: Ttl::At(d), ..
-                    },
-                    key_no: Some(k),
+        // Puts and expires still in flight may have been applied.
+        let mut in_flight = Vec::new();
+        for c in &self.clients {
+            let Some(inf) = &c.inflight else { continue };
+            let (Some(key), call) = (inf.key_no, inf.call) else {
+                continue;
+            };
+            let (deadline, put) = match &inf.op {
+                Op::Put {
+                    ttl: Ttl::At(d), ..
+                } => (*d, true),
+                Op::Modify {
+                    how: Modify::Expire { at, .. },
                     ..
-                }) => Some((*k, *d)),
-                _ => None,
-            })
-            .collect();
+                } => (*at, false),
+                _ => continue,
+            };
+            in_flight.push(TtlPut {
+                key,
+                deadline,
+                put,
+                call,
+                ret: None,
+            });
+        }
+        let all = || self.ttl.puts.iter().chain(&in_flight);
         let mut v = Vec::new();
         for r in &self.ttl.reads {
             match r.got {
                 Some(d) => {
-                    let written = self
-                        .ttl
-                        .puts
-                        .iter()
-                        .any(|p| p.key == r.key && p.deadline == d)
-                        || in_flight.contains(&(r.key, d));
-                    if !written {
+                    if !all().any(|p| p.put && p.key == r.key && p.deadline == d) {
                         v.push(format!(
                             "a read of TTL key {} found a value never written",
                             r.key
                         ));
                     }
+                    // Its deadline may have been moved later since it was
+                    // written (deadlines only grow): the latest one given
+                    // by an operation invoked before the read ended.
+                    let d = all()
+                        .filter(|p| p.key == r.key && p.call < r.ret)
+                        .map(|p| p.deadline)
+                        .fold(d, u64::max);
                     // A node's clock may lag true time by the skew; a
                     // one-sided reader's (exact here) by nothing.
                     let allowed = if r.one_sided { 0 } else { skew };

@@ -252,6 +252,8 @@ pub struct SimReport {
     pub batches: u64,
     /// Puts with a deadline acknowledged.
     pub ttl_puts: u64,
+    /// `EXPIRE`s acknowledged that moved a key's deadline.
+    pub ttl_retimes: u64,
     /// Reads of keys with deadlines that found a value.
     pub ttl_reads_found: u64,
     /// Reads of keys with deadlines that found none (expired, or not yet
@@ -287,6 +289,7 @@ impl AddAssign<&SimReport> for SimReport {
             copies,
             batches,
             ttl_puts,
+            ttl_retimes,
             ttl_reads_found,
             ttl_reads_absent,
         } = r;
@@ -313,6 +316,7 @@ impl AddAssign<&SimReport> for SimReport {
         self.copies += copies;
         self.batches += batches;
         self.ttl_puts += ttl_puts;
+        self.ttl_retimes += ttl_retimes;
         self.ttl_reads_found += ttl_reads_found;
         self.ttl_reads_absent += ttl_reads_absent;
     }

@@ -234,6 +234,7 @@ fn keys_expire_on_time_across_crashes_and_failovers() {
     eprintln!("{total:?}");
     assert!(total.crashes > 5, "{total:?}");
     assert!(total.ttl_puts > 500, "{total:?}");
+    assert!(total.ttl_retimes > 100, "{total:?}");
     assert!(total.ttl_reads_found > 200, "{total:?}");
     assert!(total.ttl_reads_absent > 200, "{total:?}");
 }
