@@ -14,6 +14,30 @@ fn put(k: &[u8], v: &[u8], cond: Cond) -> Op {
     }
 }
 
+/// A put of `v` at `k` with the deadline `ttl` says.
+fn put_ttl(k: &[u8], v: &[u8], ttl: crate::proto::Ttl) -> Op {
+    Op::Put {
+        key: k.to_vec(),
+        data: v.to_vec(),
+        cond: Cond::Always,
+        ttl,
+    }
+}
+
+/// Node 1's answer to a get of `key`: its value, or `None` if absent.
+fn get(h: &mut H, key: &[u8]) -> Option<Vec<u8>> {
+    match h.request(Op::Get { key: key.to_vec() }) {
+        Ok(Reply::Value { data, .. }) => Some(data),
+        Ok(Reply::NoKey) => None,
+        r => panic!("{r:?}"),
+    }
+}
+
+/// The harness's wall clock (Unix milliseconds), as the nodes read it.
+fn now(h: &H) -> u64 {
+    CLOCK_ORIGIN_MS + h.t / 1000
+}
+
 /// A read-modify-write of `k`.
 fn m(k: &[u8], how: Modify) -> Op {
     Op::Modify {
@@ -346,15 +370,9 @@ fn keys_expire_by_the_primarys_clock() {
     use crate::proto::ExpireWhen;
     let mut h = H::new();
     h.redundant();
-    let now = |h: &H| CLOCK_ORIGIN_MS + h.t / 1000;
     let expire = |k: &[u8], at, when| m(k, Modify::Expire { at, when });
     let changed = |r: Result<Reply, StoreError>| match r {
         Ok(Reply::Modified { len, .. }) => len,
-        r => panic!("{r:?}"),
-    };
-    let get = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
-        Ok(Reply::Value { data, .. }) => Some(data),
-        Ok(Reply::NoKey) => None,
         r => panic!("{r:?}"),
     };
     // SET k v PX 5000 as one write.
@@ -451,13 +469,6 @@ fn a_put_sets_keeps_or_clears_the_deadline_in_one_write() {
     use crate::proto::{ExpireWhen, Ttl};
     let mut h = H::new();
     h.redundant();
-    let now = |h: &H| CLOCK_ORIGIN_MS + h.t / 1000;
-    let put_ttl = |k: &[u8], v: &[u8], ttl| Op::Put {
-        key: k.to_vec(),
-        data: v.to_vec(),
-        cond: Cond::Always,
-        ttl,
-    };
     let deadline = |h: &mut H, k: &[u8]| match h.request(m(k, Modify::Deadline)) {
         Ok(Reply::Modified { len, value: None }) => Some(len),
         Ok(Reply::NoKey) => None,
@@ -550,18 +561,15 @@ fn expired_keys_are_reclaimed_by_the_primary_without_a_scan() {
     use crate::proto::Ttl;
     let mut h = H::new();
     h.redundant();
-    let now = |h: &H| CLOCK_ORIGIN_MS + h.t / 1000;
-    let put_ttl = |k: &[u8], ttl| Op::Put {
-        key: k.to_vec(),
-        data: vec![1u8; 200],
-        cond: Cond::Always,
-        ttl,
-    };
     // (Each request below runs the harness for 20 ms.)
     let at = now(&h) + 10_000;
     for i in 0..40u32 {
-        h.request(put_ttl(format!("t{i}").as_bytes(), Ttl::At(at)))
-            .unwrap();
+        h.request(put_ttl(
+            format!("t{i}").as_bytes(),
+            &[1u8; 200],
+            Ttl::At(at),
+        ))
+        .unwrap();
     }
     for i in 0..10u32 {
         h.request(put(format!("p{i}").as_bytes(), b"v", Cond::Always))
@@ -569,7 +577,8 @@ fn expired_keys_are_reclaimed_by_the_primary_without_a_scan() {
     }
     // One rewritten without a deadline, one given a later one.
     h.request(put(b"t0", b"kept", Cond::Always)).unwrap();
-    h.request(put_ttl(b"t1", Ttl::At(at + 1_000_000))).unwrap();
+    h.request(put_ttl(b"t1", &[1u8; 200], Ttl::At(at + 1_000_000)))
+        .unwrap();
     for n in [1, 2] {
         assert_eq!(h.node(n).keys_with_deadlines(), 39, "node {n}");
         assert_eq!(h.node(n).status().keys, 50, "node {n}");
@@ -588,11 +597,6 @@ fn expired_keys_are_reclaimed_by_the_primary_without_a_scan() {
         h.node(1).status().applied_seq,
         h.node(2).status().applied_seq
     );
-    let get = |h: &mut H, key: &[u8]| match h.request(Op::Get { key: key.to_vec() }) {
-        Ok(Reply::Value { data, .. }) => Some(data),
-        Ok(Reply::NoKey) => None,
-        r => panic!("{r:?}"),
-    };
     assert_eq!(get(&mut h, b"t0"), Some(b"kept".to_vec()));
     assert!(get(&mut h, b"t1").is_some());
     assert_eq!(get(&mut h, b"t2"), None);
