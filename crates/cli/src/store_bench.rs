@@ -415,9 +415,11 @@ fn client_thread(
                     // New keys (an insert and its index slot).
                     value[..8.min(size)].copy_from_slice(&n.to_le_bytes()[..8.min(size)]);
                     let key = format!("b{idx}:{n}").into_bytes();
-                    let r = c.set(&key, &value).map(|_| ()).map_err(StepError::from);
-                    keys.push(key);
-                    r
+                    // Only a key that was stored is read later (one
+                    // refused because the arena is full is not).
+                    c.set(&key, &value)
+                        .map(|_| keys.push(key))
+                        .map_err(StepError::from)
                 }
                 5 | 6 if keys.is_empty() => Ok(()),
                 5 => match c.get(&keys[i % keys.len()]) {

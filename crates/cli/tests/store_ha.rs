@@ -340,10 +340,16 @@ fn bad_pointers_and_limits() {
         ))
     ));
     check_unchanged(&mut g);
-    // Value larger than any message the client sends.
+    // A value over the protocol's limit: refused before anything is sent.
+    assert!(matches!(
+        c.alloc(&vec![7u8; softrdma_store::proto::MAX_VALUE + 1]),
+        Err(ClientError::ValueTooLarge { .. })
+    ));
+    // One within it but larger than this 1 MiB arena can hold: the node
+    // says how large a value may be (it travelled by rendezvous).
     assert!(matches!(
         c.alloc(&vec![7u8; 1 << 20]),
-        Err(ClientError::ValueTooLarge { .. })
+        Err(ClientError::Store(StoreError::TooLarge { len: 1048576, .. }))
     ));
     // Arena full: fill 1 MiB with ~30 KiB values until refused.
     let big = vec![0xabu8; 30_000];

@@ -5,6 +5,7 @@
 
 pub mod guest;
 pub mod history;
+pub mod resp;
 pub mod store;
 
 use std::collections::{BTreeMap, BTreeSet};

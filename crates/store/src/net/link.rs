@@ -21,9 +21,12 @@
 //! A message larger than one receive buffer ([`MAX_FRAME`] bytes) travels
 //! as several Sends: each carries a one-byte flag (1: more fragments follow,
 //! 0: last) before its piece, and the receiver reassembles per link (up to
-//! [`MAX_MESSAGE`](crate::proto::MAX_MESSAGE) bytes). Fragments of one
-//! message are posted back to back under the link's send lock. Client
-//! values are limited to [`MAX_VALUE`] so a request fits one Send.
+//! [`EAGER_MAX`] bytes). Fragments of one message are posted back to
+//! back under the link's send lock. A larger message (up to
+//! [`MAX_MESSAGE`](crate::proto::MAX_MESSAGE), 64 MiB)
+//! is not copied through Sends at all: the sender lends it to the peer
+//! with a one-shot advertisement and the peer pulls it with RDMA Reads
+//! (`rendezvous.rs`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,18 +42,24 @@ use softrdma_verbs::{
 
 pub use softrdma_verbs::Waker;
 
+mod read;
+mod rendezvous;
+pub use rendezvous::EAGER_MAX;
+use rendezvous::{Msg, Pull, Raw};
+
 /// Largest message on a link.
 pub const MAX_FRAME: usize = 32 * 1024;
-/// Largest value a client may store (a request then fits one Send).
-pub const MAX_VALUE: usize = MAX_FRAME - 256;
+/// Largest value a client may store (`proto::MAX_VALUE`).
+pub const MAX_VALUE: usize = crate::proto::MAX_VALUE;
 /// Payload bytes per Send (after the fragment flag).
 const PIECE: usize = MAX_FRAME - 1;
 /// Receives kept posted per link.
 pub const RECV_SLOTS: usize = 128;
 /// Send buffers per link.
 const SEND_SLOTS: usize = 32;
-/// Send queue entries beyond the send buffers (for Reads).
-const SQ_SPARE: usize = READ_BATCH;
+/// Send queue entries beyond the send buffers (for Reads, and the
+/// advertisements of lent messages).
+const SQ_SPARE: usize = READ_BATCH + 8;
 /// Most RDMA Reads a link has in flight ([`Link::read_batch`]): the
 /// initiator depth (ORD) a link asks for at connection time.
 pub const READ_BATCH: usize = 16;
@@ -126,7 +135,9 @@ pub struct Endpoint {
     partial: Mutex<HashMap<u32, Vec<u8>>>,
     /// Events drained while a link's thread waited (a Read, send slots),
     /// for the next [`Endpoint::poll`].
-    backlog: Mutex<Vec<LinkEvent>>,
+    backlog: Mutex<Vec<Raw>>,
+    /// The landing buffer of the messages pulled (`rendezvous.rs`).
+    pull_mr: Mutex<Option<MemoryRegion>>,
 }
 
 impl Endpoint {
@@ -154,6 +165,7 @@ impl Endpoint {
             ready: Mutex::new(Vec::new()),
             partial: Mutex::new(HashMap::new()),
             backlog: Mutex::new(Vec::new()),
+            pull_mr: Mutex::new(None),
         }))
     }
 
@@ -210,6 +222,8 @@ impl Endpoint {
             dead: AtomicBool::new(false),
             peer: Mutex::new(String::new()),
             ep: Arc::downgrade(self),
+            lent: Mutex::new(HashMap::new()),
+            sends: Default::default(),
         });
         self.links.lock().unwrap().insert(id, link.clone());
         Ok(link)
@@ -297,17 +311,24 @@ impl Endpoint {
     }
 
     /// Runs the receivers of the links that may have input and collects
-    /// what arrived; returns whether anything did. Never blocks.
+    /// what arrived; returns whether anything did. Blocks only to pull a
+    /// lent message (`rendezvous.rs`), within [`rendezvous::pull_timeout`].
     pub fn poll(&self, out: &mut Vec<LinkEvent>) -> bool {
         let before = out.len();
-        out.append(&mut self.backlog.lock().unwrap());
-        self.pump(out);
+        let mut raw = std::mem::take(&mut *self.backlog.lock().unwrap());
+        self.pump(&mut raw);
+        for ev in raw {
+            match ev {
+                Raw::Event(e) => out.push(e),
+                Raw::Pull(p) => out.extend(self.pull(p)),
+            }
+        }
         out.len() > before
     }
 
     /// Runs the receivers of the links that may have input (in steps,
     /// re-posting receives between them) and drains the receive queue.
-    fn pump(&self, out: &mut Vec<LinkEvent>) {
+    fn pump(&self, out: &mut Vec<Raw>) {
         let ready = std::mem::take(&mut *self.ready.lock().unwrap());
         let mut again = Vec::new();
         for l in self.active.read().unwrap().iter() {
@@ -344,7 +365,7 @@ impl Endpoint {
     }
 
     /// Takes what the receive queue holds (re-posting the buffers).
-    fn drain(&self, out: &mut Vec<LinkEvent>) {
+    fn drain(&self, out: &mut Vec<Raw>) {
         let mut wcs = [WorkCompletion::default(); 64];
         loop {
             let n = self.recv_cq.poll(&mut wcs);
@@ -441,40 +462,68 @@ impl Endpoint {
         woken
     }
 
-    fn on_recv(&self, wc: &WorkCompletion, out: &mut Vec<LinkEvent>) {
+    fn on_recv(&self, wc: &WorkCompletion, out: &mut Vec<Raw>) {
         let id = (wc.wr_id >> 32) as u32;
         let slot = (wc.wr_id & 0xffff_ffff) as usize;
         let Some(link) = self.link(id) else { return };
+        if wc.opcode == WcOpcode::AdvertiseEnd {
+            // A lent message's advertisement ended without the peer's
+            // close (the connection failed): it consumed no receive.
+            link.returned(wc.invalidated_rkey);
+            return;
+        }
         let len = (wc.byte_len as usize).min(MAX_FRAME);
         let mut partial = self.partial.lock().unwrap();
         if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv || len == 0 {
             partial.remove(&id);
             if !link.dead.swap(true, Ordering::AcqRel) {
-                out.push(LinkEvent::Down { link: id });
+                out.push(Raw::Event(LinkEvent::Down { link: id }));
             }
             return;
         }
         let mut flag = [0u8; 1];
         link.recv_mr.read_at(slot * MAX_FRAME, &mut flag);
-        let buf = partial.entry(id).or_default();
-        let at = buf.len();
-        buf.resize(at + len - 1, 0);
-        link.recv_mr.read_at(slot * MAX_FRAME + 1, &mut buf[at..]);
+        let mut broken = false;
+        match flag[0] {
+            rendezvous::FLAG_LAST | rendezvous::FLAG_MORE => {
+                let buf = partial.entry(id).or_default();
+                let at = buf.len();
+                buf.resize(at + len - 1, 0);
+                link.recv_mr.read_at(slot * MAX_FRAME + 1, &mut buf[at..]);
+                broken = buf.len() > EAGER_MAX;
+                if flag[0] == rendezvous::FLAG_LAST {
+                    let bytes = partial.remove(&id).unwrap_or_default();
+                    out.push(Raw::Event(LinkEvent::Frame { link: id, bytes }));
+                }
+            }
+            // A lent message, never in the middle of a fragmented one.
+            rendezvous::FLAG_PULL if !partial.contains_key(&id) => {
+                let mut head = [0u8; rendezvous::PULL_HEAD];
+                let n = (len - 1).min(head.len());
+                link.recv_mr.read_at(slot * MAX_FRAME + 1, &mut head[..n]);
+                match Pull::parse(id, wc, &head[..len - 1]) {
+                    Some(p) => out.push(Raw::Pull(p)),
+                    None => broken = true,
+                }
+            }
+            rendezvous::FLAG_CLOSE if len == 1 && wc.invalidated_rkey.is_some() => {
+                link.returned(wc.invalidated_rkey)
+            }
+            _ => broken = true,
+        }
         // Re-post before handing the message on: the peer may send again
         // at once.
         let repost = link.qp.post_recv(&RecvWr::new(
             wc.wr_id,
             &[link.recv_mr.sge(slot * MAX_FRAME, MAX_FRAME)],
         ));
-        let too_big = buf.len() > crate::proto::MAX_MESSAGE;
-        if flag[0] == 0 {
-            let bytes = partial.remove(&id).unwrap_or_default();
-            out.push(LinkEvent::Frame { link: id, bytes });
-        }
-        if (repost.is_err() || too_big) && !link.dead.swap(true, Ordering::AcqRel) {
+        if (repost.is_err() || broken) && !link.dead.swap(true, Ordering::AcqRel) {
+            if broken {
+                tracing::warn!(link = id, flag = flag[0], "malformed message; closing link");
+            }
             partial.remove(&id);
             link.close();
-            out.push(LinkEvent::Down { link: id });
+            out.push(Raw::Event(LinkEvent::Down { link: id }));
         }
     }
 }
@@ -499,6 +548,11 @@ pub struct Link {
     /// The endpoint (whose receive queue this link's thread drains while
     /// it waits).
     ep: std::sync::Weak<Endpoint>,
+    /// The messages lent to the peer (`rendezvous.rs`), by STag, until
+    /// its close (or the advertisement's end) gives each back.
+    lent: Mutex<HashMap<u32, MemoryRegion>>,
+    /// Sends posted (fragments, closes; not advertisements).
+    sends: std::sync::atomic::AtomicU64,
 }
 
 impl Link {
@@ -600,10 +654,18 @@ impl Link {
         }
     }
 
-    /// Sends one message, in fragments if it exceeds one Send (blocks
-    /// while all send buffers are in flight, up to `timeout`).
+    /// Sends one message: in fragments if it exceeds one Send, lent to
+    /// the peer if it exceeds [`EAGER_MAX`] (copied for that: see
+    /// [`Link::send_owned`]). Blocks while all send buffers are in
+    /// flight, up to `timeout`.
     pub fn send(&self, msg: &[u8], timeout: Duration) -> Result<(), LinkError> {
-        self.send_batch(&[msg], timeout)
+        self.send_msgs(std::iter::once(Msg::Borrowed(msg)), timeout)
+    }
+
+    /// [`Link::send`] of a message the link may keep: a large one is lent
+    /// to the peer as it is, without a copy.
+    pub fn send_owned(&self, msg: Vec<u8>, timeout: Duration) -> Result<(), LinkError> {
+        self.send_msgs(std::iter::once(Msg::Owned(msg)), timeout)
     }
 
     /// Sends several messages in order, posted together so that the
@@ -616,9 +678,23 @@ impl Link {
         msgs: &[M],
         timeout: Duration,
     ) -> Result<(), LinkError> {
+        self.send_msgs(msgs.iter().map(|m| Msg::Borrowed(m.as_ref())), timeout)
+    }
+
+    /// [`Link::send_batch`] of messages the link may keep (large ones are
+    /// lent as they are).
+    pub fn send_batch_owned(&self, msgs: Vec<Vec<u8>>, timeout: Duration) -> Result<(), LinkError> {
+        self.send_msgs(msgs.into_iter().map(Msg::Owned), timeout)
+    }
+
+    fn send_msgs<'a>(
+        &self,
+        msgs: impl Iterator<Item = Msg<'a>>,
+        timeout: Duration,
+    ) -> Result<(), LinkError> {
+        let msgs: Vec<Msg<'a>> = msgs.collect();
         if let Some(m) = msgs
             .iter()
-            .map(|m| m.as_ref())
             .find(|m| m.is_empty() || m.len() > crate::proto::MAX_MESSAGE)
         {
             return Err(LinkError::TooLarge(m.len()));
@@ -629,30 +705,27 @@ impl Link {
         let mut tx = self.tx.lock().unwrap();
         self.reap(&mut tx, false, timeout)?;
         let deadline = Instant::now() + timeout;
-        let mut wrs: Vec<SendWr> = Vec::with_capacity(msgs.len().min(SEND_SLOTS));
+        let mut wrs: Vec<SendWr> = Vec::new();
         for msg in msgs {
+            if msg.len() > EAGER_MAX {
+                // In order: what is composed goes first.
+                self.post(&mut tx, &mut wrs)?;
+                if let Err(e) = self.lend(&mut tx, msg.into_vec(), deadline) {
+                    self.close();
+                    return Err(e);
+                }
+                continue;
+            }
             let mut pieces = msg.as_ref().chunks(PIECE).peekable();
             while let Some(piece) = pieces.next() {
-                if tx.outstanding + wrs.len() >= SEND_SLOTS {
-                    self.post(&mut tx, &mut wrs)?;
-                }
-                while tx.outstanding >= SEND_SLOTS {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        self.close();
-                        return Err(LinkError::Timeout(self.peer()));
-                    }
-                    if let Err(e) = self.reap(&mut tx, true, left) {
-                        self.close();
-                        return Err(e);
-                    }
-                }
-                // Completions come in order, so the slot `outstanding` WRs
-                // back is free again.
-                let slot = tx.next;
-                tx.next = (tx.next + 1) % SEND_SLOTS;
+                let slot = self.slot(&mut tx, &mut wrs, deadline)?;
                 let more = pieces.peek().is_some();
-                self.send_mr.write_at(slot * MAX_FRAME, &[more as u8]);
+                let flag = if more {
+                    rendezvous::FLAG_MORE
+                } else {
+                    rendezvous::FLAG_LAST
+                };
+                self.send_mr.write_at(slot * MAX_FRAME, &[flag]);
                 self.send_mr.write_at(slot * MAX_FRAME + 1, piece);
                 wrs.push(SendWr::send(
                     slot as u64,
@@ -661,6 +734,36 @@ impl Link {
             }
         }
         self.post(&mut tx, &mut wrs)
+    }
+
+    /// The next free send buffer, waiting (until `deadline`) while all are
+    /// in flight; posts `wrs` first when they would fill the ring. On an
+    /// error the link is closed.
+    fn slot(
+        &self,
+        tx: &mut Tx,
+        wrs: &mut Vec<SendWr>,
+        deadline: Instant,
+    ) -> Result<usize, LinkError> {
+        if tx.outstanding + wrs.len() >= SEND_SLOTS {
+            self.post(tx, wrs)?;
+        }
+        while tx.outstanding >= SEND_SLOTS {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.close();
+                return Err(LinkError::Timeout(self.peer()));
+            }
+            if let Err(e) = self.reap(tx, true, left) {
+                self.close();
+                return Err(e);
+            }
+        }
+        // Completions come in order, so the slot `outstanding` WRs back is
+        // free again.
+        let slot = tx.next;
+        tx.next = (tx.next + 1) % SEND_SLOTS;
+        Ok(slot)
     }
 
     /// Posts the composed Sends with one doorbell.
@@ -673,100 +776,17 @@ impl Link {
             verr(e)
         })?;
         tx.outstanding += wrs.len();
+        self.sends.fetch_add(wrs.len() as u64, Ordering::Relaxed);
         wrs.clear();
         Ok(())
     }
 
-    /// One-sided RDMA Read of `len` bytes at `remote_addr` under `rkey`
-    /// into `local` at offset 0; waits for it.
-    pub fn read(
-        &self,
-        local: &MemoryRegion,
-        len: usize,
-        remote_addr: u64,
-        rkey: u32,
-        timeout: Duration,
-    ) -> Result<(), LinkError> {
-        self.read_batch(local, &[(0, len, remote_addr)], rkey, timeout)
-    }
-
-    /// Several one-sided RDMA Reads under `rkey`, each `(local offset,
-    /// len, remote_addr)` into `local`, posted with one doorbell so that
-    /// they travel together (over TCP: one `sendmsg` for the requests, the
-    /// responder answers them in one batch); waits for all of them. At
-    /// most [`READ_BATCH`] at once (the initiator depth a link asks for).
-    /// On an error the link is closed (RDMA semantics: a remote access
-    /// error ends the connection) and no read of the batch counts.
-    pub fn read_batch(
-        &self,
-        local: &MemoryRegion,
-        reads: &[(usize, usize, u64)],
-        rkey: u32,
-        timeout: Duration,
-    ) -> Result<(), LinkError> {
-        assert!(
-            reads.len() <= READ_BATCH,
-            "at most {READ_BATCH} Reads per batch, got {}",
-            reads.len()
-        );
-        if reads.is_empty() {
-            return Ok(());
-        }
-        if self.is_dead() {
-            return Err(LinkError::Down(self.peer()));
-        }
-        let deadline = Instant::now() + timeout;
-        let mut tx = self.tx.lock().unwrap();
-        // Room on the send queue (Sends of this link may be in flight).
-        self.reap(&mut tx, false, timeout)?;
-        while tx.outstanding + reads.len() > SEND_SLOTS + SQ_SPARE {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(LinkError::Timeout(self.peer()));
-            }
-            self.reap(&mut tx, true, left)?;
-        }
-        // Read WR ids sit above every send slot id.
-        const READ_ID: u64 = u64::MAX - READ_BATCH as u64;
-        let wrs: Vec<SendWr> = reads
-            .iter()
-            .enumerate()
-            .map(|(i, &(off, len, addr))| {
-                SendWr::read(
-                    READ_ID + i as u64,
-                    local.sge(off, len),
-                    addr,
-                    softrdma_verbs::Rkey::from_raw(rkey),
-                )
-            })
-            .collect();
-        self.qp.post_send_batch(&wrs).map_err(|e| {
-            self.dead.store(true, Ordering::Release);
-            verr(e)
-        })?;
-        tx.outstanding += wrs.len();
-        let mut left = reads.len();
-        // Same host: the Reads were copied during post_send and their
-        // completions are already queued; over TCP the responses come back
-        // on this link's input, which this thread runs.
-        while left > 0 {
-            let Some(wc) = self.next_send_wc(deadline) else {
-                return Err(LinkError::Timeout(self.peer()));
-            };
-            tx.outstanding = tx.outstanding.saturating_sub(1);
-            if wc.status != WcStatus::Success {
-                // A remote access error (bad pointer) ends the connection
-                // (RDMA semantics); the caller reconnects.
-                self.dead.store(true, Ordering::Release);
-                return Err(LinkError::Verbs(format!(
-                    "RDMA Read failed: {:?}",
-                    wc.status
-                )));
-            }
-            if wc.wr_id >= READ_ID {
-                left -= 1;
-            }
-        }
-        Ok(())
+    /// Sends posted so far (message fragments and closes of lent
+    /// messages).
+    pub fn sends_posted(&self) -> u64 {
+        self.sends.load(Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -756,7 +756,7 @@ impl Outbox {
         match self.links.iter_mut().find(|(l, _)| l.id() == link.id()) {
             Some((_, q)) => q.push(bytes),
             None if link.qp().input_in_ring() => {
-                if let Err(e) = link.send(&bytes, timeout) {
+                if let Err(e) = link.send_owned(bytes, timeout) {
                     tracing::debug!(link = link.id(), error = %e, "send failed; closing link");
                     ep.remove(link.id());
                 }
@@ -768,7 +768,7 @@ impl Outbox {
     /// Sends everything queued; a link whose send fails is closed.
     fn flush(&mut self, ep: &Endpoint, timeout: Duration) {
         for (link, msgs) in self.links.drain(..) {
-            if let Err(e) = link.send_batch(&msgs, timeout) {
+            if let Err(e) = link.send_batch_owned(msgs, timeout) {
                 tracing::debug!(link = link.id(), error = %e, "send failed; closing link");
                 ep.remove(link.id());
             }

@@ -137,15 +137,17 @@ fn a_batch_is_one_write_and_a_failed_one_leaves_nothing() {
         h.node(1).image.planner_state() == before,
         "a failed batch left changes"
     );
-    let big: Vec<Op> = (0..40u8)
-        .map(|i| put(&[b'k', i], &[i; 1000], Cond::Always))
+    // More writes than a batch holds (its bytes are bounded by what one
+    // message carries, 129 MiB, more than this arena).
+    let big: Vec<Op> = (0..=crate::proto::MAX_BATCH_OPS as u16)
+        .map(|i| put(&i.to_le_bytes(), b"v", Cond::Always))
         .collect();
     assert!(matches!(
         h.request(Op::Batch {
             ops: big,
             all_or_none: false
         }),
-        Err(StoreError::BatchTooLarge { ops: 40, .. })
+        Err(StoreError::BatchTooLarge { ops: 1025, .. })
     ));
     assert!(
         h.node(1).image.planner_state() == before,

@@ -283,7 +283,11 @@ impl<M: Memory> Image<M> {
         let reserved = self.layout.map_or(0, |l| l.reserved_len());
         let largest = self.alloc.size().saturating_sub(reserved);
         let largest = largest.min(u32::MAX as u64 & !(object::UNIT - 1));
-        largest.saturating_sub(object::encoded_len(key_len, 0) as u64)
+        // The protocol's limit too: a client that sends more (past its own
+        // library's check) is refused, not served with a long stall.
+        largest
+            .saturating_sub(object::encoded_len(key_len, 0) as u64)
+            .min(crate::proto::MAX_VALUE as u64)
     }
 
     fn alloc_error(&self, e: AllocError, key_len: usize, value_len: usize) -> StoreError {

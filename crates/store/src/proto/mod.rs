@@ -22,8 +22,19 @@ mod tests;
 pub use decode::decode;
 pub use encode::encode;
 
-/// Largest encoded message accepted by [`decode`].
+/// The longest value a key or a pointer holds: 4 MiB (Redis: 512 MB). A
+/// message carrying one travels by rendezvous (`net/link/rendezvous.rs`).
+/// Larger values wait for a node loop that copies them less: 16 and 64 MiB
+/// writes kept it from its heartbeats past a peer's 250 ms timeout on a
+/// loaded 2-core machine (docs/store.md, "Large values").
+pub const MAX_VALUE: usize = 4 << 20;
+
+/// Largest encoded message accepted by [`decode`]: 64 MiB, more than a
+/// replicated write of the longest value that answers with the longest
+/// old one (`GETSET`), with their keys and headers.
 pub const MAX_MESSAGE: usize = 64 << 20;
+
+const _: () = assert!(MAX_MESSAGE >= 2 * MAX_VALUE + (1 << 20));
 
 /// Identifies a node of a group.
 pub type NodeId = u32;
@@ -265,14 +276,15 @@ pub enum Op {
 /// The most writes in one [`Op::Batch`].
 pub const MAX_BATCH_OPS: usize = 1024;
 
-/// The largest replicated write of an [`Op::Batch`], encoded: what one
-/// replication frame holds (`net::link::MAX_VALUE`).
-pub const MAX_BATCH_BYTES: usize = MAX_MODIFY_BYTES;
+/// The largest replicated write of an [`Op::Batch`], encoded: as much as
+/// the largest single write (a [`MAX_VALUE`] value answering with an old
+/// one), so no write keeps a node loop busier than a large value does.
+pub const MAX_BATCH_BYTES: usize = 2 * MAX_VALUE + (1 << 20);
 
-/// The longest value, and the most value bytes a [`Op::Modify`]'s write
-/// and answer carry together (the new value, and the old one it answers
-/// with): what one replication message holds (`net::link::MAX_VALUE`).
-pub const MAX_MODIFY_BYTES: usize = 32 * 1024 - 256;
+/// The longest value an [`Op::Modify`] makes (`APPEND`, `SETRANGE`):
+/// [`MAX_VALUE`]. Its replicated write then carries at most that and the
+/// old value it may answer with.
+pub const MAX_MODIFY_BYTES: usize = MAX_VALUE;
 
 /// `v` as Redis reads an integer (`string2ll`): an optional `-`, then
 /// digits with no leading zero (but `0` itself), nothing else, within i64.

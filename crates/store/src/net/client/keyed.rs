@@ -17,8 +17,7 @@
 
 use super::error::{ClientError, OpKind};
 use super::StoreClient;
-use crate::net::link::MAX_VALUE;
-use crate::proto::{self, Cond, Op, Reply, StoreError, Ttl};
+use crate::proto::{self, Cond, Op, Reply, StoreError, Ttl, MAX_VALUE};
 use crate::ptr::RemotePtr;
 
 /// A value no larger than a message can carry.

@@ -104,6 +104,13 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// How long one attempt that moves `bytes` (a request's, a one-sided
+    /// Read's) may take: [`ClientConfig::attempt_timeout`], and 30 ms per
+    /// MiB, so that a 64 MiB value (pulled by the primary, then by the
+    /// secondary) is not sent again while it is still travelling.
+    pub fn attempt_for(&self, bytes: usize) -> Duration {
+        self.attempt_timeout + Duration::from_millis(30 * (bytes >> 20) as u64)
+    }
     /// Defaults for `nodes`.
     pub fn new(nodes: Vec<SocketAddr>) -> ClientConfig {
         ClientConfig {

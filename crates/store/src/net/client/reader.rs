@@ -137,7 +137,7 @@ impl Reader {
         self.ensure_read_mr(s, len as usize)?;
         let (t, link) = s.target_link()?;
         let mr = self.read_mr.as_ref().expect("read buffer");
-        let timeout = s.cfg().attempt_timeout;
+        let timeout = s.cfg().attempt_for(len as usize);
         if let Err(e) = link.read(mr, len as usize, arena.base + offset, arena.stag, timeout) {
             return Err(s.read_failed(t, e));
         }
@@ -168,7 +168,7 @@ impl Reader {
         self.ensure_read_mr(s, total)?;
         let (t, link) = s.target_link()?;
         let mr = self.read_mr.as_ref().expect("read buffer");
-        let timeout = s.cfg().attempt_timeout;
+        let timeout = s.cfg().attempt_for(total);
         if let Err(e) = link.read_batch(mr, &posts, arena.stag, timeout) {
             return Err(s.read_failed(t, e));
         }
@@ -332,7 +332,7 @@ impl Reader {
             // The arena's STag as the node gave it now (it rotates when
             // credentials are narrowed); the pointer's names the arena.
             let rkey = s.arena().map_or(ptr.stag, |a| a.stag);
-            if let Err(e) = link.read(mr, len, ptr.addr, rkey, s.cfg().attempt_timeout) {
+            if let Err(e) = link.read(mr, len, ptr.addr, rkey, s.cfg().attempt_for(len)) {
                 s.read_failed(t, e);
                 break;
             }
@@ -398,7 +398,8 @@ impl Reader {
                 .map(|(&i, &o)| (o, ptrs[i].len as usize, ptrs[i].addr))
                 .collect();
             let mr = self.read_mr.as_ref().expect("read buffer");
-            if let Err(e) = link.read_batch(mr, &reads, rkey, s.cfg().attempt_timeout) {
+            let bytes = reads.iter().map(|r| r.1).sum();
+            if let Err(e) = link.read_batch(mr, &reads, rkey, s.cfg().attempt_for(bytes)) {
                 // The pointers of this batch go the single-read way.
                 s.read_failed(t, e);
                 continue;

@@ -275,7 +275,9 @@ impl Session {
                     op: op.clone(),
                 },
             };
-            if let Err(e) = link.send(&proto::encode(&env), self.cfg.attempt_timeout) {
+            let msg = proto::encode(&env);
+            let attempt = self.cfg.attempt_for(msg.len());
+            if let Err(e) = link.send_owned(msg, attempt) {
                 last = Unreachable::Send {
                     addr: self.slots[t].addr,
                     source: e,
@@ -284,7 +286,7 @@ impl Session {
                 self.switch();
                 continue;
             }
-            let until = Instant::now() + self.cfg.attempt_timeout;
+            let until = Instant::now() + attempt;
             // Wait for the answer on this link.
             let outcome = self.await_response(link.id(), req_id, until);
             match outcome {
@@ -425,9 +427,11 @@ impl Session {
             },
         };
         let addr = self.slots[i].addr;
-        link.send(&proto::encode(&env), self.cfg.attempt_timeout)
+        let msg = proto::encode(&env);
+        let attempt = self.cfg.attempt_for(msg.len());
+        link.send_owned(msg, attempt)
             .map_err(|source| Unreachable::Send { addr, source })?;
-        let until = Instant::now() + self.cfg.attempt_timeout * 3;
+        let until = Instant::now() + attempt * 3;
         match self.await_response(link.id(), req_id, until) {
             Some(result) => result.map_err(ClientError::from),
             None => Err(Unreachable::NoAnswer { addr }.into()),

@@ -193,9 +193,9 @@ pub(super) fn impossible_key(key: &[u8]) -> bool {
     crate::proto::check_key(key).is_err()
 }
 
-/// The error for a value longer than a value may be (`net::link::MAX_VALUE`).
+/// The error for a value longer than a value may be (`proto::MAX_VALUE`).
 pub(super) fn value_too_long(len: usize) -> Option<Reply> {
-    let max = crate::net::link::MAX_VALUE;
+    let max = crate::proto::MAX_VALUE;
     (len > max).then(|| {
         Reply::err(format!(
             "ERR value of {len} bytes exceeds the limit of {max} bytes"
