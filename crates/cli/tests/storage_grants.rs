@@ -140,18 +140,6 @@ fn client() -> Client {
     }
 }
 
-fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn file_bytes(path: &Path, at: u64, n: usize) -> Vec<u8> {
     let f = std::fs::File::open(path).unwrap();
     let mut v = vec![0; n];

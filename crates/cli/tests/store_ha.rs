@@ -349,7 +349,10 @@ fn bad_pointers_and_limits() {
     // says how large a value may be (it travelled by rendezvous).
     assert!(matches!(
         c.alloc(&vec![7u8; 1 << 20]),
-        Err(ClientError::Store(StoreError::TooLarge { len: 1048576, .. }))
+        Err(ClientError::Store(StoreError::TooLarge {
+            len: 1048576,
+            ..
+        }))
     ));
     // Arena full: fill 1 MiB with ~30 KiB values until refused.
     let big = vec![0xabu8; 30_000];

@@ -19,21 +19,9 @@ use softrdma_store::net::client::{ClientError, StoreClient};
 use softrdma_store::proto::MAX_VALUE;
 
 mod common;
+use common::pattern;
 use common::resp::Conn;
 use common::store::{client_config, wait_for, Group};
-
-/// Bytes that differ at every offset, by seed.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// `GET key` over RESP: the bulk's bytes (`None` for a nil).
 fn door_get(c: &mut Conn, key: &[u8]) -> Option<Vec<u8>> {
@@ -172,30 +160,28 @@ fn values_up_to_the_limit_read_back_everywhere_and_survive_a_failover() {
     assert!(n.get(b"after").unwrap() == Some(w));
 }
 
+/// Forty 1 MiB keys, each read back after every put, through cached
+/// pointers and after the cache is dropped (bucket, then object).
 #[test]
 fn many_large_keys_read_back_with_and_without_cached_pointers() {
     let g = Group::new("large-many", "256MiB");
     let mut a = StoreClient::new(client_config(&g.addrs)).unwrap();
     let key = |i: usize| format!("b0:{i}").into_bytes();
-    for i in 0..40 {
-        let v = pattern(1 << 20, i as u64);
-        a.set(&key(i), &v).unwrap();
-        for j in 0..=i {
-            let got = a.get(&key(j)).unwrap();
-            assert!(
-                got == Some(pattern(1 << 20, j as u64)),
-                "after put {i}: key {j} (cached) {:?}",
-                got.map(|g| g.len())
-            );
-        }
-        a.clear_cache();
-        for j in 0..=i {
-            let got = a.get(&key(j)).unwrap();
-            assert!(
-                got == Some(pattern(1 << 20, j as u64)),
-                "after put {i}: key {j} (uncached) {:?}",
-                got.map(|g| g.len())
-            );
+    let values: Vec<Vec<u8>> = (0..40).map(|i| pattern(1 << 20, i as u64)).collect();
+    for (i, v) in values.iter().enumerate() {
+        a.set(&key(i), v).unwrap();
+        for how in ["cached", "uncached"] {
+            if how == "uncached" {
+                a.clear_cache();
+            }
+            for (j, want) in values[..=i].iter().enumerate() {
+                let got = a.get(&key(j)).unwrap();
+                assert!(
+                    got.as_ref() == Some(want),
+                    "after put {i}: key {j} ({how}) {:?}",
+                    got.map(|g| g.len())
+                );
+            }
         }
     }
 }

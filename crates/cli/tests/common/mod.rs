@@ -17,6 +17,19 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// `n` bytes that differ at every offset (xorshift), by seed.
+pub fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// `n` distinct free TCP ports on 127.0.0.1: all `n` listeners are held at
 /// once before any is released, so the same port cannot come back twice.
 pub fn free_ports(n: usize) -> Vec<u16> {

@@ -45,7 +45,7 @@ pub use softrdma_verbs::Waker;
 mod read;
 mod rendezvous;
 pub use rendezvous::EAGER_MAX;
-use rendezvous::{Msg, Pull, Raw};
+use rendezvous::{Outgoing, Pull, Raw};
 
 /// Largest message on a link.
 pub const MAX_FRAME: usize = 32 * 1024;
@@ -659,45 +659,32 @@ impl Link {
     /// [`Link::send_owned`]). Blocks while all send buffers are in
     /// flight, up to `timeout`.
     pub fn send(&self, msg: &[u8], timeout: Duration) -> Result<(), LinkError> {
-        self.send_msgs(std::iter::once(Msg::Borrowed(msg)), timeout)
+        self.send_msgs(&mut [msg], timeout)
     }
 
     /// [`Link::send`] of a message the link may keep: a large one is lent
     /// to the peer as it is, without a copy.
     pub fn send_owned(&self, msg: Vec<u8>, timeout: Duration) -> Result<(), LinkError> {
-        self.send_msgs(std::iter::once(Msg::Owned(msg)), timeout)
+        self.send_msgs(&mut [msg], timeout)
     }
 
     /// Sends several messages in order, posted together so that the
     /// engine writes them to the socket in as few system calls as it can
-    /// (one when they fit the send buffers). Blocks while all send buffers
-    /// are in flight, up to `timeout`; on an error the link is closed,
-    /// since a message cut short cannot be resumed.
-    pub fn send_batch<M: AsRef<[u8]>>(
-        &self,
-        msgs: &[M],
-        timeout: Duration,
-    ) -> Result<(), LinkError> {
-        self.send_msgs(msgs.iter().map(|m| Msg::Borrowed(m.as_ref())), timeout)
+    /// (one when they fit the send buffers); large ones are lent as they
+    /// are. Blocks while all send buffers are in flight, up to `timeout`;
+    /// on an error the link is closed, since a message cut short cannot be
+    /// resumed.
+    pub fn send_batch(&self, mut msgs: Vec<Vec<u8>>, timeout: Duration) -> Result<(), LinkError> {
+        self.send_msgs(&mut msgs, timeout)
     }
 
-    /// [`Link::send_batch`] of messages the link may keep (large ones are
-    /// lent as they are).
-    pub fn send_batch_owned(&self, msgs: Vec<Vec<u8>>, timeout: Duration) -> Result<(), LinkError> {
-        self.send_msgs(msgs.into_iter().map(Msg::Owned), timeout)
-    }
-
-    fn send_msgs<'a>(
-        &self,
-        msgs: impl Iterator<Item = Msg<'a>>,
-        timeout: Duration,
-    ) -> Result<(), LinkError> {
-        let msgs: Vec<Msg<'a>> = msgs.collect();
+    fn send_msgs<M: Outgoing>(&self, msgs: &mut [M], timeout: Duration) -> Result<(), LinkError> {
         if let Some(m) = msgs
             .iter()
-            .find(|m| m.is_empty() || m.len() > crate::proto::MAX_MESSAGE)
+            .map(|m| m.bytes().len())
+            .find(|&n| n == 0 || n > crate::proto::MAX_MESSAGE)
         {
-            return Err(LinkError::TooLarge(m.len()));
+            return Err(LinkError::TooLarge(m));
         }
         if self.is_dead() {
             return Err(LinkError::Down(self.peer()));
@@ -707,16 +694,16 @@ impl Link {
         let deadline = Instant::now() + timeout;
         let mut wrs: Vec<SendWr> = Vec::new();
         for msg in msgs {
-            if msg.len() > EAGER_MAX {
+            if msg.bytes().len() > EAGER_MAX {
                 // In order: what is composed goes first.
                 self.post(&mut tx, &mut wrs)?;
-                if let Err(e) = self.lend(&mut tx, msg.into_vec(), deadline) {
+                if let Err(e) = self.lend(&mut tx, msg.take(), deadline) {
                     self.close();
                     return Err(e);
                 }
                 continue;
             }
-            let mut pieces = msg.as_ref().chunks(PIECE).peekable();
+            let mut pieces = msg.bytes().chunks(PIECE).peekable();
             while let Some(piece) = pieces.next() {
                 let slot = self.slot(&mut tx, &mut wrs, deadline)?;
                 let more = pieces.peek().is_some();

@@ -768,7 +768,7 @@ impl Outbox {
     /// Sends everything queued; a link whose send fails is closed.
     fn flush(&mut self, ep: &Endpoint, timeout: Duration) {
         for (link, msgs) in self.links.drain(..) {
-            if let Err(e) = link.send_batch_owned(msgs, timeout) {
+            if let Err(e) = link.send_batch(msgs, timeout) {
                 tracing::debug!(link = link.id(), error = %e, "send failed; closing link");
                 ep.remove(link.id());
             }

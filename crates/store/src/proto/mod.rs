@@ -24,9 +24,9 @@ pub use encode::encode;
 
 /// The longest value a key or a pointer holds: 4 MiB (Redis: 512 MB). A
 /// message carrying one travels by rendezvous (`net/link/rendezvous.rs`).
-/// Larger values wait for a node loop that copies them less: 16 and 64 MiB
-/// writes kept it from its heartbeats past a peer's 250 ms timeout on a
-/// loaded 2-core machine (docs/store.md, "Large values").
+/// Larger values wait for a node loop that copies them less: 64 MiB writes
+/// kept it from its heartbeats past a peer's 250 ms timeout, and 16 MiB
+/// ones were slow under load (docs/store.md, "Large values").
 pub const MAX_VALUE: usize = 4 << 20;
 
 /// Largest encoded message accepted by [`decode`]: 64 MiB, more than a

@@ -88,36 +88,31 @@ impl Pull {
     }
 }
 
-/// A message to send: one the caller keeps (copied if it must be lent),
-/// or one the link may keep.
-pub(super) enum Msg<'a> {
-    Borrowed(&'a [u8]),
-    Owned(Vec<u8>),
+/// A message to send: bytes the caller keeps (copied if they must be
+/// lent), or a buffer the link may keep (lent as it is).
+pub(super) trait Outgoing {
+    fn bytes(&self) -> &[u8];
+    /// The bytes as a buffer of their own, to lend.
+    fn take(&mut self) -> Vec<u8>;
 }
 
-impl Msg<'_> {
-    pub(super) fn len(&self) -> usize {
-        self.as_ref().len()
+impl Outgoing for &[u8] {
+    fn bytes(&self) -> &[u8] {
+        self
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub(super) fn into_vec(self) -> Vec<u8> {
-        match self {
-            Msg::Borrowed(b) => b.to_vec(),
-            Msg::Owned(v) => v,
-        }
+    fn take(&mut self) -> Vec<u8> {
+        self.to_vec()
     }
 }
 
-impl AsRef<[u8]> for Msg<'_> {
-    fn as_ref(&self) -> &[u8] {
-        match self {
-            Msg::Borrowed(b) => b,
-            Msg::Owned(v) => v,
-        }
+impl Outgoing for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+
+    fn take(&mut self) -> Vec<u8> {
+        std::mem::take(self)
     }
 }
 

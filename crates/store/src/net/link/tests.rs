@@ -99,7 +99,7 @@ fn messages_of_every_size_arrive_whole_and_in_order_and_large_ones_are_pulled() 
         .map(|(i, &n)| pattern(n, i as u64 + 1))
         .collect();
     let sends_before = la.sends_posted();
-    la.send_batch_owned(msgs.clone(), T).unwrap();
+    la.send_batch(msgs.clone(), T).unwrap();
     let eager: u64 = sizes
         .iter()
         .filter(|&&n| n <= EAGER_MAX)
@@ -153,48 +153,37 @@ fn advertise_raw(ep: &Endpoint, l: &Link, body: Vec<u8>, len: u64, crc: u32) -> 
     mr
 }
 
-#[test]
-fn a_pull_whose_bytes_do_not_match_their_crc_ends_the_link_and_delivers_nothing() {
+/// Lends `body_len` bytes under a pull head claiming `claimed` bytes and
+/// a CRC off by `crc_flip`: the receiver must end the link and deliver
+/// nothing.
+fn assert_pull_refused(body_len: usize, claimed: u64, crc_flip: u32) {
     let ((a, la), (b, _lb)) = pair();
-    let body = pattern(1 << 20, 5);
-    let wrong = crc32c::crc32c(&body) ^ 1;
-    let _mr = advertise_raw(&a, &la, body, 1 << 20, wrong);
+    let body = pattern(body_len, body_len as u64);
+    let crc = crc32c::crc32c(&body) ^ crc_flip;
+    let _mr = advertise_raw(&a, &la, body, claimed, crc);
     let (got, down) = receive(&b, &a, 1);
     assert!(
         got.is_empty() && down,
         "got {} frames, down {down}",
         got.len()
     );
+}
+
+#[test]
+fn a_pull_whose_bytes_do_not_match_their_crc_ends_the_link_and_delivers_nothing() {
+    assert_pull_refused(1 << 20, 1 << 20, 1);
 }
 
 #[test]
 fn a_pull_of_a_length_sends_would_carry_ends_the_link() {
-    let ((a, la), (b, _lb)) = pair();
-    let body = pattern(100, 6);
-    let crc = crc32c::crc32c(&body);
-    let _mr = advertise_raw(&a, &la, body, 100, crc);
-    let (got, down) = receive(&b, &a, 1);
-    assert!(
-        got.is_empty() && down,
-        "got {} frames, down {down}",
-        got.len()
-    );
+    assert_pull_refused(100, 100, 0);
 }
 
 #[test]
 fn a_pull_longer_than_the_advertised_memory_ends_the_link() {
-    let ((a, la), (b, _lb)) = pair();
-    let body = pattern(1 << 20, 7);
-    let crc = crc32c::crc32c(&body);
     // Claims 2 MiB over 1 MiB: the Reads past the end are refused by the
     // sender's engine.
-    let _mr = advertise_raw(&a, &la, body, 2 << 20, crc);
-    let (got, down) = receive(&b, &a, 1);
-    assert!(
-        got.is_empty() && down,
-        "got {} frames, down {down}",
-        got.len()
-    );
+    assert_pull_refused(1 << 20, 2 << 20, 0);
 }
 
 proptest::proptest! {
