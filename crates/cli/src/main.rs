@@ -12,6 +12,8 @@ mod demo;
 #[allow(unsafe_code)]
 mod heap;
 mod info;
+#[allow(unsafe_code)]
+mod malloc;
 mod net;
 mod oneshot;
 mod resp_wait;
@@ -23,6 +25,7 @@ mod storage;
 mod storage_bench;
 mod store;
 mod store_bench;
+mod store_bench_large;
 mod store_coord;
 mod store_load;
 mod transfer;
@@ -81,6 +84,7 @@ enum Cmd {
 }
 
 fn main() {
+    malloc::keep_large_buffers();
     let cli = Cli::parse();
     let level = match cli.log {
         0 => "warn",

@@ -61,6 +61,10 @@ enum Cmd {
     /// Throughput and latency of insert/update/one-sided read against Redis
     /// (primary + replica) at the same concurrency (own group and Redis).
     Bench(crate::store_bench::Args),
+    /// Large values (1 to 64 MiB): the native client's put and one-sided
+    /// get against the same bytes over plain TCP sockets (a relay through
+    /// two ends, one hop), with p99 and CPU.
+    BenchLarge(crate::store_bench_large::Args),
     /// Checks a recorded history (JSON lines: key, client, call, ret,
     /// op "write"|"read", value; as the linearizability tests save them)
     /// against a register model; prints each failing key's minimal history.
@@ -300,6 +304,7 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
         Cmd::Bench(b) => crate::store_bench::run(b),
+        Cmd::BenchLarge(b) => crate::store_bench_large::run(b),
     }
 }
 

@@ -132,11 +132,11 @@ fn start_node(dir: &Path, id: u32, cfg: &Path, role: &str) -> Result<Proc> {
 }
 
 /// The store's group: coordinator and two nodes, stopped when dropped.
-struct Group {
+pub(crate) struct Group {
     nodes: Vec<SocketAddr>,
     /// The primary's RESP front door.
     resp: u16,
-    procs: Vec<Proc>,
+    pub(crate) procs: Vec<Proc>,
     _coord: EmbeddedServer,
     /// The group secret its clients prove (`None`: `--no-auth`).
     password: Option<String>,
@@ -144,7 +144,7 @@ struct Group {
 
 impl Group {
     /// A client configuration proving the group secret.
-    fn client_config(&self) -> ClientConfig {
+    pub(crate) fn client_config(&self) -> ClientConfig {
         client_config(&self.nodes, self.password.as_deref())
     }
 }
@@ -158,7 +158,7 @@ fn client_config(nodes: &[SocketAddr], password: Option<&str>) -> ClientConfig {
     cfg
 }
 
-fn start_group(dir: &Path, arena: &str, auth: bool) -> Result<Group> {
+pub(crate) fn start_group(dir: &Path, arena: &str, auth: bool) -> Result<Group> {
     let password = auth.then(|| {
         format!(
             "{:016x}{:016x}",
@@ -262,13 +262,13 @@ struct ThreadResult {
 
 /// CPU seconds used so far by this process and by the two nodes.
 #[derive(Clone, Copy)]
-struct CpuSample {
+pub(crate) struct CpuSample {
     at: Instant,
     secs: [Option<f64>; 3],
 }
 
 impl CpuSample {
-    fn now(pids: &[Option<u32>; 2]) -> CpuSample {
+    pub(crate) fn now(pids: &[Option<u32>; 2]) -> CpuSample {
         use crate::bench::cpu_secs;
         CpuSample {
             at: Instant::now(),
@@ -278,7 +278,7 @@ impl CpuSample {
 
     /// Each process's CPU use from `self` to `later`, as a fraction of one
     /// core.
-    fn until(&self, later: &CpuSample) -> [Option<f64>; 3] {
+    pub(crate) fn until(&self, later: &CpuSample) -> [Option<f64>; 3] {
         let wall = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
         let mut out = [None; 3];
         for (i, o) in out.iter_mut().enumerate() {

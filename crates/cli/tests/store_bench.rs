@@ -124,3 +124,43 @@ fn bench_json_one_point() {
         t.elapsed()
     );
 }
+
+/// `softrdma store bench-large --json`, shortened (1 MiB, 0.3 s per row):
+/// the store's put and get and both TCP pumps, each with a positive rate,
+/// p99 and CPU; the store's rows name their baseline and the ratio to it.
+#[test]
+fn bench_large_json_one_size() {
+    let out = Command::new(SOFTRDMA)
+        .args(["store", "bench-large", "--json", "--sizes", "1048576"])
+        .args(["--secs", "0.3"])
+        .output()
+        .expect("run softrdma");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench-large failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    let ops: Vec<&str> = rows.iter().map(|v| v["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["put", "get", "tcp_relay", "tcp_hop"], "{stdout}");
+    for v in &rows {
+        assert_eq!(v["size"], 1048576, "{v}");
+        for f in ["ops_per_s", "p99_us", "cpu_client"] {
+            let x = v[f].as_f64().unwrap_or_else(|| panic!("no {f}: {v}"));
+            assert!(x > 0.0, "{f} must be positive: {v}");
+        }
+    }
+    for (v, base) in rows[..2].iter().zip(["tcp_relay", "tcp_hop"]) {
+        assert_eq!(v["baseline"], base, "{v}");
+        assert!(v["ratio"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+        for f in ["cpu_primary", "cpu_secondary"] {
+            assert!(v[f].as_f64().is_some(), "no {f}: {v}");
+        }
+    }
+}

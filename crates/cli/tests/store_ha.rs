@@ -1034,7 +1034,8 @@ fn redis_tools_work_against_the_resp_front_door() {
     assert!(r.starts_with(b"-ERR Protocol error"), "{r:?}");
     // So does a request whose length passes the limit, before its bytes
     // come.
-    let r = raw(p, format!("*1\r\n${}\r\n", 64 << 20).as_bytes());
+    let over = softrdma_store::resp_codec::MAX_BULK + 1;
+    let r = raw(p, format!("*1\r\n${over}\r\n").as_bytes());
     assert!(r.starts_with(b"-ERR Protocol error"), "{r:?}");
     // redis-benchmark completes against the primary (whose writes are
     // replicated to the secondary) and reads through the secondary; its

@@ -44,6 +44,7 @@
 //! * [`resp_codec`]: the Redis protocol (RESP2 and RESP3) as a pure codec.
 //! * [`redis_float`]: `INCRBYFLOAT`'s 80-bit arithmetic and printing, as
 //!   Redis does them.
+//! * [`redis_int`]: integers as Redis reads them (the counters).
 //! * [`proto`]: messages (every one carries the sender's epoch) and codec.
 //! * `node/` (private): the pure replication state machine of one node:
 //!   the replicated image apart from the protocol (roles, epochs, leases;
@@ -81,6 +82,7 @@ pub mod object;
 pub mod proto;
 pub mod ptr;
 pub mod redis_float;
+pub mod redis_int;
 pub mod resp_codec;
 /// Deterministic simulation of a replica group (`SOFTRDMA_SEEDS` seeds of
 /// crashes, partitions and clock faults against the real `Node`); built

@@ -21,11 +21,11 @@
 /// Most arguments in one request.
 pub const MAX_ARGS: usize = 1 << 20;
 /// Longest argument. Redis's `proto-max-bulk-len` is 512 MiB; a store
-/// value is at most `proto::MAX_VALUE` (4 MiB), so a longer value is
+/// value is at most `proto::MAX_VALUE` (64 MiB), so a longer value is
 /// answered with a clear error up to this length and is a protocol error
 /// beyond it.
 pub const MAX_BULK: usize = 2 * crate::proto::MAX_VALUE;
-/// Largest request (all its arguments and their framing): 16 MiB, an
+/// Largest request (all its arguments and their framing): 256 MiB, an
 /// `MSET` of three values of the largest size and more (Redis's
 /// `client-query-buffer-limit` is 1 GiB).
 pub const MAX_REQUEST: usize = 4 * crate::proto::MAX_VALUE;

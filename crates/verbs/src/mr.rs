@@ -145,6 +145,21 @@ pub(crate) struct MrInner {
     backing: Backing,
 }
 
+impl MrInner {
+    /// Whether the memory is a vector moved into the registration
+    /// (`ProtectionDomain::register`).
+    pub(crate) fn holds_vec(&self) -> bool {
+        matches!(self.backing, Backing::Vec(_))
+    }
+    /// The vector moved into the registration, if it was one.
+    pub(crate) fn take_vec(self) -> Option<Box<[u8]>> {
+        match self.backing {
+            Backing::Vec(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Debug for MrInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mr")

@@ -908,3 +908,42 @@ fn a_send_waits_for_a_receive_posted_late() {
         }
     }
 }
+
+/// A Read lands in a registered vector; `into_vec` deregisters it and
+/// hands back the same memory (no copy), and the STag is refused after.
+#[test]
+fn into_vec_returns_the_registered_vector_after_a_read() {
+    let (c, s) = pair_with(ConnParams::default(), ConnParams::default(), |_| {});
+    let n = 1 << 20;
+    let data = pattern(n, 3);
+    let remote =
+        s.pd.register(data.clone(), Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+    let landing = c.pd.register(vec![0; n], Access::LOCAL_WRITE).unwrap();
+    let at = landing.as_ptr();
+    c.qp.post_send(&SendWr::read(
+        1,
+        landing.sge_all(),
+        remote.addr(),
+        remote.rkey(),
+    ))
+    .unwrap();
+    assert_eq!(wait(&c.cq).status, WcStatus::Success);
+    let lkey = landing.lkey();
+    let got = landing.into_vec();
+    assert_eq!(got.as_ptr(), at as *const u8, "the same memory, not a copy");
+    assert!(got == data, "the bytes the Read placed");
+    // The registration is gone: a Read into it fails locally.
+    let sge = Sge {
+        addr: at as u64,
+        length: 16,
+        lkey,
+    };
+    c.qp.post_send(&SendWr::read(2, sge, remote.addr(), remote.rkey()))
+        .unwrap();
+    assert_ne!(wait(&c.cq).status, WcStatus::Success);
+    // Another kind of region gives a copy of its bytes.
+    let owned = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    owned.write_at(0, &[9; 64]);
+    assert_eq!(owned.into_vec(), vec![9; 64]);
+}

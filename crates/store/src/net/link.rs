@@ -23,7 +23,7 @@
 //! 0: last) before its piece, and the receiver reassembles per link (up to
 //! [`EAGER_MAX`] bytes). Fragments of one message are posted back to
 //! back under the link's send lock. A larger message (up to
-//! [`MAX_MESSAGE`](crate::proto::MAX_MESSAGE), 64 MiB)
+//! [`MAX_MESSAGE`](crate::proto::MAX_MESSAGE), 132 MiB)
 //! is not copied through Sends at all: the sender lends it to the peer
 //! with a one-shot advertisement and the peer pulls it with RDMA Reads
 //! (`rendezvous.rs`).
@@ -136,8 +136,6 @@ pub struct Endpoint {
     /// Events drained while a link's thread waited (a Read, send slots),
     /// for the next [`Endpoint::poll`].
     backlog: Mutex<Vec<Raw>>,
-    /// The landing buffer of the messages pulled (`rendezvous.rs`).
-    pull_mr: Mutex<Option<MemoryRegion>>,
 }
 
 impl Endpoint {
@@ -165,7 +163,6 @@ impl Endpoint {
             ready: Mutex::new(Vec::new()),
             partial: Mutex::new(HashMap::new()),
             backlog: Mutex::new(Vec::new()),
-            pull_mr: Mutex::new(None),
         }))
     }
 

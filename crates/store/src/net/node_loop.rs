@@ -467,7 +467,8 @@ impl NodeLoop {
             self.unowned.entry(link).or_default().push(bytes);
             return None;
         };
-        match proto::decode(&bytes) {
+        // Shared, so a value it carries reaches the arena without a copy.
+        match proto::decode_shared(bytes.into()) {
             Ok(env) => {
                 log_msg("received", from, &env);
                 if let Addr::Client(_) = from {

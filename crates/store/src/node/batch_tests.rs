@@ -2,13 +2,13 @@
 //! harness of `tests.rs`.
 
 use super::*;
-use crate::proto::Modify;
+use crate::proto::{Bytes, Modify};
 
 /// A put of `v` at `k`.
 fn put(k: &[u8], v: &[u8], cond: Cond) -> Op {
     Op::Put {
         key: k.to_vec(),
-        data: v.to_vec(),
+        data: Bytes::copy_from_slice(v),
         cond,
         ttl: crate::proto::Ttl::Clear,
     }
@@ -18,7 +18,7 @@ fn put(k: &[u8], v: &[u8], cond: Cond) -> Op {
 fn put_ttl(k: &[u8], v: &[u8], ttl: crate::proto::Ttl) -> Op {
     Op::Put {
         key: k.to_vec(),
-        data: v.to_vec(),
+        data: Bytes::copy_from_slice(v),
         cond: Cond::Always,
         ttl,
     }
@@ -212,7 +212,7 @@ fn an_unchanged_check_undoes_the_batch_when_the_key_was_written() {
     };
     let put = |v: &[u8]| Op::Put {
         key: b"w".to_vec(),
-        data: v.to_vec(),
+        data: Bytes::copy_from_slice(v),
         cond: Cond::Always,
         ttl: crate::proto::Ttl::Clear,
     };
@@ -309,7 +309,7 @@ fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
     };
     let put = |v: &[u8]| Op::Put {
         key: b"k".to_vec(),
-        data: v.to_vec(),
+        data: Bytes::copy_from_slice(v),
         cond: Cond::Always,
         ttl: crate::proto::Ttl::Clear,
     };
@@ -346,7 +346,7 @@ fn a_read_modify_write_keeps_the_deadline_and_a_put_clears_it() {
         run(
             &mut img,
             m(Modify::Swap {
-                data: b"s".to_vec(),
+                data: Bytes::from_static(b"s"),
                 cond: Cond::Always,
                 ttl: crate::proto::Ttl::Clear,
             }),
@@ -494,7 +494,7 @@ fn a_put_sets_keeps_or_clears_the_deadline_in_one_write() {
     let r = h.request(m(
         b"k",
         Modify::Swap {
-            data: b"v5".to_vec(),
+            data: Bytes::from_static(b"v5"),
             cond: Cond::Always,
             ttl: Ttl::At(at + 1),
         },

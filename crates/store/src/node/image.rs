@@ -36,7 +36,7 @@ use crate::alloc::{AllocError, AllocSnapshot, Allocator};
 use crate::arena::Memory;
 use crate::index::{self, Layout, Meta};
 use crate::object;
-use crate::proto::{DedupEntry, Effect, Op, RepOp, Reply, StoreError};
+use crate::proto::{Bytes, DedupEntry, Effect, Op, RepOp, Reply, StoreError};
 use crate::ptr::{ArenaRef, PtrError, RemotePtr};
 
 #[path = "image_keys.rs"]
@@ -362,12 +362,12 @@ impl<M: Memory> Image<M> {
     /// without changing anything.
     pub(super) fn plan(&self, op: &Op) -> Result<(Vec<Effect>, Reply), StoreError> {
         let seq = self.applied_seq + 1;
-        let write = |offset: u64, data: &[u8], generation: u64| Effect::Write {
+        let write = |offset: u64, data: &Bytes, generation: u64| Effect::Write {
             offset,
             version: seq,
             generation,
             key: Vec::new(),
-            data: data.to_vec(),
+            data: data.clone(),
             deadline: 0,
         };
         match op {

@@ -13,7 +13,9 @@ use super::*;
 use crate::glob;
 use crate::index::{key_hash, tag_of, Slot};
 use crate::lookup::{self, Outcome};
-use crate::proto::{redis_i64, Cond, ExpireWhen, Modify, Ttl, MAX_MODIFY_BYTES};
+use crate::proto::{Cond, ExpireWhen, Modify, Ttl, MAX_MODIFY_BYTES};
+use crate::redis_int::redis_i64;
+use bytes::Bytes;
 
 /// Buckets one scan request walks at most, so a sparse match cannot hold
 /// the node loop for long.
@@ -60,7 +62,7 @@ impl<M: Memory> Image<M> {
         &self,
         seq: u64,
         key: &[u8],
-        data: &[u8],
+        data: &Bytes,
         cond: Cond,
         ttl: Ttl,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
@@ -88,7 +90,7 @@ impl<M: Memory> Image<M> {
         &self,
         seq: u64,
         key: &[u8],
-        data: &[u8],
+        data: &Bytes,
         cond: Cond,
         deadline: u64,
     ) -> Result<(Vec<Effect>, Reply), StoreError> {
@@ -114,7 +116,7 @@ impl<M: Memory> Image<M> {
             version: seq,
             generation,
             key: key.to_vec(),
-            data: data.to_vec(),
+            data: data.clone(),
             deadline,
         };
         if let Some(f) = existing {
@@ -233,7 +235,7 @@ impl<M: Memory> Image<M> {
                     return Ok(Some(Current {
                         version,
                         data: match want {
-                            Want::Value => data.clone(),
+                            Want::Value => data.to_vec(),
                             Want::Head => Vec::new(),
                         },
                         deadline,
@@ -354,16 +356,17 @@ impl<M: Memory> Image<M> {
                 ))
             })
         };
-        let put = |data: &[u8], cond: Cond, deadline: u64| {
+        let put = |data: &Bytes, cond: Cond, deadline: u64| {
             let (effects, reply) = self.plan_put_at(seq, key, data, cond, deadline)?;
             Ok::<_, StoreError>((effects, matches!(reply, Reply::Stored { .. })))
         };
         // The value becomes `v`; the answer is its length, and with
         // `answer_value` (a counter's new text) the value itself.
         let rewrite = |v: Vec<u8>, answer_value: bool| {
+            let v = Bytes::from(v);
             let (effects, _) = put(&v, Cond::Always, kept)?;
             let len = v.len() as u64;
-            let value = answer_value.then_some(v);
+            let value = answer_value.then(|| v.to_vec());
             Ok((effects, Reply::Modified { value, len }))
         };
         match how {

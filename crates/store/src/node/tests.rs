@@ -6,6 +6,7 @@ use super::*;
 use crate::arena::HeapMemory;
 use crate::coord::LeaseTable;
 use crate::object;
+use crate::proto::Bytes;
 use crate::proto::{Cond, Effect, Op};
 use crate::ptr::RemotePtr;
 
@@ -302,7 +303,7 @@ fn a_scan_pattern_too_long_is_refused() {
     h.redundant();
     let put = Op::Put {
         key: b"k1".to_vec(),
-        data: b"v".to_vec(),
+        data: b"v".to_vec().into(),
         cond: Cond::Always,
         ttl: crate::proto::Ttl::Clear,
     };
@@ -339,7 +340,7 @@ fn a_bad_replicated_index_edit_is_a_divergence() {
     h.redundant();
     let put = Op::Put {
         key: b"k1".to_vec(),
-        data: b"v".to_vec(),
+        data: b"v".to_vec().into(),
         cond: Cond::Always,
         ttl: crate::proto::Ttl::Clear,
     };
@@ -404,7 +405,7 @@ fn too_large_names_the_largest_value_that_fits() {
     let most = ARENA.len - reserved - object::HEADER_LEN as u64;
     let put = |len: u64| Op::Put {
         key: b"k1".to_vec(),
-        data: vec![7; len as usize],
+        data: Bytes::from(vec![7; len as usize]),
         cond: Cond::Always,
         ttl: crate::proto::Ttl::Clear,
     };
@@ -416,7 +417,7 @@ fn too_large_names_the_largest_value_that_fits() {
         })
     );
     let insert = |len: u64| Op::Insert {
-        data: vec![7; len as usize],
+        data: Bytes::from(vec![7; len as usize]),
     };
     assert_eq!(
         h.request(insert(most + 1)),
@@ -447,7 +448,7 @@ fn a_pointer_to_the_index_region_is_refused() {
         Op::Read { ptr },
         Op::Update {
             ptr,
-            data: b"x".to_vec(),
+            data: b"x".to_vec().into(),
         },
         Op::Delete { ptr },
     ] {
@@ -467,7 +468,7 @@ fn the_server_side_get_is_the_look_up() {
     h.redundant();
     let put = |data: &[u8]| Op::Put {
         key: b"k1".to_vec(),
-        data: data.to_vec(),
+        data: data.to_vec().into(),
         cond: Cond::Always,
         ttl: crate::proto::Ttl::Clear,
     };
@@ -571,7 +572,7 @@ fn read_modify_writes_see_the_writes_before_them() {
     // Refused in order, nothing changed.
     h.request(Op::Put {
         key: b"s".to_vec(),
-        data: b"abc".to_vec(),
+        data: b"abc".to_vec().into(),
         cond: Cond::Always,
         ttl: crate::proto::Ttl::Clear,
     })
@@ -620,7 +621,7 @@ fn read_modify_writes_see_the_writes_before_them() {
     assert_eq!(get(&mut h, b"s"), Some(b"abc\0\0Z".to_vec()));
     // Swap answers the old value; under IfAbsent it stores nothing.
     let swap = |cond| Modify::Swap {
-        data: b"new".to_vec(),
+        data: b"new".to_vec().into(),
         cond,
         ttl: crate::proto::Ttl::Clear,
     };

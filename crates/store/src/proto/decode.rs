@@ -7,10 +7,14 @@ use super::{
 };
 use crate::alloc::AllocSnapshot;
 use crate::ptr::RemotePtr;
+use bytes::Bytes;
 
 struct R<'a> {
     b: &'a [u8],
     at: usize,
+    /// `b` as shared bytes, when the caller has them: values are then
+    /// slices of it rather than copies ([`decode_shared`]).
+    shared: Option<&'a Bytes>,
 }
 
 impl<'a> R<'a> {
@@ -58,6 +62,16 @@ impl<'a> R<'a> {
         let n = self.count(1)?;
         Ok(self.take(n)?.to_vec())
     }
+    /// A value: a slice of the message when it is shared, else a copy.
+    fn value(&mut self) -> Result<Bytes, DecodeError> {
+        let n = self.count(1)?;
+        let at = self.at;
+        let s = self.take(n)?;
+        Ok(match self.shared {
+            Some(b) => b.slice(at..at + n),
+            None => Bytes::copy_from_slice(s),
+        })
+    }
     fn string(&mut self) -> Result<String, DecodeError> {
         String::from_utf8(self.bytes()?).map_err(|_| DecodeError::Utf8)
     }
@@ -66,12 +80,23 @@ impl<'a> R<'a> {
     }
 }
 
-/// Decodes one whole message.
+/// Decodes one whole message (its values copied out of `b`).
 pub fn decode(b: &[u8]) -> Result<Envelope, DecodeError> {
+    decode_in(b, None)
+}
+
+/// [`decode`] of a message the caller owns: the values it carries
+/// ([`Op::Put`]'s data and the like) are slices of `b`, not copies, so a
+/// large value is not copied between the link and the arena.
+pub fn decode_shared(b: Bytes) -> Result<Envelope, DecodeError> {
+    decode_in(&b, Some(&b))
+}
+
+fn decode_in(b: &[u8], shared: Option<&Bytes>) -> Result<Envelope, DecodeError> {
     if b.len() > MAX_MESSAGE {
         return Err(DecodeError::TooLarge(b.len()));
     }
-    let mut r = R { b, at: 0 };
+    let mut r = R { b, at: 0, shared };
     let epoch = r.u64()?;
     let body = dec_body(&mut r)?;
     if r.at != b.len() {
@@ -197,17 +222,17 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
 
 fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
     Ok(match r.u8()? {
-        1 => Op::Insert { data: r.bytes()? },
+        1 => Op::Insert { data: r.value()? },
         2 => Op::Update {
             ptr: r.ptr()?,
-            data: r.bytes()?,
+            data: r.value()?,
         },
         3 => Op::Read { ptr: r.ptr()? },
         4 => Op::Delete { ptr: r.ptr()? },
         5 => Op::Status,
         6 => Op::Put {
             key: r.bytes()?,
-            data: r.bytes()?,
+            data: r.value()?,
             cond: dec_cond(r)?,
             ttl: dec_ttl(r)?,
         },
@@ -229,7 +254,7 @@ fn dec_op(r: &mut R<'_>) -> Result<Op, DecodeError> {
                     data: r.bytes()?,
                 },
                 4 => Modify::Swap {
-                    data: r.bytes()?,
+                    data: r.value()?,
                     cond: dec_cond(r)?,
                     ttl: dec_ttl(r)?,
                 },
@@ -410,7 +435,7 @@ fn dec_effect(r: &mut R<'_>) -> Result<Effect, DecodeError> {
             version: r.u64()?,
             generation: r.u64()?,
             key: r.bytes()?,
-            data: r.bytes()?,
+            data: r.value()?,
             deadline: r.u64()?,
         },
         3 => Effect::Free { offset: r.u64()? },

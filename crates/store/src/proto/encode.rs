@@ -32,10 +32,40 @@ impl W {
 
 /// Encodes a message.
 pub fn encode(env: &Envelope) -> Vec<u8> {
-    let mut w = W(Vec::with_capacity(64));
+    // Room for the values it carries: a large one is copied once, not
+    // again at every doubling.
+    let mut w = W(Vec::with_capacity(64 + carried(&env.body)));
     w.u64(env.epoch);
     enc_body(&mut w, &env.body);
     w.0
+}
+
+/// The value bytes `b` carries (the bulk of a large message).
+fn carried(b: &Body) -> usize {
+    match b {
+        Body::Request { op, .. } => op_carries(op),
+        Body::Replicate { op, .. } => op
+            .effects
+            .iter()
+            .map(|e| match e {
+                Effect::Write { data, .. } => data.len(),
+                _ => 0,
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
+fn op_carries(op: &Op) -> usize {
+    match op {
+        Op::Insert { data } | Op::Update { data, .. } | Op::Put { data, .. } => data.len(),
+        Op::Modify {
+            how: Modify::Swap { data, .. },
+            ..
+        } => data.len(),
+        Op::Batch { ops, .. } => ops.iter().map(op_carries).sum(),
+        _ => 0,
+    }
 }
 
 fn enc_body(w: &mut W, b: &Body) {

@@ -19,20 +19,21 @@ mod encode;
 #[cfg(test)]
 mod tests;
 
-pub use decode::decode;
+pub use bytes::Bytes;
+pub use decode::{decode, decode_shared};
 pub use encode::encode;
 
-/// The longest value a key or a pointer holds: 4 MiB (Redis: 512 MB). A
-/// message carrying one travels by rendezvous (`net/link/rendezvous.rs`).
-/// Larger values wait for a node loop that copies them less: 64 MiB writes
-/// kept it from its heartbeats past a peer's 250 ms timeout, and 16 MiB
-/// ones were slow under load (docs/store.md, "Large values").
-pub const MAX_VALUE: usize = 4 << 20;
+/// The longest value a key or a pointer holds: 64 MiB (Redis: 512 MB). A
+/// message carrying one travels by rendezvous (`net/link/rendezvous.rs`)
+/// and reaches the arena in two copies on the primary (the replicated
+/// write's encoding, the arena) and one on the secondary (docs/store.md,
+/// "Large values").
+pub const MAX_VALUE: usize = 64 << 20;
 
-/// Largest encoded message accepted by [`decode`]: 64 MiB, more than a
+/// Largest encoded message accepted by [`decode`]: 132 MiB, more than a
 /// replicated write of the longest value that answers with the longest
 /// old one (`GETSET`), with their keys and headers.
-pub const MAX_MESSAGE: usize = 64 << 20;
+pub const MAX_MESSAGE: usize = 2 * MAX_VALUE + (4 << 20);
 
 const _: () = assert!(MAX_MESSAGE >= 2 * MAX_VALUE + (1 << 20));
 
@@ -177,14 +178,14 @@ pub enum Op {
     /// Store bytes; answer with a pointer.
     Insert {
         /// The data.
-        data: Vec<u8>,
+        data: Bytes,
     },
     /// Replace an object's bytes (in place when they fit).
     Update {
         /// The object.
         ptr: RemotePtr,
         /// The data.
-        data: Vec<u8>,
+        data: Bytes,
     },
     /// Server-side read (the fallback for one-sided reads).
     Read {
@@ -205,7 +206,7 @@ pub enum Op {
         /// The key (1 to [`crate::object::MAX_KEY_LEN`] bytes).
         key: Vec<u8>,
         /// The value.
-        data: Vec<u8>,
+        data: Bytes,
         /// When to store.
         cond: Cond,
         /// The key's deadline after the put.
@@ -286,22 +287,6 @@ pub const MAX_BATCH_BYTES: usize = 2 * MAX_VALUE + (1 << 20);
 /// old value it may answer with.
 pub const MAX_MODIFY_BYTES: usize = MAX_VALUE;
 
-/// `v` as Redis reads an integer (`string2ll`): an optional `-`, then
-/// digits with no leading zero (but `0` itself), nothing else, within i64.
-pub fn redis_i64(v: &[u8]) -> Option<i64> {
-    let digits = v.strip_prefix(b"-").unwrap_or(v);
-    let ok = match digits {
-        [] => false,
-        [b'0'] => v.len() == 1,
-        [b'0', ..] => false,
-        d => d.iter().all(u8::is_ascii_digit) && d.len() <= 20,
-    };
-    if !ok {
-        return None;
-    }
-    std::str::from_utf8(v).ok()?.parse().ok()
-}
-
 /// The read-modify-writes of [`Op::Modify`] (Redis's string commands).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Modify {
@@ -328,7 +313,7 @@ pub enum Modify {
     /// deadline `ttl` says); answers the old value.
     Swap {
         /// The new value.
-        data: Vec<u8>,
+        data: Bytes,
         /// When to store.
         cond: Cond,
         /// The key's deadline after the put.
@@ -575,7 +560,7 @@ pub enum Effect {
         /// Key (empty for the pointer API).
         key: Vec<u8>,
         /// Data.
-        data: Vec<u8>,
+        data: Bytes,
         /// When the key expires (milliseconds since the Unix epoch, at
         /// most `object::MAX_DEADLINE`); 0: never (always, without a key).
         deadline: u64,

@@ -132,8 +132,11 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn plain_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        bytes().prop_map(|data| Op::Insert { data }),
-        (ptr(), bytes()).prop_map(|(ptr, data)| Op::Update { ptr, data }),
+        bytes().prop_map(|data| Op::Insert { data: data.into() }),
+        (ptr(), bytes()).prop_map(|(ptr, data)| Op::Update {
+            ptr,
+            data: data.into()
+        }),
         ptr().prop_map(|ptr| Op::Read { ptr }),
         ptr().prop_map(|ptr| Op::Delete { ptr }),
         Just(Op::Status),
@@ -149,7 +152,7 @@ fn plain_op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(key, data, cond, ttl)| Op::Put {
                 key,
-                data,
+                data: data.into(),
                 cond,
                 ttl
             }),
@@ -169,7 +172,7 @@ fn plain_op() -> impl Strategy<Value = Op> {
                 (any::<u64>(), bytes())
                     .prop_map(|(offset, data)| Modify::SetRange { offset, data }),
                 (bytes(), any::<bool>(), ttl()).prop_map(|(data, nx, ttl)| Modify::Swap {
-                    data,
+                    data: data.into(),
                     cond: if nx { Cond::IfAbsent } else { Cond::Always },
                     ttl
                 }),
@@ -213,7 +216,7 @@ fn effect() -> impl Strategy<Value = Effect> {
                 version,
                 generation: version / 3,
                 key,
-                data,
+                data: data.into(),
                 deadline: version / 5,
             }
         }),
@@ -353,6 +356,43 @@ proptest! {
         let mut longer = bytes.clone();
         longer.push(0);
         prop_assert_eq!(decode(&longer), Err(DecodeError::Trailing(1)));
+    }
+
+    /// A shared decode gives the same message, every value in it a slice
+    /// of the buffer it came in (no copy), and the encoding has room for
+    /// its values from the start.
+    #[test]
+    fn shared_decode_borrows_values(epoch in any::<u64>(), body in body()) {
+        let env = Envelope { epoch, body };
+        let bytes = Bytes::from(encode(&env));
+        let (lo, hi) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+        let got = decode_shared(bytes.clone()).unwrap();
+        prop_assert_eq!(&got, &env);
+        let inside = |d: &Bytes| d.is_empty() || (d.as_ptr() as usize >= lo && d.as_ptr() as usize + d.len() <= hi);
+        let mut values = Vec::new();
+        let mut ops = Vec::new();
+        match &got.body {
+            Body::Request { op, .. } => ops.push(op),
+            Body::Replicate { op, .. } => {
+                for e in &op.effects {
+                    if let Effect::Write { data, .. } = e {
+                        values.push(data);
+                    }
+                }
+            }
+            _ => {}
+        }
+        while let Some(op) = ops.pop() {
+            match op {
+                Op::Insert { data } | Op::Update { data, .. } | Op::Put { data, .. } => values.push(data),
+                Op::Modify { how: Modify::Swap { data, .. }, .. } => values.push(data),
+                Op::Batch { ops: inner, .. } => ops.extend(inner),
+                _ => {}
+            }
+        }
+        for d in values {
+            prop_assert!(inside(d), "a value copied out of the message");
+        }
     }
 
     #[test]

@@ -86,19 +86,19 @@ impl Sim {
                 let op = match dice {
                     0..40 => Op::Put {
                         key,
-                        data: value,
+                        data: value.into(),
                         cond: Cond::Always,
                         ttl: Ttl::Clear,
                     },
                     40..50 => Op::Put {
                         key,
-                        data: value,
+                        data: value.into(),
                         cond: Cond::IfAbsent,
                         ttl: Ttl::Clear,
                     },
                     50..60 => Op::Put {
                         key,
-                        data: value,
+                        data: value.into(),
                         cond: Cond::IfPresent,
                         ttl: Ttl::Clear,
                     },
@@ -107,7 +107,7 @@ impl Sim {
                     72..80 => Op::Modify {
                         key,
                         how: Modify::Swap {
-                            data: value,
+                            data: value.into(),
                             cond: Cond::Always,
                             ttl: Ttl::Clear,
                         },
@@ -132,13 +132,13 @@ impl Sim {
                             ops: vec![
                                 Op::Put {
                                     key,
-                                    data: value,
+                                    data: value.into(),
                                     cond: Cond::Always,
                                     ttl: Ttl::Clear,
                                 },
                                 Op::Put {
                                     key: key_name(k2),
-                                    data: v2,
+                                    data: v2.into(),
                                     cond: Cond::Always,
                                     ttl: Ttl::Clear,
                                 },
@@ -192,7 +192,7 @@ impl Sim {
         let (op, obj, read_oid) = if let Some((ptr, oid)) = foreign {
             (Op::Read { ptr }, None, Some(oid))
         } else if n == 0 || (dice < 35 && n < max_objects) {
-            (Op::Insert { data: value }, None, None)
+            (Op::Insert { data: value.into() }, None, None)
         } else {
             let i = rng.range(0, n as u64) as usize;
             let (ptr, oid) = (cl.objects[i].ptr, cl.objects[i].oid);
@@ -204,7 +204,14 @@ impl Sim {
                     let u = self.unstable.entry(oid).or_insert(now);
                     *u = (*u).min(now);
                 }
-                (Op::Update { ptr, data: value }, Some(i), None)
+                (
+                    Op::Update {
+                        ptr,
+                        data: value.into(),
+                    },
+                    Some(i),
+                    None,
+                )
             } else if dice < 80 {
                 let u = self.unstable.entry(oid).or_insert(now);
                 *u = (*u).min(now);
@@ -662,13 +669,13 @@ impl Sim {
         match (&inf.op, reply) {
             (Op::Insert { data }, Reply::Inserted(ptr)) => cl.objects.push(Obj {
                 ptr,
-                data: data.clone(),
+                data: data.to_vec(),
                 oid,
             }),
             (Op::Update { data, .. }, Reply::Updated(ptr)) => {
                 let o = &mut cl.objects[inf.obj.unwrap()];
                 o.ptr = ptr;
-                o.data = data.clone();
+                o.data = data.to_vec();
             }
             (Op::Delete { .. }, Reply::Deleted) => {
                 let o = cl.objects.swap_remove(inf.obj.unwrap());

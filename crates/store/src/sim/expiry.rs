@@ -105,7 +105,7 @@ impl Sim {
             data.resize(40, 0xee);
             let op = Op::Put {
                 key: key_name(k),
-                data,
+                data: data.into(),
                 cond: Cond::Always,
                 ttl: Ttl::At(deadline),
             };

@@ -181,6 +181,30 @@ impl MemoryRegion {
         self.read_at(0, &mut v);
         v
     }
+    /// Deregisters the region (as a drop does) and returns its bytes: the
+    /// vector it was registered with ([`ProtectionDomain::register`]),
+    /// without a copy, when the engine holds no other reference to it (no
+    /// transfer through it is still being placed); otherwise a copy, taken
+    /// before the deregistration for memory the region does not own.
+    /// A receiver that pulled a large message into a fresh buffer keeps
+    /// it this way instead of copying it out.
+    ///
+    /// [`ProtectionDomain::register`]: crate::ProtectionDomain::register
+    pub fn into_vec(self) -> Vec<u8> {
+        if !self.inner.holds_vec() {
+            return self.to_vec();
+        }
+        let inner = self.inner.clone();
+        drop(self);
+        match Arc::try_unwrap(inner) {
+            Ok(mr) => mr.take_vec().expect("a vector registration").into_vec(),
+            Err(inner) => {
+                let mut v = vec![0; inner.len as usize];
+                inner.copy_out(0, &mut v);
+                v
+            }
+        }
+    }
     /// The address of the first byte in this process (for single-span
     /// regions; null for a backed one).
     pub fn as_ptr(&self) -> *mut u8 {

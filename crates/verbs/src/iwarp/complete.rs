@@ -40,6 +40,12 @@ pub(super) fn segment_done(q: &QpInner, rx: &mut Rx, c: &Conn) -> Option<RxEnd> 
     let hdr = rx.hdr.take().expect("segment header");
     let last = hdr.last();
     let n = rx.payload_len as u64;
+    // The payload is placed: the segment's hold on its target region ends
+    // here, before any completion below reports it (an owner that takes
+    // its buffer back, `MemoryRegion::into_vec`, finds no other holder).
+    rx.target.clear();
+    rx._target_keep = None;
+    rx.fence.clear();
     match std::mem::replace(&mut rx.action, Action::None) {
         Action::None | Action::Write => None,
         Action::BackedWrite => {

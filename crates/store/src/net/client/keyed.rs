@@ -17,7 +17,7 @@
 
 use super::error::{ClientError, OpKind};
 use super::StoreClient;
-use crate::proto::{self, Cond, Op, Reply, StoreError, Ttl, MAX_VALUE};
+use crate::proto::{self, Bytes, Cond, Op, Reply, StoreError, Ttl, MAX_VALUE};
 use crate::ptr::RemotePtr;
 
 /// A value no larger than a message can carry.
@@ -69,7 +69,7 @@ impl StoreClient {
         check_value(data)?;
         let op = Op::Put {
             key: key.to_vec(),
-            data: data.to_vec(),
+            data: Bytes::copy_from_slice(data),
             cond,
             ttl,
         };

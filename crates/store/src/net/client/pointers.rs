@@ -19,7 +19,7 @@
 use super::error::{ClientError, OpKind};
 use super::keyed::check_value;
 use super::StoreClient;
-use crate::proto::{Op, Reply};
+use crate::proto::{Bytes, Op, Reply};
 use crate::ptr::RemotePtr;
 
 impl StoreClient {
@@ -27,7 +27,7 @@ impl StoreClient {
     pub fn alloc(&mut self, data: &[u8]) -> Result<RemotePtr, ClientError> {
         check_value(data)?;
         match self.session.request(Op::Insert {
-            data: data.to_vec(),
+            data: Bytes::copy_from_slice(data),
         })? {
             Reply::Inserted(p) => Ok(p),
             r => Err(ClientError::unexpected(OpKind::Insert, r)),
@@ -40,7 +40,7 @@ impl StoreClient {
         check_value(data)?;
         match self.session.request(Op::Update {
             ptr,
-            data: data.to_vec(),
+            data: Bytes::copy_from_slice(data),
         })? {
             Reply::Updated(p) => Ok(p),
             r => Err(ClientError::unexpected(OpKind::Update, r)),

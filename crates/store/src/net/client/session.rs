@@ -140,6 +140,7 @@ impl Session {
     /// A one-sided Read on the link to node `i` failed: the link is
     /// dropped (the next use reconnects); the error to report.
     pub(super) fn read_failed(&mut self, i: usize, e: LinkError) -> ClientError {
+        tracing::info!(node = %self.slots[i].addr, error = %e, "a one-sided read failed; reconnecting");
         self.drop_link(i);
         Unreachable::Read {
             addr: self.slots[i].addr,

@@ -8,8 +8,11 @@
 //!   sends a pull message naming its length and CRC32C
 //!   ([`QueuePair::advertise`]; the STag travels in the RDMAP header).
 //! - The receiver's owner thread, in [`Endpoint::poll`], reads the message
-//!   with RDMA Reads straight into its landing buffer (up to
-//!   [`READ_BATCH`] Reads in flight), checks the CRC, and closes the
+//!   with RDMA Reads straight into a vector registered for it (up to
+//!   [`READ_BATCH`] Reads in flight), takes the vector back from the
+//!   registration without a copy ([`MemoryRegion::into_vec`]; the message
+//!   is delivered in it, and its values are decoded as slices of it:
+//!   `proto::decode_shared`), checks the CRC, and closes the
 //!   advertisement with a Send-and-close ([`SendWr::send_close`]), which
 //!   frees the STag in the sender's engine before the sender sees the
 //!   close. Only then does the sender let go of the memory
@@ -144,27 +147,21 @@ impl Endpoint {
         if link.is_dead() {
             return Err(LinkError::Down(link.peer()));
         }
-        // One landing buffer per endpoint, kept at the largest size pulled
-        // (a fresh one would cost a page fault per 4 KiB every time).
-        let mut landing = self.pull_mr.lock().unwrap();
-        if landing.as_ref().is_none_or(|m| m.len() < p.len) {
-            *landing = None;
-            *landing = Some(
-                self.pd
-                    .alloc_mr(p.len.next_multiple_of(PULL_PIECE), Access::LOCAL_WRITE)
-                    .map_err(verr)?,
-            );
-        }
-        let mr = landing.as_ref().expect("landing buffer");
+        // The message lands in the vector it is then delivered in (taken
+        // back from its registration without a copy): one pass over the
+        // bytes, not a landing buffer and a copy out of it.
+        let mr = self
+            .pd
+            .register(vec![0; p.len], Access::LOCAL_WRITE)
+            .map_err(verr)?;
         // The advertised range starts at address 0.
         let piece = p.len.div_ceil(READ_BATCH).max(PULL_PIECE);
         let reads: Vec<(usize, usize, u64)> = (0..p.len)
             .step_by(piece)
             .map(|o| (o, piece.min(p.len - o), o as u64))
             .collect();
-        link.read_batch(mr, &reads, p.stag, pull_timeout(p.len))?;
-        let mut bytes = vec![0u8; p.len];
-        mr.read_at(0, &mut bytes);
+        link.read_batch(&mr, &reads, p.stag, pull_timeout(p.len))?;
+        let bytes = mr.into_vec();
         if crc32c::crc32c(&bytes) != p.crc {
             return Err(LinkError::Verbs(format!(
                 "a pulled message of {} bytes does not match its CRC32C",

@@ -5,7 +5,7 @@ use super::command_table;
 use super::session::{
     impossible_key, integer, store_err, upper, value_too_long, wrong_args, Out, Session,
 };
-use crate::proto::{self, Cond, Op, Ttl};
+use crate::proto::{self, Bytes, Cond, Op, Ttl};
 use crate::resp_codec::Reply;
 
 /// Keys per step of `MGET`/`EXISTS` (their values are encoded and written
@@ -217,7 +217,7 @@ impl Session {
         }
         let op = Op::Put {
             key: key.to_vec(),
-            data: value.to_vec(),
+            data: Bytes::copy_from_slice(value),
             cond,
             ttl,
         };
@@ -470,7 +470,7 @@ fn puts(kv: &[Vec<u8>], cond: Cond) -> Vec<Op> {
     kv.chunks(2)
         .map(|p| Op::Put {
             key: p[0].clone(),
-            data: p[1].clone(),
+            data: Bytes::copy_from_slice(&p[1]),
             cond,
             ttl: Ttl::Clear,
         })

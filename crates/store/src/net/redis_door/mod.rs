@@ -53,7 +53,7 @@
 //! primary's store address, the port its RESP port); while no primary is
 //! known it waits for one (at most 5 s, then `-CLUSTERDOWN`);
 //! reads on any node are served (through the primary's arena). Values
-//! are at most `proto::MAX_VALUE` bytes (4 MiB), keys 1 to 1,024 bytes.
+//! are at most `proto::MAX_VALUE` bytes (64 MiB), keys 1 to 1,024 bytes.
 //!
 //! The door is this module alone: the server starts it ([`spawn`]) and
 //! hands it a [`Front`], the node as the door needs it, which the node

@@ -10,7 +10,7 @@
 use super::session::{integer, upper, Session};
 use crate::lookup;
 use crate::object;
-use crate::proto::{self, Cond, Modify, Op, Ttl};
+use crate::proto::{self, Bytes, Cond, Modify, Op, Ttl};
 use crate::resp_codec::Reply;
 
 impl Session {
@@ -44,7 +44,7 @@ impl Session {
             Err(r) => return r,
         };
         match self.modify(&args[1], Modify::IncrBy(by)) {
-            Ok((Some(v), _)) => match proto::redis_i64(&v) {
+            Ok((Some(v), _)) => match crate::redis_int::redis_i64(&v) {
                 Some(n) => Reply::Int(n),
                 None => Reply::err("ERR the store answered a counter that is not a number"),
             },
@@ -87,7 +87,7 @@ impl Session {
     /// `GETSET k v` (and `SET ... GET` with `cond` and `ttl`): the old
     /// value.
     pub(super) fn getset(&mut self, key: &[u8], data: &[u8], cond: Cond, ttl: Ttl) -> Reply {
-        let data = data.to_vec();
+        let data = Bytes::copy_from_slice(data);
         match self.modify(key, Modify::Swap { data, cond, ttl }) {
             Ok((Some(old), _)) => Reply::Bulk(old),
             Ok((None, _)) => Reply::Nil,

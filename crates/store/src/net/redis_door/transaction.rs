@@ -21,7 +21,7 @@ use super::expiry::{expire_how, getex_how, ttl_reply, PERSIST};
 use super::session::{impossible_key, integer, upper, value_too_long, Session};
 use super::strings::{deadline_of, incr_amount, put_ttl, set_options, TimeUnit};
 use crate::lookup;
-use crate::proto::{self, Cond, Modify, Op, Ttl};
+use crate::proto::{self, Bytes, Cond, Modify, Op, Ttl};
 use crate::resp_codec::Reply;
 
 /// The open transaction of a connection.
@@ -263,7 +263,7 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
         }
         Ok(Op::Put {
             key: key.to_vec(),
-            data: data.to_vec(),
+            data: Bytes::copy_from_slice(data),
             cond,
             ttl,
         })
@@ -335,7 +335,7 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
             let ttl = put_ttl("set", &o.ttl, now)?;
             if o.get {
                 let how = Modify::Swap {
-                    data: args[2].clone(),
+                    data: Bytes::copy_from_slice(&args[2]),
                     cond: o.cond,
                     ttl,
                 };
@@ -432,7 +432,7 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
         }
         "GETSET" => {
             let how = Modify::Swap {
-                data: args[2].clone(),
+                data: Bytes::copy_from_slice(&args[2]),
                 cond: Cond::Always,
                 ttl: Ttl::Clear,
             };
@@ -502,7 +502,7 @@ fn finish(f: Finish, replies: &[proto::Reply]) -> Reply {
         Finish::Range(a, b) => {
             Reply::Bulk(super::commands::range(&value(0).0.unwrap_or_default(), a, b).to_vec())
         }
-        Finish::Int => match value(0).0.as_deref().and_then(proto::redis_i64) {
+        Finish::Int => match value(0).0.as_deref().and_then(crate::redis_int::redis_i64) {
             Some(n) => Reply::Int(n),
             None => Reply::err("ERR the store answered a counter that is not a number"),
         },
