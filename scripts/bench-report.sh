@@ -375,6 +375,27 @@ section_store() {
   store "iWARP/TCP" env SOFTRDMA_SAME_HOST=0 "$S" store bench --json --secs "$STORE_SECS"
   store "same-host" "$S" store bench --json --secs "$STORE_SECS"
   out ""
+  out "Large values (\`softrdma store bench-large\`): the native put against plain TCP relaying the same bytes" \
+      "client -> A -> B with acknowledgements (target 0.8x), the one-sided get against one TCP hop; one client." \
+      "CPU: client / primary / secondary (the pump's: this process, all its ends)." ""
+  out "| path | op | value B | ops/s | p50 / p99 | CPU | baseline, same run: ops/s (p99) | ratio | command |" \
+      "|---|---|---|---|---|---|---|---|---|"
+  large "iWARP/TCP" env SOFTRDMA_SAME_HOST=0 "$S" store bench-large --json --secs "$STORE_SECS"
+  large "same-host" "$S" store bench-large --json --secs "$STORE_SECS"
+  out ""
+}
+large() {
+  local label=$1; shift
+  local f=$WORK/large.$RANDOM j c
+  c=$(shown "$@")
+  if run_json "$f" "$@"; then
+    while read -r j; do
+      [ -n "$(jv baseline "$j")" ] || continue
+      out "| $label | $(jv op "$j") | $(jv size "$j") | $(f '%.1f' "$(jv ops_per_s "$j")") | $(f '%.0f' "$(jv p50_us "$j")") / $(f '%.0f' "$(jv p99_us "$j")") us | $(pct "$(jv cpu_client "$j")") / $(pct "$(jv cpu_primary "$j")") / $(pct "$(jv cpu_secondary "$j")") | $(jv baseline "$j") $(f '%.1f' "$(jv baseline_ops_per_s "$j")") ($(f '%.0f' "$(jv baseline_p99_us "$j")") us, CPU $(pct "$(jv baseline_cpu "$j")")) | $(jv ratio "$j") | \`$c\` |"
+    done <"$f"
+  else
+    out "| $label | failed: \`$c\` | | | | | | | |"
+  fi
 }
 demo() {
   local label=$1; shift

@@ -947,6 +947,21 @@ fn redis_tools_work_against_the_resp_front_door() {
         .starts_with("ERR unknown command 'hset', with args beginning with: 'h' 'f' 'v'"));
     assert_eq!(cli(p, &["set", "t", "v", "ex", "1000"]), "OK");
     assert_eq!(cli(p, &["ttl", "t"]), "1000");
+    // INFO keyspace counts the key with a TTL and its mean remaining TTL
+    // (ms), as Redis's `expires` and `avg_ttl`.
+    let info = cli(p, &["info", "keyspace"]);
+    let db0 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("db0:"))
+        .unwrap_or_else(|| panic!("{info}"));
+    let field = |name: &str| -> u64 {
+        db0.split(',')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {db0}"))
+    };
+    assert_eq!((field("keys"), field("expires")), (3, 1), "{db0}");
+    assert!((990_000..=1_000_000).contains(&field("avg_ttl")), "{db0}");
     assert!(cli(p, &["set", "t", "v", "ex", "0"]).contains("invalid expire time in 'set' command"));
     assert!(cli(p, &["get"]).contains("wrong number of arguments"));
     // The secondary: a write names the primary and the key's cluster

@@ -741,6 +741,11 @@ impl<M: Memory> Image<M> {
         self.deadlines.due(self.wall_ms, max, max_bytes)
     }
 
+    /// How many keys have a deadline, and their mean deadline.
+    pub(super) fn expires(&self) -> (u64, u64) {
+        self.deadlines.count_and_mean()
+    }
+
     /// Keys with a deadline.
     #[cfg(any(test, feature = "testing"))]
     pub(super) fn keys_with_deadlines(&self) -> usize {

@@ -18,6 +18,8 @@ pub(in crate::node) struct Deadlines {
     by_offset: BTreeMap<u64, (u64, Vec<u8>)>,
     /// (deadline, object offset), earliest first.
     by_time: BTreeSet<(u64, u64)>,
+    /// The sum of the deadlines (for their mean, `INFO`'s `avg_ttl`).
+    sum: u128,
 }
 
 impl Deadlines {
@@ -28,6 +30,7 @@ impl Deadlines {
         if deadline != 0 && !key.is_empty() {
             self.by_offset.insert(offset, (deadline, key.to_vec()));
             self.by_time.insert((deadline, offset));
+            self.sum += deadline as u128;
         }
     }
 
@@ -35,6 +38,7 @@ impl Deadlines {
     pub(in crate::node) fn freed(&mut self, offset: u64) {
         if let Some((d, _)) = self.by_offset.remove(&offset) {
             self.by_time.remove(&(d, offset));
+            self.sum -= d as u128;
         }
     }
 
@@ -42,6 +46,13 @@ impl Deadlines {
     pub(in crate::node) fn clear(&mut self) {
         self.by_offset.clear();
         self.by_time.clear();
+        self.sum = 0;
+    }
+
+    /// How many keys have a deadline, and the mean deadline (0: none).
+    pub(in crate::node) fn count_and_mean(&self) -> (u64, u64) {
+        let n = self.by_offset.len() as u64;
+        (n, self.sum.checked_div(n as u128).unwrap_or(0) as u64)
     }
 
     /// Keys with a deadline.

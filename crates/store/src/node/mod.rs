@@ -616,6 +616,7 @@ impl<M: Memory> Node<M> {
             redundant: self.is_redundant(),
             applied_seq: self.image.applied_seq(),
             keys: self.image.index_meta().map_or(0, |m| m.len() as u64),
+            expires: self.image.expires(),
             resp_port: self.cfg.resp_port,
             min_in_sync: self.cfg.min_in_sync,
         }

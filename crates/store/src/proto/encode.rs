@@ -356,6 +356,8 @@ fn enc_reply(w: &mut W, r: &Reply) {
             w.u64(s.keys);
             w.0.extend_from_slice(&s.resp_port.to_le_bytes());
             w.u8(s.min_in_sync);
+            w.u64(s.expires.0);
+            w.u64(s.expires.1);
         }
         Reply::Stored {
             ptr,

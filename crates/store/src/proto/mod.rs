@@ -532,6 +532,9 @@ pub struct StatusInfo {
     pub applied_seq: u64,
     /// Keys in the index.
     pub keys: u64,
+    /// Keys with a deadline, and the mean of their deadlines (ms since
+    /// the Unix epoch; 0 without any): `INFO keyspace`'s `expires`, `avg_ttl`.
+    pub expires: (u64, u64),
     /// The node's RESP front door port (0: none), on the node's host.
     pub resp_port: u16,
     /// The group's `min_in_sync_replicas` as this node is configured

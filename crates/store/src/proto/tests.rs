@@ -59,6 +59,7 @@ fn plain_reply() -> impl Strategy<Value = Reply> {
                     keys: x / 13,
                     resp_port: node as u16,
                     min_in_sync: role & 1,
+                    expires: (x / 17, x / 3),
                 })
             ),
         (ptr(), any::<u64>(), any::<bool>()).prop_map(|(ptr, generation, created)| {

@@ -34,6 +34,7 @@
 //! of milliseconds), as Redis's single thread is occupied reading one.
 
 use super::*;
+use softrdma_verbs::RegOptions;
 
 /// Largest message sent through the link's Sends (in fragments above
 /// [`MAX_FRAME`]); a larger one is lent and pulled.
@@ -152,7 +153,7 @@ impl Endpoint {
         // bytes, not a landing buffer and a copy out of it.
         let mr = self
             .pd
-            .register(vec![0; p.len], Access::LOCAL_WRITE)
+            .register_with(vec![0; p.len], Access::LOCAL_WRITE, transient())
             .map_err(verr)?;
         // The advertised range starts at address 0.
         let piece = p.len.div_ceil(READ_BATCH).max(PULL_PIECE);
@@ -170,6 +171,18 @@ impl Endpoint {
         }
         link.close_lent(p.stag, pull_timeout(0))?;
         Ok(bytes)
+    }
+}
+
+/// How a message's memory is registered, lent or pulled into: without
+/// pinning its pages, as a NIC with on-demand paging (`IBV_ACCESS_ON_DEMAND`)
+/// registers it. A pin per message is an `mlock` and an `munlock` of every
+/// page, which halved the rate of 1 MiB puts (docs/store.md, "Large
+/// values"); the engine reads and writes user memory without it.
+fn transient() -> RegOptions {
+    RegOptions {
+        unpinned: true,
+        ..RegOptions::default()
     }
 }
 
@@ -191,7 +204,10 @@ impl Link {
         head[0] = FLAG_PULL;
         head[1..9].copy_from_slice(&(len as u64).to_le_bytes());
         head[9..].copy_from_slice(&crc32c::crc32c(&msg).to_le_bytes());
-        let mr = ep.pd.register(msg, Access::LOCAL_READ).map_err(verr)?;
+        let mr = ep
+            .pd
+            .register_with(msg, Access::LOCAL_READ, transient())
+            .map_err(verr)?;
         let wr_id = (self.id as u64) << 32 | ADVERT_SLOT;
         loop {
             // Held across the call: a close (on the owner's thread) that

@@ -438,10 +438,17 @@ impl Session {
                 "keyspace" => {
                     t.push_str("# Keyspace\r\n");
                     if s.keys > 0 {
+                        // Redis's avg_ttl is an estimate from sampled keys;
+                        // this is the exact mean over every key with a TTL.
+                        let (expires, mean) = s.expires;
+                        let avg_ttl = match expires {
+                            0 => 0,
+                            _ => mean.saturating_sub(crate::lookup::wall_ms()),
+                        };
                         put(
                             &mut t,
                             "db0",
-                            format!("keys={},expires=0,avg_ttl=0", s.keys),
+                            format!("keys={},expires={expires},avg_ttl={avg_ttl}", s.keys),
                         );
                     }
                 }

@@ -87,6 +87,7 @@ fn stub_reply(op: Op) -> Result<proto::Reply, StoreError> {
             keys: 0,
             resp_port: 6379,
             min_in_sync: 1,
+            expires: (0, 0),
         }),
         Op::Put { .. } => proto::Reply::Stored {
             ptr,
