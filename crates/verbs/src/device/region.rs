@@ -194,14 +194,25 @@ impl MemoryRegion {
         if !self.inner.holds_vec() {
             return self.to_vec();
         }
-        let inner = self.inner.clone();
+        let mut inner = self.inner.clone();
         drop(self);
-        match Arc::try_unwrap(inner) {
-            Ok(mr) => mr.take_vec().expect("a vector registration").into_vec(),
-            Err(inner) => {
-                let mut v = vec![0; inner.len as usize];
-                inner.copy_out(0, &mut v);
-                v
+        // The engine's own holds on a region whose transfers completed
+        // (a retired work request's, a receiver's between segments) end
+        // within moments of the completion; wait that long for them on a
+        // busy machine before copying instead.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
+        loop {
+            match Arc::try_unwrap(inner) {
+                Ok(mr) => return mr.take_vec().expect("a vector registration").into_vec(),
+                Err(held) if std::time::Instant::now() < deadline => {
+                    inner = held;
+                    std::thread::yield_now();
+                }
+                Err(held) => {
+                    let mut v = vec![0; held.len as usize];
+                    held.copy_out(0, &mut v);
+                    return v;
+                }
             }
         }
     }
