@@ -918,6 +918,18 @@ fn print_row(r: &Row) {
     );
 }
 
+/// The bench's work directory: `workdir` if given, else a new one named
+/// `prefix-PID` in the temporary directory (removed by the caller on
+/// success).
+pub(crate) fn work_dir(workdir: Option<&Path>, prefix: &str) -> Result<PathBuf> {
+    let dir = match workdir {
+        Some(d) => d.to_path_buf(),
+        None => std::env::temp_dir().join(format!("{prefix}-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 pub fn run(a: Args) -> Result<()> {
     let missing: Vec<_> = REDIS_BINS
         .iter()
@@ -950,18 +962,7 @@ pub fn run(a: Args) -> Result<()> {
             softrdma_store::net::link::MAX_VALUE
         );
     }
-    let tmp;
-    let dir = match &a.workdir {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            d.clone()
-        }
-        None => {
-            tmp = std::env::temp_dir().join(format!("softrdma-bench-{}", std::process::id()));
-            std::fs::create_dir_all(&tmp)?;
-            tmp.clone()
-        }
-    };
+    let dir = work_dir(a.workdir.as_deref(), "softrdma-bench")?;
     let t0 = Instant::now();
     let say = |m: String| eprintln!("[{:6.1} s] {m}", t0.elapsed().as_secs_f64());
     let group = start_group(&dir, &a.arena, !a.no_auth)?;

@@ -36,7 +36,7 @@ use clap::Args as ClapArgs;
 use hdrhistogram::Histogram;
 use softrdma_store::net::client::StoreClient;
 
-use crate::store_bench::{start_group, CpuSample};
+use crate::store_bench::{start_group, work_dir, CpuSample};
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -306,18 +306,7 @@ pub fn run(a: Args) -> Result<()> {
     if !(a.secs > 0.0 && a.secs.is_finite()) {
         bail!("--secs must be positive");
     }
-    let tmp;
-    let dir = match &a.workdir {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            d.clone()
-        }
-        None => {
-            tmp = std::env::temp_dir().join(format!("softrdma-bench-large-{}", std::process::id()));
-            std::fs::create_dir_all(&tmp)?;
-            tmp.clone()
-        }
-    };
+    let dir = work_dir(a.workdir.as_deref(), "softrdma-bench-large")?;
     let t0 = Instant::now();
     let say = |m: String| eprintln!("[{:6.1} s] {m}", t0.elapsed().as_secs_f64());
     // Room for the keys' values and a new copy of each (a put that does
