@@ -74,7 +74,7 @@ pub(crate) enum Ev {
 }
 
 /// Where the answer to a front-door request goes.
-type FrontReply = Sender<Result<proto::Reply, proto::StoreError>>;
+type FrontReply = super::redis_door::Answer;
 
 /// The node loop's channel: a send also wakes the loop if it sleeps.
 #[derive(Clone)]
@@ -88,6 +88,12 @@ impl EvTx {
     pub(crate) fn channel(waker: Waker) -> (EvTx, Receiver<Ev>) {
         let (tx, rx) = mpsc::channel();
         (EvTx { tx, waker }, rx)
+    }
+
+    /// [`Self::send`] without waking the loop (the sender wakes it once
+    /// after several).
+    fn send_quiet(&self, ev: Ev) -> bool {
+        self.tx.send(ev).is_ok()
     }
 
     /// False once the node loop is gone.
@@ -123,24 +129,40 @@ impl Front for NodeFront {
         self.auth.clone()
     }
 
-    fn request(
+    fn submit(
         &self,
         client: u64,
         req_id: u64,
         op: proto::Op,
         timeout: Duration,
-    ) -> Option<Result<proto::Reply, proto::StoreError>> {
-        let (reply, rx) = mpsc::channel();
-        if !self.tx.send(Ev::Front {
+        done: super::redis_door::Answer,
+    ) -> bool {
+        self.tx.send(Ev::Front {
             client,
             req_id,
             op,
-            reply,
+            reply: done,
             until: Instant::now() + timeout,
-        }) {
-            return None;
-        }
-        rx.recv_timeout(timeout).ok()
+        })
+    }
+
+    fn submit_all(
+        &self,
+        reqs: Vec<(u64, u64, proto::Op, super::redis_door::Answer)>,
+        timeout: Duration,
+    ) -> bool {
+        let until = Instant::now() + timeout;
+        let sent = reqs.into_iter().all(|(client, req_id, op, reply)| {
+            self.tx.send_quiet(Ev::Front {
+                client,
+                req_id,
+                op,
+                reply,
+                until,
+            })
+        });
+        self.tx.waker.wake();
+        sent
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> bool {
@@ -527,7 +549,7 @@ impl NodeLoop {
                 if let proto::Body::Response { result, .. } = env.body {
                     // A requester that timed out is gone; its retry learns
                     // the outcome.
-                    let _ = f.send(result);
+                    f(result);
                 }
                 return;
             }

@@ -474,7 +474,21 @@ pub(super) const TABLE: &[Cmd] = &[
 
 /// `name`'s entry (any case).
 pub(super) fn find(name: &str) -> Option<&'static Cmd> {
-    TABLE.iter().find(|c| c.name.eq_ignore_ascii_case(name))
+    // By name, upper case (every command runs this, twice: a hash, not a
+    // walk through the table).
+    static INDEX: std::sync::LazyLock<std::collections::HashMap<String, usize>> =
+        std::sync::LazyLock::new(|| {
+            TABLE
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.name.to_ascii_uppercase(), i))
+                .collect()
+        });
+    let i = match name.bytes().any(|b| b.is_ascii_lowercase()) {
+        false => INDEX.get(name),
+        true => INDEX.get(&name.to_ascii_uppercase()),
+    };
+    i.map(|&i| &TABLE[i])
 }
 
 /// Whether `n` arguments (with the name) suit `cmd`.

@@ -21,31 +21,49 @@ impl Session {
     /// connection.
     pub(super) fn exec(&mut self, args: &[Vec<u8>], out: &mut Out) -> bool {
         let cmd = upper(&args[0]);
+        if let Some(close) = self.gate(&cmd, args, out) {
+            return close;
+        }
+        self.dispatch(&cmd, args, out)
+    }
+
+    /// What comes before any command runs: its arity, the connection's
+    /// right to run it, a transaction's queue. `Some(close)` when that
+    /// answered the command (its reply written to `out`).
+    pub(super) fn gate(&mut self, cmd: &str, args: &[Vec<u8>], out: &mut Out) -> Option<bool> {
         let n = args.len();
         self.info.touch();
         // Redis checks the arity first, for every command it knows.
-        if command_table::find(&cmd).is_some_and(|c| !command_table::arity_ok(c, n)) {
+        if command_table::find(cmd).is_some_and(|c| !command_table::arity_ok(c, n)) {
             self.multi_refused();
-            out.reply(&wrong_args(&cmd));
-            return false;
+            out.reply(&wrong_args(cmd));
+            return Some(false);
         }
-        if let Err((reply, close)) = self.admit(&cmd) {
+        if let Err((reply, close)) = self.admit(cmd) {
             self.multi_refused();
             out.reply(&reply);
-            return close;
+            return Some(close);
         }
         // Inside a transaction every other command is queued.
-        if self.in_multi() && !matches!(cmd.as_str(), "EXEC" | "DISCARD" | "MULTI" | "QUIT") {
-            let reply = match command_table::find(&cmd) {
-                Some(_) => self.queue(&cmd, args),
+        if self.in_multi() && !matches!(cmd, "EXEC" | "DISCARD" | "MULTI" | "QUIT") {
+            let reply = match command_table::find(cmd) {
+                Some(_) => self.queue(cmd, args),
                 None => {
                     self.multi_refused();
                     unknown(args)
                 }
             };
             out.reply(&reply);
-            return false;
+            return Some(false);
         }
+        None
+    }
+
+    /// Runs command `cmd` (admitted by [`Self::gate`]); whether to close
+    /// the connection.
+    fn dispatch(&mut self, cmd: &str, args: &[Vec<u8>], out: &mut Out) -> bool {
+        let cmd = cmd.to_string();
+        let n = args.len();
         let reply = match cmd.as_str() {
             "AUTH" => self.auth(args),
             "PING" => match n {

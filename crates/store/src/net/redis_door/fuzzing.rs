@@ -38,14 +38,16 @@ impl Front for StubFront {
         None
     }
 
-    fn request(
+    fn submit(
         &self,
         _client: u64,
         _req_id: u64,
         op: Op,
         _timeout: Duration,
-    ) -> Option<Result<proto::Reply, StoreError>> {
-        Some(stub_reply(op))
+        done: super::Answer,
+    ) -> bool {
+        done(stub_reply(op));
+        true
     }
 
     fn read(&self, _offset: u64, _out: &mut [u8]) -> bool {
@@ -138,7 +140,7 @@ pub fn run(input: &[u8], step: usize) -> Vec<u8> {
     let user = Some((crate::auth::DEFAULT_USER.to_string(), Rights::ReadWrite));
     let mut session = Session::new(&shared, info, user, gate.credentials(), gate.changes());
     let sink = Sink::default();
-    let mut out = Out::new(Box::new(sink.clone()));
+    let mut out = Out::new(Some(Box::new(sink.clone())));
     let mut decoder = Decoder::default();
     let mut buf = Vec::new();
     for piece in input.chunks(step.max(1)) {
@@ -147,7 +149,7 @@ pub fn run(input: &[u8], step: usize) -> Vec<u8> {
         if contains_wait(&buf) {
             break;
         }
-        let (used, close) = session.serve_bytes(&mut decoder, &buf, &mut out);
+        let (used, close) = serve_like_the_loop(&mut session, &mut decoder, &buf, &mut out);
         buf.drain(..used);
         out.flush();
         if close {
@@ -156,6 +158,58 @@ pub fn run(input: &[u8], step: usize) -> Vec<u8> {
     }
     let written = sink.0.lock().expect("sink").clone();
     written
+}
+
+/// The event loop's way through `buf`'s commands (`event_loop.rs`):
+/// [`Session::fast`] first, its write answered when the node answers,
+/// what it leaves to a worker run by [`Session::exec`], as the worker
+/// does.
+fn serve_like_the_loop(
+    session: &mut Session,
+    decoder: &mut Decoder,
+    buf: &[u8],
+    out: &mut Out,
+) -> (usize, bool) {
+    use super::fast::Fast;
+    let mut used = 0;
+    loop {
+        let args = match decoder.decode(&buf[used..]) {
+            Ok(Some((args, n))) => {
+                used += n;
+                args
+            }
+            Ok(None) => return (used, false),
+            Err(e) => {
+                let e = crate::resp_codec::Reply::err(format!("ERR Protocol error: {e}"));
+                out.reply(&e);
+                return (used, true);
+            }
+        };
+        if args.is_empty() {
+            continue;
+        }
+        let close = match session.fast(&args, out) {
+            Fast::Done(close) => close,
+            Fast::Write(p) => {
+                let mut first = session.shared.front.request(
+                    session.id,
+                    p.req_id,
+                    p.op.clone(),
+                    Duration::from_secs(1),
+                );
+                let reply = match session.answer(p, &mut first) {
+                    Ok(r) => r,
+                    Err(p) => session.answer_slow(p, first),
+                };
+                out.reply(&reply);
+                false
+            }
+            Fast::Slow => session.exec(&args, out),
+        };
+        if close || out.broken {
+            return (used, true);
+        }
+    }
 }
 
 fn contains_wait(b: &[u8]) -> bool {

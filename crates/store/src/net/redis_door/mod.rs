@@ -3,7 +3,13 @@
 //! `redis-cli`, `redis-benchmark` and Redis client libraries work
 //! unchanged.
 //!
-//! Each connection is served by a thread (at most [`MAX_CLIENTS`]). A
+//! The connections are served by one event loop, as Redis serves them
+//! (`event_loop.rs`, at most [`MAX_CLIENTS`]): it runs what need not wait
+//! (a `GET` from this node's arena, a `SET` or counter step handed to the
+//! node loop and answered when it comes back, the connection's own
+//! commands: `fast.rs`) and hands a connection whose next command could
+//! wait to a worker thread, which runs it as a thread per connection
+//! would and hands the connection back. A
 //! RESP command is a store request like any other, so it keeps every
 //! guarantee of the native protocol: a write enters this node's loop
 //! through its event queue ([`Front::request`]), the path a client's
@@ -59,16 +65,15 @@
 //! hands it a [`Front`], the node as the door needs it, which the node
 //! loop's side implements. Inside: `shared.rs` (what all connections
 //! share: the pool of store clients, the node's last known role),
-//! `session.rs` (a connection: its bytes, its authentication, the paths
+//! `event_loop.rs` (the sockets, the workers), `fast.rs` (what the loop
+//! runs itself), `session.rs` (a connection: its bytes, its authentication, the paths
 //! of a write and of a local read), `commands.rs` (the dispatcher and the
 //! keyed commands), `connection.rs` (the connection's and the server's
 //! commands), `strings.rs` (the read-modify-write commands),
 //! `transaction.rs` (`MULTI`/`EXEC`/`WATCH`), `cluster.rs`
 //! (the cluster protocol) and `command_table.rs`.
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,7 +85,9 @@ mod cluster;
 mod command_table;
 mod commands;
 mod connection;
+mod event_loop;
 mod expiry;
+mod fast;
 #[doc(hidden)]
 pub mod fuzzing;
 mod session;
@@ -89,6 +96,9 @@ mod strings;
 mod transaction;
 
 use shared::Shared;
+
+/// Where the node loop hands the answer to a front-door request.
+pub type Answer = Box<dyn FnOnce(Result<proto::Reply, proto::StoreError>) + Send>;
 
 /// The node as the RESP front door sees it: requests go to the node's
 /// loop (the same path as a client's message, with the same
@@ -102,17 +112,46 @@ pub trait Front: Send + Sync {
     /// The credential the front door's own store clients use.
     fn client_auth(&self) -> Option<ClientAuth>;
 
-    /// Sends request `req_id` of client `client` to the node loop; waits
-    /// for its answer at most `timeout`. `None`: no answer in time (or the
-    /// node loop is gone): the outcome is unknown, and a retry with the
-    /// same ids through any node learns it.
+    /// Sends request `req_id` of client `client` to the node loop, which
+    /// calls `done` with its answer (from the node loop's thread: `done`
+    /// only hands the answer on). `done` is dropped uncalled if no answer
+    /// comes within `timeout`; false if the node loop is gone. Either way
+    /// the outcome is then unknown, and a retry with the same ids through
+    /// any node learns it.
+    fn submit(
+        &self,
+        client: u64,
+        req_id: u64,
+        op: proto::Op,
+        timeout: Duration,
+        done: Answer,
+    ) -> bool;
+
+    /// Several [`Self::submit`]s (`(client, req_id, op, done)`), the node
+    /// loop woken once for all of them.
+    fn submit_all(&self, reqs: Vec<(u64, u64, proto::Op, Answer)>, timeout: Duration) -> bool {
+        reqs.into_iter()
+            .all(|(client, req_id, op, done)| self.submit(client, req_id, op, timeout, done))
+    }
+
+    /// [`Self::submit`], waiting for the answer at most `timeout`. `None`:
+    /// no answer in time (or the node loop is gone).
     fn request(
         &self,
         client: u64,
         req_id: u64,
         op: proto::Op,
         timeout: Duration,
-    ) -> Option<Result<proto::Reply, proto::StoreError>>;
+    ) -> Option<Result<proto::Reply, proto::StoreError>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done: Answer = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        if !self.submit(client, req_id, op, timeout, done) {
+            return None;
+        }
+        rx.recv_timeout(timeout).ok()
+    }
 
     /// Copies arena bytes at `offset` into `out` if this node serves
     /// one-sided reads now and still did when the copy ended; `false`
@@ -128,13 +167,15 @@ pub trait Front: Send + Sync {
     fn read_valid(&self, since: u64) -> bool;
 }
 
-/// Connections served at once (Redis's `maxclients` is 10,000; each
-/// connection here is a thread). One more is answered with Redis's error
-/// and closed.
+/// Connections served at once (Redis's `maxclients` is 10,000; a
+/// connection costs the loop its buffers, and a worker thread only while
+/// a command of it waits). One more is answered with Redis's error and
+/// closed.
 pub const MAX_CLIENTS: usize = 1000;
 
 /// Serves RESP on `listener` for the node at `nodes[0]` (its peers
-/// after it), one thread per connection, until the process ends.
+/// after it), from an event loop ([`event_loop`]), until the process
+/// ends.
 pub fn spawn(
     listener: TcpListener,
     nodes: Vec<SocketAddr>,
@@ -143,38 +184,5 @@ pub fn spawn(
     protected_mode: bool,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared::new(nodes, front, gate, protected_mode));
-    std::thread::Builder::new()
-        .name("store-resp".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let mut conn = match conn {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of descriptors, most likely: let connections
-                        // end rather than spin on the error.
-                        tracing::warn!("RESP accept: {e}");
-                        std::thread::sleep(Duration::from_millis(10));
-                        continue;
-                    }
-                };
-                if shared.conns.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
-                    shared.conns.fetch_sub(1, Ordering::AcqRel);
-                    let _ = conn.write_all(b"-ERR max number of clients reached\r\n");
-                    continue;
-                }
-                let no = shared.accepted.fetch_add(1, Ordering::Relaxed) + 1;
-                let shared = shared.clone();
-                let s2 = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("store-resp-conn".into())
-                    .spawn(move || {
-                        session::serve_conn(conn, &shared, no);
-                        shared.conns.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if spawned.is_err() {
-                    s2.conns.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        })?;
-    Ok(())
+    event_loop::start(listener, shared)
 }

@@ -4,8 +4,8 @@
 //! node's own arena).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,18 +19,18 @@ use crate::resp_codec::{self, Decoder, Proto, Reply};
 
 /// How long a node's role, as the front door last asked, is trusted
 /// before a write asks again.
-const ROLE_TTL: Duration = Duration::from_millis(100);
+pub(super) const ROLE_TTL: Duration = Duration::from_millis(100);
 
 /// How long a request waits for the node loop before the front door asks
 /// again through a client (same request id: it takes effect once).
-const FRONT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const FRONT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Replies are written out once this many bytes wait (a pipeline of many
 /// requests, or a long `MGET`, never holds more than about this much).
-const FLUSH_AT: usize = 256 << 10;
+pub(super) const FLUSH_AT: usize = 256 << 10;
 
 /// A client that does not read its replies for this long is disconnected.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Key -> pointer entries one connection keeps.
 const SESSION_CACHE: usize = 16 << 10;
@@ -47,8 +47,10 @@ const FAILOVER_WAIT: Duration = Duration::from_secs(5);
 
 /// A connection's replies, written out as they pile up.
 pub(super) struct Out {
-    /// Where the replies go (the connection; a sink under fuzzing).
-    pub(super) conn: Box<dyn Write + Send>,
+    /// Where the replies go (the connection while a worker serves it; a
+    /// sink under fuzzing). `None` on the event loop, which writes
+    /// `buf` out itself as the socket takes it.
+    pub(super) conn: Option<Box<dyn Write + Send>>,
     pub(super) buf: Vec<u8>,
     /// The protocol the replies are written in (`HELLO`).
     pub(super) proto: Proto,
@@ -74,77 +76,18 @@ impl Out {
     }
 
     pub(super) fn flush(&mut self) {
-        if !self.broken && !self.buf.is_empty() && self.conn.write_all(&self.buf).is_err() {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        if !self.broken && !self.buf.is_empty() && conn.write_all(&self.buf).is_err() {
             self.broken = true;
         }
         self.buf.clear();
     }
 }
 
-/// Redis's answer to a client from another host when no password is set.
-const DENIED: &str = "DENIED softrdma-store is running in protected mode because no \
-    credentials are configured: only loopback clients are served. Configure [auth] secret \
-    (or users) in the node's configuration (docs/store.md), or set protected_mode = false \
-    to serve everyone.";
-
-pub(super) fn serve_conn(conn: TcpStream, shared: &Arc<Shared>, no: u64) {
-    let _ = conn.set_nodelay(true);
-    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-    let Ok(mut input) = conn.try_clone() else {
-        return;
-    };
-    // (Read in this order, a change in between is seen at the first
-    // request.)
-    let seen_changes = shared.gate.changes();
-    let creds = shared.gate.credentials();
-    let loopback = conn.peer_addr().is_ok_and(|a| a.ip().is_loopback());
-    if !creds.configured() && shared.protected_mode && !loopback {
-        let mut conn = conn;
-        let _ = conn.write_all(format!("-{DENIED}\r\n").as_bytes());
-        return;
-    }
-    // Without credentials everyone is the default user, as in Redis.
-    let user =
-        (!creds.configured()).then(|| (crate::auth::DEFAULT_USER.to_string(), Rights::ReadWrite));
-    let info = Arc::new(ConnInfo::new(
-        no,
-        conn.peer_addr().ok(),
-        conn.local_addr().ok(),
-    ));
-    shared
-        .clients
-        .lock()
-        .expect("clients")
-        .insert(no, info.clone());
-    // Whatever ends the connection, it leaves `CLIENT LIST`.
-    struct Listed<'a>(&'a Shared, u64);
-    impl Drop for Listed<'_> {
-        fn drop(&mut self) {
-            self.0.clients.lock().expect("clients").remove(&self.1);
-        }
-    }
-    let _listed = Listed(shared, no);
-    let mut session = Session::new(shared, info, user, creds, seen_changes);
-    let mut out = Out::new(Box::new(conn));
-    let mut decoder = Decoder::default();
-    let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
-    let mut chunk = vec![0u8; 64 << 10];
-    loop {
-        let (used, close) = session.serve_bytes(&mut decoder, &buf, &mut out);
-        buf.drain(..used);
-        out.flush();
-        if close || out.broken {
-            return;
-        }
-        match input.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
 impl Out {
-    pub(super) fn new(conn: Box<dyn Write + Send>) -> Out {
+    pub(super) fn new(conn: Option<Box<dyn Write + Send>>) -> Out {
         Out {
             conn,
             buf: Vec::with_capacity(16 << 10),
@@ -338,6 +281,29 @@ impl Session {
             .shared
             .front
             .request(self.id, req_id, op.clone(), FRONT_TIMEOUT);
+        self.write_answer(req_id, op, first)
+    }
+
+    /// Whether `first`, the node loop's answer to a write (`None`: none
+    /// in time), is the write's outcome; otherwise the write is asked
+    /// again through a client ([`Self::write_answer`], which blocks).
+    pub(super) fn is_final(first: &Option<Result<proto::Reply, StoreError>>) -> bool {
+        !matches!(
+            first,
+            None | Some(Err(StoreError::NotPrimary { .. }))
+                | Some(Err(StoreError::StaleEpoch { .. }))
+        )
+    }
+
+    /// The outcome of write `req_id` (`op`) given the node loop's answer
+    /// `first`: that answer, or the write asked again through this
+    /// connection's client under the same request id.
+    pub(super) fn write_answer(
+        &mut self,
+        req_id: u64,
+        op: Op,
+        first: Option<Result<proto::Reply, StoreError>>,
+    ) -> Result<proto::Reply, Reply> {
         match first {
             Some(Ok(r)) => Ok(r),
             Some(Err(StoreError::NotPrimary { .. }))
@@ -437,10 +403,16 @@ impl Session {
                 deadline,
                 ..
             } => {
-                if self.cache.len() >= SESSION_CACHE && !self.cache.contains_key(key) {
-                    self.cache.clear();
+                // (The key is copied only when it is new to the cache.)
+                match self.cache.get_mut(key) {
+                    Some(at) => *at = (offset, len),
+                    None => {
+                        if self.cache.len() >= SESSION_CACHE {
+                            self.cache.clear();
+                        }
+                        self.cache.insert(key.to_vec(), (offset, len));
+                    }
                 }
-                self.cache.insert(key.to_vec(), (offset, len));
                 // Expired, allowing for this clock's lag behind the
                 // primary's: absent.
                 Some(lookup::live(deadline, lookup::wall_ms()).then_some((data, deadline)))

@@ -116,8 +116,8 @@ impl Shared {
     }
 }
 
-/// What `CLIENT LIST` shows of a connection; updated by its thread, read
-/// by any.
+/// What `CLIENT LIST` shows of a connection; updated by whoever serves
+/// it (the loop or a worker), read by any.
 pub(super) struct ConnInfo {
     /// `CLIENT ID`.
     pub(super) no: u64,

@@ -1,0 +1,183 @@
+//! Issue 32: the RESP door's I/O is one event loop, as Redis's is, with
+//! workers for the commands that wait. What that must keep: replies in
+//! the order of the requests whatever path each takes, a command that
+//! waits holding up no other connection, and a connection costing no
+//! thread of its own.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+mod common;
+use common::resp::{parse, show, Conn};
+use common::store::{wait_for, Group};
+
+fn encode(args: &[String]) -> Vec<u8> {
+    let mut b = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    b
+}
+
+/// Sends every command of `cmds` in one write and reads the replies.
+fn pipeline(port: u16, cmds: &[Vec<String>]) -> Vec<Vec<u8>> {
+    let mut c = Conn::new(port);
+    let auth = c.cmd(&format!("AUTH {}", common::STORE_SECRET));
+    assert_eq!(auth, b"+OK\r\n");
+    let mut all = Vec::new();
+    for cmd in cmds {
+        all.extend(encode(cmd));
+    }
+    c.s.write_all(&all).unwrap();
+    cmds.iter().map(|_| c.read_reply()).collect()
+}
+
+/// A Redis of the test's own.
+struct Redis(std::process::Child, u16);
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn redis() -> Redis {
+    common::require_tool("redis-server");
+    let port = common::free_ports(1)[0];
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--requirepass", common::STORE_SECRET])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server (Debian redis-server)");
+    wait_for("redis-server up", Duration::from_secs(20), || {
+        TcpStream::connect(("127.0.0.1", port))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    Redis(child, port)
+}
+
+/// A pipeline that mixes what the loop runs (GET, SET, INCR, PING) with
+/// what workers run (transactions, MSET/MGET, APPEND, EXPIRE/TTL, DEL,
+/// WAIT) is answered in order, byte for byte as Redis answers it.
+#[test]
+fn a_pipeline_mixing_loop_and_worker_commands_answers_in_order_as_redis_does() {
+    let mut g = Group::with_resp("doorpipe", "64MiB");
+    let r = redis();
+    let mut cmds: Vec<Vec<String>> = Vec::new();
+    let c = |s: &str| -> Vec<String> { s.split(' ').map(String::from).collect() };
+    for i in 0..300 {
+        let k = format!("p:{}", i % 7);
+        let n = format!("n:{}", i % 5);
+        match i % 12 {
+            0 => cmds.push(c(&format!("SET {k} v{i}"))),
+            1 => cmds.push(c(&format!("GET {k}"))),
+            2 => cmds.push(c(&format!("INCR {n}"))),
+            3 => cmds.push(c(&format!("APPEND {k} x{i}"))),
+            4 => {
+                cmds.push(c("MULTI"));
+                cmds.push(c(&format!("INCRBY {n} {i}")));
+                cmds.push(c(&format!("GET {k}")));
+                cmds.push(c("EXEC"));
+            }
+            5 => cmds.push(c(&format!("MSET {k} m{i} p:x {i}"))),
+            6 => cmds.push(c(&format!("MGET {k} p:x p:none {n}"))),
+            7 => cmds.push(c(&format!("EXPIRE {k} 1000"))),
+            8 => cmds.push(c(&format!("TTL {k}"))),
+            9 => cmds.push(c("PING")),
+            10 => cmds.push(c(&format!("DEL {k} p:none"))),
+            _ => cmds.push(c(&format!("SET {k} s{i} XX GET"))),
+        }
+    }
+    let from_redis = pipeline(r.1, &cmds);
+    let primary = g.primary() as usize - 1;
+    let from_store = pipeline(g.resp[primary], &cmds);
+    for (i, (a, b)) in from_redis.iter().zip(&from_store).enumerate() {
+        assert_eq!(
+            show(a),
+            show(b),
+            "reply {i} to {:?} differs (redis, store)",
+            cmds[i]
+        );
+    }
+}
+
+/// A `WAIT` that waits (for a second replica the group does not have)
+/// holds up neither the loop nor any other connection: another client's
+/// reads and writes are answered while it waits.
+#[test]
+fn a_waiting_command_holds_up_no_other_connection() {
+    let mut g = Group::with_resp("doorwait", "64MiB");
+    let primary = g.primary() as usize - 1;
+    let port = g.resp[primary];
+    let mut waiting = Conn::new(port);
+    waiting.cmd(&format!("AUTH {}", common::STORE_SECRET));
+    waiting
+        .s
+        .write_all(&encode(&["WAIT".into(), "2".into(), "3000".into()]))
+        .unwrap();
+    let mut other = Conn::new(port);
+    other.cmd(&format!("AUTH {}", common::STORE_SECRET));
+    for i in 0..200 {
+        assert_eq!(other.cmd(&format!("SET w{} {i}", i % 10)), b"+OK\r\n");
+        assert_eq!(
+            other.cmd(&format!("GET w{}", i % 10)),
+            format!("${}\r\n{i}\r\n", i.to_string().len()).as_bytes()
+        );
+        assert_eq!(other.cmd("INCR c"), format!(":{}\r\n", i + 1).as_bytes());
+    }
+    // All of that while the WAIT still waits (3 s).
+    waiting.s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 64];
+    match waiting.s.read(&mut b) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        r => panic!("WAIT answered before the other client's 600 commands: {r:?}"),
+    }
+    waiting.s.set_nonblocking(false).unwrap();
+    assert_eq!(waiting.read_reply(), b":1\r\n");
+}
+
+/// Threads of process `pid`.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+/// Connections are the loop's, not a thread's each: 300 open connections
+/// (each has run commands of both kinds) add a handful of threads.
+#[test]
+fn connections_cost_no_thread_each() {
+    let mut g = Group::with_resp("doorthreads", "64MiB");
+    let p = g.primary() as usize - 1;
+    let pid = g.nodes[p].pid();
+    let port = g.resp[p];
+    let before = threads(pid);
+    let mut conns: Vec<Conn> = (0..300).map(|_| Conn::new(port)).collect();
+    for (i, c) in conns.iter_mut().enumerate() {
+        assert_eq!(c.cmd(&format!("AUTH {}", common::STORE_SECRET)), b"+OK\r\n");
+        assert_eq!(c.cmd(&format!("SET t{i} {i}")), b"+OK\r\n");
+        // A worker's command.
+        assert_eq!(
+            c.cmd(&format!("STRLEN t{i}")),
+            format!(":{}\r\n", i.to_string().len()).as_bytes()
+        );
+    }
+    let during = threads(pid);
+    eprintln!("{before} threads before, {during} with 300 connections open");
+    assert!(
+        during < before + 32,
+        "{before} threads before, {during} with 300 connections open"
+    );
+    // All still served.
+    for (i, c) in conns.iter_mut().enumerate() {
+        let r = c.cmd(&format!("GET t{i}"));
+        assert_eq!(parse(&r).map(|(_, n)| n), Some(r.len()));
+        assert_eq!(r, format!("${}\r\n{i}\r\n", i.to_string().len()).as_bytes());
+    }
+}

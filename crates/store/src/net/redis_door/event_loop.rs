@@ -1,0 +1,716 @@
+//! The door's I/O: one event loop (`mio`, epoll) holds every connection,
+//! as Redis's does. It reads what a socket has, runs the commands that
+//! need not wait ([`Session::fast`]: a `GET` from the node's own arena,
+//! a `SET` or counter step submitted to the node loop, the connection's
+//! own commands) and writes the replies out as the socket takes them. A
+//! write is in flight for a connection at a time (its later requests wait
+//! behind it, as on a Redis connection); the node loop's answer comes
+//! back on a channel and wakes the loop.
+//!
+//! A command that could wait (asking the node's role, a store client, a
+//! failover, `WAIT`, a transaction's `EXEC`, a write whose answer did
+//! not come in time) is run by a worker thread: the connection (socket,
+//! session, buffered input and output) moves to the worker, which runs it
+//! and whatever else is buffered the way a thread per connection would
+//! ([`Session::exec`], blocking), then hands it back. Workers are made as
+//! needed and kept; there are never fewer than the connections away.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use super::fast::{Fast, Pending};
+use super::session::{Out, Session, FLUSH_AT, FRONT_TIMEOUT, WRITE_TIMEOUT};
+use super::shared::{ConnInfo, Shared};
+use super::{Answer, MAX_CLIENTS};
+use crate::auth::Rights;
+use crate::proto::{self, StoreError};
+use crate::resp_codec::{Decoder, Reply};
+
+const LISTENER: Token = Token(0);
+const WAKE: Token = Token(1);
+
+/// Bytes read from a socket at a time.
+const READ_CHUNK: usize = 64 << 10;
+
+/// Input a connection reads ahead (pipelined requests) while a write of
+/// it is in flight.
+const READ_AHEAD: usize = 1 << 20;
+
+/// How often the loop looks for writes whose answer is late and clients
+/// that stopped reading.
+const SWEEP: Duration = Duration::from_millis(100);
+
+/// An output buffer larger than this is given back once written out.
+const KEEP_OUT: usize = 1 << 20;
+
+/// Redis's answer to a client from another host when no password is set.
+const DENIED: &str = "DENIED softrdma-store is running in protected mode because no \
+    credentials are configured: only loopback clients are served. Configure [auth] secret \
+    (or users) in the node's configuration (docs/store.md), or set protected_mode = false \
+    to serve everyone.";
+
+/// What comes back to the loop.
+enum Back {
+    /// The node loop's answer to write `req_id` of connection `no`.
+    Answer {
+        no: u64,
+        req_id: u64,
+        result: Result<proto::Reply, StoreError>,
+    },
+    /// A connection a worker served.
+    Served(Box<Away>),
+}
+
+/// What moves between the loop and a worker.
+struct Parts {
+    stream: TcpStream,
+    session: Session,
+    out: Out,
+    decoder: Decoder,
+    /// Bytes read and not yet decoded.
+    input: Vec<u8>,
+}
+
+/// A connection while a worker has it, and what the worker is to do.
+struct Away {
+    no: u64,
+    parts: Parts,
+    work: Work,
+    /// Set by the worker: the connection is done.
+    close: bool,
+}
+
+enum Work {
+    /// A command the loop would not run.
+    Command(Vec<Vec<u8>>),
+    /// A write of the loop to ask again through a client.
+    Retry(Pending, Option<Result<proto::Reply, StoreError>>),
+}
+
+/// A connection as the loop holds it.
+struct Conn {
+    /// `None` while a worker has it.
+    parts: Option<Parts>,
+    /// The loop's write in flight, and until when its answer is awaited.
+    pending: Option<(Pending, Instant)>,
+    /// Bytes of `out.buf` already written.
+    sent: usize,
+    /// Since when output waits for the socket.
+    stalled: Option<Instant>,
+    /// Close once the output is written (`QUIT`, a protocol error).
+    closing: bool,
+    /// The client closed its side: close once nothing is left to run.
+    eof: bool,
+    /// The socket had no more input when last read (a short read): the
+    /// next readiness event says when it has (epoll edge-triggered).
+    drained: bool,
+}
+
+/// What [`Door::progress`] leaves a connection in.
+enum Step {
+    Keep,
+    Close,
+    Away(Work),
+}
+
+/// The event loop's state.
+struct Door {
+    poll: Poll,
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    conns: HashMap<u64, Conn>,
+    back_tx: Sender<Back>,
+    back_rx: Receiver<Back>,
+    waker: Arc<Waker>,
+    workers: Workers,
+    /// Where reads land before they join a connection's input.
+    scratch: Vec<u8>,
+    /// [`Ctx::woken`].
+    woken: Arc<AtomicBool>,
+    /// [`Ctx::batch`].
+    batch: Vec<(u64, u64, proto::Op, Answer)>,
+}
+
+/// Starts the door's event loop on `listener`.
+pub(super) fn start(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let poll = Poll::new()?;
+    poll.registry().register(
+        &mut SourceFd(&listener.as_raw_fd()),
+        LISTENER,
+        Interest::READABLE,
+    )?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+    let (back_tx, back_rx) = mpsc::channel();
+    let workers = Workers::new(back_tx.clone(), waker.clone());
+    let mut door = Door {
+        poll,
+        listener,
+        shared,
+        conns: HashMap::new(),
+        back_tx,
+        back_rx,
+        waker,
+        workers,
+        scratch: vec![0; READ_CHUNK],
+        woken: Arc::new(AtomicBool::new(false)),
+        batch: Vec::new(),
+    };
+    std::thread::Builder::new()
+        .name("store-resp".into())
+        .spawn(move || door.run())?;
+    Ok(())
+}
+
+impl Door {
+    fn run(&mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut next_sweep = Instant::now() + SWEEP;
+        loop {
+            let wait = next_sweep.saturating_duration_since(Instant::now());
+            if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    tracing::warn!("RESP poll: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                continue;
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept_all(),
+                    WAKE => {}
+                    Token(t) => self.on_event(
+                        (t - 2) as u64,
+                        ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                    ),
+                }
+            }
+            // Cleared before the channel is drained: an answer sent after
+            // this wakes the loop again.
+            self.woken.store(false, Ordering::SeqCst);
+            while let Ok(back) = self.back_rx.try_recv() {
+                self.on_back(back);
+            }
+            if !self.batch.is_empty() {
+                let batch = std::mem::take(&mut self.batch);
+                self.shared.front.submit_all(batch, FRONT_TIMEOUT);
+            }
+            if Instant::now() >= next_sweep {
+                self.sweep();
+                next_sweep = Instant::now() + SWEEP;
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => self.admit(stream),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors, most likely: the next connection
+                    // that arrives tries again.
+                    tracing::warn!("RESP accept: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A new connection: refused (too many, protected mode) or joined to
+    /// the loop.
+    fn admit(&mut self, mut stream: TcpStream) {
+        let shared = self.shared.clone();
+        // The accepted socket blocks until it joins the loop, so these
+        // short refusals are written whole.
+        let _ = stream.set_nonblocking(false);
+        if shared.conns.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+            shared.conns.fetch_sub(1, Ordering::AcqRel);
+            let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+            return;
+        }
+        let no = shared.accepted.fetch_add(1, Ordering::Relaxed) + 1;
+        let _ = stream.set_nodelay(true);
+        // A worker writes with the socket blocking: a client that does
+        // not read for this long is disconnected (the loop checks the
+        // same in `sweep`).
+        let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+        // (Read in this order, a change in between is seen at the first
+        // request.)
+        let seen_changes = shared.gate.changes();
+        let creds = shared.gate.credentials();
+        let loopback = stream.peer_addr().is_ok_and(|a| a.ip().is_loopback());
+        if !creds.configured() && shared.protected_mode && !loopback {
+            let _ = stream.write_all(format!("-{DENIED}\r\n").as_bytes());
+            shared.conns.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        // Without credentials everyone is the default user, as in Redis.
+        let user = (!creds.configured())
+            .then(|| (crate::auth::DEFAULT_USER.to_string(), Rights::ReadWrite));
+        let info = Arc::new(ConnInfo::new(
+            no,
+            stream.peer_addr().ok(),
+            stream.local_addr().ok(),
+        ));
+        let registered = stream.set_nonblocking(true).is_ok()
+            && self
+                .poll
+                .registry()
+                .register(
+                    &mut SourceFd(&stream.as_raw_fd()),
+                    Token(no as usize + 2),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .is_ok();
+        if !registered {
+            shared.conns.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        shared
+            .clients
+            .lock()
+            .expect("clients")
+            .insert(no, info.clone());
+        let session = Session::new(&shared, info, user, creds, seen_changes);
+        self.conns.insert(
+            no,
+            Conn {
+                parts: Some(Parts {
+                    stream,
+                    session,
+                    out: Out::new(None),
+                    decoder: Decoder::default(),
+                    input: Vec::new(),
+                }),
+                pending: None,
+                sent: 0,
+                stalled: None,
+                closing: false,
+                eof: false,
+                drained: false,
+            },
+        );
+        self.service(no);
+    }
+
+    /// A readiness event of connection `no`.
+    fn on_event(&mut self, no: u64, readable: bool) {
+        if readable {
+            if let Some(conn) = self.conns.get_mut(&no) {
+                conn.drained = false;
+            }
+        }
+        self.service(no);
+    }
+
+    /// Moves connection `no` on as far as it goes without waiting.
+    fn service(&mut self, no: u64) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut ctx = Ctx {
+            back_tx: &self.back_tx,
+            waker: &self.waker,
+            woken: &self.woken,
+            batch: &mut self.batch,
+        };
+        let step = self
+            .conns
+            .get_mut(&no)
+            .map(|conn| progress(no, conn, &mut ctx, &mut scratch));
+        self.scratch = scratch;
+        match step {
+            None | Some(Step::Keep) => {}
+            Some(Step::Close) => self.close(no),
+            Some(Step::Away(work)) => self.send_away(no, work),
+        }
+    }
+
+    fn on_back(&mut self, back: Back) {
+        match back {
+            Back::Answer { no, req_id, result } => {
+                let Some(conn) = self.conns.get_mut(&no) else {
+                    return;
+                };
+                match &conn.pending {
+                    Some((p, _)) if p.req_id == req_id => {}
+                    // Given up on (a worker asks again): not this one's.
+                    _ => return,
+                }
+                let (p, _) = conn.pending.take().expect("matched above");
+                let parts = conn
+                    .parts
+                    .as_mut()
+                    .expect("a loop write's connection is home");
+                let mut first = Some(result);
+                match parts.session.answer(p, &mut first) {
+                    Ok(reply) => {
+                        parts.out.reply(&reply);
+                        self.service(no);
+                    }
+                    Err(p) => self.send_away(no, Work::Retry(p, first)),
+                }
+            }
+            Back::Served(away) => {
+                let Away {
+                    no, parts, close, ..
+                } = *away;
+                let Some(conn) = self.conns.get_mut(&no) else {
+                    return;
+                };
+                conn.parts = Some(parts);
+                match close {
+                    true => self.close(no),
+                    false => self.service(no),
+                }
+            }
+        }
+    }
+
+    /// Writes whose answer is late go to a worker (which asks again);
+    /// clients that stopped reading are disconnected.
+    fn sweep(&mut self) {
+        let now = Instant::now();
+        let mut late = Vec::new();
+        let mut stuck = Vec::new();
+        for (no, conn) in &mut self.conns {
+            if conn
+                .pending
+                .as_ref()
+                .is_some_and(|(_, until)| now >= *until)
+            {
+                late.push(*no);
+            }
+            if conn.stalled.is_some_and(|t| now - t >= WRITE_TIMEOUT) {
+                stuck.push(*no);
+            }
+        }
+        for no in late {
+            if let Some((p, _)) = self.conns.get_mut(&no).and_then(|c| c.pending.take()) {
+                self.send_away(no, Work::Retry(p, None));
+            }
+        }
+        for no in stuck {
+            self.close(no);
+        }
+    }
+
+    fn send_away(&mut self, no: u64, work: Work) {
+        let Some(conn) = self.conns.get_mut(&no) else {
+            return;
+        };
+        let Some(mut parts) = conn.parts.take() else {
+            return;
+        };
+        // What the loop wrote of the output is gone; the worker writes
+        // the rest first.
+        parts.out.buf.drain(..conn.sent);
+        conn.sent = 0;
+        conn.stalled = None;
+        self.workers.run(Box::new(Away {
+            no,
+            parts,
+            work,
+            close: false,
+        }));
+    }
+
+    fn close(&mut self, no: u64) {
+        let Some(conn) = self.conns.remove(&no) else {
+            return;
+        };
+        if let Some(parts) = &conn.parts {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&parts.stream.as_raw_fd()));
+        }
+        self.shared.clients.lock().expect("clients").remove(&no);
+        self.shared.conns.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a connection's progress needs of the loop.
+struct Ctx<'a> {
+    back_tx: &'a Sender<Back>,
+    waker: &'a Arc<Waker>,
+    /// Set while a wake of the loop is owed or under way: answers that
+    /// come meanwhile do not wake it again.
+    woken: &'a Arc<AtomicBool>,
+    /// Writes to submit when this pass of the loop ends (the node loop
+    /// woken once for all).
+    batch: &'a mut Vec<(u64, u64, proto::Op, Answer)>,
+}
+
+/// Moves `conn` on: writes what its output holds, runs its buffered
+/// commands until one must wait, reads more input when it has none.
+fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) -> Step {
+    if scratch.len() < READ_CHUNK {
+        scratch.resize(READ_CHUNK, 0);
+    }
+    loop {
+        if !write_out(conn) {
+            return Step::Close;
+        }
+        let Some(p) = conn.parts.as_mut() else {
+            return Step::Keep;
+        };
+        if conn.closing {
+            return match p.out.buf.is_empty() {
+                true => Step::Close,
+                false => Step::Keep,
+            };
+        }
+        if p.out.buf.len() - conn.sent >= FLUSH_AT {
+            // Until the socket takes more.
+            return Step::Keep;
+        }
+        if conn.pending.is_some() {
+            // Read ahead (bounded) while the write is in flight.
+            while p.input.len() < READ_AHEAD && !conn.eof && !conn.drained {
+                match read_some(&mut p.stream, &mut p.input, scratch) {
+                    Ok(n) => conn.drained = n < scratch.len(),
+                    Err(true) => conn.eof = true,
+                    Err(false) => return Step::Close,
+                }
+            }
+            return Step::Keep;
+        }
+        let mut used = 0;
+        let mut away = None;
+        loop {
+            match p.decoder.decode(&p.input[used..]) {
+                Ok(Some((args, n))) => {
+                    used += n;
+                    if args.is_empty() {
+                        continue;
+                    }
+                    match p.session.fast(&args, &mut p.out) {
+                        Fast::Done(close) => conn.closing |= close,
+                        Fast::Write(pending) => {
+                            // (If the node loop is gone, the answer never
+                            // comes: asked again at the deadline.)
+                            submit(no, &p.session, &pending, ctx);
+                            conn.pending = Some((pending, Instant::now() + FRONT_TIMEOUT));
+                            break;
+                        }
+                        Fast::Slow => {
+                            away = Some(Work::Command(args));
+                            break;
+                        }
+                    }
+                    if conn.closing || p.out.buf.len() >= FLUSH_AT {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    p.out.reply(&Reply::err(format!("ERR Protocol error: {e}")));
+                    conn.closing = true;
+                    break;
+                }
+            }
+        }
+        p.input.drain(..used);
+        if let Some(work) = away {
+            return Step::Away(work);
+        }
+        if used > 0 || conn.closing || conn.pending.is_some() {
+            continue;
+        }
+        // Nothing whole to run: more input.
+        if conn.eof {
+            return Step::Close;
+        }
+        if conn.drained {
+            // Until the socket has more.
+            return Step::Keep;
+        }
+        match read_some(&mut p.stream, &mut p.input, scratch) {
+            // A short read took all there was: the next bytes raise an
+            // event.
+            Ok(n) => conn.drained = n < scratch.len(),
+            Err(true) => conn.eof = true,
+            Err(false) => return Step::Close,
+        }
+    }
+}
+
+/// Reads what the socket has, up to a chunk, onto `input`: the bytes
+/// read (0: none now), or `Err(true)` at the end of the client's input,
+/// `Err(false)` when the connection failed.
+fn read_some(
+    stream: &mut TcpStream,
+    input: &mut Vec<u8>,
+    scratch: &mut [u8],
+) -> Result<usize, bool> {
+    loop {
+        return match stream.read(scratch) {
+            Ok(0) => Err(true),
+            Ok(n) => {
+                input.extend_from_slice(&scratch[..n]);
+                Ok(n)
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => Err(false),
+        };
+    }
+}
+
+/// Writes as much of `conn`'s output as the socket takes; false when the
+/// connection failed.
+fn write_out(conn: &mut Conn) -> bool {
+    let Some(p) = conn.parts.as_mut() else {
+        return true;
+    };
+    while conn.sent < p.out.buf.len() {
+        match p.stream.write(&p.out.buf[conn.sent..]) {
+            Ok(0) => return false,
+            Ok(n) => conn.sent += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                conn.stalled.get_or_insert_with(Instant::now);
+                return true;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    p.out.buf.clear();
+    if p.out.buf.capacity() > KEEP_OUT {
+        p.out.buf.shrink_to(16 << 10);
+    }
+    conn.sent = 0;
+    conn.stalled = None;
+    true
+}
+
+/// Queues the loop's write `pending` of connection `no` for the node
+/// loop, its answer to come back to the event loop.
+fn submit(no: u64, session: &Session, pending: &Pending, ctx: &mut Ctx<'_>) {
+    let (tx, waker, woken) = (ctx.back_tx.clone(), ctx.waker.clone(), ctx.woken.clone());
+    let req_id = pending.req_id;
+    let done: Answer = Box::new(move |result| {
+        if tx.send(Back::Answer { no, req_id, result }).is_ok()
+            && !woken.swap(true, Ordering::SeqCst)
+        {
+            let _ = waker.wake();
+        }
+    });
+    ctx.batch
+        .push((session.id, req_id, pending.op.clone(), done));
+}
+
+/// The threads that serve connections away from the loop.
+struct Workers {
+    jobs: Sender<Box<Away>>,
+    queue: Arc<Mutex<Receiver<Box<Away>>>>,
+    /// Workers waiting for a job and not yet promised one.
+    idle: Arc<AtomicUsize>,
+    back: Sender<Back>,
+    waker: Arc<Waker>,
+}
+
+impl Workers {
+    fn new(back: Sender<Back>, waker: Arc<Waker>) -> Workers {
+        let (jobs, queue) = mpsc::channel();
+        Workers {
+            jobs,
+            queue: Arc::new(Mutex::new(queue)),
+            idle: Arc::new(AtomicUsize::new(0)),
+            back,
+            waker,
+        }
+    }
+
+    /// Hands `away` to a worker: an idle one if there is one, else a new
+    /// one (a job never waits behind a worker that is busy: one may block
+    /// for as long as its command does).
+    fn run(&self, away: Box<Away>) {
+        let claimed = self
+            .idle
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |i| i.checked_sub(1))
+            .is_ok();
+        if !claimed {
+            let (queue, idle) = (self.queue.clone(), self.idle.clone());
+            let (back, waker) = (self.back.clone(), self.waker.clone());
+            let spawned = std::thread::Builder::new()
+                .name("store-resp-work".into())
+                .spawn(move || worker(queue, idle, back, waker));
+            if let Err(e) = spawned {
+                // Without a thread the connection cannot be served: it is
+                // handed back closed.
+                tracing::warn!("RESP worker: {e}");
+                let mut away = away;
+                away.close = true;
+                let _ = self.back.send(Back::Served(away));
+                let _ = self.waker.wake();
+                return;
+            }
+        }
+        let _ = self.jobs.send(away);
+    }
+}
+
+fn worker(
+    queue: Arc<Mutex<Receiver<Box<Away>>>>,
+    idle: Arc<AtomicUsize>,
+    back: Sender<Back>,
+    waker: Arc<Waker>,
+) {
+    loop {
+        let job = queue.lock().expect("jobs").recv();
+        let Ok(mut away) = job else {
+            return;
+        };
+        serve_away(&mut away);
+        // Idle again before the connection goes back, so the loop finds
+        // this worker for the next job.
+        idle.fetch_add(1, Ordering::AcqRel);
+        if back.send(Back::Served(away)).is_err() {
+            return;
+        }
+        let _ = waker.wake();
+    }
+}
+
+/// Runs a connection's work as a thread per connection would: the socket
+/// blocking, each reply written as it comes.
+fn serve_away(away: &mut Away) {
+    let p = &mut away.parts;
+    let writer = p
+        .stream
+        .set_nonblocking(false)
+        .and_then(|()| p.stream.try_clone());
+    let Ok(writer) = writer else {
+        away.close = true;
+        return;
+    };
+    p.out.conn = Some(Box::new(writer));
+    p.out.flush();
+    let mut close = false;
+    match std::mem::replace(&mut away.work, Work::Command(Vec::new())) {
+        Work::Command(args) => close = p.session.exec(&args, &mut p.out),
+        Work::Retry(pending, first) => {
+            let reply = p.session.answer_slow(pending, first);
+            p.out.reply(&reply);
+        }
+    }
+    if !close && !p.out.broken {
+        let (used, c) = p.session.serve_bytes(&mut p.decoder, &p.input, &mut p.out);
+        p.input.drain(..used);
+        close = c;
+    }
+    p.out.flush();
+    p.out.conn = None;
+    away.close = close || p.out.broken || p.stream.set_nonblocking(true).is_err();
+}

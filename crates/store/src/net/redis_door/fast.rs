@@ -1,0 +1,201 @@
+//! The commands the door's event loop runs itself, without blocking
+//! ([`Session::fast`]): a `GET` the node's own arena answers, a `SET` or
+//! counter step while this node is known to be the primary (the write
+//! submitted to the node loop, its answer taken when it comes), and the
+//! connection's own commands. Everything else, and anything that would
+//! wait (a role to ask, a store client, `WAIT`, a failover), goes to a
+//! worker that runs [`Session::exec`] (`event_loop.rs`).
+
+use std::time::Duration;
+
+use super::session::{impossible_key, store_err, upper, value_too_long, Out, Session, ROLE_TTL};
+use super::strings::{incr_amount, put_ttl, set_options};
+use crate::lookup;
+use crate::proto::{self, Bytes, Modify, Op, StoreError};
+use crate::resp_codec::Reply;
+
+/// How long a `GET` on the loop waits for a batch's writes to end before
+/// it goes to a worker (which waits [`super::session::CONSISTENT_WAIT`]).
+const LOOP_PATIENCE: Duration = Duration::from_micros(200);
+
+/// What [`Session::fast`] did with a command.
+pub(super) enum Fast {
+    /// Answered (its reply is in the output); whether to close.
+    Done(bool),
+    /// A write submitted as `req_id`: its answer is [`Session::answer`]'s.
+    Write(Pending),
+    /// Not for the loop: a worker runs it ([`Session::exec`]).
+    Slow,
+}
+
+/// A write of the loop in flight.
+pub(super) struct Pending {
+    pub(super) req_id: u64,
+    /// Kept to ask again under the same id if the answer does not come.
+    pub(super) op: Op,
+    kind: Kind,
+}
+
+/// Which command a [`Pending`] answers.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// `SET` without `GET`: `+OK`, or nil when its condition failed.
+    Set,
+    /// `INCR`, `DECR`, `INCRBY`, `DECRBY`: the new value.
+    Incr,
+}
+
+impl Session {
+    /// Runs `args` if the event loop can without waiting.
+    pub(super) fn fast(&mut self, args: &[Vec<u8>], out: &mut Out) -> Fast {
+        let cmd = upper(&args[0]);
+        let n = args.len();
+        match cmd.as_str() {
+            // The connection's own commands, and what clients send when
+            // they connect: nothing to wait for.
+            "PING" | "ECHO" | "SELECT" | "QUIT" | "COMMAND" | "CLIENT" | "CONFIG" | "TIME"
+            | "READONLY" | "READWRITE" | "ASKING" | "AUTH" | "MULTI" | "DISCARD" => {
+                return Fast::Done(self.exec(args, out))
+            }
+            "GET" | "SET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
+            _ => return Fast::Slow,
+        }
+        if let Some(close) = self.gate(&cmd, args, out) {
+            return Fast::Done(close);
+        }
+        let reply = match cmd.as_str() {
+            "GET" if n == 2 => {
+                if impossible_key(&args[1]) {
+                    Reply::Nil
+                } else {
+                    match self.consistent(LOOP_PATIENCE, |s| s.local_get_once(&args[1])) {
+                        Some(Some(v)) => Reply::Bulk(v),
+                        Some(None) => Reply::Nil,
+                        None => return Fast::Slow,
+                    }
+                }
+            }
+            "SET" if n >= 3 => {
+                let o = match set_options(&args[3..], false) {
+                    Ok(o) => o,
+                    Err(r) => return self.done(r, out),
+                };
+                if o.get || !self.primary_known() {
+                    return Fast::Slow;
+                }
+                let ttl = match put_ttl("set", &o.ttl, lookup::wall_ms()) {
+                    Ok(t) => t,
+                    Err(r) => return self.done(r, out),
+                };
+                if let Some(r) = value_too_long(args[2].len()) {
+                    return self.done(r, out);
+                }
+                let op = Op::Put {
+                    key: args[1].clone(),
+                    data: Bytes::copy_from_slice(&args[2]),
+                    cond: o.cond,
+                    ttl,
+                };
+                return self.submit(op, Kind::Set);
+            }
+            "INCR" | "DECR" | "INCRBY" | "DECRBY" => {
+                let by = match incr_amount(&cmd, args) {
+                    Ok(by) => by,
+                    Err(r) => return self.done(r, out),
+                };
+                if let Err(e) = proto::check_key(&args[1]) {
+                    return self.done(Reply::err(format!("ERR {e}")), out);
+                }
+                if !self.primary_known() {
+                    return Fast::Slow;
+                }
+                self.cache.remove(&args[1]);
+                let op = Op::Modify {
+                    key: args[1].clone(),
+                    how: Modify::IncrBy(by),
+                };
+                return self.submit(op, Kind::Incr);
+            }
+            // A wrong arity the table does not know of: the worker's
+            // answer (Redis's words for it are there).
+            _ => return Fast::Slow,
+        };
+        out.reply(&reply);
+        Fast::Done(false)
+    }
+
+    fn done(&mut self, r: Reply, out: &mut Out) -> Fast {
+        out.reply(&r);
+        Fast::Done(false)
+    }
+
+    /// A write for the loop to submit.
+    fn submit(&mut self, op: Op, kind: Kind) -> Fast {
+        Fast::Write(Pending {
+            req_id: self.next_req(),
+            op,
+            kind,
+        })
+    }
+
+    /// Whether this node was the primary when the door last asked, less
+    /// than [`ROLE_TTL`] ago (the check [`Session::not_primary`] makes
+    /// without asking; asking is a worker's).
+    fn primary_known(&self) -> bool {
+        match &*self.shared.role.lock().expect("role") {
+            Some((at, s, _)) => at.elapsed() < ROLE_TTL && s.role == proto::ROLE_PRIMARY,
+            None => false,
+        }
+    }
+
+    /// The reply to write `p` given the node loop's answer `first`, or
+    /// `Err(p)` when the write must be asked again through a client (a
+    /// worker's: [`Self::answer_slow`]).
+    pub(super) fn answer(
+        &mut self,
+        p: Pending,
+        first: &mut Option<Result<proto::Reply, StoreError>>,
+    ) -> Result<Reply, Pending> {
+        if !Session::is_final(first) {
+            return Err(p);
+        }
+        let r = match first.take() {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(e)) => Err(store_err(e.into())),
+            None => unreachable!("is_final"),
+        };
+        Ok(reply_of(p.kind, r))
+    }
+
+    /// [`Self::answer`] for a write whose answer did not come (or came
+    /// from a node no longer the primary): asked again, under the same
+    /// request id, through this connection's client.
+    pub(super) fn answer_slow(
+        &mut self,
+        p: Pending,
+        first: Option<Result<proto::Reply, StoreError>>,
+    ) -> Reply {
+        let r = self.write_answer(p.req_id, p.op, first);
+        reply_of(p.kind, r)
+    }
+}
+
+/// The reply to a write of `kind` that the store answered `r`.
+fn reply_of(kind: Kind, r: Result<proto::Reply, Reply>) -> Reply {
+    match (kind, r) {
+        (_, Err(r)) => r,
+        (_, Ok(proto::Reply::Refused(text))) => Reply::err(text),
+        (Kind::Set, Ok(proto::Reply::Stored { .. })) => Reply::ok(),
+        (Kind::Set, Ok(proto::Reply::NotStored)) => Reply::Nil,
+        (Kind::Incr, Ok(proto::Reply::Modified { value: Some(v), .. })) => {
+            match crate::redis_int::redis_i64(&v) {
+                Some(n) => Reply::Int(n),
+                None => Reply::err("ERR the store answered a counter that is not a number"),
+            }
+        }
+        (Kind::Incr, Ok(proto::Reply::Modified { value: None, .. })) => {
+            Reply::err("ERR the store answered no counter")
+        }
+        (_, Ok(r)) => Reply::err(format!("ERR unexpected answer {r:?}")),
+    }
+}
