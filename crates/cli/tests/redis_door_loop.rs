@@ -181,3 +181,34 @@ fn connections_cost_no_thread_each() {
         assert_eq!(r, format!("${}\r\n{i}\r\n", i.to_string().len()).as_bytes());
     }
 }
+
+/// A large value is written from the loop's read buffer straight to the
+/// socket; what the socket does not take at once is queued, and the
+/// replies pipelined behind it still come after it, whole.
+#[test]
+fn pipelined_replies_follow_a_large_value_written_straight_out() {
+    let mut g = Group::with_resp("doorbig", "64MiB");
+    let primary = g.primary() as usize - 1;
+    let big: String = (0..(4 << 20))
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let c = |s: &str| -> Vec<String> { s.split(' ').map(String::from).collect() };
+    let mut cmds = vec![vec!["SET".to_string(), "big".into(), big.clone()]];
+    for i in 0..3 {
+        cmds.push(c("GET big"));
+        cmds.push(c(&format!("INCR n{i}")));
+        cmds.push(c("PING"));
+    }
+    let replies = pipeline(g.resp[primary], &cmds);
+    let bulk = format!("${}\r\n{big}\r\n", big.len()).into_bytes();
+    assert_eq!(replies[0], b"+OK\r\n");
+    for i in 0..3 {
+        assert!(
+            replies[1 + 3 * i] == bulk,
+            "GET {i}: {} bytes",
+            replies[1 + 3 * i].len()
+        );
+        assert_eq!(replies[2 + 3 * i], b":1\r\n");
+        assert_eq!(replies[3 + 3 * i], b"+PONG\r\n");
+    }
+}

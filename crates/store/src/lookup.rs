@@ -92,8 +92,14 @@ pub enum Outcome {
         generation: u64,
         /// Its version.
         version: u64,
-        /// The value.
+        /// The value (empty if the look-up was told not to copy it:
+        /// [`run_in`]).
         data: Vec<u8>,
+        /// Where the value lies in the object's bytes as read (the last
+        /// read of the look-up): `data_at..data_at + data_len`.
+        data_at: usize,
+        /// The value's length.
+        data_len: usize,
         /// When the key expires (milliseconds since the Unix epoch; 0:
         /// never): its reader decides by [`live`].
         deadline: u64,
@@ -124,6 +130,8 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct Lookup {
     key: Vec<u8>,
+    /// Whether [`Outcome::Found`] carries a copy of the value.
+    keep_data: bool,
     hash: u64,
     layout: Layout,
     state: State,
@@ -154,6 +162,31 @@ pub fn run<E>(
     }
 }
 
+/// [`run`] reading into one buffer the caller keeps (no allocation, and
+/// no zeroing once it is large enough): `read(offset, len, buf)` leaves
+/// the arena's `len` bytes at `offset` in `buf[..len]` (checking the
+/// range before it grows `buf`). A found value is not copied out: it is
+/// `buf[data_at..data_at + data_len]`.
+pub fn run_in<E>(
+    key: &[u8],
+    layout: Layout,
+    cached: Option<(u64, u32)>,
+    buf: &mut Vec<u8>,
+    mut read: impl FnMut(u64, u32, &mut Vec<u8>) -> Result<(), E>,
+) -> Result<(Outcome, Lookup), E> {
+    let (mut l, mut step) = Lookup::start(key, layout, cached);
+    l.keep_data = false;
+    loop {
+        match step {
+            Step::Read { offset, len } => {
+                read(offset, len, buf)?;
+                step = l.on_read(&buf[..len as usize]);
+            }
+            Step::Done(o) => return Ok((o, l)),
+        }
+    }
+}
+
 impl Lookup {
     /// Starts a look-up of `key` in an index of `layout`; `cached`: a
     /// pointer (arena offset, allocation length) to try first.
@@ -161,6 +194,7 @@ impl Lookup {
         let hash = key_hash(key);
         let mut l = Lookup {
             key: key.to_vec(),
+            keep_data: true,
             hash,
             layout,
             state: State::Cached { offset: 0 },
@@ -279,7 +313,13 @@ impl Lookup {
             len: o.allocation as u32,
             generation: o.generation,
             version: o.version,
-            data: o.data.to_vec(),
+            data: match self.keep_data {
+                true => o.data.to_vec(),
+                false => Vec::new(),
+            },
+            // The key and value follow the header (`object::write_object`).
+            data_at: object::HEADER_LEN + o.key.len(),
+            data_len: o.data.len(),
             deadline: o.deadline,
         })
     }

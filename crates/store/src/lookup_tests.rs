@@ -297,3 +297,41 @@ fn a_candidate_of_another_tag_is_not_a_collision() {
         "bucket and object, each time"
     );
 }
+
+/// `run_in` reads into the caller's buffer and points at the value there
+/// instead of copying it; the buffer is grown only as far as a read needs
+/// and is reused (a smaller read leaves it as long as it was).
+#[test]
+fn run_in_points_at_the_value_in_the_callers_buffer() {
+    let mut a = Arena::new(4);
+    let big: Vec<u8> = (0..180u32).map(|i| (i % 251) as u8).collect();
+    a.put(b"big", &big);
+    a.put(b"small", b"tiny");
+    let mut buf = Vec::new();
+    let mut grown = Vec::new();
+    for (key, want) in [(&b"big"[..], &big[..]), (b"small", b"tiny")] {
+        let (o, _) = super::run_in(key, a.layout, None, &mut buf, |offset, len, buf| {
+            if buf.len() < len as usize {
+                buf.resize(len as usize, 0);
+            }
+            a.mem.read(offset, &mut buf[..len as usize])
+        })
+        .unwrap();
+        grown.push(buf.len());
+        let Outcome::Found {
+            data,
+            data_at,
+            data_len,
+            ..
+        } = o
+        else {
+            panic!("{o:?}")
+        };
+        assert!(data.is_empty(), "run_in copies no value");
+        assert_eq!(&buf[data_at..data_at + data_len], want);
+    }
+    assert_eq!(grown[0], grown[1], "the small read reused the big buffer");
+    // And the copying driver finds the same bytes where run_in points.
+    let (o, _) = a.lookup(b"big", None, |_, _| {});
+    assert_eq!(value(&o), Some(&big[..]));
+}

@@ -169,11 +169,15 @@ pub fn encoded_len(key_len: usize, data_len: usize) -> usize {
     HEADER_LEN + key_len + data_len
 }
 
+/// CRC32C (Castagnoli) of the header less its checksum field, the key and
+/// the value (`crc-fast`: a 1 MiB value is checked on every read of it).
 fn checksum(head: &[u8], key: &[u8], data: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&head[0..16]);
-    let c = crc32c::crc32c_append(c, &head[20..HEADER_LEN]);
-    let c = crc32c::crc32c_append(c, key);
-    crc32c::crc32c_append(c, data)
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    d.update(&head[0..16]);
+    d.update(&head[20..HEADER_LEN]);
+    d.update(key);
+    d.update(data);
+    d.finalize() as u32
 }
 
 /// Allocations are multiples of this many bytes.

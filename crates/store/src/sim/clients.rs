@@ -399,6 +399,7 @@ impl Sim {
                 version,
                 data,
                 deadline: _,
+                ..
             }) => {
                 self.report.one_sided_reads += 1;
                 self.report.keyed_one_sided += 1;

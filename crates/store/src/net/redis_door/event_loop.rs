@@ -52,6 +52,14 @@ const SWEEP: Duration = Duration::from_millis(100);
 /// An output buffer larger than this is given back once written out.
 const KEEP_OUT: usize = 1 << 20;
 
+/// A value at least this long is written from the loop's read buffer
+/// to the socket, not copied to the output first.
+const DIRECT: usize = 64 << 10;
+
+/// The loop's read buffer is kept up to this size (values up to a few
+/// MiB are read without growing, and so zeroing, it again).
+const KEEP_READ: usize = 8 << 20;
+
 /// Redis's answer to a client from another host when no password is set.
 const DENIED: &str = "DENIED softrdma-store is running in protected mode because no \
     credentials are configured: only loopback clients are served. Configure [auth] secret \
@@ -138,6 +146,8 @@ struct Door {
     woken: Arc<AtomicBool>,
     /// [`Ctx::batch`].
     batch: Vec<(u64, u64, proto::Op, Answer)>,
+    /// [`Ctx::rbuf`].
+    rbuf: Vec<u8>,
 }
 
 /// Starts the door's event loop on `listener`.
@@ -164,6 +174,7 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resu
         scratch: vec![0; READ_CHUNK],
         woken: Arc::new(AtomicBool::new(false)),
         batch: Vec::new(),
+        rbuf: Vec::new(),
     };
     std::thread::Builder::new()
         .name("store-resp".into())
@@ -322,12 +333,17 @@ impl Door {
             waker: &self.waker,
             woken: &self.woken,
             batch: &mut self.batch,
+            rbuf: &mut self.rbuf,
         };
         let step = self
             .conns
             .get_mut(&no)
             .map(|conn| progress(no, conn, &mut ctx, &mut scratch));
         self.scratch = scratch;
+        if self.rbuf.len() > KEEP_READ {
+            // (A large value's buffer is not kept.)
+            self.rbuf = Vec::new();
+        }
         match step {
             None | Some(Step::Keep) => {}
             Some(Step::Close) => self.close(no),
@@ -449,6 +465,8 @@ struct Ctx<'a> {
     /// Writes to submit when this pass of the loop ends (the node loop
     /// woken once for all).
     batch: &'a mut Vec<(u64, u64, proto::Op, Answer)>,
+    /// Where a `GET` reads its object ([`Session::fast`]).
+    rbuf: &'a mut Vec<u8>,
 }
 
 /// Moves `conn` on: writes what its output holds, runs its buffered
@@ -494,8 +512,16 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
                     if args.is_empty() {
                         continue;
                     }
-                    match p.session.fast(&args, &mut p.out) {
+                    match p.session.fast(&args, &mut p.out, ctx.rbuf) {
                         Fast::Done(close) => conn.closing |= close,
+                        Fast::Value(at) => {
+                            let value = &ctx.rbuf[at];
+                            if value.len() < DIRECT || p.out.buf.len() > conn.sent {
+                                p.out.bulk(value);
+                            } else if !write_bulk(&mut p.stream, &mut p.out, value) {
+                                return Step::Close;
+                            }
+                        }
                         Fast::Write(pending) => {
                             // (If the node loop is gone, the answer never
                             // comes: asked again at the deadline.)
@@ -565,6 +591,42 @@ fn read_some(
             Err(_) => Err(false),
         };
     }
+}
+
+/// A bulk reply of `value` straight from the loop's read buffer to the
+/// socket (nothing else waits to be written before it): what the socket
+/// does not take now joins the output. False when the connection failed.
+fn write_bulk(stream: &mut TcpStream, out: &mut Out, value: &[u8]) -> bool {
+    let head = format!("${}\r\n", value.len());
+    let parts = [head.as_bytes(), value, b"\r\n"];
+    let total: usize = parts.iter().map(|b| b.len()).sum();
+    let mut done = 0;
+    while done < total {
+        // The parts from `done` on.
+        let mut skip = done;
+        let slices: Vec<std::io::IoSlice<'_>> = parts
+            .iter()
+            .filter_map(|b| {
+                let from = skip.min(b.len());
+                skip -= from;
+                (from < b.len()).then(|| std::io::IoSlice::new(&b[from..]))
+            })
+            .collect();
+        match stream.write_vectored(&slices) {
+            Ok(0) => return false,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    let mut skip = done;
+    for b in parts {
+        let from = skip.min(b.len());
+        skip -= from;
+        out.buf.extend_from_slice(&b[from..]);
+    }
+    true
 }
 
 /// Writes as much of `conn`'s output as the socket takes; false when the

@@ -22,6 +22,10 @@ const LOOP_PATIENCE: Duration = Duration::from_micros(200);
 pub(super) enum Fast {
     /// Answered (its reply is in the output); whether to close.
     Done(bool),
+    /// Answered with the bulk string `rbuf[range]` (a `GET`'s value, as
+    /// read): for the caller to write out ([`Out::bulk`], or straight
+    /// from `rbuf` to the socket).
+    Value(std::ops::Range<usize>),
     /// A write submitted as `req_id`: its answer is [`Session::answer`]'s.
     Write(Pending),
     /// Not for the loop: a worker runs it ([`Session::exec`]).
@@ -47,7 +51,9 @@ enum Kind {
 
 impl Session {
     /// Runs `args` if the event loop can without waiting.
-    pub(super) fn fast(&mut self, args: &[Vec<u8>], out: &mut Out) -> Fast {
+    /// `rbuf`: the loop's read buffer (a `GET`'s value is read into it
+    /// and written out from it, not copied in between).
+    pub(super) fn fast(&mut self, args: &[Vec<u8>], out: &mut Out, rbuf: &mut Vec<u8>) -> Fast {
         let cmd = upper(&args[0]);
         let n = args.len();
         match cmd.as_str() {
@@ -68,8 +74,8 @@ impl Session {
                 if impossible_key(&args[1]) {
                     Reply::Nil
                 } else {
-                    match self.consistent(LOOP_PATIENCE, |s| s.local_get_once(&args[1])) {
-                        Some(Some(v)) => Reply::Bulk(v),
+                    match self.consistent(LOOP_PATIENCE, |s| s.local_find(&args[1], rbuf)) {
+                        Some(Some((at, _))) => return Fast::Value(at),
                         Some(None) => Reply::Nil,
                         None => return Fast::Slow,
                     }

@@ -188,8 +188,13 @@ fn serve_like_the_loop(
         if args.is_empty() {
             continue;
         }
-        let close = match session.fast(&args, out) {
+        let mut rbuf = Vec::new();
+        let close = match session.fast(&args, out, &mut rbuf) {
             Fast::Done(close) => close,
+            Fast::Value(at) => {
+                out.bulk(&rbuf[at]);
+                false
+            }
             Fast::Write(p) => {
                 let mut first = session.shared.front.request(
                     session.id,

@@ -64,6 +64,17 @@ impl Out {
         self.maybe_flush();
     }
 
+    /// A bulk string (the same in RESP2 and RESP3), written from `b`.
+    pub(super) fn bulk(&mut self, b: &[u8]) {
+        self.buf.reserve(b.len() + 16);
+        self.buf.push(b'$');
+        self.buf.extend_from_slice(b.len().to_string().as_bytes());
+        self.buf.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(b);
+        self.buf.extend_from_slice(b"\r\n");
+        self.maybe_flush();
+    }
+
     pub(super) fn raw(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
         self.maybe_flush();
@@ -369,6 +380,24 @@ impl Session {
     /// (0: none), absent if it expired ([`lookup::live`]); `None` where
     /// [`Self::local_get`] gives `None`.
     pub(super) fn local_entry_once(&mut self, key: &[u8]) -> Option<Option<(Vec<u8>, u64)>> {
+        let mut buf = Vec::new();
+        let found = self.local_find(key, &mut buf)?;
+        Some(found.map(|(at, deadline)| {
+            buf.truncate(at.end);
+            buf.drain(..at.start);
+            (buf, deadline)
+        }))
+    }
+
+    /// One look-up in this node's arena, read into `buf` (kept by the
+    /// caller, grown as needed): where the key's value lies in `buf` and
+    /// its deadline; absent if it expired ([`lookup::live`]); `None`
+    /// where [`Self::local_get`] gives `None`.
+    pub(super) fn local_find(
+        &mut self,
+        key: &[u8],
+        buf: &mut Vec<u8>,
+    ) -> Option<Option<(std::ops::Range<usize>, u64)>> {
         if impossible_key(key) {
             return Some(None);
         }
@@ -383,23 +412,27 @@ impl Session {
         }
         let layout = self.layout?;
         let cached = self.cache.get(key).copied();
-        let read = |offset: u64, len: u32| {
+        let read = |offset: u64, len: u32, buf: &mut Vec<u8>| {
             // Bounds first: a length is never trusted before it is known
             // to lie inside the arena.
             if offset.saturating_add(len as u64) > arena_len {
                 return Err(());
             }
-            let mut buf = vec![0u8; len as usize];
-            match front.read(offset, &mut buf) {
-                true => Ok(buf),
+            let len = len as usize;
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            match front.read(offset, &mut buf[..len]) {
+                true => Ok(()),
                 false => Err(()),
             }
         };
-        match lookup::run(key, layout, cached, read).ok()?.0 {
+        match lookup::run_in(key, layout, cached, buf, read).ok()?.0 {
             Outcome::Found {
                 offset,
                 len,
-                data,
+                data_at,
+                data_len,
                 deadline,
                 ..
             } => {
@@ -415,7 +448,8 @@ impl Session {
                 }
                 // Expired, allowing for this clock's lag behind the
                 // primary's: absent.
-                Some(lookup::live(deadline, lookup::wall_ms()).then_some((data, deadline)))
+                let live = lookup::live(deadline, lookup::wall_ms());
+                Some(live.then_some((data_at..data_at + data_len, deadline)))
             }
             Outcome::Absent => {
                 self.cache.remove(key);
