@@ -34,13 +34,15 @@ impl W {
 pub fn encode(env: &Envelope) -> Vec<u8> {
     // Room for the values it carries: a large one is copied once, not
     // again at every doubling.
-    let mut w = W(Vec::with_capacity(64 + carried(&env.body)));
+    let mut w = W(Vec::with_capacity(256 + carried(&env.body)));
     w.u64(env.epoch);
     enc_body(&mut w, &env.body);
     w.0
 }
 
-/// The value bytes `b` carries (the bulk of a large message).
+/// About the bytes `b` takes encoded, at least for what carries values
+/// (a large message must not outgrow its buffer by a few bytes: the
+/// doubling copies it, and past glibc's mmap threshold maps it anew).
 fn carried(b: &Body) -> usize {
     match b {
         Body::Request { op, .. } => op_carries(op),
@@ -48,23 +50,28 @@ fn carried(b: &Body) -> usize {
             .effects
             .iter()
             .map(|e| match e {
-                Effect::Write { data, .. } => data.len(),
-                _ => 0,
+                Effect::Write { key, data, .. } => EACH + key.len() + data.len(),
+                _ => EACH,
             })
             .sum(),
         _ => 0,
     }
 }
 
+/// More than an operation's or effect's fixed fields take encoded.
+const EACH: usize = 64;
+
 fn op_carries(op: &Op) -> usize {
     match op {
-        Op::Insert { data } | Op::Update { data, .. } | Op::Put { data, .. } => data.len(),
+        Op::Insert { data } => EACH + data.len(),
+        Op::Update { data, .. } => EACH + data.len(),
+        Op::Put { key, data, .. } => EACH + key.len() + data.len(),
         Op::Modify {
+            key,
             how: Modify::Swap { data, .. },
-            ..
-        } => data.len(),
+        } => EACH + key.len() + data.len(),
         Op::Batch { ops, .. } => ops.iter().map(op_carries).sum(),
-        _ => 0,
+        _ => EACH,
     }
 }
 

@@ -423,3 +423,57 @@ fn huge_counts_are_rejected_before_allocating() {
         Err(DecodeError::TooLarge(MAX_MESSAGE + 1))
     );
 }
+
+/// A large message is encoded into one buffer of about its size: it is
+/// not copied again (nor mapped anew by the allocator) because it
+/// outgrew the room reserved for it by a few bytes of keys and fields.
+#[test]
+fn a_large_message_is_encoded_without_growing_its_buffer() {
+    let value = Bytes::from(vec![7u8; 1 << 20]);
+    let key = vec![b'k'; 1024];
+    let write = |offset| Effect::Write {
+        offset,
+        version: 9,
+        generation: 3,
+        key: key.clone(),
+        data: value.clone(),
+        deadline: 5,
+    };
+    let bodies = [
+        Body::Replicate {
+            seq: 1,
+            op: RepOp {
+                client: 1,
+                req_id: 2,
+                effects: vec![
+                    Effect::Alloc {
+                        offset: 64,
+                        len: 2 << 20,
+                    },
+                    write(64),
+                    write(4 << 20),
+                ],
+                reply: Reply::NotStored,
+            },
+        },
+        Body::Request {
+            client: 1,
+            req_id: 2,
+            op: Op::Put {
+                key: key.clone(),
+                data: value.clone(),
+                cond: Cond::Always,
+                ttl: Ttl::Clear,
+            },
+        },
+    ];
+    for body in bodies {
+        let v = encode(&Envelope { epoch: 4, body });
+        assert!(
+            v.capacity() - v.len() <= 4096,
+            "{} bytes in a buffer of {}",
+            v.len(),
+            v.capacity()
+        );
+    }
+}
