@@ -335,10 +335,17 @@ impl Door {
             batch: &mut self.batch,
             rbuf: &mut self.rbuf,
         };
-        let step = self
-            .conns
-            .get_mut(&no)
-            .map(|conn| progress(no, conn, &mut ctx, &mut scratch));
+        let step = self.conns.get_mut(&no).map(|conn| {
+            // A command that panics ends its connection, not the loop
+            // that serves all of them.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                progress(no, conn, &mut ctx, &mut scratch)
+            }))
+            .unwrap_or_else(|_| {
+                tracing::error!("RESP connection {no}: a command panicked; connection closed");
+                Step::Close
+            })
+        });
         self.scratch = scratch;
         if self.rbuf.len() > KEEP_READ {
             // (A large value's buffer is not kept.)
@@ -734,7 +741,15 @@ fn worker(
         let Ok(mut away) = job else {
             return;
         };
-        serve_away(&mut away);
+        let served =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_away(&mut away)));
+        if served.is_err() {
+            tracing::error!(
+                "RESP connection {}: a command panicked; connection closed",
+                away.no
+            );
+            away.close = true;
+        }
         // Idle again before the connection goes back, so the loop finds
         // this worker for the next job.
         idle.fetch_add(1, Ordering::AcqRel);
