@@ -212,3 +212,32 @@ fn pipelined_replies_follow_a_large_value_written_straight_out() {
         assert_eq!(replies[3 + 3 * i], b"+PONG\r\n");
     }
 }
+
+/// A client that sends its requests and closes its side at once (as
+/// `nc`, or a script piping commands, does) gets every reply and then the
+/// end of the stream: the end of its input may arrive with the last
+/// request, in the same read, and raises no event of its own.
+#[test]
+fn a_client_that_half_closes_gets_its_replies_and_the_end() {
+    let mut g = Group::with_resp("doorhalf", "64MiB");
+    let primary = g.primary() as usize - 1;
+    let port = g.resp[primary];
+    let req = format!(
+        "AUTH {}\r\nSET h v\r\nGET h\r\nPING\r\n",
+        common::STORE_SECRET
+    );
+    for i in 0..300 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut r = Vec::new();
+        if let Err(e) = s.read_to_end(&mut r) {
+            panic!(
+                "connection {i}: no end of stream ({e}) after {:?}",
+                show(&r)
+            );
+        }
+        assert_eq!(r, b"+OK\r\n+OK\r\n$1\r\nv\r\n+PONG\r\n", "connection {i}");
+    }
+}

@@ -45,6 +45,11 @@ const READ_CHUNK: usize = 64 << 10;
 /// it is in flight.
 const READ_AHEAD: usize = 1 << 20;
 
+/// Input one connection may read in one pass of the loop before the
+/// others are served (a client sending a 64 MiB value, or pipelining
+/// without pause, does not hold the loop for the whole of it).
+const READ_SHARE: usize = 1 << 20;
+
 /// How often the loop looks for writes whose answer is late and clients
 /// that stopped reading.
 const SWEEP: Duration = Duration::from_millis(100);
@@ -121,11 +126,17 @@ struct Conn {
     /// The socket had no more input when last read (a short read): the
     /// next readiness event says when it has (epoll edge-triggered).
     drained: bool,
+    /// The client closed its side (an event said so): read to the end,
+    /// whatever a short read suggests (the end raises no further event).
+    hup: bool,
 }
 
 /// What [`Door::progress`] leaves a connection in.
 enum Step {
     Keep,
+    /// It read its share for this pass ([`READ_SHARE`]) and the socket
+    /// may hold more: served again next pass, after the others.
+    Again,
     Close,
     Away(Work),
 }
@@ -148,6 +159,8 @@ struct Door {
     batch: Vec<(u64, u64, proto::Op, Answer)>,
     /// [`Ctx::rbuf`].
     rbuf: Vec<u8>,
+    /// Connections to serve again next pass ([`Step::Again`]).
+    again: Vec<u64>,
 }
 
 /// Starts the door's event loop on `listener`.
@@ -175,6 +188,7 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resu
         woken: Arc::new(AtomicBool::new(false)),
         batch: Vec::new(),
         rbuf: Vec::new(),
+        again: Vec::new(),
     };
     std::thread::Builder::new()
         .name("store-resp".into())
@@ -187,7 +201,10 @@ impl Door {
         let mut events = Events::with_capacity(1024);
         let mut next_sweep = Instant::now() + SWEEP;
         loop {
-            let wait = next_sweep.saturating_duration_since(Instant::now());
+            let wait = match self.again.is_empty() {
+                true => next_sweep.saturating_duration_since(Instant::now()),
+                false => Duration::ZERO,
+            };
             if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
                 if e.kind() != ErrorKind::Interrupted {
                     tracing::warn!("RESP poll: {e}");
@@ -201,9 +218,13 @@ impl Door {
                     WAKE => {}
                     Token(t) => self.on_event(
                         (t - 2) as u64,
-                        ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                        ev.is_readable(),
+                        ev.is_read_closed() || ev.is_error(),
                     ),
                 }
+            }
+            for no in std::mem::take(&mut self.again) {
+                self.service(no);
             }
             // Cleared before the channel is drained: an answer sent after
             // this wakes the loop again.
@@ -310,16 +331,18 @@ impl Door {
                 closing: false,
                 eof: false,
                 drained: false,
+                hup: false,
             },
         );
         self.service(no);
     }
 
     /// A readiness event of connection `no`.
-    fn on_event(&mut self, no: u64, readable: bool) {
-        if readable {
+    fn on_event(&mut self, no: u64, readable: bool, hup: bool) {
+        if readable || hup {
             if let Some(conn) = self.conns.get_mut(&no) {
                 conn.drained = false;
+                conn.hup |= hup;
             }
         }
         self.service(no);
@@ -353,6 +376,7 @@ impl Door {
         }
         match step {
             None | Some(Step::Keep) => {}
+            Some(Step::Again) => self.again.push(no),
             Some(Step::Close) => self.close(no),
             Some(Step::Away(work)) => self.send_away(no, work),
         }
@@ -482,6 +506,7 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
     if scratch.len() < READ_CHUNK {
         scratch.resize(READ_CHUNK, 0);
     }
+    let mut read = 0;
     loop {
         if !write_out(conn) {
             return Step::Close;
@@ -503,7 +528,7 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
             // Read ahead (bounded) while the write is in flight.
             while p.input.len() < READ_AHEAD && !conn.eof && !conn.drained {
                 match read_some(&mut p.stream, &mut p.input, scratch) {
-                    Ok(n) => conn.drained = n < scratch.len(),
+                    Ok(n) => conn.drained = n < scratch.len() && !conn.hup,
                     Err(true) => conn.eof = true,
                     Err(false) => return Step::Close,
                 }
@@ -562,16 +587,25 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
         }
         // Nothing whole to run: more input.
         if conn.eof {
-            return Step::Close;
+            // The client sent all it will: close once its replies are
+            // out (a client may half-close and then read them).
+            conn.closing = true;
+            continue;
         }
         if conn.drained {
             // Until the socket has more.
             return Step::Keep;
         }
+        if read >= READ_SHARE {
+            return Step::Again;
+        }
         match read_some(&mut p.stream, &mut p.input, scratch) {
             // A short read took all there was: the next bytes raise an
             // event.
-            Ok(n) => conn.drained = n < scratch.len(),
+            Ok(n) => {
+                conn.drained = n < scratch.len() && !conn.hup;
+                read += n;
+            }
             Err(true) => conn.eof = true,
             Err(false) => return Step::Close,
         }
