@@ -94,6 +94,7 @@ mod session;
 mod shared;
 mod strings;
 mod transaction;
+mod workers;
 
 use shared::Shared;
 
