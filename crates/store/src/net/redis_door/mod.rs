@@ -65,7 +65,8 @@
 //! hands it a [`Front`], the node as the door needs it, which the node
 //! loop's side implements. Inside: `shared.rs` (what all connections
 //! share: the pool of store clients, the node's last known role),
-//! `event_loop.rs` (the sockets, the workers), `fast.rs` (what the loop
+//! `event_loop.rs` (the sockets), `workers.rs` (the threads that run what
+//! may wait), `fast.rs` (what the loop
 //! runs itself), `session.rs` (a connection: its bytes, its authentication, the paths
 //! of a write and of a local read), `commands.rs` (the dispatcher and the
 //! keyed commands), `connection.rs` (the connection's and the server's
