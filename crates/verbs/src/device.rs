@@ -305,7 +305,7 @@ impl ProtectionDomain {
                 "an access guard needs register_raw or register_owned",
             ));
         }
-        let mut b = buf.into_boxed_slice();
+        let mut b = buf;
         let span = RawSpan {
             ptr: b.as_mut_ptr(),
             len: b.len(),

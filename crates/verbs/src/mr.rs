@@ -43,8 +43,10 @@ pub(crate) use place::{
 pub(crate) enum Backing {
     /// Allocated by the engine; freed on drop of the last reference.
     Owned(#[allow(dead_code)] AlignedBuf),
-    /// A caller-owned vector moved into the registration.
-    Vec(#[allow(dead_code)] Box<[u8]>),
+    /// A caller-owned vector moved into the registration (never changed
+    /// there, so its buffer stays where it is; its spare capacity is kept
+    /// for the caller who takes it back).
+    Vec(#[allow(dead_code)] Vec<u8>),
     /// Caller-owned memory (unsafe registration).
     Raw,
     /// A fast-registered STag: keeps the regions it maps alive.
@@ -152,7 +154,7 @@ impl MrInner {
         matches!(self.backing, Backing::Vec(_))
     }
     /// The vector moved into the registration, if it was one.
-    pub(crate) fn take_vec(self) -> Option<Box<[u8]>> {
+    pub(crate) fn take_vec(self) -> Option<Vec<u8>> {
         match self.backing {
             Backing::Vec(b) => Some(b),
             _ => None,
@@ -769,7 +771,7 @@ impl MrInner {
             access: Access::LOCAL_READ,
             iova,
             spans,
-            backing: Backing::Vec(bytes),
+            backing: Backing::Vec(bytes.into_vec()),
             invalidatable: false,
             fast_reg: false,
             chunk: None,

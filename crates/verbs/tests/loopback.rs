@@ -947,3 +947,20 @@ fn into_vec_returns_the_registered_vector_after_a_read() {
     owned.write_at(0, &[9; 64]);
     assert_eq!(owned.into_vec(), vec![9; 64]);
 }
+
+/// `try_into_vec` gives the registered vector back whole, spare capacity
+/// included (a sender keeps it for its next large message), and nothing
+/// for memory the region does not own.
+#[test]
+fn try_into_vec_returns_the_vector_with_its_capacity() {
+    let (c, _s) = pair_with(ConnParams::default(), ConnParams::default(), |_| {});
+    let mut v = Vec::with_capacity(3 << 20);
+    v.resize(1 << 20, 5u8);
+    let at = v.as_ptr();
+    let mr = c.pd.register(v, Access::LOCAL_READ).unwrap();
+    let got = mr.try_into_vec().expect("no transfer holds it");
+    assert_eq!((got.as_ptr(), got.len()), (at, 1 << 20));
+    assert!(got.capacity() >= 3 << 20, "shrunk to {}", got.capacity());
+    let owned = c.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    assert!(owned.try_into_vec().is_none());
+}

@@ -42,6 +42,7 @@ use softrdma_verbs::{
 
 pub use softrdma_verbs::Waker;
 
+pub(crate) mod pool;
 mod read;
 mod rendezvous;
 pub use rendezvous::EAGER_MAX;
@@ -108,8 +109,9 @@ pub enum LinkEvent {
     Frame {
         /// Link id.
         link: u32,
-        /// The message bytes.
-        bytes: Vec<u8>,
+        /// The message bytes (a large one's buffer is kept for the next
+        /// when the last of them is dropped: `pool.rs`).
+        bytes: bytes::Bytes,
     },
     /// Link `link` failed or was closed by the peer.
     Down {
@@ -489,7 +491,7 @@ impl Endpoint {
                 link.recv_mr.read_at(slot * MAX_FRAME + 1, &mut buf[at..]);
                 broken = buf.len() > EAGER_MAX;
                 if flag[0] == rendezvous::FLAG_LAST {
-                    let bytes = partial.remove(&id).unwrap_or_default();
+                    let bytes = partial.remove(&id).unwrap_or_default().into();
                     out.push(Raw::Event(LinkEvent::Frame { link: id, bytes }));
                 }
             }

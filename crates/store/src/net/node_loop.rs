@@ -24,7 +24,7 @@ use softrdma_verbs::{Access, MemoryRegion};
 
 use super::arena_reg::ArenaReg;
 use super::handshake::{ClientAuth, Principal};
-use super::link::{Endpoint, Link, LinkError, LinkEvent, Waker};
+use super::link::{pool, Endpoint, Link, LinkError, LinkEvent, Waker};
 use super::redis_door::Front;
 use crate::arena::Arena;
 use crate::auth::{random_u64, Credentials, Rights};
@@ -204,7 +204,7 @@ pub(crate) struct NodeLoop {
     /// Who is at the other end of each announced link.
     owner: HashMap<u32, Addr>,
     /// Frames of links not announced yet (see [`NodeLoop::on_frame`]).
-    unowned: HashMap<u32, Vec<Vec<u8>>>,
+    unowned: HashMap<u32, Vec<bytes::Bytes>>,
     /// The link this node dialed to each peer (it sends on it).
     to_node: HashMap<NodeId, Arc<Link>>,
     /// The link each peer dialed to this node.
@@ -480,7 +480,7 @@ impl NodeLoop {
 
     /// A message from a link: the node's input, unless the runtime answers
     /// it itself ([`refusal`]) or it is not a message.
-    fn on_frame(&mut self, link: u32, bytes: Vec<u8>) -> Option<Input> {
+    fn on_frame(&mut self, link: u32, bytes: bytes::Bytes) -> Option<Input> {
         let Some(&from) = self.owner.get(&link) else {
             // The thread that made the link live announces it through the
             // event queue, which this frame beat: keep it until the
@@ -490,14 +490,14 @@ impl NodeLoop {
             return None;
         };
         // Shared, so a value it carries reaches the arena without a copy.
-        match proto::decode_shared(bytes.into()) {
+        match proto::decode_shared(bytes) {
             Ok(env) => {
                 log_msg("received", from, &env);
                 if let Addr::Client(_) = from {
                     if let Some(answer) = refusal(&env, self.principals.get(&link)) {
                         if let Some(l) = self.clients.values().find(|l| l.id() == link) {
                             self.outbox
-                                .send(l, proto::encode(&answer), &self.ep, SEND_TIMEOUT);
+                                .send(l, pool::encode(&answer), &self.ep, SEND_TIMEOUT);
                         }
                         return None;
                     }
@@ -574,7 +574,7 @@ impl NodeLoop {
             return;
         }
         self.outbox
-            .send(link, proto::encode(&env), &self.ep, SEND_TIMEOUT);
+            .send(link, pool::encode(&env), &self.ep, SEND_TIMEOUT);
     }
 
     /// Recovery copies the primary's arena with one-sided RDMA Reads: a

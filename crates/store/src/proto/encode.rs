@@ -32,12 +32,26 @@ impl W {
 
 /// Encodes a message.
 pub fn encode(env: &Envelope) -> Vec<u8> {
+    encode_into(env, Vec::new())
+}
+
+/// Encodes a message into `buf` (emptied first; a buffer kept from an
+/// earlier large message, say), grown to [`room`] if it has less.
+pub fn encode_into(env: &Envelope, mut buf: Vec<u8>) -> Vec<u8> {
+    buf.clear();
     // Room for the values it carries: a large one is copied once, not
     // again at every doubling.
-    let mut w = W(Vec::with_capacity(256 + carried(&env.body)));
+    buf.reserve(room(env));
+    let mut w = W(buf);
     w.u64(env.epoch);
     enc_body(&mut w, &env.body);
     w.0
+}
+
+/// At least the bytes `env` takes encoded where it carries values (a
+/// little more for the other fields).
+pub fn room(env: &Envelope) -> usize {
+    256 + carried(&env.body)
 }
 
 /// About the bytes `b` takes encoded, at least for what carries values

@@ -203,7 +203,7 @@ impl MemoryRegion {
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
         loop {
             match Arc::try_unwrap(inner) {
-                Ok(mr) => return mr.take_vec().expect("a vector registration").into_vec(),
+                Ok(mr) => return mr.take_vec().expect("a vector registration"),
                 Err(held) if std::time::Instant::now() < deadline => {
                     inner = held;
                     std::thread::yield_now();
@@ -215,6 +215,21 @@ impl MemoryRegion {
                 }
             }
         }
+    }
+    /// Deregisters the region (as a drop does) and returns the vector it
+    /// was registered with if nothing else holds it now: `None` (the
+    /// memory freed when the engine's last hold ends) for memory the
+    /// region does not own, or while a transfer through it is still being
+    /// placed or sent. Unlike [`MemoryRegion::into_vec`] it never waits or
+    /// copies: for a sender that would keep the buffer for reuse.
+    pub fn try_into_vec(self) -> Option<Vec<u8>> {
+        if !self.inner.holds_vec() {
+            return None;
+        }
+        let inner = self.inner.clone();
+        drop(self);
+        let mr = Arc::try_unwrap(inner).ok()?;
+        Some(mr.take_vec().expect("a vector registration"))
     }
     /// The address of the first byte in this process (for single-span
     /// regions; null for a backed one).

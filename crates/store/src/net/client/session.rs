@@ -48,7 +48,7 @@ pub(super) struct Session {
     cfg: ClientConfig,
     ep: Arc<Endpoint>,
     /// Messages polled off the links and not yet consumed.
-    inbox: VecDeque<(u32, Vec<u8>)>,
+    inbox: VecDeque<(u32, bytes::Bytes)>,
     slots: Vec<Slot>,
     /// The node taken for the primary (index into `slots`).
     target: usize,
@@ -276,7 +276,7 @@ impl Session {
                     op: op.clone(),
                 },
             };
-            let msg = proto::encode(&env);
+            let msg = crate::net::link::pool::encode(&env);
             let attempt = self.cfg.attempt_for(msg.len());
             if let Err(e) = link.send_owned(msg, attempt) {
                 last = Unreachable::Send {
@@ -428,7 +428,7 @@ impl Session {
             },
         };
         let addr = self.slots[i].addr;
-        let msg = proto::encode(&env);
+        let msg = crate::net::link::pool::encode(&env);
         let attempt = self.cfg.attempt_for(msg.len());
         link.send_owned(msg, attempt)
             .map_err(|source| Unreachable::Send { addr, source })?;

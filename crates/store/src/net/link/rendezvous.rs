@@ -134,7 +134,7 @@ impl Endpoint {
         match self.pull_bytes(&link, &p) {
             Ok(bytes) => Some(LinkEvent::Frame {
                 link: p.link,
-                bytes,
+                bytes: super::pool::shared(bytes),
             }),
             Err(e) => {
                 tracing::warn!(link = p.link, len = p.len, error = %e, "pulling a lent message failed; closing link");
@@ -150,10 +150,15 @@ impl Endpoint {
         }
         // The message lands in the vector it is then delivered in (taken
         // back from its registration without a copy): one pass over the
-        // bytes, not a landing buffer and a copy out of it.
+        // bytes, not a landing buffer and a copy out of it; a kept one
+        // (`pool.rs`), not zeroed first.
         let mr = self
             .pd
-            .register_with(vec![0; p.len], Access::LOCAL_WRITE, transient())
+            .register_with(
+                super::pool::overwritable(p.len),
+                Access::LOCAL_WRITE,
+                transient(),
+            )
             .map_err(verr)?;
         // The advertised range starts at address 0.
         let piece = p.len.div_ceil(READ_BATCH).max(PULL_PIECE);
@@ -244,11 +249,14 @@ impl Link {
     }
 
     /// A lent message the peer is done with (its close, or the
-    /// advertisement's end): its memory is let go.
+    /// advertisement's end): its memory is let go, and its buffer kept for
+    /// the next large message if the engine holds it no more.
     pub(super) fn returned(&self, stag: Option<softrdma_verbs::Rkey>) {
         if let Some(s) = stag {
             let mr = self.lent.lock().unwrap().remove(&s.raw());
-            drop(mr);
+            if let Some(v) = mr.and_then(MemoryRegion::try_into_vec) {
+                super::pool::give(v);
+            }
         }
     }
 

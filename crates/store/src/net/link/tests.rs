@@ -63,7 +63,7 @@ fn receive(ep: &Endpoint, other: &Arc<Endpoint>, want: usize) -> (Vec<Vec<u8>>, 
         ep.poll(&mut evs);
         for e in evs.drain(..) {
             match e {
-                LinkEvent::Frame { bytes, .. } => got.push(bytes),
+                LinkEvent::Frame { bytes, .. } => got.push(bytes.to_vec()),
                 LinkEvent::Down { .. } => down = true,
             }
         }
