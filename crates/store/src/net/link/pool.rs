@@ -107,8 +107,10 @@ impl Pool {
                 v
             }
             None => {
-                let mut v = Vec::with_capacity(len.next_multiple_of(ROUND));
-                v.resize(len, 0);
+                // Zeroed by the allocator (`calloc`: a fresh mapping is
+                // not written), not by a pass of ours before the Reads'.
+                let mut v = vec![0; len.next_multiple_of(ROUND)];
+                v.truncate(len);
                 v
             }
         }
