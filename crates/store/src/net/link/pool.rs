@@ -146,7 +146,8 @@ impl Pool {
             .enumerate()
             .filter(|(_, v)| v.capacity() >= n && v.capacity() / 2 <= n)
             .min_by_key(|(_, v)| v.capacity())?;
-        Some(free.swap_remove(i))
+        // In order: `give` lets the oldest go first.
+        Some(free.remove(i))
     }
 }
 
