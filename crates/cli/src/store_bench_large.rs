@@ -4,7 +4,8 @@
 //! Starts its own replica group (as `softrdma store bench` does) and, for
 //! each value size, measures with one client for `--secs` each:
 //!
-//! * `put`: the native client's keyed put (`StoreClient::set`) of a value
+//! * `put`: the native client's keyed put (`StoreClient::set_bytes`: the
+//!   value handed over, not copied first) of a value
 //!   of that size over one of four keys in turn (in place, so the arena
 //!   does not grow), acknowledged once both nodes hold it: the client
 //!   lends the request, the primary pulls it with RDMA Reads, the
@@ -332,7 +333,8 @@ pub fn run(a: Args) -> Result<()> {
         print_header();
     }
     for &size in &a.sizes {
-        let value = pattern(size, size as u64);
+        // Handed over, not copied per put (`set_bytes`).
+        let value = softrdma_store::proto::Bytes::from(pattern(size, size as u64));
         let keys: Vec<Vec<u8>> = (0..KEYS)
             .map(|i| format!("large:{i}").into_bytes())
             .collect();
@@ -343,7 +345,7 @@ pub fn run(a: Args) -> Result<()> {
         let mut i = 0usize;
         let put = timed(a.secs, &pids, || {
             i += 1;
-            c.set(&keys[i % KEYS], &value)?;
+            c.set_bytes(&keys[i % KEYS], value.clone())?;
             Ok(())
         })?;
         let get = timed(a.secs, &pids, || {

@@ -45,8 +45,8 @@ pub use softrdma_verbs::Waker;
 pub(crate) mod pool;
 mod read;
 mod rendezvous;
-pub use rendezvous::EAGER_MAX;
 use rendezvous::{Outgoing, Pull, Raw};
+pub use rendezvous::{Sealed, EAGER_MAX};
 
 /// Largest message on a link.
 pub const MAX_FRAME: usize = 32 * 1024;
@@ -663,8 +663,8 @@ impl Link {
 
     /// [`Link::send`] of a message the link may keep: a large one is lent
     /// to the peer as it is, without a copy.
-    pub fn send_owned(&self, msg: Vec<u8>, timeout: Duration) -> Result<(), LinkError> {
-        self.send_msgs(&mut [msg], timeout)
+    pub fn send_owned(&self, msg: impl Into<Sealed>, timeout: Duration) -> Result<(), LinkError> {
+        self.send_msgs(&mut [msg.into()], timeout)
     }
 
     /// Sends several messages in order, posted together so that the
@@ -673,7 +673,7 @@ impl Link {
     /// are. Blocks while all send buffers are in flight, up to `timeout`;
     /// on an error the link is closed, since a message cut short cannot be
     /// resumed.
-    pub fn send_batch(&self, mut msgs: Vec<Vec<u8>>, timeout: Duration) -> Result<(), LinkError> {
+    pub fn send_batch(&self, mut msgs: Vec<Sealed>, timeout: Duration) -> Result<(), LinkError> {
         self.send_msgs(&mut msgs, timeout)
     }
 
@@ -696,7 +696,8 @@ impl Link {
             if msg.bytes().len() > EAGER_MAX {
                 // In order: what is composed goes first.
                 self.post(&mut tx, &mut wrs)?;
-                if let Err(e) = self.lend(&mut tx, msg.take(), deadline) {
+                let crc = msg.crc();
+                if let Err(e) = self.lend(&mut tx, msg.take(), crc, deadline) {
                     self.close();
                     return Err(e);
                 }

@@ -3,7 +3,14 @@
 use super::{Body, Cond, Effect, Envelope, ExpireWhen, Modify, Op, Reply, StoreError, Ttl};
 use crate::ptr::RemotePtr;
 
-struct W(Vec<u8>);
+/// The encoder's output, and the CRC32C of what it has written so far
+/// when it is sealing a message ([`encode_sealed`]): the digest and how
+/// many bytes it covers.
+struct W(Vec<u8>, Option<(crc_fast::Digest, usize)>);
+
+/// A large field is copied and digested in pieces of this size, so that
+/// the digest reads each piece from the cache the copy left it in.
+const FUSED: usize = 64 << 10;
 
 impl W {
     fn u8(&mut self, v: u8) {
@@ -20,7 +27,17 @@ impl W {
     }
     fn bytes(&mut self, b: &[u8]) {
         self.len(b.len());
-        self.0.extend_from_slice(b);
+        match &mut self.1 {
+            Some((d, done)) if b.len() > FUSED => {
+                for piece in b.chunks(FUSED) {
+                    self.0.extend_from_slice(piece);
+                    // What came before it (fields), then the piece.
+                    d.update(&self.0[*done..]);
+                    *done = self.0.len();
+                }
+            }
+            _ => self.0.extend_from_slice(b),
+        }
     }
     fn ptr(&mut self, p: &RemotePtr) {
         self.0.extend_from_slice(&p.encode());
@@ -37,15 +54,38 @@ pub fn encode(env: &Envelope) -> Vec<u8> {
 
 /// Encodes a message into `buf` (emptied first; a buffer kept from an
 /// earlier large message, say), grown to [`room`] if it has less.
-pub fn encode_into(env: &Envelope, mut buf: Vec<u8>) -> Vec<u8> {
+pub fn encode_into(env: &Envelope, buf: Vec<u8>) -> Vec<u8> {
+    encode_with(env, buf, None).0
+}
+
+/// [`encode_into`], and the CRC32C of the encoded message, computed as it
+/// is written (a large value is digested piece by piece right after its
+/// copy, not read again afterwards): what a link lends a large message
+/// with.
+pub fn encode_sealed(env: &Envelope, buf: Vec<u8>) -> (Vec<u8>, u32) {
+    let digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    let (buf, digest) = encode_with(env, buf, Some(digest));
+    (buf, digest.map_or(0, |d| d.finalize() as u32))
+}
+
+fn encode_with(
+    env: &Envelope,
+    mut buf: Vec<u8>,
+    digest: Option<crc_fast::Digest>,
+) -> (Vec<u8>, Option<crc_fast::Digest>) {
     buf.clear();
     // Room for the values it carries: a large one is copied once, not
     // again at every doubling.
     buf.reserve(room(env));
-    let mut w = W(buf);
+    let mut w = W(buf, digest.map(|d| (d, 0)));
     w.u64(env.epoch);
     enc_body(&mut w, &env.body);
-    w.0
+    let W(buf, digest) = w;
+    let digest = digest.map(|(mut d, done)| {
+        d.update(&buf[done..]);
+        d
+    });
+    (buf, digest)
 }
 
 /// At least the bytes `env` takes encoded where it carries values (a

@@ -477,3 +477,48 @@ fn a_large_message_is_encoded_without_growing_its_buffer() {
         );
     }
 }
+
+/// `encode_sealed` digests large values piece by piece as it copies them:
+/// its bytes are `encode`'s, and its CRC32C theirs, at every value length
+/// around the pieces, with fields between and after the values, into a
+/// reused buffer.
+#[test]
+fn a_sealed_message_is_the_encoded_message_and_its_crc32c() {
+    const PIECE: usize = 64 << 10;
+    let mut buf = vec![0xa5u8; 3 << 20];
+    for n in [0, 1, PIECE - 1, PIECE, PIECE + 1, 3 * PIECE + 5, 1 << 20] {
+        let value = Bytes::from((0..n).map(|i| (i * 31 + n) as u8).collect::<Vec<u8>>());
+        let write = |offset, key: &[u8]| Effect::Write {
+            offset,
+            version: 9,
+            generation: 3,
+            key: key.to_vec(),
+            data: value.clone(),
+            deadline: 5,
+        };
+        let env = Envelope {
+            epoch: 4,
+            body: Body::Replicate {
+                seq: 1,
+                op: RepOp {
+                    client: 1,
+                    req_id: 2,
+                    effects: vec![write(64, b"first"), write(4 << 20, b"second key")],
+                    reply: Reply::NotStored,
+                },
+            },
+        };
+        let (sealed, crc) = encode_sealed(&env, std::mem::take(&mut buf));
+        let plain = encode(&env);
+        assert!(
+            sealed == plain,
+            "value of {n} bytes: the sealed bytes differ"
+        );
+        assert_eq!(
+            crc,
+            crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &plain) as u32,
+            "value of {n} bytes"
+        );
+        buf = sealed;
+    }
+}

@@ -41,6 +41,17 @@ impl StoreClient {
         }
     }
 
+    /// [`Self::set`] of a value the caller hands over: it is encoded
+    /// into the request straight from `data`, not copied first (a large
+    /// value's copy is a pass over all of it; `Bytes::from(vec)` makes
+    /// no copy either).
+    pub fn set_bytes(&mut self, key: &[u8], data: Bytes) -> Result<RemotePtr, ClientError> {
+        match self.put(key, data, Cond::Always, Ttl::Clear)? {
+            Some(ptr) => Ok(ptr),
+            None => Err(ClientError::unexpected(OpKind::Put, Reply::NotStored)),
+        }
+    }
+
     /// Stores `data` under `key` if `cond` holds (`SET NX` / `SET XX`);
     /// `None`: it did not, nothing changed.
     pub fn set_if(
@@ -65,11 +76,22 @@ impl StoreClient {
         cond: Cond,
         ttl: Ttl,
     ) -> Result<Option<RemotePtr>, ClientError> {
-        proto::check_key(key)?;
         check_value(data)?;
+        self.put(key, Bytes::copy_from_slice(data), cond, ttl)
+    }
+
+    fn put(
+        &mut self,
+        key: &[u8],
+        data: Bytes,
+        cond: Cond,
+        ttl: Ttl,
+    ) -> Result<Option<RemotePtr>, ClientError> {
+        proto::check_key(key)?;
+        check_value(&data)?;
         let op = Op::Put {
             key: key.to_vec(),
-            data: Bytes::copy_from_slice(data),
+            data,
             cond,
             ttl,
         };

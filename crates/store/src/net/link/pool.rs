@@ -61,9 +61,16 @@ pub(crate) fn shared(v: Vec<u8>) -> Bytes {
     POOL.shared(v)
 }
 
-/// `env` encoded for a link: a large message into a kept buffer.
-pub(crate) fn encode(env: &crate::proto::Envelope) -> Vec<u8> {
-    crate::proto::encode_into(env, with_capacity(crate::proto::room(env)))
+/// `env` encoded for a link: a large message into a kept buffer, with
+/// its CRC32C computed as it is written (the pull message carries it).
+pub(crate) fn encode(env: &crate::proto::Envelope) -> super::Sealed {
+    let room = crate::proto::room(env);
+    let buf = with_capacity(room);
+    if room <= EAGER_MAX {
+        return crate::proto::encode_into(env, buf).into();
+    }
+    let (bytes, crc) = crate::proto::encode_sealed(env, buf);
+    super::Sealed::with_crc(bytes, crc)
 }
 
 /// Keeps `v` for a later large message.

@@ -98,6 +98,10 @@ pub(super) trait Outgoing {
     fn bytes(&self) -> &[u8];
     /// The bytes as a buffer of their own, to lend.
     fn take(&mut self) -> Vec<u8>;
+    /// Their CRC32C, which a pull message carries.
+    fn crc(&self) -> u32 {
+        crc32c(self.bytes())
+    }
 }
 
 impl Outgoing for &[u8] {
@@ -110,13 +114,59 @@ impl Outgoing for &[u8] {
     }
 }
 
-impl Outgoing for Vec<u8> {
+/// A message the link may keep (a large one is lent as it is), with its
+/// CRC32C if that was computed as it was encoded
+/// ([`crate::proto::encode_sealed`], which [`super::pool::encode`] uses
+/// for a large message): then lending it reads it no more.
+#[derive(Debug, Clone, Default)]
+pub struct Sealed {
+    bytes: Vec<u8>,
+    crc: Option<u32>,
+}
+
+impl Sealed {
+    /// `bytes` and their CRC32C `crc`, which must be theirs: a peer that
+    /// pulls them and finds another closes the link.
+    pub(crate) fn with_crc(bytes: Vec<u8>, crc: u32) -> Sealed {
+        debug_assert_eq!(
+            crc,
+            crc32c(&bytes),
+            "a sealed message's CRC32C is not its own"
+        );
+        Sealed {
+            bytes,
+            crc: Some(crc),
+        }
+    }
+
+    /// The message's length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether it has no bytes (a link refuses to send it).
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+impl From<Vec<u8>> for Sealed {
+    fn from(bytes: Vec<u8>) -> Sealed {
+        Sealed { bytes, crc: None }
+    }
+}
+
+impl Outgoing for Sealed {
     fn bytes(&self) -> &[u8] {
-        self
+        &self.bytes
     }
 
     fn take(&mut self) -> Vec<u8> {
-        std::mem::take(self)
+        std::mem::take(&mut self.bytes)
+    }
+
+    fn crc(&self) -> u32 {
+        self.crc.unwrap_or_else(|| crc32c(&self.bytes))
     }
 }
 
@@ -192,12 +242,14 @@ fn transient() -> RegOptions {
 }
 
 impl Link {
-    /// Lends `msg` to the peer: registers it, advertises it with a pull
-    /// message ([`FLAG_PULL`]) and keeps it until the peer's close.
+    /// Lends `msg`, whose CRC32C is `crc`, to the peer: registers it,
+    /// advertises it with a pull message ([`FLAG_PULL`]) and keeps it
+    /// until the peer's close.
     pub(super) fn lend(
         &self,
         tx: &mut Tx,
         msg: Vec<u8>,
+        crc: u32,
         deadline: Instant,
     ) -> Result<(), LinkError> {
         let ep = self
@@ -208,7 +260,7 @@ impl Link {
         let mut head = [0u8; 1 + PULL_HEAD];
         head[0] = FLAG_PULL;
         head[1..9].copy_from_slice(&(len as u64).to_le_bytes());
-        head[9..].copy_from_slice(&crc32c(&msg).to_le_bytes());
+        head[9..].copy_from_slice(&crc.to_le_bytes());
         let mr = ep
             .pd
             .register_with(msg, Access::LOCAL_READ, transient())

@@ -99,7 +99,8 @@ fn messages_of_every_size_arrive_whole_and_in_order_and_large_ones_are_pulled() 
         .map(|(i, &n)| pattern(n, i as u64 + 1))
         .collect();
     let sends_before = la.sends_posted();
-    la.send_batch(msgs.clone(), T).unwrap();
+    la.send_batch(msgs.iter().cloned().map(Sealed::from).collect(), T)
+        .unwrap();
     let eager: u64 = sizes
         .iter()
         .filter(|&&n| n <= EAGER_MAX)
