@@ -313,6 +313,45 @@ impl ProtectionDomain {
         self.install(vec![span], Backing::Vec(b), access, opts, false, None)
     }
 
+    /// Registers `bytes` for reading only, without a copy: a message's
+    /// value that other holders share, lent to a peer where it lies. The
+    /// registration keeps `bytes` until its last use, as
+    /// [`ProtectionDomain::register_owned`] keeps its owner. `access` may
+    /// allow reads alone ([`Access::LOCAL_READ`], [`Access::REMOTE_READ`]):
+    /// every path by which the engine writes a region checks a write right
+    /// first (a Receive's or a Read's sink and an atomic `LOCAL_WRITE`, a
+    /// peer's Write or atomic `REMOTE_WRITE`, an advertisement with remote
+    /// write `LOCAL_WRITE`), so the bytes stay as [`bytes::Bytes`] promises
+    /// its other holders. Refused ([`Error::InvalidArgument`]): any other
+    /// access, no bytes, a shared file or an access guard.
+    pub fn register_bytes(
+        &self,
+        bytes: bytes::Bytes,
+        access: Access,
+        opts: RegOptions,
+    ) -> Result<MemoryRegion> {
+        let reads = Access::LOCAL_READ.0 | Access::REMOTE_READ.0;
+        if access.0 & !reads != 0 {
+            return Err(Error::inval("register_bytes: the bytes may only be read"));
+        }
+        if bytes.is_empty() {
+            return Err(Error::inval("register_bytes: no bytes"));
+        }
+        if opts.shared.is_some() || opts.guard.is_some() {
+            return Err(Error::inval(
+                "register_bytes: no shared file or access guard for shared bytes",
+            ));
+        }
+        let (ptr, len) = (bytes.as_ptr().cast_mut(), bytes.len());
+        // SAFETY: `bytes` is kept by the registration (the `Arc` below)
+        // until its last use, and `Bytes` neither moves nor frees its
+        // memory while a handle lives, so `[ptr, ptr + len)` stays valid
+        // for reads. It is never written through `ptr`: the region's
+        // access allows no write (checked above), and the engine checks a
+        // write right before every write into a region.
+        unsafe { self.register_raw_inner(ptr, len, access, opts, Some(Arc::new(bytes))) }
+    }
+
     /// Registers memory the caller owns.
     ///
     /// Dropping the region is a NIC's deregistration: the STag stops

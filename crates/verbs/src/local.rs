@@ -738,6 +738,14 @@ pub(crate) fn post_local(q: &Arc<QpInner>, l: &LocalLink, wrs: &[SendWr]) -> Res
 pub(crate) fn resolve_local(q: &QpInner, wr: &SendWr, w: &mut SqWqe) -> Result<(), WcStatus> {
     let need = match wr.op {
         WrOp::RdmaRead { .. } => Access::LOCAL_WRITE,
+        // A peer's write through the new STag writes these regions: they
+        // must allow it (as a registration with remote write needs local
+        // write). A region registered read-only stays so.
+        WrOp::FastReg { access, .. }
+            if access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC) =>
+        {
+            Access::LOCAL_WRITE
+        }
         _ => Access::LOCAL_READ,
     };
     let atomic = matches!(

@@ -463,3 +463,96 @@ fn write_direction_peer_writes_then_closes() {
         drop(raw);
     }
 }
+
+/// Shared bytes registered read-only (`register_bytes`) are lent where
+/// they lie: a gather list of a vector of the caller's and the shared
+/// bytes reads back as their concatenation. Nothing makes them writable:
+/// write access at registration, an advertisement with remote write, a
+/// fast-register granting remote write (refused only since it checks the
+/// regions it maps, as this test first showed) and a Receive into them are
+/// all refused, and the bytes are unchanged.
+#[test]
+fn shared_bytes_are_lent_read_only() {
+    let shared = bytes::Bytes::from(pattern(48 << 10, 5));
+    let reads = Access::LOCAL_READ;
+    let opts = RegOptions::default;
+    // Lent as the second piece of a gather list.
+    let (a, b) = pair_with(ext(), ext(), |_| {});
+    for bad in [
+        Access::LOCAL_WRITE,
+        Access::REMOTE_WRITE,
+        Access::REMOTE_ATOMIC,
+    ] {
+        assert!(
+            a.pd.register_bytes(shared.clone(), bad, opts()).is_err(),
+            "{bad:?} granted over shared bytes"
+        );
+    }
+    assert!(a
+        .pd
+        .register_bytes(bytes::Bytes::new(), reads, opts())
+        .is_err());
+    let mr = a.pd.register_bytes(shared.clone(), reads, opts()).unwrap();
+    let head = a.pd.register(pattern(100, 6), reads).unwrap();
+    assert!(a
+        .qp
+        .advertise(9, &[mr.sge_all()], Access::REMOTE_WRITE, b"w", 1)
+        .is_err());
+    let bbuf = b.pd.alloc_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&RecvWr::new(1, &[bbuf.sge(0, 256)]))
+        .unwrap();
+    let stag =
+        a.qp.advertise(
+            10,
+            &[head.sge_all(), mr.sge_all()],
+            Access::REMOTE_READ,
+            b"pull",
+            42,
+        )
+        .unwrap();
+    assert_eq!(wait(&b.cq).status, WcStatus::Success);
+    let len = 100 + (48 << 10);
+    b.qp.post_send(&SendWr::read(2, bbuf.sge(4096, len), 0, stag))
+        .unwrap();
+    assert_eq!(wait(&b.cq).status, WcStatus::Success);
+    let mut got = vec![0; len];
+    bbuf.read_at(4096, &mut got);
+    let mut want = pattern(100, 6);
+    want.extend_from_slice(&shared);
+    assert!(
+        got == want,
+        "the gather list read back as its concatenation"
+    );
+    // A fast-register granting remote write over them fails.
+    let fr = a.pd.alloc_fast_reg_mr().unwrap();
+    a.qp.post_send(&SendWr::fast_reg(
+        8,
+        &fr,
+        0x21,
+        &[mr.sge_all()],
+        0,
+        Access::REMOTE_READ | Access::REMOTE_WRITE,
+    ))
+    .unwrap();
+    let wc = wait(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (8, WcStatus::LocProtErr));
+    assert_eq!(fr.current_stag(), None);
+    // A Receive into them takes no bytes.
+    let (c, d) = pair();
+    let mr = c.pd.register_bytes(shared.clone(), reads, opts()).unwrap();
+    let sent = d.pd.register(pattern(64, 7), reads).unwrap();
+    match c.qp.post_recv(&RecvWr::new(3, &[mr.sge(0, 64)])) {
+        Err(_) => {}
+        Ok(()) => {
+            d.qp.post_send(&SendWr::send(4, &[sent.sge_all()])).unwrap();
+            let wc = wait(&c.cq);
+            assert_eq!(wc.wr_id, 3);
+            assert_ne!(wc.status, WcStatus::Success, "a Receive wrote shared bytes");
+        }
+    }
+    drop(mr);
+    assert!(
+        shared[..] == pattern(48 << 10, 5)[..],
+        "the shared bytes changed"
+    );
+}

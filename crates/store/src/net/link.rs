@@ -45,8 +45,8 @@ pub use softrdma_verbs::Waker;
 pub(crate) mod pool;
 mod read;
 mod rendezvous;
+pub use rendezvous::{Outbound, EAGER_MAX};
 use rendezvous::{Outgoing, Pull, Raw};
-pub use rendezvous::{Sealed, EAGER_MAX};
 
 /// Largest message on a link.
 pub const MAX_FRAME: usize = 32 * 1024;
@@ -549,7 +549,7 @@ pub struct Link {
     ep: std::sync::Weak<Endpoint>,
     /// The messages lent to the peer (`rendezvous.rs`), by STag, until
     /// its close (or the advertisement's end) gives each back.
-    lent: Mutex<HashMap<u32, MemoryRegion>>,
+    lent: Mutex<HashMap<u32, Vec<MemoryRegion>>>,
     /// Sends posted (fragments, closes; not advertisements).
     sends: std::sync::atomic::AtomicU64,
 }
@@ -663,7 +663,7 @@ impl Link {
 
     /// [`Link::send`] of a message the link may keep: a large one is lent
     /// to the peer as it is, without a copy.
-    pub fn send_owned(&self, msg: impl Into<Sealed>, timeout: Duration) -> Result<(), LinkError> {
+    pub fn send_owned(&self, msg: impl Into<Outbound>, timeout: Duration) -> Result<(), LinkError> {
         self.send_msgs(&mut [msg.into()], timeout)
     }
 
@@ -673,14 +673,14 @@ impl Link {
     /// are. Blocks while all send buffers are in flight, up to `timeout`;
     /// on an error the link is closed, since a message cut short cannot be
     /// resumed.
-    pub fn send_batch(&self, mut msgs: Vec<Sealed>, timeout: Duration) -> Result<(), LinkError> {
+    pub fn send_batch(&self, mut msgs: Vec<Outbound>, timeout: Duration) -> Result<(), LinkError> {
         self.send_msgs(&mut msgs, timeout)
     }
 
     fn send_msgs<M: Outgoing>(&self, msgs: &mut [M], timeout: Duration) -> Result<(), LinkError> {
         if let Some(m) = msgs
             .iter()
-            .map(|m| m.bytes().len())
+            .map(|m| m.len())
             .find(|&n| n == 0 || n > crate::proto::MAX_MESSAGE)
         {
             return Err(LinkError::TooLarge(m));
@@ -693,17 +693,17 @@ impl Link {
         let deadline = Instant::now() + timeout;
         let mut wrs: Vec<SendWr> = Vec::new();
         for msg in msgs {
-            if msg.bytes().len() > EAGER_MAX {
+            if msg.len() > EAGER_MAX {
                 // In order: what is composed goes first.
                 self.post(&mut tx, &mut wrs)?;
-                let crc = msg.crc();
-                if let Err(e) = self.lend(&mut tx, msg.take(), crc, deadline) {
+                if let Err(e) = self.lend(&mut tx, msg.take(), deadline) {
                     self.close();
                     return Err(e);
                 }
                 continue;
             }
-            let mut pieces = msg.bytes().chunks(PIECE).peekable();
+            let bytes = msg.eager();
+            let mut pieces = bytes.chunks(PIECE).peekable();
             while let Some(piece) = pieces.next() {
                 let slot = self.slot(&mut tx, &mut wrs, deadline)?;
                 let more = pieces.peek().is_some();

@@ -24,7 +24,7 @@ use softrdma_verbs::{Access, MemoryRegion};
 
 use super::arena_reg::ArenaReg;
 use super::handshake::{ClientAuth, Principal};
-use super::link::{pool, Endpoint, Link, LinkError, LinkEvent, Sealed, Waker};
+use super::link::{pool, Endpoint, Link, LinkError, LinkEvent, Outbound, Waker};
 use super::redis_door::Front;
 use crate::arena::Arena;
 use crate::auth::{random_u64, Credentials, Rights};
@@ -766,7 +766,7 @@ fn rotated(stag: u32) -> u32 {
 /// The node loop's outgoing messages, per link, in order.
 #[derive(Default)]
 struct Outbox {
-    links: Vec<(Arc<Link>, Vec<Sealed>)>,
+    links: Vec<(Arc<Link>, Vec<Outbound>)>,
 }
 
 impl Outbox {
@@ -775,7 +775,7 @@ impl Outbox {
     /// ring) starts on it while this loop handles the rest of the round;
     /// queueing it behind the round cost 16 same-host clients 30-40% of
     /// their write rate.
-    fn send(&mut self, link: &Arc<Link>, bytes: Sealed, ep: &Endpoint, timeout: Duration) {
+    fn send(&mut self, link: &Arc<Link>, bytes: Outbound, ep: &Endpoint, timeout: Duration) {
         match self.links.iter_mut().find(|(l, _)| l.id() == link.id()) {
             Some((_, q)) => q.push(bytes),
             None if link.qp().input_in_ring() => {

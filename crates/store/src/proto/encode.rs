@@ -1,16 +1,35 @@
 //! Encoding: every message to bytes (the layout [`super`] describes).
 
-use super::{Body, Cond, Effect, Envelope, ExpireWhen, Modify, Op, Reply, StoreError, Ttl};
+use super::{Body, Bytes, Cond, Effect, Envelope, ExpireWhen, Modify, Op, Reply, StoreError, Ttl};
 use crate::ptr::RemotePtr;
 
-/// The encoder's output, and the CRC32C of what it has written so far
-/// when it is sealing a message ([`encode_sealed`]): the digest and how
-/// many bytes it covers.
-struct W(Vec<u8>, Option<(crc_fast::Digest, usize)>);
+/// The encoder's output: the bytes so far, and, when it gathers
+/// ([`encode_gather`]), the message's earlier pieces.
+struct W(Vec<u8>, Option<Vec<Piece>>);
 
-/// A large field is copied and digested in pieces of this size, so that
-/// the digest reads each piece from the cache the copy left it in.
-const FUSED: usize = 64 << 10;
+/// A piece of an encoded message ([`encode_gather`]).
+#[derive(Debug, Clone)]
+pub enum Piece {
+    /// Bytes the encoder wrote.
+    Own(Vec<u8>),
+    /// A value's bytes where they lie (a large value's, not copied).
+    Shared(Bytes),
+}
+
+impl Piece {
+    /// The piece's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Piece::Own(v) => v,
+            Piece::Shared(b) => b,
+        }
+    }
+}
+
+/// Values longer than this are gathered, not copied ([`encode_gather`]).
+pub const GATHER_MIN: usize = 64 << 10;
+/// Values gathered per message at most; later ones are copied.
+pub const GATHER_MAX: usize = 16;
 
 impl W {
     fn u8(&mut self, v: u8) {
@@ -27,16 +46,22 @@ impl W {
     }
     fn bytes(&mut self, b: &[u8]) {
         self.len(b.len());
+        self.0.extend_from_slice(b);
+    }
+    /// A value: its bytes, or, when gathering a large one, the bytes
+    /// written so far as a piece and the value as the next.
+    fn value(&mut self, b: &Bytes) {
         match &mut self.1 {
-            Some((d, done)) if b.len() > FUSED => {
-                for piece in b.chunks(FUSED) {
-                    self.0.extend_from_slice(piece);
-                    // What came before it (fields), then the piece.
-                    d.update(&self.0[*done..]);
-                    *done = self.0.len();
-                }
+            Some(pieces) if b.len() > GATHER_MIN && pieces.len() < 2 * GATHER_MAX => {
+                self.0.extend_from_slice(
+                    &u32::try_from(b.len())
+                        .expect("field longer than 4 GiB")
+                        .to_le_bytes(),
+                );
+                pieces.push(Piece::Own(std::mem::take(&mut self.0)));
+                pieces.push(Piece::Shared(b.clone()));
             }
-            _ => self.0.extend_from_slice(b),
+            _ => self.bytes(b),
         }
     }
     fn ptr(&mut self, p: &RemotePtr) {
@@ -54,57 +79,61 @@ pub fn encode(env: &Envelope) -> Vec<u8> {
 
 /// Encodes a message into `buf` (emptied first; a buffer kept from an
 /// earlier large message, say), grown to [`room`] if it has less.
-pub fn encode_into(env: &Envelope, buf: Vec<u8>) -> Vec<u8> {
-    encode_with(env, buf, None).0
-}
-
-/// [`encode_into`], and the CRC32C of the encoded message, computed as it
-/// is written (a large value is digested piece by piece right after its
-/// copy, not read again afterwards): what a link lends a large message
-/// with.
-pub fn encode_sealed(env: &Envelope, buf: Vec<u8>) -> (Vec<u8>, u32) {
-    let digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-    let (buf, digest) = encode_with(env, buf, Some(digest));
-    (buf, digest.map_or(0, |d| d.finalize() as u32))
-}
-
-fn encode_with(
-    env: &Envelope,
-    mut buf: Vec<u8>,
-    digest: Option<crc_fast::Digest>,
-) -> (Vec<u8>, Option<crc_fast::Digest>) {
+pub fn encode_into(env: &Envelope, mut buf: Vec<u8>) -> Vec<u8> {
     buf.clear();
     // Room for the values it carries: a large one is copied once, not
     // again at every doubling.
     buf.reserve(room(env));
-    let mut w = W(buf, digest.map(|d| (d, 0)));
+    let mut w = W(buf, None);
     w.u64(env.epoch);
     enc_body(&mut w, &env.body);
-    let W(buf, digest) = w;
-    let digest = digest.map(|(mut d, done)| {
-        d.update(&buf[done..]);
-        d
-    });
-    (buf, digest)
+    w.0
+}
+
+/// Encodes a message as pieces whose concatenation is [`encode`]'s bytes:
+/// values of more than [`GATHER_MIN`] bytes (up to [`GATHER_MAX`] of
+/// them) are referenced where they lie, not copied, and the bytes between
+/// them are written into `buf` and new vectors. What a link lends a large
+/// message as (a gather list), so a value crosses it without a copy.
+pub fn encode_gather(env: &Envelope, mut buf: Vec<u8>) -> Vec<Piece> {
+    buf.clear();
+    buf.reserve(gather_room(env));
+    let mut w = W(buf, Some(Vec::new()));
+    w.u64(env.epoch);
+    enc_body(&mut w, &env.body);
+    let W(last, pieces) = w;
+    let mut pieces = pieces.unwrap_or_default();
+    if !last.is_empty() {
+        pieces.push(Piece::Own(last));
+    }
+    pieces
 }
 
 /// At least the bytes `env` takes encoded where it carries values (a
 /// little more for the other fields).
 pub fn room(env: &Envelope) -> usize {
-    256 + carried(&env.body)
+    256 + carried(&env.body, |n| n)
+}
+
+/// [`room`] for [`encode_gather`]: at least the bytes it copies (the
+/// first piece of a message with a large value has more room than it
+/// needs; the next ones grow).
+pub fn gather_room(env: &Envelope) -> usize {
+    256 + carried(&env.body, |n| if n > GATHER_MIN { 0 } else { n })
 }
 
 /// About the bytes `b` takes encoded, at least for what carries values
 /// (a large message must not outgrow its buffer by a few bytes: the
 /// doubling copies it, and past glibc's mmap threshold maps it anew).
-fn carried(b: &Body) -> usize {
+/// `value` says what a value of `n` bytes takes.
+fn carried(b: &Body, value: fn(usize) -> usize) -> usize {
     match b {
-        Body::Request { op, .. } => op_carries(op),
+        Body::Request { op, .. } => op_carries(op, value),
         Body::Replicate { op, .. } => op
             .effects
             .iter()
             .map(|e| match e {
-                Effect::Write { key, data, .. } => EACH + key.len() + data.len(),
+                Effect::Write { key, data, .. } => EACH + key.len() + value(data.len()),
                 _ => EACH,
             })
             .sum(),
@@ -115,16 +144,16 @@ fn carried(b: &Body) -> usize {
 /// More than an operation's or effect's fixed fields take encoded.
 const EACH: usize = 64;
 
-fn op_carries(op: &Op) -> usize {
+fn op_carries(op: &Op, value: fn(usize) -> usize) -> usize {
     match op {
-        Op::Insert { data } => EACH + data.len(),
-        Op::Update { data, .. } => EACH + data.len(),
-        Op::Put { key, data, .. } => EACH + key.len() + data.len(),
+        Op::Insert { data } => EACH + value(data.len()),
+        Op::Update { data, .. } => EACH + value(data.len()),
+        Op::Put { key, data, .. } => EACH + key.len() + value(data.len()),
         Op::Modify {
             key,
             how: Modify::Swap { data, .. },
-        } => EACH + key.len() + data.len(),
-        Op::Batch { ops, .. } => ops.iter().map(op_carries).sum(),
+        } => EACH + key.len() + value(data.len()),
+        Op::Batch { ops, .. } => ops.iter().map(|o| op_carries(o, value)).sum(),
         _ => EACH,
     }
 }
@@ -251,12 +280,12 @@ fn enc_op(w: &mut W, op: &Op) {
     match op {
         Op::Insert { data } => {
             w.u8(1);
-            w.bytes(data);
+            w.value(data);
         }
         Op::Update { ptr, data } => {
             w.u8(2);
             w.ptr(ptr);
-            w.bytes(data);
+            w.value(data);
         }
         Op::Read { ptr } => {
             w.u8(3);
@@ -275,7 +304,7 @@ fn enc_op(w: &mut W, op: &Op) {
         } => {
             w.u8(6);
             w.bytes(key);
-            w.bytes(data);
+            w.value(data);
             w.u8(cond_tag(*cond));
             enc_ttl(w, *ttl);
         }
@@ -320,7 +349,7 @@ fn enc_op(w: &mut W, op: &Op) {
                 }
                 Modify::Swap { data, cond, ttl } => {
                     w.u8(4);
-                    w.bytes(data);
+                    w.value(data);
                     w.u8(cond_tag(*cond));
                     enc_ttl(w, *ttl);
                 }
@@ -506,7 +535,7 @@ fn enc_effect(w: &mut W, e: &Effect) {
             w.u64(*version);
             w.u64(*generation);
             w.bytes(key);
-            w.bytes(data);
+            w.value(data);
             w.u64(*deadline);
         }
         Effect::Free { offset } => {

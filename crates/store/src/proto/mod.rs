@@ -21,7 +21,9 @@ mod tests;
 
 pub use bytes::Bytes;
 pub use decode::{decode, decode_shared};
-pub use encode::{encode, encode_into, encode_sealed, room};
+pub use encode::{
+    encode, encode_gather, encode_into, gather_room, room, Piece, GATHER_MAX, GATHER_MIN,
+};
 
 /// The longest value a key or a pointer holds: 64 MiB (Redis: 512 MB). A
 /// message carrying one travels by rendezvous (`net/link/rendezvous.rs`)

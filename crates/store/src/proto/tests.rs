@@ -478,47 +478,61 @@ fn a_large_message_is_encoded_without_growing_its_buffer() {
     }
 }
 
-/// `encode_sealed` digests large values piece by piece as it copies them:
-/// its bytes are `encode`'s, and its CRC32C theirs, at every value length
-/// around the pieces, with fields between and after the values, into a
-/// reused buffer.
+/// `encode_gather`'s pieces make `encode`'s bytes, at every value length
+/// around the threshold, with fields between and after the values, into a
+/// reused buffer; the values over [`GATHER_MIN`] (at most [`GATHER_MAX`]
+/// of them) are the values' own bytes, not copies.
 #[test]
-fn a_sealed_message_is_the_encoded_message_and_its_crc32c() {
-    const PIECE: usize = 64 << 10;
+fn a_gathered_message_is_the_encoded_message_with_its_large_values_in_place() {
     let mut buf = vec![0xa5u8; 3 << 20];
-    for n in [0, 1, PIECE - 1, PIECE, PIECE + 1, 3 * PIECE + 5, 1 << 20] {
-        let value = Bytes::from((0..n).map(|i| (i * 31 + n) as u8).collect::<Vec<u8>>());
-        let write = |offset, key: &[u8]| Effect::Write {
-            offset,
-            version: 9,
-            generation: 3,
-            key: key.to_vec(),
-            data: value.clone(),
-            deadline: 5,
-        };
-        let env = Envelope {
-            epoch: 4,
-            body: Body::Replicate {
-                seq: 1,
-                op: RepOp {
-                    client: 1,
-                    req_id: 2,
-                    effects: vec![write(64, b"first"), write(4 << 20, b"second key")],
-                    reply: Reply::NotStored,
+    for n in [0, 1, GATHER_MIN - 1, GATHER_MIN, GATHER_MIN + 1, 1 << 20] {
+        for values in [1, 2, GATHER_MAX + 2] {
+            let value = Bytes::from((0..n).map(|i| (i * 31 + n) as u8).collect::<Vec<u8>>());
+            let write = |i: usize| Effect::Write {
+                offset: 64 + (i as u64) * (4 << 20),
+                version: 9,
+                generation: 3,
+                key: format!("key {i}").into_bytes(),
+                data: value.clone(),
+                deadline: 5,
+            };
+            let env = Envelope {
+                epoch: 4,
+                body: Body::Replicate {
+                    seq: 1,
+                    op: RepOp {
+                        client: 1,
+                        req_id: 2,
+                        effects: (0..values).map(write).collect(),
+                        reply: Reply::NotStored,
+                    },
                 },
-            },
-        };
-        let (sealed, crc) = encode_sealed(&env, std::mem::take(&mut buf));
-        let plain = encode(&env);
-        assert!(
-            sealed == plain,
-            "value of {n} bytes: the sealed bytes differ"
-        );
-        assert_eq!(
-            crc,
-            crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &plain) as u32,
-            "value of {n} bytes"
-        );
-        buf = sealed;
+            };
+            let pieces = encode_gather(&env, std::mem::take(&mut buf));
+            let joined: Vec<u8> = pieces.iter().flat_map(|p| p.bytes()).copied().collect();
+            assert!(
+                joined == encode(&env),
+                "{values} values of {n} bytes: the pieces differ"
+            );
+            let shared: Vec<&Bytes> = pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Shared(b) => Some(b),
+                    Piece::Own(_) => None,
+                })
+                .collect();
+            let want = if n > GATHER_MIN {
+                values.min(GATHER_MAX)
+            } else {
+                0
+            };
+            assert_eq!(shared.len(), want, "{values} values of {n} bytes");
+            assert!(shared
+                .iter()
+                .all(|b| b.as_ptr() == value.as_ptr() && b.len() == n));
+            if let Some(Piece::Own(v)) = pieces.into_iter().next() {
+                buf = v;
+            }
+        }
     }
 }

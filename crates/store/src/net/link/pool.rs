@@ -61,16 +61,21 @@ pub(crate) fn shared(v: Vec<u8>) -> Bytes {
     POOL.shared(v)
 }
 
-/// `env` encoded for a link: a large message into a kept buffer, with
-/// its CRC32C computed as it is written (the pull message carries it).
-pub(crate) fn encode(env: &crate::proto::Envelope) -> super::Sealed {
+/// `env` encoded for a link: a large message as a gather list (its large
+/// values where they lie, the bytes between them written into a kept
+/// buffer and small new ones), the others into one buffer.
+pub(crate) fn encode(env: &crate::proto::Envelope) -> super::Outbound {
     let room = crate::proto::room(env);
-    let buf = with_capacity(room);
     if room <= EAGER_MAX {
-        return crate::proto::encode_into(env, buf).into();
+        return crate::proto::encode_into(env, Vec::with_capacity(room)).into();
     }
-    let (bytes, crc) = crate::proto::encode_sealed(env, buf);
-    super::Sealed::with_crc(bytes, crc)
+    let buf = with_capacity(crate::proto::gather_room(env));
+    let pieces = crate::proto::encode_gather(env, buf);
+    match <[_; 1]>::try_from(pieces) {
+        Ok([crate::proto::Piece::Own(v)]) => super::Outbound::One(v),
+        Ok([p]) => super::Outbound::Pieces(vec![p]),
+        Err(pieces) => super::Outbound::Pieces(pieces),
+    }
 }
 
 /// Keeps `v` for a later large message.

@@ -3,37 +3,52 @@
 //! large value in a client's put, a write replicated to the secondary, a
 //! large answer) is not copied through the link's 32 KiB Sends.
 //!
-//! - The sender registers the message where it lies (no copy), binds a
-//!   one-shot STag over it with remote read access and, in the same call,
-//!   sends a pull message naming its length and CRC32C
-//!   ([`QueuePair::advertise`]; the STag travels in the RDMAP header).
+//! - The sender registers the message where it lies (no copy): its pieces
+//!   ([`Outbound::Pieces`], a gather list: the encoder's bytes between
+//!   large values, and each large value where it lies, shared with its
+//!   other holders and registered read-only,
+//!   `ProtectionDomain::register_bytes`), binds a one-shot STag over them
+//!   as one range with remote read access and, in the same call, sends a
+//!   pull message naming its length ([`QueuePair::advertise`]; the STag
+//!   travels in the RDMAP header).
 //! - The receiver's owner thread, in [`Endpoint::poll`], reads the message
 //!   with RDMA Reads straight into a vector registered for it (up to
 //!   [`READ_BATCH`] Reads in flight), takes the vector back from the
 //!   registration without a copy ([`MemoryRegion::into_vec`]; the message
 //!   is delivered in it, and its values are decoded as slices of it:
-//!   `proto::decode_shared`), checks the CRC, and closes the
-//!   advertisement with a Send-and-close ([`SendWr::send_close`]), which
-//!   frees the STag in the sender's engine before the sender sees the
-//!   close. Only then does the sender let go of the memory
-//!   ([`Link::returned`]); an advertisement that ends without a close (the
-//!   connection failed) gives it back the same way.
+//!   `proto::decode_shared`), and closes the advertisement with a
+//!   Send-and-close ([`SendWr::send_close`]), which frees the STag in the
+//!   sender's engine before the sender sees the close. Only then does the
+//!   sender let go of the memory ([`Link::returned`]); an advertisement
+//!   that ends without a close (the connection failed) gives it back the
+//!   same way.
 //! - The message then reaches the owner as any other, in its place in the
 //!   link's order: a pull message is never sent in the middle of a
 //!   fragmented one, and the Sends after it are handed on after it.
 //!
+//! The bytes are checked as every Send's on the link are: by the
+//! transport (TCP's checksum, and MPA's CRC32C on connections that
+//! negotiate it). A CRC32C of their own, computed by the sender and
+//! checked by the receiver, cost a pass over the message on each side of
+//! each hop (a fifth of a replicated 16 MiB put's time; docs/store.md,
+//! "Large values").
+//!
 //! The first byte of every Send says what it is: [`FLAG_LAST`] or
 //! [`FLAG_MORE`] (a message's last or not-last fragment), [`FLAG_PULL`]
-//! (then the length, u64, and the CRC32C, u32, little-endian) or
-//! [`FLAG_CLOSE`] (alone). Anything else, a pull without an advertised
-//! STag, or of a length Sends would carry, ends the connection.
+//! (then the length, u64, and flags, u32, none defined: 0,
+//! little-endian) or [`FLAG_CLOSE`] (alone). Anything else, a pull with
+//! flags, without an advertised STag, or of a length Sends would carry,
+//! ends the connection.
 //!
 //! What it costs: a round trip more than Sends (the Read requests), so
 //! messages up to [`EAGER_MAX`] still go as Sends. A pull occupies the
 //! owner thread for the transfer (a 64 MiB value over loopback TCP: tens
 //! of milliseconds), as Redis's single thread is occupied reading one.
 
+use std::borrow::Cow;
+
 use super::*;
+use crate::proto::Piece;
 use softrdma_verbs::RegOptions;
 
 /// Largest message sent through the link's Sends (in fragments above
@@ -43,11 +58,12 @@ pub const EAGER_MAX: usize = 64 * 1024;
 pub(super) const FLAG_LAST: u8 = 0;
 /// A fragment more follows.
 pub(super) const FLAG_MORE: u8 = 1;
-/// A lent message to pull: length and CRC32C follow.
+/// A lent message to pull: its length and flags follow.
 pub(super) const FLAG_PULL: u8 = 2;
 /// The close of a lent message (a Send-and-close of its STag).
 pub(super) const FLAG_CLOSE: u8 = 3;
-/// Bytes after [`FLAG_PULL`]: the length (u64) and the CRC32C (u32).
+/// Bytes after [`FLAG_PULL`]: the length (u64) and flags (u32, none
+/// defined).
 pub(super) const PULL_HEAD: usize = 12;
 /// The low half of an advertisement's `wr_id`: its end completes on the
 /// endpoint's receive queue under the link's id, and is no receive slot.
@@ -67,7 +83,6 @@ pub(super) struct Pull {
     link: u32,
     stag: u32,
     len: usize,
-    crc: u32,
 }
 
 impl Pull {
@@ -79,94 +94,92 @@ impl Pull {
             return None;
         }
         let len = u64::from_le_bytes(head[..8].try_into().ok()?);
-        let crc = u32::from_le_bytes(head[8..].try_into().ok()?);
-        if len <= EAGER_MAX as u64 || len > crate::proto::MAX_MESSAGE as u64 {
+        let flags = u32::from_le_bytes(head[8..].try_into().ok()?);
+        if flags != 0 || len <= EAGER_MAX as u64 || len > crate::proto::MAX_MESSAGE as u64 {
             return None;
         }
         Some(Pull {
             link,
             stag,
             len: len as usize,
-            crc,
         })
     }
 }
 
 /// A message to send: bytes the caller keeps (copied if they must be
-/// lent), or a buffer the link may keep (lent as it is).
+/// lent), or an [`Outbound`] message the link may keep (lent as it is).
 pub(super) trait Outgoing {
-    fn bytes(&self) -> &[u8];
-    /// The bytes as a buffer of their own, to lend.
-    fn take(&mut self) -> Vec<u8>;
-    /// Their CRC32C, which a pull message carries.
-    fn crc(&self) -> u32 {
-        crc32c(self.bytes())
-    }
+    fn len(&self) -> usize;
+    /// The bytes in one piece, to send through Sends (a message of at most
+    /// [`EAGER_MAX`] bytes).
+    fn eager(&self) -> Cow<'_, [u8]>;
+    /// The pieces to lend.
+    fn take(&mut self) -> Vec<Piece>;
 }
 
 impl Outgoing for &[u8] {
-    fn bytes(&self) -> &[u8] {
-        self
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
     }
 
-    fn take(&mut self) -> Vec<u8> {
-        self.to_vec()
+    fn eager(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self)
+    }
+
+    fn take(&mut self) -> Vec<Piece> {
+        vec![Piece::Own(self.to_vec())]
     }
 }
 
-/// A message the link may keep (a large one is lent as it is), with its
-/// CRC32C if that was computed as it was encoded
-/// ([`crate::proto::encode_sealed`], which [`super::pool::encode`] uses
-/// for a large message): then lending it reads it no more.
-#[derive(Debug, Clone, Default)]
-pub struct Sealed {
-    bytes: Vec<u8>,
-    crc: Option<u32>,
+/// A message the link may keep: one buffer, or the pieces of a large one
+/// that it lends as a gather list, its large values where they lie
+/// ([`crate::proto::encode_gather`], which [`super::pool::encode`] uses).
+#[derive(Debug, Clone)]
+pub enum Outbound {
+    /// The message's bytes.
+    One(Vec<u8>),
+    /// Pieces whose concatenation is the message.
+    Pieces(Vec<Piece>),
 }
 
-impl Sealed {
-    /// `bytes` and their CRC32C `crc`, which must be theirs: a peer that
-    /// pulls them and finds another closes the link.
-    pub(crate) fn with_crc(bytes: Vec<u8>, crc: u32) -> Sealed {
-        debug_assert_eq!(
-            crc,
-            crc32c(&bytes),
-            "a sealed message's CRC32C is not its own"
-        );
-        Sealed {
-            bytes,
-            crc: Some(crc),
-        }
-    }
-
+impl Outbound {
     /// The message's length in bytes.
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        match self {
+            Outbound::One(v) => v.len(),
+            Outbound::Pieces(p) => p.iter().map(|p| p.bytes().len()).sum(),
+        }
     }
 
     /// Whether it has no bytes (a link refuses to send it).
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.len() == 0
     }
 }
 
-impl From<Vec<u8>> for Sealed {
-    fn from(bytes: Vec<u8>) -> Sealed {
-        Sealed { bytes, crc: None }
+impl From<Vec<u8>> for Outbound {
+    fn from(v: Vec<u8>) -> Outbound {
+        Outbound::One(v)
     }
 }
 
-impl Outgoing for Sealed {
-    fn bytes(&self) -> &[u8] {
-        &self.bytes
+impl Outgoing for Outbound {
+    fn len(&self) -> usize {
+        Outbound::len(self)
     }
 
-    fn take(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.bytes)
+    fn eager(&self) -> Cow<'_, [u8]> {
+        match self {
+            Outbound::One(v) => Cow::Borrowed(v),
+            Outbound::Pieces(p) => Cow::Owned(p.iter().flat_map(|p| p.bytes()).copied().collect()),
+        }
     }
 
-    fn crc(&self) -> u32 {
-        self.crc.unwrap_or_else(|| crc32c(&self.bytes))
+    fn take(&mut self) -> Vec<Piece> {
+        match std::mem::replace(self, Outbound::One(Vec::new())) {
+            Outbound::One(v) => vec![Piece::Own(v)],
+            Outbound::Pieces(p) => p,
+        }
     }
 }
 
@@ -218,12 +231,6 @@ impl Endpoint {
             .collect();
         link.read_batch(&mr, &reads, p.stag, pull_timeout(p.len))?;
         let bytes = mr.into_vec();
-        if crc32c(&bytes) != p.crc {
-            return Err(LinkError::Verbs(format!(
-                "a pulled message of {} bytes does not match its CRC32C",
-                p.len
-            )));
-        }
         link.close_lent(p.stag, pull_timeout(0))?;
         Ok(bytes)
     }
@@ -242,29 +249,37 @@ fn transient() -> RegOptions {
 }
 
 impl Link {
-    /// Lends `msg`, whose CRC32C is `crc`, to the peer: registers it,
-    /// advertises it with a pull message ([`FLAG_PULL`]) and keeps it
-    /// until the peer's close.
+    /// Lends the message `pieces` make to the peer: registers each piece
+    /// where it lies (a large value shared with its other holders is
+    /// registered read-only, not copied), advertises them as one range
+    /// with a pull message ([`FLAG_PULL`]) and keeps them until the peer's
+    /// close.
     pub(super) fn lend(
         &self,
         tx: &mut Tx,
-        msg: Vec<u8>,
-        crc: u32,
+        pieces: Vec<Piece>,
         deadline: Instant,
     ) -> Result<(), LinkError> {
         let ep = self
             .ep
             .upgrade()
             .ok_or_else(|| LinkError::Down(self.peer()))?;
-        let len = msg.len();
+        let mut len = 0;
+        let mut mrs = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            len += p.bytes().len();
+            let mr = match p {
+                Piece::Own(v) if v.is_empty() => continue,
+                Piece::Own(v) => ep.pd.register_with(v, Access::LOCAL_READ, transient()),
+                Piece::Shared(b) => ep.pd.register_bytes(b, Access::LOCAL_READ, transient()),
+            };
+            mrs.push(mr.map_err(verr)?);
+        }
+        let sges: Vec<_> = mrs.iter().map(|m| m.sge(0, m.len())).collect();
         let mut head = [0u8; 1 + PULL_HEAD];
         head[0] = FLAG_PULL;
         head[1..9].copy_from_slice(&(len as u64).to_le_bytes());
-        head[9..].copy_from_slice(&crc.to_le_bytes());
-        let mr = ep
-            .pd
-            .register_with(msg, Access::LOCAL_READ, transient())
-            .map_err(verr)?;
+        // head[9..]: flags, none.
         let wr_id = (self.id as u64) << 32 | ADVERT_SLOT;
         loop {
             // Held across the call: a close (on the owner's thread) that
@@ -272,10 +287,10 @@ impl Link {
             let mut lent = self.lent.lock().unwrap();
             match self
                 .qp
-                .advertise(wr_id, &[mr.sge(0, len)], Access::REMOTE_READ, &head, 0)
+                .advertise(wr_id, &sges, Access::REMOTE_READ, &head, 0)
             {
                 Ok(stag) => {
-                    lent.insert(stag.raw(), mr);
+                    lent.insert(stag.raw(), mrs);
                     return Ok(());
                 }
                 Err(softrdma_verbs::Error::SendQueueFull) => {
@@ -305,8 +320,14 @@ impl Link {
     /// the next large message if the engine holds it no more.
     pub(super) fn returned(&self, stag: Option<softrdma_verbs::Rkey>) {
         if let Some(s) = stag {
-            let mr = self.lent.lock().unwrap().remove(&s.raw());
-            if let Some(v) = mr.and_then(MemoryRegion::try_into_vec) {
+            let mrs = self.lent.lock().unwrap().remove(&s.raw());
+            // Its own pieces' buffers are kept; a shared value's
+            // registration lets its bytes go.
+            for v in mrs
+                .into_iter()
+                .flatten()
+                .filter_map(MemoryRegion::try_into_vec)
+            {
                 super::pool::give(v);
             }
         }
@@ -330,10 +351,4 @@ impl Link {
         ));
         self.post(&mut tx, &mut wrs)
     }
-}
-
-/// CRC32C of a message that travels by rendezvous (`crc-fast`: up to 132
-/// MiB, checked once on each side).
-fn crc32c(b: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
 }
