@@ -347,17 +347,27 @@ fn on_readable(q: &Arc<QpInner>, c: &Conn, budget: usize) -> bool {
                 }),
             );
         }
-        RxEnd::Io(e) => {
+        RxEnd::Io(e)
+            if c.fin_sent.load(Ordering::Acquire) && e.kind() == io::ErrorKind::ConnectionReset =>
+        {
             // A reset that answers our own FIN is how the peer ends the
             // connection when it takes us for a peer that is not softrdma
-            // (`Conn::on_peer_fin`; Linux siw releases its socket alike):
-            // the close this side started, not an error to warn about
-            // (`softrdma transfer bench` printed one at each TCP pair's end).
-            if c.fin_sent.load(Ordering::Acquire) && e.kind() == io::ErrorKind::ConnectionReset {
-                tracing::debug!(qpn = q.qpn, error = %e, "reset after our FIN: connection closed");
-            } else {
-                tracing::warn!(qpn = q.qpn, error = %e, "connection error");
-            }
+            // (`Conn::on_peer_fin`; Linux siw releases its socket alike),
+            // and how a peer that closed first answers the FIN we sent back
+            // if its socket is gone: the connection closed as a FIN would
+            // close it, not an error (`softrdma transfer bench` printed one
+            // at each TCP pair's end; `loopback::disconnect_flushes_both_sides`
+            // saw `QpFatal` in about one run in five beside a CPU hog).
+            tracing::debug!(qpn = q.qpn, error = %e, "reset after our FIN: connection closed");
+            q.fail(
+                WcStatus::WrFlushErr,
+                Some(AsyncEvent::Disconnected {
+                    qpn: crate::Qpn::from_raw(q.qpn),
+                }),
+            );
+        }
+        RxEnd::Io(e) => {
+            tracing::warn!(qpn = q.qpn, error = %e, "connection error");
             q.fail(
                 WcStatus::RetryExcErr,
                 Some(AsyncEvent::QpFatal {
