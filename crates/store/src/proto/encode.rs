@@ -51,17 +51,16 @@ impl W {
     /// A value: its bytes, or, when gathering a large one, the bytes
     /// written so far as a piece and the value as the next.
     fn value(&mut self, b: &Bytes) {
-        match &mut self.1 {
-            Some(pieces) if b.len() > GATHER_MIN && pieces.len() < 2 * GATHER_MAX => {
-                self.0.extend_from_slice(
-                    &u32::try_from(b.len())
-                        .expect("field longer than 4 GiB")
-                        .to_le_bytes(),
-                );
-                pieces.push(Piece::Own(std::mem::take(&mut self.0)));
-                pieces.push(Piece::Shared(b.clone()));
-            }
-            _ => self.bytes(b),
+        let gather =
+            b.len() > GATHER_MIN && self.1.as_ref().is_some_and(|p| p.len() < 2 * GATHER_MAX);
+        if !gather {
+            return self.bytes(b);
+        }
+        self.len(b.len());
+        let own = std::mem::take(&mut self.0);
+        if let Some(pieces) = self.1.as_mut() {
+            pieces.push(Piece::Own(own));
+            pieces.push(Piece::Shared(b.clone()));
         }
     }
     fn ptr(&mut self, p: &RemotePtr) {
