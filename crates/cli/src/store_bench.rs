@@ -738,19 +738,33 @@ fn redis_benchmark(
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// SET and GET at one point with `pipeline` requests in flight per
+/// SET, GET, INCR and MSET against Redis, one request in flight per
 /// connection; each runs about `secs` (the request count is calibrated by a
 /// short SET run).
-fn measure_redis(
+fn measure_redis(redis: &Redis, size: usize, clients: usize, secs: f64) -> Result<Resp> {
+    let out = measure_resp(redis.port, size, clients, secs, 1, None)?;
+    redis_cli(redis.port, &["flushall"])?;
+    Ok(out)
+}
+
+/// GET against Redis with `pipeline` requests in flight per connection
+/// (after SETs that fill the keys): about `secs`.
+fn measure_redis_get_pipelined(
     redis: &Redis,
     size: usize,
     clients: usize,
     secs: f64,
     pipeline: usize,
-) -> Result<Resp> {
-    let out = measure_resp(redis.port, size, clients, secs, pipeline, None)?;
+) -> Result<RedisResult> {
+    let n = calibrated_n(redis.port, size, clients, secs, pipeline, None)?;
+    let text = redis_benchmark(redis.port, "set,get", size, clients, n, pipeline, None)?;
+    let get = parse_csv(&text)
+        .into_iter()
+        .find(|(t, _)| t == "GET")
+        .map(|(_, r)| r)
+        .with_context(|| format!("redis-benchmark printed no GET result: {text:?}"))?;
     redis_cli(redis.port, &["flushall"])?;
-    Ok(out)
+    Ok(get)
 }
 
 /// What `redis-benchmark -t set,get,incr,mset` measured.
@@ -762,6 +776,36 @@ struct Resp {
     mset: RedisResult,
 }
 
+/// How many requests of each test take about `secs`, from a short SET run
+/// at the same point.
+fn calibrated_n(
+    port: u16,
+    size: usize,
+    clients: usize,
+    secs: f64,
+    pipeline: usize,
+    password: Option<&str>,
+) -> Result<u64> {
+    // The calibration's request count, bounded in bytes too: at 1 MiB,
+    // 16 clients and 16 in flight, 1000 per client would be 256 GB of SETs.
+    let in_flight = (clients * pipeline) as u64;
+    let cal_n = (2000.max(1000 * clients as u64) * pipeline as u64)
+        .min((CAL_BYTES / size.max(1) as u64).max(4 * in_flight));
+    let cal = parse_csv(&redis_benchmark(
+        port, "set", size, clients, cal_n, pipeline, password,
+    )?);
+    let rate = cal
+        .iter()
+        .find(|(t, _)| t == "SET")
+        .map(|(_, r)| r.ops_per_s)
+        .context("redis-benchmark printed no SET result")?;
+    let n = ((rate * secs) as u64).clamp((4 * in_flight).min(1000), 10_000_000);
+    Ok(n)
+}
+
+/// The most a calibration run writes (its SETs' values together).
+const CAL_BYTES: u64 = 512 << 20;
+
 /// `redis-benchmark -t set,get,incr,mset` against any RESP server at
 /// `port` (Redis, or the store's front door).
 fn measure_resp(
@@ -772,16 +816,7 @@ fn measure_resp(
     pipeline: usize,
     password: Option<&str>,
 ) -> Result<Resp> {
-    let cal_n = 2000.max(1000 * clients as u64) * pipeline as u64;
-    let cal = parse_csv(&redis_benchmark(
-        port, "set", size, clients, cal_n, pipeline, password,
-    )?);
-    let rate = cal
-        .iter()
-        .find(|(t, _)| t == "SET")
-        .map(|(_, r)| r.ops_per_s)
-        .context("redis-benchmark printed no SET result")?;
-    let n = ((rate * secs) as u64).clamp(1000, 10_000_000);
+    let n = calibrated_n(port, size, clients, secs, pipeline, password)?;
     let text = redis_benchmark(
         port,
         "set,get,incr,mset",
@@ -1009,8 +1044,8 @@ pub fn run(a: Args) -> Result<()> {
                 get,
                 incr,
                 mset,
-            } = measure_redis(&redis, size, clients, a.secs, 1)?;
-            let get_many = measure_redis(&redis, size, clients, a.secs, READ_MANY)?.get;
+            } = measure_redis(&redis, size, clients, a.secs)?;
+            let get_many = measure_redis_get_pipelined(&redis, size, clients, a.secs, READ_MANY)?;
             say(format!(
                 "store RESP front door (redis-benchmark): {size} B values, {clients} clients"
             ));

@@ -23,6 +23,7 @@ pub mod client;
 pub mod handshake;
 pub mod link;
 mod node_loop;
+mod outbox;
 pub mod redis_door;
 pub mod server;
 

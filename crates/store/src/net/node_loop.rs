@@ -24,7 +24,8 @@ use softrdma_verbs::{Access, MemoryRegion};
 
 use super::arena_reg::ArenaReg;
 use super::handshake::{ClientAuth, Principal};
-use super::link::{pool, Endpoint, Link, LinkError, LinkEvent, Outbound, Waker};
+use super::link::{pool, Endpoint, Link, LinkError, LinkEvent, Waker};
+use super::outbox::Outbox;
 use super::redis_door::Front;
 use crate::arena::Arena;
 use crate::auth::{random_u64, Credentials, Rights};
@@ -178,6 +179,11 @@ impl Front for NodeFront {
     }
 }
 
+/// Value bytes a secondary has acknowledged from which it sends what it
+/// queued at once, before it writes them into its arena
+/// ([`Node::settle`]); smaller writes settle at the end of the round.
+const SETTLE_EARLY: usize = 64 * 1024;
+
 /// How long the node loop polls for more work before it sleeps, when a
 /// link is same-host ([`Endpoint::spin`]).
 const NODE_SPIN: Duration = Duration::from_micros(100);
@@ -284,8 +290,16 @@ impl NodeLoop {
                 if let Some(input) = self.on_event(ev) {
                     self.step(input);
                 }
+                // A secondary's acknowledgement of a large write goes out
+                // before the write's copy into the arena, which then runs
+                // while the primary finishes the write.
+                if self.node.unsettled() >= SETTLE_EARLY {
+                    self.outbox.flush(&self.ep, SEND_TIMEOUT);
+                    self.node.settle();
+                }
             }
             self.outbox.flush(&self.ep, SEND_TIMEOUT);
+            self.node.settle();
         }
     }
 
@@ -761,40 +775,4 @@ fn rotated(stag: u32) -> u32 {
         k = key.wrapping_add(1);
     }
     (stag & !0xff) | k as u32
-}
-
-/// The node loop's outgoing messages, per link, in order.
-#[derive(Default)]
-struct Outbox {
-    links: Vec<(Arc<Link>, Vec<Outbound>)>,
-}
-
-impl Outbox {
-    /// Queues a message for `link`, or sends it at once over a same-host
-    /// ring: there a Send costs no system call, and the peer (polling its
-    /// ring) starts on it while this loop handles the rest of the round;
-    /// queueing it behind the round cost 16 same-host clients 30-40% of
-    /// their write rate.
-    fn send(&mut self, link: &Arc<Link>, bytes: Outbound, ep: &Endpoint, timeout: Duration) {
-        match self.links.iter_mut().find(|(l, _)| l.id() == link.id()) {
-            Some((_, q)) => q.push(bytes),
-            None if link.qp().input_in_ring() => {
-                if let Err(e) = link.send_owned(bytes, timeout) {
-                    tracing::debug!(link = link.id(), error = %e, "send failed; closing link");
-                    ep.remove(link.id());
-                }
-            }
-            None => self.links.push((link.clone(), vec![bytes])),
-        }
-    }
-
-    /// Sends everything queued; a link whose send fails is closed.
-    fn flush(&mut self, ep: &Endpoint, timeout: Duration) {
-        for (link, msgs) in self.links.drain(..) {
-            if let Err(e) = link.send_batch(msgs, timeout) {
-                tracing::debug!(link = link.id(), error = %e, "send failed; closing link");
-                ep.remove(link.id());
-            }
-        }
-    }
 }

@@ -396,6 +396,9 @@ pub struct Node<M: Memory> {
     /// ticker's period shows that this node did not run (starved of CPU,
     /// stopped), so its peers' silence over that gap is no evidence.
     last_tick: Option<Micros>,
+    /// A secondary's writes acknowledged but not yet in its arena: through
+    /// this seq, and their values' bytes ([`Node::settle`] writes them).
+    unsettled: Option<(u64, usize)>,
 }
 
 impl<M: Memory> Node<M> {
@@ -432,6 +435,7 @@ impl<M: Memory> Node<M> {
             resend_asked: None,
             last_campaign: 0,
             last_tick: None,
+            unsettled: None,
         }
     }
 
@@ -441,6 +445,7 @@ impl<M: Memory> Node<M> {
         self.now = now;
         self.image
             .set_wall_ms(self.cfg.clock_origin_ms + now / 1000);
+        self.settle();
         match input {
             Input::Message { from, env } => self.on_message(from, env),
             Input::Tick => {
@@ -451,6 +456,27 @@ impl<M: Memory> Node<M> {
         }
         self.check_invariants();
         std::mem::take(&mut self.out)
+    }
+
+    /// Writes into the arena the bytes of the writes this node, as a
+    /// secondary, acknowledged before writing them (`on_replicate`: its
+    /// acknowledgement, a promise to hold the write, need not wait for a
+    /// copy of a large value into the arena). Every input settles first;
+    /// the node's owner settles as soon as the acknowledgement is on its
+    /// way ([`Node::unsettled`]), and before anything reads the arena.
+    /// Returns whether there was anything to write.
+    pub fn settle(&mut self) -> bool {
+        let Some((seq, _)) = self.unsettled.take() else {
+            return false;
+        };
+        self.image.expose(seq);
+        true
+    }
+
+    /// The value bytes acknowledged but not yet written into the arena
+    /// ([`Node::settle`]); 0 if none.
+    pub fn unsettled(&self) -> usize {
+        self.unsettled.map_or(0, |(_, b)| b)
     }
 
     /// A primary reclaims the keys its clock has expired, without a scan
@@ -624,6 +650,18 @@ impl<M: Memory> Node<M> {
 
     /// Panics unless the state is consistent (after every input).
     fn check_invariants(&self) {
+        if let Some((seq, _)) = self.unsettled {
+            assert!(
+                matches!(self.state, State::Secondary { copy: None, .. }),
+                "only an in-sync secondary acknowledges before writing"
+            );
+            assert_eq!(self.image.applied_seq(), seq, "unsettled: the last applied");
+            assert_eq!(
+                self.image.first_unexposed(),
+                Some(seq),
+                "one unsettled write"
+            );
+        }
         if let State::Primary(p) = &self.state {
             assert_eq!(
                 p.next_seq,

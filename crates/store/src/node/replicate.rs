@@ -19,7 +19,7 @@
 
 use super::{Addr, CoordRequest, Node, Replica, State, Waiter};
 use crate::arena::Memory;
-use crate::proto::{Body, NodeId, Op, RepOp, Reply, StoreError};
+use crate::proto::{Body, Effect, NodeId, Op, RepOp, Reply, StoreError};
 
 impl<M: Memory> Node<M> {
     pub(super) fn on_heartbeat(&mut self, from: Addr) {
@@ -262,8 +262,24 @@ impl<M: Memory> Node<M> {
             let seq = self.image.applied_seq();
             return self.send(Addr::Node(primary), Body::ReplicateAck { seq });
         }
-        match self.image.apply(seq, &op, false) {
-            Ok(()) => self.send(Addr::Node(primary), Body::ReplicateAck { seq }),
+        // Acknowledged once planned against the allocator and the index
+        // (every check made); its bytes reach the arena when the node
+        // settles, right after the acknowledgement is sent and before any
+        // other input (`Node::settle`).
+        self.settle();
+        let bytes = op
+            .effects
+            .iter()
+            .map(|e| match e {
+                Effect::Write { data, .. } => data.len(),
+                _ => 0,
+            })
+            .sum();
+        match self.image.stage(seq, op) {
+            Ok(()) => {
+                self.unsettled = Some((seq, bytes));
+                self.send(Addr::Node(primary), Body::ReplicateAck { seq })
+            }
             Err(e) => {
                 self.diverged(e);
                 self.become_joining(Some(primary));

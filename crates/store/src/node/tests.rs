@@ -661,5 +661,72 @@ fn read_modify_writes_see_the_writes_before_them() {
     );
 }
 
+/// A secondary acknowledges a replicated write once it is planned, and
+/// writes its value into the arena right after (`Node::settle`, which its
+/// node loop calls once the acknowledgement is on its way): the
+/// acknowledgement is among the outputs of the input that brought the
+/// write while the arena does not hold the value yet, and the next input
+/// settles before anything else, so the arenas end up identical.
+#[test]
+fn a_secondary_acknowledges_a_write_before_its_copy_into_the_arena() {
+    let mut h = H::new();
+    h.redundant();
+    let value: Vec<u8> = (0..3000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let holds = |h: &H, n| {
+        h.node(n)
+            .memory()
+            .bytes()
+            .windows(value.len())
+            .any(|w| w == value)
+    };
+    h.req_id += 1;
+    let env = Envelope {
+        epoch: h.node(1).epoch(),
+        body: Body::Request {
+            client: 77,
+            req_id: h.req_id,
+            op: Op::Put {
+                key: b"big".to_vec(),
+                data: value.clone().into(),
+                cond: Cond::Always,
+                ttl: crate::proto::Ttl::Clear,
+            },
+        },
+    };
+    h.feed(
+        1,
+        Input::Message {
+            from: Addr::Client(77),
+            env,
+        },
+    );
+    let (from, to, rep) = h.msgs.pop_front().expect("the replicated write");
+    assert!(matches!(rep.body, Body::Replicate { .. }), "{:?}", rep.body);
+    h.feed(
+        to,
+        Input::Message {
+            from: Addr::Node(from),
+            env: rep,
+        },
+    );
+    assert!(
+        h.msgs
+            .iter()
+            .any(|(f, t, e)| (*f, *t) == (2, 1) && matches!(e.body, Body::ReplicateAck { .. })),
+        "acknowledged at once"
+    );
+    assert_eq!(h.node(2).unsettled(), value.len());
+    assert!(!holds(&h, 2), "the value reaches the arena after the ack");
+    // The next input settles first.
+    h.feed(2, Input::Tick);
+    assert_eq!(h.node(2).unsettled(), 0);
+    assert!(holds(&h, 2));
+    h.run(4 * HB, &never);
+    assert!(holds(&h, 1), "committed on the primary");
+    assert_eq!(h.node(1).memory().bytes(), h.node(2).memory().bytes());
+    // `settle` itself: nothing left to write.
+    assert!(!h.nodes.get_mut(&2).unwrap().settle());
+}
+
 #[path = "batch_tests.rs"]
 mod batch;

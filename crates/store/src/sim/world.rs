@@ -186,6 +186,8 @@ impl Sim {
             (origin as i128 + x + x * ppm as i128 / 1_000_000) as Micros
         };
         let outs = node.handle(t, input);
+        // As the node loop does once the outputs are on their way.
+        node.settle();
         let after = node.role();
         let until = node.reads_until();
         self.reads_until.insert(n, until);
