@@ -62,8 +62,8 @@ fn redis() -> Redis {
     Redis(child, port)
 }
 
-/// A pipeline that mixes what the loop runs (GET, SET, INCR, PING) with
-/// what workers run (transactions, MSET/MGET, APPEND, EXPIRE/TTL, DEL,
+/// A pipeline that mixes what the loop runs (GET, SET, MSET, INCR, PING) with
+/// what workers run (transactions, MGET, APPEND, EXPIRE/TTL, DEL,
 /// WAIT) is answered in order, byte for byte as Redis answers it.
 #[test]
 fn a_pipeline_mixing_loop_and_worker_commands_answers_in_order_as_redis_does() {

@@ -484,7 +484,7 @@ pub(super) fn range(v: &[u8], start: i64, end: i64) -> &[u8] {
 }
 
 /// The pairs `kv` as puts under `cond`.
-fn puts(kv: &[Vec<u8>], cond: Cond) -> Vec<Op> {
+pub(super) fn puts(kv: &[Vec<u8>], cond: Cond) -> Vec<Op> {
     kv.chunks(2)
         .map(|p| Op::Put {
             key: p[0].clone(),
@@ -495,16 +495,38 @@ fn puts(kv: &[Vec<u8>], cond: Cond) -> Vec<Op> {
         .collect()
 }
 
+/// The bytes of effects a batch may carry ([`cut`]).
+const BATCH_BUDGET: usize = proto::MAX_BATCH_BYTES - 512;
+
+/// What a keyed write of a `key_len`-byte key and a `data_len`-byte value
+/// costs a batch ([`cut`]).
+fn batch_cost(key_len: usize, data_len: usize) -> usize {
+    2 * key_len + data_len + 128
+}
+
+/// Whether the puts of `MSET`'s pairs `kv` make one batch, which [`cut`]
+/// would not cut (so `MSET` is one atomic write), without making them.
+pub(super) fn one_batch(kv: &[Vec<u8>]) -> bool {
+    let n = kv.len() / 2;
+    n <= proto::MAX_BATCH_OPS
+        && (n == 1
+            || kv
+                .chunks(2)
+                .map(|p| batch_cost(p[0].len(), p[1].len()))
+                .sum::<usize>()
+                <= BATCH_BUDGET)
+}
+
 /// Keyed writes cut into batches whose replicated write fits a frame:
 /// each replicates its key twice (the object, the index edit), its value
 /// once, and about 100 bytes of effects and reply; at most
 /// [`proto::MAX_BATCH_OPS`] writes. One batch when they fit (then they are
 /// atomic together).
 fn cut(ops: &[Op]) -> Vec<&[Op]> {
-    let budget = proto::MAX_BATCH_BYTES - 512;
+    let budget = BATCH_BUDGET;
     let cost = |op: &Op| match op {
-        Op::Put { key, data, .. } => 2 * key.len() + data.len() + 128,
-        Op::Remove { key } | Op::Modify { key, .. } => 2 * key.len() + 128,
+        Op::Put { key, data, .. } => batch_cost(key.len(), data.len()),
+        Op::Remove { key } | Op::Modify { key, .. } => batch_cost(key.len(), 0),
         _ => 128,
     };
     let mut out = Vec::new();
@@ -533,4 +555,40 @@ fn unknown(args: &[Vec<u8>]) -> Reply {
         text.push_str(&format!("'{}' ", String::from_utf8_lossy(a)));
     }
     Reply::err(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The event loop's `MSET` takes one batch when `one_batch` says so,
+    /// and a worker cuts the others: the two must agree on where the cut
+    /// falls, at the byte and at the count.
+    #[test]
+    fn one_batch_is_exactly_what_cut_leaves_whole() {
+        let pairs = |n: usize, v: usize| -> Vec<Vec<u8>> {
+            (0..n)
+                .flat_map(|i| [format!("k{:03}", i % 1000).into_bytes(), vec![7u8; v]])
+                .collect()
+        };
+        // Two 4-byte keys: 2 * (8 + v + 128) bytes against the budget.
+        let edge = BATCH_BUDGET / 2 - 136;
+        for (n, v, whole) in [
+            (1, 0, true),
+            (1, BATCH_BUDGET + 1, true),
+            (2, edge, true),
+            (2, edge + 1, false),
+            (10, 100, true),
+            (proto::MAX_BATCH_OPS, 1, true),
+            (proto::MAX_BATCH_OPS + 1, 1, false),
+        ] {
+            let kv = pairs(n, v);
+            assert_eq!(one_batch(&kv), whole, "{n} pairs of {v} B");
+            assert_eq!(
+                cut(&puts(&kv, Cond::Always)).len() == 1,
+                whole,
+                "{n} pairs of {v} B"
+            );
+        }
+    }
 }

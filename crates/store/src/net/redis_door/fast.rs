@@ -1,6 +1,7 @@
 //! The commands the door's event loop runs itself, without blocking
-//! ([`Session::fast`]): a `GET` the node's own arena answers, a `SET` or
-//! counter step while this node is known to be the primary (the write
+//! ([`Session::fast`]): a `GET` the node's own arena answers, a `SET`, an
+//! `MSET` of one batch or a counter step while this node is known to be
+//! the primary (the write
 //! submitted to the node loop, its answer taken when it comes), and the
 //! connection's own commands. Everything else, and anything that would
 //! wait (a role to ask, a store client, `WAIT`, a failover), goes to a
@@ -8,10 +9,11 @@
 
 use std::time::Duration;
 
+use super::commands::{one_batch, puts};
 use super::session::{impossible_key, store_err, upper, value_too_long, Out, Session, ROLE_TTL};
 use super::strings::{incr_amount, put_ttl, set_options};
 use crate::lookup;
-use crate::proto::{self, Bytes, Modify, Op, StoreError};
+use crate::proto::{self, Bytes, Cond, Modify, Op, StoreError};
 use crate::resp_codec::Reply;
 
 /// How long a `GET` on the loop waits for a batch's writes to end before
@@ -47,6 +49,8 @@ enum Kind {
     Set,
     /// `INCR`, `DECR`, `INCRBY`, `DECRBY`: the new value.
     Incr,
+    /// `MSET` of one batch: `+OK`.
+    Mset,
 }
 
 impl Session {
@@ -63,7 +67,7 @@ impl Session {
             | "READONLY" | "READWRITE" | "ASKING" | "AUTH" | "MULTI" | "DISCARD" => {
                 return Fast::Done(self.exec(args, out))
             }
-            "GET" | "SET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
+            "GET" | "SET" | "MSET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
             _ => return Fast::Slow,
         }
         if let Some(close) = self.gate(&cmd, args, out) {
@@ -103,6 +107,25 @@ impl Session {
                     ttl,
                 };
                 return self.submit(op, Kind::Set);
+            }
+            // One batch (one replicated write), answered as `SET` is; a
+            // larger `MSET`, cut into several, is a worker's.
+            "MSET" if n % 2 == 1 => {
+                if !self.primary_known() || !one_batch(&args[1..]) {
+                    return Fast::Slow;
+                }
+                if let Some(r) = args[2..]
+                    .iter()
+                    .step_by(2)
+                    .find_map(|v| value_too_long(v.len()))
+                {
+                    return self.done(r, out);
+                }
+                let op = Op::Batch {
+                    ops: puts(&args[1..], Cond::Always),
+                    all_or_none: false,
+                };
+                return self.submit(op, Kind::Mset);
             }
             "INCR" | "DECR" | "INCRBY" | "DECRBY" => {
                 let by = match incr_amount(&cmd, args) {
@@ -193,6 +216,7 @@ fn reply_of(kind: Kind, r: Result<proto::Reply, Reply>) -> Reply {
         (_, Ok(proto::Reply::Refused(text))) => Reply::err(text),
         (Kind::Set, Ok(proto::Reply::Stored { .. })) => Reply::ok(),
         (Kind::Set, Ok(proto::Reply::NotStored)) => Reply::Nil,
+        (Kind::Mset, Ok(proto::Reply::Batch(_))) => Reply::ok(),
         (Kind::Incr, Ok(proto::Reply::Modified { value: Some(v), .. })) => {
             match crate::redis_int::redis_i64(&v) {
                 Some(n) => Reply::Int(n),
