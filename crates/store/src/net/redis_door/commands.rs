@@ -10,7 +10,7 @@ use crate::resp_codec::Reply;
 
 /// Keys per step of `MGET`/`EXISTS` (their values are encoded and written
 /// out step by step).
-const MGET_STEP: usize = 4 * crate::net::link::READ_BATCH;
+pub(super) const MGET_STEP: usize = 4 * crate::net::link::READ_BATCH;
 
 /// How long an `MGET` step tries to read all its keys between two
 /// batches' writes before it reads them key by key.

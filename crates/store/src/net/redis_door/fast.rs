@@ -1,15 +1,14 @@
 //! The commands the door's event loop runs itself, without blocking
-//! ([`Session::fast`]): a `GET` the node's own arena answers, a `SET`, an
-//! `MSET` of one batch or a counter step while this node is known to be
-//! the primary (the write
-//! submitted to the node loop, its answer taken when it comes), and the
-//! connection's own commands. Everything else, and anything that would
-//! wait (a role to ask, a store client, `WAIT`, a failover), goes to a
-//! worker that runs [`Session::exec`] (`event_loop.rs`).
-
+//! ([`Session::fast`]): a `GET` or `MGET` the node's own arena answers; a
+//! `SET`, an `MSET` of one batch or a counter step while this node is
+//! known to be the primary (the write submitted to the node loop, its
+//! answer taken when it comes); and the connection's own commands.
+//! Everything else, and anything that would wait (a role to ask, a store
+//! client, `WAIT`, a failover), goes to a worker that runs
+//! [`Session::exec`] (`event_loop.rs`).
 use std::time::Duration;
 
-use super::commands::{one_batch, puts};
+use super::commands::{one_batch, puts, MGET_STEP};
 use super::session::{impossible_key, store_err, upper, value_too_long, Out, Session, ROLE_TTL};
 use super::strings::{incr_amount, put_ttl, set_options};
 use crate::lookup;
@@ -67,7 +66,7 @@ impl Session {
             | "READONLY" | "READWRITE" | "ASKING" | "AUTH" | "MULTI" | "DISCARD" => {
                 return Fast::Done(self.exec(args, out))
             }
-            "GET" | "SET" | "MSET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
+            "GET" | "MGET" | "SET" | "MSET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
             _ => return Fast::Slow,
         }
         if let Some(close) = self.gate(&cmd, args, out) {
@@ -83,6 +82,25 @@ impl Session {
                         Some(None) => Reply::Nil,
                         None => return Fast::Slow,
                     }
+                }
+            }
+            // Every key read between two batches' writes (a snapshot, as
+            // Redis's MGET is), else a worker's (which also waits longer,
+            // and reads through a client when this node does not serve).
+            "MGET" if n >= 2 && n - 1 <= MGET_STEP => {
+                let keys = &args[1..];
+                let all = self.consistent(LOOP_PATIENCE, |s| {
+                    keys.iter()
+                        .map(|k| s.local_get_once(k))
+                        .collect::<Option<Vec<_>>>()
+                });
+                match all {
+                    Some(all) => Reply::Array(
+                        all.into_iter()
+                            .map(|v| v.map_or(Reply::Nil, Reply::Bulk))
+                            .collect(),
+                    ),
+                    None => return Fast::Slow,
                 }
             }
             "SET" if n >= 3 => {
