@@ -163,7 +163,7 @@ pub fn run(input: &[u8], step: usize) -> Vec<u8> {
 /// The event loop's way through `buf`'s commands (`event_loop.rs`):
 /// [`Session::fast`] first, its write answered when the node answers,
 /// what it leaves to a worker run by [`Session::exec`], as the worker
-/// does.
+/// does; the decode loop is the worker's own ([`Session::serve_with`]).
 fn serve_like_the_loop(
     session: &mut Session,
     decoder: &mut Decoder,
@@ -171,25 +171,9 @@ fn serve_like_the_loop(
     out: &mut Out,
 ) -> (usize, bool) {
     use super::fast::Fast;
-    let mut used = 0;
-    loop {
-        let args = match decoder.decode(&buf[used..]) {
-            Ok(Some((args, n))) => {
-                used += n;
-                args
-            }
-            Ok(None) => return (used, false),
-            Err(e) => {
-                let e = crate::resp_codec::Reply::err(format!("ERR Protocol error: {e}"));
-                out.reply(&e);
-                return (used, true);
-            }
-        };
-        if args.is_empty() {
-            continue;
-        }
+    session.serve_with(decoder, buf, out, |session, args, out| {
         let mut rbuf = Vec::new();
-        let close = match session.fast(&args, out, &mut rbuf) {
+        match session.fast(args, out, &mut rbuf) {
             Fast::Done(close) => close,
             Fast::Value(at) => {
                 out.bulk(&rbuf[at]);
@@ -209,12 +193,9 @@ fn serve_like_the_loop(
                 out.reply(&reply);
                 false
             }
-            Fast::Slow => session.exec(&args, out),
-        };
-        if close || out.broken {
-            return (used, true);
+            Fast::Slow => session.exec(args, out),
         }
-    }
+    })
 }
 
 fn contains_wait(b: &[u8]) -> bool {

@@ -228,14 +228,27 @@ impl Session {
     }
 
     /// Runs every whole request in `buf` (the decoder remembers where an
-    /// incomplete one stopped); returns the bytes used and whether the
-    /// connection is to be closed (`QUIT`, a protocol error, a reply that
-    /// could not be written).
+    /// incomplete one stopped) the blocking way, as a worker does; returns
+    /// the bytes used and whether the connection is to be closed (`QUIT`,
+    /// a protocol error, a reply that could not be written).
     pub(super) fn serve_bytes(
         &mut self,
         decoder: &mut Decoder,
         buf: &[u8],
         out: &mut Out,
+    ) -> (usize, bool) {
+        self.serve_with(decoder, buf, out, |s, args, out| s.exec(args, out))
+    }
+
+    /// [`Self::serve_bytes`] with `step` running each request (whether to
+    /// close): the one decode loop of a worker's and of the fuzzer's
+    /// imitation of the event loop (`fuzzing.rs`).
+    pub(super) fn serve_with(
+        &mut self,
+        decoder: &mut Decoder,
+        buf: &[u8],
+        out: &mut Out,
+        mut step: impl FnMut(&mut Self, &[Vec<u8>], &mut Out) -> bool,
     ) -> (usize, bool) {
         let mut used = 0;
         loop {
@@ -245,7 +258,7 @@ impl Session {
                     if args.is_empty() {
                         continue;
                     }
-                    if self.exec(&args, out) || out.broken {
+                    if step(self, &args, out) || out.broken {
                         return (used, true);
                     }
                 }
