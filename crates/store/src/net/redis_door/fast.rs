@@ -1,8 +1,8 @@
 //! The commands the door's event loop runs itself, without blocking
-//! ([`Session::fast`]): a `GET` or `MGET` the node's own arena answers; a
-//! `SET`, an `MSET` of one batch or a counter step while this node is
-//! known to be the primary (the write submitted to the node loop, its
-//! answer taken when it comes); and the connection's own commands.
+//! ([`Session::fast`]): a `GET`, `MGET` or `EXISTS` the node's own arena
+//! answers; a `SET`, an `MSET` of one batch or a counter step while this
+//! node is known to be the primary (the write submitted to the node loop,
+//! its answer taken when it comes); and the connection's own commands.
 //! Everything else, and anything that would wait (a role to ask, a store
 //! client, `WAIT`, a failover), goes to a worker that runs
 //! [`Session::exec`] (`event_loop.rs`).
@@ -66,7 +66,7 @@ impl Session {
             | "READONLY" | "READWRITE" | "ASKING" | "AUTH" | "MULTI" | "DISCARD" => {
                 return Fast::Done(self.exec(args, out))
             }
-            "GET" | "MGET" | "SET" | "MSET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
+            "GET" | "MGET" | "EXISTS" | "SET" | "MSET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
             _ => return Fast::Slow,
         }
         if let Some(close) = self.gate(&cmd, args, out) {
@@ -87,20 +87,25 @@ impl Session {
             // Every key read between two batches' writes (a snapshot, as
             // Redis's MGET is), else a worker's (which also waits longer,
             // and reads through a client when this node does not serve).
-            "MGET" if n >= 2 && n - 1 <= MGET_STEP => {
+            // `EXISTS` the same way: how many of the keys (each time it is
+            // named) have a value.
+            "MGET" | "EXISTS" if n >= 2 && n - 1 <= MGET_STEP => {
                 let keys = &args[1..];
                 let all = self.consistent(LOOP_PATIENCE, |s| {
                     keys.iter()
                         .map(|k| s.local_get_once(k))
                         .collect::<Option<Vec<_>>>()
                 });
-                match all {
-                    Some(all) => Reply::Array(
+                match (all, cmd.as_str()) {
+                    (None, _) => return Fast::Slow,
+                    (Some(all), "EXISTS") => {
+                        Reply::Int(all.iter().filter(|v| v.is_some()).count() as i64)
+                    }
+                    (Some(all), _) => Reply::Array(
                         all.into_iter()
                             .map(|v| v.map_or(Reply::Nil, Reply::Bulk))
                             .collect(),
                     ),
-                    None => return Fast::Slow,
                 }
             }
             "SET" if n >= 3 => {
