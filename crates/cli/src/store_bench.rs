@@ -758,11 +758,7 @@ fn measure_redis_get_pipelined(
 ) -> Result<RedisResult> {
     let n = calibrated_n(redis.port, size, clients, secs, pipeline, None)?;
     let text = redis_benchmark(redis.port, "set,get", size, clients, n, pipeline, None)?;
-    let get = parse_csv(&text)
-        .into_iter()
-        .find(|(t, _)| t == "GET")
-        .map(|(_, r)| r)
-        .with_context(|| format!("redis-benchmark printed no GET result: {text:?}"))?;
+    let get = result_of(&parse_csv(&text), "GET", &text)?;
     redis_cli(redis.port, &["flushall"])?;
     Ok(get)
 }
@@ -791,16 +787,19 @@ fn calibrated_n(
     let in_flight = (clients * pipeline) as u64;
     let cal_n = (2000.max(1000 * clients as u64) * pipeline as u64)
         .min((CAL_BYTES / size.max(1) as u64).max(4 * in_flight));
-    let cal = parse_csv(&redis_benchmark(
-        port, "set", size, clients, cal_n, pipeline, password,
-    )?);
-    let rate = cal
-        .iter()
-        .find(|(t, _)| t == "SET")
-        .map(|(_, r)| r.ops_per_s)
-        .context("redis-benchmark printed no SET result")?;
+    let text = redis_benchmark(port, "set", size, clients, cal_n, pipeline, password)?;
+    let rate = result_of(&parse_csv(&text), "SET", &text)?.ops_per_s;
     let n = ((rate * secs) as u64).clamp((4 * in_flight).min(1000), 10_000_000);
     Ok(n)
+}
+
+/// Test `test`'s figures in `res`, parsed from redis-benchmark's `text`
+/// (quoted in the error when it is missing).
+fn result_of(res: &[(String, RedisResult)], test: &str, text: &str) -> Result<RedisResult> {
+    res.iter()
+        .find(|(t, _)| t == test)
+        .map(|(_, r)| *r)
+        .with_context(|| format!("redis-benchmark printed no {test} result: {text:?}"))
 }
 
 /// The most a calibration run writes (its SETs' values together).
@@ -827,12 +826,7 @@ fn measure_resp(
         password,
     )?;
     let res = parse_csv(&text);
-    let get = |t: &str| {
-        res.iter()
-            .find(|(x, _)| x == t)
-            .map(|(_, r)| *r)
-            .with_context(|| format!("redis-benchmark printed no {t} result: {text:?}"))
-    };
+    let get = |t: &str| result_of(&res, t, &text);
     Ok(Resp {
         set: get("SET")?,
         get: get("GET")?,

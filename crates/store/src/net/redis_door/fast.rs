@@ -87,25 +87,34 @@ impl Session {
             // Every key read between two batches' writes (a snapshot, as
             // Redis's MGET is), else a worker's (which also waits longer,
             // and reads through a client when this node does not serve).
-            // `EXISTS` the same way: how many of the keys (each time it is
-            // named) have a value.
-            "MGET" | "EXISTS" if n >= 2 && n - 1 <= MGET_STEP => {
+            "MGET" if n >= 2 && n - 1 <= MGET_STEP => {
                 let keys = &args[1..];
                 let all = self.consistent(LOOP_PATIENCE, |s| {
                     keys.iter()
                         .map(|k| s.local_get_once(k))
                         .collect::<Option<Vec<_>>>()
                 });
-                match (all, cmd.as_str()) {
-                    (None, _) => return Fast::Slow,
-                    (Some(all), "EXISTS") => {
-                        Reply::Int(all.iter().filter(|v| v.is_some()).count() as i64)
-                    }
-                    (Some(all), _) => Reply::Array(
+                match all {
+                    Some(all) => Reply::Array(
                         all.into_iter()
                             .map(|v| v.map_or(Reply::Nil, Reply::Bulk))
                             .collect(),
                     ),
+                    None => return Fast::Slow,
+                }
+            }
+            // `EXISTS` the same way: how many of the keys (each time it is
+            // named) have a value, each read into `rbuf` and not copied out.
+            "EXISTS" if n >= 2 && n - 1 <= MGET_STEP => {
+                let keys = &args[1..];
+                let found = self.consistent(LOOP_PATIENCE, |s| {
+                    keys.iter().try_fold(0i64, |found, k| {
+                        Some(found + s.local_find(k, rbuf)?.is_some() as i64)
+                    })
+                });
+                match found {
+                    Some(found) => Reply::Int(found),
+                    None => return Fast::Slow,
                 }
             }
             "SET" if n >= 3 => {
