@@ -1,0 +1,294 @@
+//! `softrdma store bench`'s Redis side (`store_bench.rs`): a Redis primary
+//! with one attached replica, `redis-benchmark` runs calibrated to last
+//! about the row's seconds, and its CSV parsed.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::child::Proc;
+
+/// Redis primary + replica, killed when dropped.
+pub(super) struct Redis {
+    pub(super) port: u16,
+    pub(super) procs: Vec<Proc>,
+}
+
+pub(super) fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("run redis-cli")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn start_redis_server(dir: &Path, name: &str, port: u16, extra: &[String]) -> Result<Proc> {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d)?;
+    let p = Proc::spawn(
+        format!("redis {name}"),
+        Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--logfile", "", "--dir"])
+            .arg(&d)
+            .args(["--repl-diskless-sync-delay", "0"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join(format!("{name}.log")))?)
+            .stderr(Stdio::null()),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_cli(port, &["ping"])?.trim() != "PONG" {
+        if Instant::now() > deadline {
+            bail!(
+                "{} on port {port} did not answer PING (log: {})",
+                p.name,
+                dir.join(format!("{name}.log")).display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(p)
+}
+
+pub(super) fn start_redis(dir: &Path) -> Result<Redis> {
+    let ports = crate::net::free_ports(2)?;
+    let (port, rport) = (ports[0], ports[1]);
+    let primary = start_redis_server(dir, "redis-primary", port, &[])?;
+    let replica = start_redis_server(
+        dir,
+        "redis-replica",
+        rport,
+        &["--replicaof".into(), "127.0.0.1".into(), port.to_string()],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = redis_cli(rport, &["info", "replication"])?;
+        let up = info.lines().any(|l| l.trim() == "master_link_status:up");
+        let attached = redis_cli(port, &["info", "replication"])?
+            .lines()
+            .any(|l| l.trim() == "connected_slaves:1");
+        if up && attached {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the Redis replica did not attach to its primary (logs in {})",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Redis {
+        port,
+        procs: vec![primary, replica],
+    })
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RedisResult {
+    pub(super) ops_per_s: f64,
+    pub(super) p50_us: Option<f64>,
+    pub(super) p99_us: Option<f64>,
+}
+
+/// Parses `redis-benchmark --csv`: a header line (Redis >= 7: `"test",
+/// "rps", "avg_latency_ms", ..., "p50_latency_ms", ..., "p99_latency_ms",
+/// ...`) then one line per test; older versions print `"TEST","rps"` lines
+/// without a header.
+fn parse_csv(text: &str) -> Vec<(String, RedisResult)> {
+    let split = |l: &str| -> Vec<String> {
+        l.split(',')
+            .map(|f| f.trim().trim_matches('"').to_string())
+            .collect()
+    };
+    let mut header: Option<Vec<String>> = None;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with('"')) {
+        let f = split(line);
+        if f.first().is_some_and(|t| t == "test") {
+            header = Some(f);
+            continue;
+        }
+        let col = |name: &str, default: Option<usize>| -> Option<f64> {
+            let i = match &header {
+                Some(h) => h.iter().position(|c| c == name)?,
+                None => default?,
+            };
+            f.get(i)?.parse().ok()
+        };
+        let Some(rps) = col("rps", Some(1)) else {
+            continue;
+        };
+        out.push((
+            f[0].clone(),
+            RedisResult {
+                ops_per_s: rps,
+                p50_us: col("p50_latency_ms", None).map(|ms| ms * 1e3),
+                p99_us: col("p99_latency_ms", None).map(|ms| ms * 1e3),
+            },
+        ));
+    }
+    out
+}
+
+/// `redis-benchmark --csv` with `pipeline` requests in flight per
+/// connection (`-P`).
+fn redis_benchmark(
+    port: u16,
+    tests: &str,
+    size: usize,
+    clients: usize,
+    n: u64,
+    pipeline: usize,
+    password: Option<&str>,
+) -> Result<String> {
+    // Random keys over a keyspace that the SETs cover ~5 times, so nearly
+    // every GET finds a value of `size` bytes.
+    let keyspace = (n / 5).clamp(100, 1_000_000);
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &port.to_string(), "-t", tests])
+        .args(["-d", &size.to_string(), "-c", &clients.to_string()])
+        .args(["-n", &n.to_string(), "-r", &keyspace.to_string(), "--csv"])
+        .args(["-P", &pipeline.to_string()])
+        .args(password.map(|p| ["-a", p]).into_iter().flatten())
+        .stdin(Stdio::null())
+        .output()
+        .context("run redis-benchmark")?;
+    if !out.status.success() {
+        bail!(
+            "redis-benchmark failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// SET, GET, INCR and MSET against Redis, one request in flight per
+/// connection; each runs about `secs` (the request count is calibrated by a
+/// short SET run).
+pub(super) fn measure_redis(redis: &Redis, size: usize, clients: usize, secs: f64) -> Result<Resp> {
+    let out = measure_resp(redis.port, size, clients, secs, 1, None)?;
+    redis_cli(redis.port, &["flushall"])?;
+    Ok(out)
+}
+
+/// GET against Redis with `pipeline` requests in flight per connection
+/// (after SETs that fill the keys): about `secs`.
+pub(super) fn measure_redis_get_pipelined(
+    redis: &Redis,
+    size: usize,
+    clients: usize,
+    secs: f64,
+    pipeline: usize,
+) -> Result<RedisResult> {
+    let n = calibrated_n(redis.port, size, clients, secs, pipeline, None)?;
+    let text = redis_benchmark(redis.port, "set,get", size, clients, n, pipeline, None)?;
+    let get = result_of(&parse_csv(&text), "GET", &text)?;
+    redis_cli(redis.port, &["flushall"])?;
+    Ok(get)
+}
+
+/// What `redis-benchmark -t set,get,incr,mset` measured.
+pub(super) struct Resp {
+    pub(super) set: RedisResult,
+    pub(super) get: RedisResult,
+    pub(super) incr: RedisResult,
+    /// `MSET` of 10 keys (redis-benchmark's): commands per second.
+    pub(super) mset: RedisResult,
+}
+
+/// How many requests of each test take about `secs`, from a short SET run
+/// at the same point.
+fn calibrated_n(
+    port: u16,
+    size: usize,
+    clients: usize,
+    secs: f64,
+    pipeline: usize,
+    password: Option<&str>,
+) -> Result<u64> {
+    // The calibration's request count, bounded in bytes too: at 1 MiB,
+    // 16 clients and 16 in flight, 1000 per client would be 256 GB of SETs.
+    let in_flight = (clients * pipeline) as u64;
+    let cal_n = (2000.max(1000 * clients as u64) * pipeline as u64)
+        .min((CAL_BYTES / size.max(1) as u64).max(4 * in_flight));
+    let text = redis_benchmark(port, "set", size, clients, cal_n, pipeline, password)?;
+    let rate = result_of(&parse_csv(&text), "SET", &text)?.ops_per_s;
+    let n = ((rate * secs) as u64).clamp((4 * in_flight).min(1000), 10_000_000);
+    Ok(n)
+}
+
+/// Test `test`'s figures in `res`, parsed from redis-benchmark's `text`
+/// (quoted in the error when it is missing).
+fn result_of(res: &[(String, RedisResult)], test: &str, text: &str) -> Result<RedisResult> {
+    res.iter()
+        .find(|(t, _)| t == test)
+        .map(|(_, r)| *r)
+        .with_context(|| format!("redis-benchmark printed no {test} result: {text:?}"))
+}
+
+/// The most a calibration run writes (its SETs' values together).
+const CAL_BYTES: u64 = 512 << 20;
+
+/// `redis-benchmark -t set,get,incr,mset` against any RESP server at
+/// `port` (Redis, or the store's front door).
+pub(super) fn measure_resp(
+    port: u16,
+    size: usize,
+    clients: usize,
+    secs: f64,
+    pipeline: usize,
+    password: Option<&str>,
+) -> Result<Resp> {
+    let n = calibrated_n(port, size, clients, secs, pipeline, password)?;
+    let text = redis_benchmark(
+        port,
+        "set,get,incr,mset",
+        size,
+        clients,
+        n,
+        pipeline,
+        password,
+    )?;
+    let res = parse_csv(&text);
+    let get = |t: &str| result_of(&res, t, &text);
+    Ok(Resp {
+        set: get("SET")?,
+        get: get("GET")?,
+        incr: get("INCR")?,
+        mset: get("MSET (10 keys)")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redis_7_csv() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                    \"SET\",\"17953.32\",\"0.052\",\"0.008\",\"0.023\",\"0.047\",\"0.175\",\"23.647\"\n\
+                    \"GET\",\"16366.61\",\"0.058\",\"0.008\",\"0.023\",\"0.039\",\"0.399\",\"39.359\"\n";
+        let r = parse_csv(text);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].0, "SET");
+        assert!((r[0].1.ops_per_s - 17953.32).abs() < 1e-6);
+        assert!((r[0].1.p50_us.unwrap() - 23.0).abs() < 1e-6);
+        assert!((r[1].1.p99_us.unwrap() - 399.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn parses_old_csv_without_header() {
+        let r = parse_csv("\"SET\",\"1000.50\"\n\"GET\",\"2000.00\"\n");
+        assert_eq!(r.len(), 2);
+        assert!((r[1].1.ops_per_s - 2000.0).abs() < 1e-6);
+        assert!(r[1].1.p50_us.is_none());
+    }
+}
