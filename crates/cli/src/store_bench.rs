@@ -649,6 +649,20 @@ impl Row {
     }
 }
 
+/// `FLUSHALL` through the store's RESP door at `port`.
+fn flush_door(port: u16, password: Option<&str>) -> Result<()> {
+    let mut args = vec!["--no-auth-warning"];
+    if let Some(p) = password {
+        args.extend(["-a", p]);
+    }
+    args.push("flushall");
+    let out = redis_cli(port, &args)?;
+    if out.trim() != "OK" {
+        bail!("FLUSHALL through the store's door answered {out:?}");
+    }
+    Ok(())
+}
+
 fn print_header() {
     println!(
         "{:<9} {:>6} {:>7} | {:>10} {:>9} {:>9} | {:<7} {:>10} {:>9} {:>9} | {:>6} {:>6} {:>4} | {:>10} {:>9} {:>6}",
@@ -782,23 +796,28 @@ pub fn run(a: Args) -> Result<()> {
                 a.secs,
             )?;
             say(format!("redis: {size} B values, {clients} clients"));
+            let redis_resp = measure_redis(&redis, size, clients, a.secs)?;
             let Resp {
                 set,
                 get,
                 incr,
                 mset,
-            } = measure_redis(&redis, size, clients, a.secs)?;
+                ..
+            } = redis_resp;
             let get_many = measure_redis_get_pipelined(&redis, size, clients, a.secs, READ_MANY)?;
             say(format!(
                 "store RESP front door (redis-benchmark): {size} B values, {clients} clients"
             ));
+            // The same work as Redis's: emptied first (as Redis is between
+            // its runs), then the same request count and keyspace.
+            flush_door(group.resp, group.password.as_deref())?;
             let k0 = crate::bench::children_cpu_secs();
             let c0 = CpuSample::now(&pids);
             let resp = measure_resp(
                 group.resp,
                 size,
                 clients,
-                a.secs,
+                redis_resp.n,
                 1,
                 group.password.as_deref(),
             )?;

@@ -174,7 +174,8 @@ fn redis_benchmark(
 /// connection; each runs about `secs` (the request count is calibrated by a
 /// short SET run).
 pub(super) fn measure_redis(redis: &Redis, size: usize, clients: usize, secs: f64) -> Result<Resp> {
-    let out = measure_resp(redis.port, size, clients, secs, 1, None)?;
+    let n = calibrated_n(redis.port, size, clients, secs, 1, None)?;
+    let out = measure_resp(redis.port, size, clients, n, 1, None)?;
     redis_cli(redis.port, &["flushall"])?;
     Ok(out)
 }
@@ -197,6 +198,9 @@ pub(super) fn measure_redis_get_pipelined(
 
 /// What `redis-benchmark -t set,get,incr,mset` measured.
 pub(super) struct Resp {
+    /// Requests of each test (the same for Redis and the store's door:
+    /// the same work, keyspace included).
+    pub(super) n: u64,
     pub(super) set: RedisResult,
     pub(super) get: RedisResult,
     pub(super) incr: RedisResult,
@@ -237,17 +241,16 @@ fn result_of(res: &[(String, RedisResult)], test: &str, text: &str) -> Result<Re
 /// The most a calibration run writes (its SETs' values together).
 const CAL_BYTES: u64 = 512 << 20;
 
-/// `redis-benchmark -t set,get,incr,mset` against any RESP server at
-/// `port` (Redis, or the store's front door).
+/// `redis-benchmark -t set,get,incr,mset`, `n` requests each, against
+/// any RESP server at `port` (Redis, or the store's front door).
 pub(super) fn measure_resp(
     port: u16,
     size: usize,
     clients: usize,
-    secs: f64,
+    n: u64,
     pipeline: usize,
     password: Option<&str>,
 ) -> Result<Resp> {
-    let n = calibrated_n(port, size, clients, secs, pipeline, password)?;
     let text = redis_benchmark(
         port,
         "set,get,incr,mset",
@@ -260,6 +263,7 @@ pub(super) fn measure_resp(
     let res = parse_csv(&text);
     let get = |t: &str| result_of(&res, t, &text);
     Ok(Resp {
+        n,
         set: get("SET")?,
         get: get("GET")?,
         incr: get("INCR")?,
