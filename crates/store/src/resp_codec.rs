@@ -103,7 +103,19 @@ pub fn parse(b: &[u8]) -> Result<Option<Parsed>, RespError> {
 #[derive(Debug, Default)]
 pub struct Decoder {
     state: State,
+    /// Argument buffers given back ([`Self::recycle`]), for the next
+    /// requests' arguments: no allocation per argument once a connection
+    /// runs.
+    spare: Vec<Vec<u8>>,
+    /// An argument list given back, for the next request.
+    spare_list: Vec<Vec<u8>>,
 }
+
+/// Argument buffers a decoder keeps for reuse ([`Decoder::recycle`]), and
+/// the largest one kept: a few small ones (a command's name, a key, a
+/// small value) per connection.
+const SPARE: usize = 8;
+const SPARE_LEN: usize = 512;
 
 #[derive(Debug, Default)]
 enum State {
@@ -145,6 +157,23 @@ impl Decoder {
         r
     }
 
+    /// Gives back a request's arguments once used: small buffers are
+    /// kept (at most [`SPARE`], each of at most [`SPARE_LEN`] bytes) for
+    /// the next requests.
+    pub fn recycle(&mut self, mut args: Vec<Vec<u8>>) {
+        for a in args.drain(..) {
+            if self.spare.len() >= SPARE {
+                break;
+            }
+            if a.capacity() <= SPARE_LEN {
+                self.spare.push(a);
+            }
+        }
+        if args.capacity() <= SPARE && self.spare_list.capacity() == 0 {
+            self.spare_list = args;
+        }
+    }
+
     fn multibulk_header(&mut self, b: &[u8]) -> Result<Option<Parsed>, RespError> {
         let Some(end) = line_end(b, 1) else {
             if b.len() > 32 {
@@ -159,7 +188,11 @@ impl Decoder {
         }
         // Each argument takes at least 6 bytes ("$0\r\n\r\n"): no more is
         // reserved than the bytes at hand could hold.
-        let args = Vec::with_capacity((n as usize).min(b.len() / 6 + 1));
+        let want = (n as usize).min(b.len() / 6 + 1);
+        let args = match self.spare_list.capacity() >= want {
+            true => std::mem::take(&mut self.spare_list),
+            false => Vec::with_capacity(want),
+        };
         self.bulks(b, args, n as usize, at)
     }
 
@@ -197,7 +230,10 @@ impl Decoder {
             if &b[start + len..start + len + 2] != b"\r\n" {
                 return Err(RespError::BadTerminator);
             }
-            args.push(b[start..start + len].to_vec());
+            let mut arg = self.spare.pop().unwrap_or_default();
+            arg.clear();
+            arg.extend_from_slice(&b[start..start + len]);
+            args.push(arg);
             at = start + len + 2;
         }
         Ok(Some((args, at)))

@@ -173,6 +173,38 @@ proptest! {
         prop_assert_eq!(got, vec![args, vec![b"PING".to_vec()]]);
     }
 
+    /// Requests decoded by one decoder whose used arguments are given
+    /// back each time ([`Decoder::recycle`], as the door's event loop
+    /// does): each the same as a fresh decoder's, nothing of an earlier
+    /// one left in a reused buffer.
+    #[test]
+    fn recycled_arguments_carry_nothing_over(
+        reqs in prop::collection::vec(
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..700), 1..12),
+            1..8,
+        ),
+        step in 1usize..300,
+    ) {
+        let mut stream = Vec::new();
+        for r in &reqs {
+            stream.extend(multibulk(r));
+        }
+        let mut d = Decoder::default();
+        let mut got = Vec::new();
+        let mut buf: Vec<u8> = Vec::new();
+        for piece in stream.chunks(step) {
+            buf.extend_from_slice(piece);
+            while let Some((a, used)) = d.decode(&buf).unwrap() {
+                got.push(a.clone());
+                d.recycle(a);
+                buf.drain(..used);
+            }
+        }
+        prop_assert!(d.spare.len() <= SPARE);
+        prop_assert!(d.spare.iter().all(|a| a.capacity() <= SPARE_LEN));
+        prop_assert_eq!(got, reqs);
+    }
+
     /// Inline lines fed in pieces: the same as in one buffer.
     #[test]
     fn inline_in_pieces(words in prop::collection::vec("[a-z]{1,8}", 1..5), step in 1usize..7) {

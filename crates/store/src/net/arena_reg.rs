@@ -98,21 +98,22 @@ impl ArenaReg {
         }
     }
 
-    /// Copies arena bytes at `offset` into `out` if the registration
-    /// serves one-sided reads now and still did when the copy ended (its
-    /// validity and deadline, as a remote Read is checked); `false`
-    /// otherwise (or outside the arena).
-    pub(crate) fn read(&self, offset: u64, out: &mut [u8]) -> bool {
+    /// Whether the registration serves one-sided reads now (valid, and
+    /// its deadline not passed).
+    pub(crate) fn accessible(&self) -> bool {
+        self.with(|mr| mr.is_accessible()).unwrap_or(false)
+    }
+
+    /// Copies arena bytes at `offset` into `out` whatever the
+    /// registration's state: what it proves is for [`Self::accessible`],
+    /// asked before and after (once for a whole set of copies, as the
+    /// door's look-ups do: one clock read each instead of two per copy);
+    /// `false` outside the arena or while the registration is being made
+    /// again.
+    pub(crate) fn copy(&self, offset: u64, out: &mut [u8]) -> bool {
         if offset.saturating_add(out.len() as u64) > self.len as u64 {
             return false;
         }
-        self.with(|mr| {
-            if !mr.is_accessible() {
-                return false;
-            }
-            mr.read_at(offset as usize, out);
-            mr.is_accessible()
-        })
-        .unwrap_or(false)
+        self.with(|mr| mr.read_at(offset as usize, out)).is_some()
     }
 }

@@ -111,8 +111,8 @@ impl EvTx {
 /// node loop through its event queue (the same `Node::handle` path as a
 /// client's message, with the same de-duplication and replication), and
 /// reads of the arena are local copies that obey the STag's validity and
-/// deadline exactly as a remote one-sided Read does (checked before and
-/// after the copy).
+/// deadline as a remote one-sided Read does (checked before and after a
+/// look-up's copies, by `read_begin` and `read_valid`).
 pub(crate) struct NodeFront {
     pub(crate) tx: EvTx,
     pub(crate) reg: Arc<ArenaReg>,
@@ -167,15 +167,16 @@ impl Front for NodeFront {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> bool {
-        self.reg.read(offset, out)
+        self.reg.copy(offset, out)
     }
 
     fn read_begin(&self) -> Option<u64> {
-        self.reg.exposures.read_begin()
+        let since = self.reg.exposures.read_begin()?;
+        self.reg.accessible().then_some(since)
     }
 
     fn read_valid(&self, since: u64) -> bool {
-        self.reg.exposures.read_valid(since)
+        self.reg.accessible() && self.reg.exposures.read_valid(since)
     }
 }
 

@@ -32,7 +32,6 @@ impl Session {
     /// answered the command (its reply written to `out`).
     pub(super) fn gate(&mut self, cmd: &str, args: &[Vec<u8>], out: &mut Out) -> Option<bool> {
         let n = args.len();
-        self.info.touch();
         // Redis checks the arity first, for every command it knows.
         if command_table::find(cmd).is_some_and(|c| !command_table::arity_ok(c, n)) {
             self.multi_refused();
@@ -265,11 +264,6 @@ impl Session {
     /// Runs `ops` (removes) in batches ([`cut`]); the count of keys that
     /// existed.
     fn remove_all(&mut self, ops: Vec<Op>) -> Reply {
-        for op in &ops {
-            if let Op::Remove { key } = op {
-                self.cache.remove(key);
-            }
-        }
         let mut n = 0;
         for batch in cut(&ops) {
             match self.write(Op::Batch {

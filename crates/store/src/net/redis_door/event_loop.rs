@@ -124,6 +124,8 @@ struct Door {
     rbuf: Vec<u8>,
     /// Connections to serve again next pass ([`Step::Again`]).
     again: Vec<u64>,
+    /// [`Ctx::now`].
+    now: Instant,
 }
 
 /// Starts the door's event loop on `listener`.
@@ -152,6 +154,7 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resu
         batch: Vec::new(),
         rbuf: Vec::new(),
         again: Vec::new(),
+        now: Instant::now(),
     };
     std::thread::Builder::new()
         .name("store-resp".into())
@@ -175,6 +178,7 @@ impl Door {
                 }
                 continue;
             }
+            self.now = Instant::now();
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept_all(),
@@ -320,6 +324,7 @@ impl Door {
             woken: &self.woken,
             batch: &mut self.batch,
             rbuf: &mut self.rbuf,
+            now: self.now,
         };
         let step = self.conns.get_mut(&no).map(|conn| {
             // A command that panics ends its connection, not the loop
@@ -461,6 +466,10 @@ struct Ctx<'a> {
     batch: &'a mut Vec<(u64, u64, proto::Op, Answer)>,
     /// Where a `GET` reads its object ([`Session::fast`]).
     rbuf: &'a mut Vec<u8>,
+    /// When this pass of the loop began (taken once per pass, not per
+    /// read or command): a connection's last input, as `CLIENT LIST`
+    /// shows it.
+    now: Instant,
 }
 
 /// Moves `conn` on: writes what its output holds, runs its buffered
@@ -491,7 +500,12 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
             // Read ahead (bounded) while the write is in flight.
             while p.input.len() < READ_AHEAD && !conn.eof && !conn.drained {
                 match read_some(&mut p.stream, &mut p.input, scratch) {
-                    Ok(n) => conn.drained = n < scratch.len() && !conn.hup,
+                    Ok(n) => {
+                        conn.drained = n < scratch.len() && !conn.hup;
+                        if n > 0 {
+                            p.session.info.touch_at(ctx.now);
+                        }
+                    }
                     Err(true) => conn.eof = true,
                     Err(false) => return Step::Close,
                 }
@@ -507,7 +521,13 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
                     if args.is_empty() {
                         continue;
                     }
-                    match p.session.fast(&args, &mut p.out, ctx.rbuf) {
+                    let fast = p.session.fast(&args, &mut p.out, ctx.rbuf);
+                    if let Fast::Slow = fast {
+                        away = Some(Work::Command(args));
+                        break;
+                    }
+                    p.decoder.recycle(args);
+                    match fast {
                         Fast::Done(close) => conn.closing |= close,
                         Fast::Value(at) => {
                             let value = &ctx.rbuf[at];
@@ -524,10 +544,7 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
                             conn.pending = Some((pending, Instant::now() + FRONT_TIMEOUT));
                             break;
                         }
-                        Fast::Slow => {
-                            away = Some(Work::Command(args));
-                            break;
-                        }
+                        Fast::Slow => unreachable!("gone to a worker above"),
                     }
                     if conn.closing || p.out.buf.len() >= FLUSH_AT {
                         break;
@@ -568,6 +585,9 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
             Ok(n) => {
                 conn.drained = n < scratch.len() && !conn.hup;
                 read += n;
+                if n > 0 {
+                    p.session.info.touch_at(ctx.now);
+                }
             }
             Err(true) => conn.eof = true,
             Err(false) => return Step::Close,

@@ -94,7 +94,6 @@ impl Session {
         if let Some(r) = self.not_primary(key) {
             return r;
         }
-        self.cache.remove(key);
         let ops = vec![
             Op::Modify {
                 key: key.clone(),

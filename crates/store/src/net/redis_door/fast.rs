@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::commands::{one_batch, puts, MGET_STEP};
-use super::session::{impossible_key, store_err, upper, value_too_long, Out, Session, ROLE_TTL};
+use super::session::{impossible_key, store_err, upper_in, value_too_long, Out, Session, ROLE_TTL};
 use super::strings::{incr_amount, put_ttl, set_options};
 use crate::lookup;
 use crate::proto::{self, Bytes, Cond, Modify, Op, StoreError};
@@ -57,9 +57,12 @@ impl Session {
     /// `rbuf`: the loop's read buffer (a `GET`'s value is read into it
     /// and written out from it, not copied in between).
     pub(super) fn fast(&mut self, args: &[Vec<u8>], out: &mut Out, rbuf: &mut Vec<u8>) -> Fast {
-        let cmd = upper(&args[0]);
+        let mut name = [0u8; 16];
+        let Some(cmd) = upper_in(&args[0], &mut name) else {
+            return Fast::Slow;
+        };
         let n = args.len();
-        match cmd.as_str() {
+        match cmd {
             // The connection's own commands, and what clients send when
             // they connect: nothing to wait for.
             "PING" | "ECHO" | "SELECT" | "QUIT" | "COMMAND" | "CLIENT" | "CONFIG" | "TIME"
@@ -69,10 +72,10 @@ impl Session {
             "GET" | "MGET" | "EXISTS" | "SET" | "MSET" | "INCR" | "DECR" | "INCRBY" | "DECRBY" => {}
             _ => return Fast::Slow,
         }
-        if let Some(close) = self.gate(&cmd, args, out) {
+        if let Some(close) = self.gate(cmd, args, out) {
             return Fast::Done(close);
         }
-        let reply = match cmd.as_str() {
+        let reply = match cmd {
             "GET" if n == 2 => {
                 if impossible_key(&args[1]) {
                     Reply::Nil
@@ -160,7 +163,7 @@ impl Session {
                 return self.submit(op, Kind::Mset);
             }
             "INCR" | "DECR" | "INCRBY" | "DECRBY" => {
-                let by = match incr_amount(&cmd, args) {
+                let by = match incr_amount(cmd, args) {
                     Ok(by) => by,
                     Err(r) => return self.done(r, out),
                 };
@@ -170,7 +173,6 @@ impl Session {
                 if !self.primary_known() {
                     return Fast::Slow;
                 }
-                self.cache.remove(&args[1]);
                 let op = Op::Modify {
                     key: args[1].clone(),
                     how: Modify::IncrBy(by),

@@ -155,17 +155,21 @@ pub trait Front: Send + Sync {
         rx.recv_timeout(timeout).ok()
     }
 
-    /// Copies arena bytes at `offset` into `out` if this node serves
-    /// one-sided reads now and still did when the copy ended; `false`
-    /// otherwise (or outside the arena).
+    /// Copies arena bytes at `offset` into `out`; `false` outside the
+    /// arena. Meaningful only between [`Self::read_begin`] and a
+    /// [`Self::read_valid`] that says so.
     fn read(&self, offset: u64, out: &mut [u8]) -> bool;
 
-    /// Where a set of [`Self::read`]s starts (`None` while a batch is
-    /// being written into the arena; [`crate::arena::Exposures`]).
+    /// Where a set of [`Self::read`]s starts: `None` while this node does
+    /// not serve one-sided reads (its STag invalid or past its deadline)
+    /// or a batch is being written into the arena
+    /// ([`crate::arena::Exposures`]).
     fn read_begin(&self) -> Option<u64>;
 
     /// Whether the reads since [`Self::read_begin`] gave `since` saw
-    /// every batch whole or not at all.
+    /// every batch whole or not at all, and this node still serves
+    /// one-sided reads (the STag checked before and after the copies, as
+    /// a remote Read's is).
     fn read_valid(&self, since: u64) -> bool;
 }
 

@@ -3,7 +3,6 @@
 //! the node loop, retried through a client of its own; a read from the
 //! node's own arena).
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,9 +30,6 @@ pub(super) const FLUSH_AT: usize = 256 << 10;
 
 /// A client that does not read its replies for this long is disconnected.
 pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Key -> pointer entries one connection keeps.
-const SESSION_CACHE: usize = 16 << 10;
 
 /// How long a look-up in this node's arena keeps trying to read between
 /// two batches' writes ([`Session::consistent`]) before the key goes the
@@ -128,9 +124,6 @@ pub(super) struct Session {
     pub(super) req: u64,
     /// The key index's layout, read from the local arena's superblock.
     pub(super) layout: Option<Layout>,
-    /// Key -> (arena offset, allocation length), as in `StoreClient`; at
-    /// most [`SESSION_CACHE`] entries.
-    pub(super) cache: HashMap<Vec<u8>, (u64, u32)>,
     /// The open transaction (`MULTI`), if any.
     pub(super) multi: Option<super::transaction::Multi>,
     /// Keys `WATCH`ed and the version each had then.
@@ -139,6 +132,19 @@ pub(super) struct Session {
 
 pub(super) fn upper(a: &[u8]) -> String {
     String::from_utf8_lossy(a).to_ascii_uppercase()
+}
+
+/// [`upper`] into `buf`, not allocated: `None` when `a` is longer than
+/// `buf` or not ASCII (no command the event loop runs itself is).
+pub(super) fn upper_in<'b, const N: usize>(a: &[u8], buf: &'b mut [u8; N]) -> Option<&'b str> {
+    let to = buf.get_mut(..a.len())?;
+    for (t, &b) in to.iter_mut().zip(a) {
+        if !b.is_ascii() {
+            return None;
+        }
+        *t = b.to_ascii_uppercase();
+    }
+    std::str::from_utf8(to).ok()
 }
 
 /// A key no store key can equal (empty, or longer than the limit): a
@@ -221,7 +227,6 @@ impl Session {
             info,
             req: 0,
             layout: None,
-            cache: HashMap::new(),
             multi: None,
             watched: Vec::new(),
         }
@@ -405,7 +410,10 @@ impl Session {
     /// One look-up in this node's arena, read into `buf` (kept by the
     /// caller, grown as needed): where the key's value lies in `buf` and
     /// its deadline; absent if it expired ([`lookup::live`]); `None`
-    /// where [`Self::local_get`] gives `None`.
+    /// where [`Self::local_get`] gives `None`. Always from the key's
+    /// bucket: no pointer cache, as a remote reader keeps to save a round
+    /// trip (here the bucket is a local 512-byte copy, cheaper than
+    /// keeping a cache: hashing, a key copy per entry, clearing it).
     pub(super) fn local_find(
         &mut self,
         key: &[u8],
@@ -424,7 +432,6 @@ impl Session {
             self.layout = Layout::from_superblock(&sb, arena_len).ok();
         }
         let layout = self.layout?;
-        let cached = self.cache.get(key).copied();
         let read = |offset: u64, len: u32, buf: &mut Vec<u8>| {
             // Bounds first: a length is never trusted before it is known
             // to lie inside the arena.
@@ -440,34 +447,20 @@ impl Session {
                 false => Err(()),
             }
         };
-        match lookup::run_in(key, layout, cached, buf, read).ok()?.0 {
+        match lookup::run_in(key, layout, None, buf, read).ok()?.0 {
             Outcome::Found {
-                offset,
-                len,
                 data_at,
                 data_len,
                 deadline,
                 ..
             } => {
-                // (The key is copied only when it is new to the cache.)
-                match self.cache.get_mut(key) {
-                    Some(at) => *at = (offset, len),
-                    None => {
-                        if self.cache.len() >= SESSION_CACHE {
-                            self.cache.clear();
-                        }
-                        self.cache.insert(key.to_vec(), (offset, len));
-                    }
-                }
                 // Expired, allowing for this clock's lag behind the
-                // primary's: absent.
-                let live = lookup::live(deadline, lookup::wall_ms());
+                // primary's: absent (the clock read only for a key with a
+                // deadline).
+                let live = deadline == 0 || lookup::live(deadline, lookup::wall_ms());
                 Some(live.then_some((data_at..data_at + data_len, deadline)))
             }
-            Outcome::Absent => {
-                self.cache.remove(key);
-                Some(None)
-            }
+            Outcome::Absent => Some(None),
             Outcome::GaveUp => None,
         }
     }

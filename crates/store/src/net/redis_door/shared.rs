@@ -125,7 +125,8 @@ pub(super) struct ConnInfo {
     pub(super) addr: Option<SocketAddr>,
     pub(super) laddr: Option<SocketAddr>,
     pub(super) since: Instant,
-    /// Milliseconds from `since` to the last command.
+    /// Milliseconds from `since` to the last input read from it (Redis's
+    /// "last interaction").
     pub(super) last_ms: AtomicU64,
     /// `CLIENT SETNAME`.
     pub(super) name: Mutex<Vec<u8>>,
@@ -149,10 +150,11 @@ impl ConnInfo {
         }
     }
 
-    /// A command arrived now.
-    pub(super) fn touch(&self) {
-        self.last_ms
-            .store(self.since.elapsed().as_millis() as u64, Ordering::Relaxed);
+    /// Input arrived at `now` (the event loop's time for its pass: no
+    /// clock read per command).
+    pub(super) fn touch_at(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.since).as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Its `CLIENT LIST` line; `cmd`: its last command as Redis names it.

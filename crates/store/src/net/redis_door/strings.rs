@@ -26,7 +26,6 @@ impl Session {
         if let Some(r) = self.not_primary(key) {
             return Err(r);
         }
-        self.cache.remove(key);
         match self.write(Op::Modify {
             key: key.to_vec(),
             how,

@@ -208,11 +208,6 @@ impl Session {
             if let Some(r) = self.not_primary(&key) {
                 return r;
             }
-            for op in &ops {
-                if let Op::Put { key, .. } | Op::Remove { key } | Op::Modify { key, .. } = op {
-                    self.cache.remove(key);
-                }
-            }
             match self.write(Op::Batch {
                 ops,
                 all_or_none: false,
