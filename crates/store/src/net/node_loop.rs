@@ -511,8 +511,13 @@ impl NodeLoop {
                 if let Addr::Client(_) = from {
                     if let Some(answer) = refusal(&env, self.principals.get(&link)) {
                         if let Some(l) = self.clients.values().find(|l| l.id() == link) {
-                            self.outbox
-                                .send(l, pool::encode(&answer), &self.ep, SEND_TIMEOUT);
+                            self.outbox.send(
+                                l,
+                                pool::encode(&answer),
+                                None,
+                                &self.ep,
+                                SEND_TIMEOUT,
+                            );
                         }
                         return None;
                     }
@@ -588,8 +593,11 @@ impl NodeLoop {
             self.sync_chunk(&link, to, env.epoch, session, offset, len);
             return;
         }
+        // (Acknowledgements are cumulative: a later one queued right
+        // behind replaces it.)
+        let ack = matches!(env.body, proto::Body::ReplicateAck { .. }).then_some(env.epoch);
         self.outbox
-            .send(link, pool::encode(&env), &self.ep, SEND_TIMEOUT);
+            .send(link, pool::encode(&env), ack, &self.ep, SEND_TIMEOUT);
     }
 
     /// Recovery copies the primary's arena with one-sided RDMA Reads: a
