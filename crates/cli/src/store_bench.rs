@@ -75,6 +75,11 @@ pub struct Args {
     /// secret that its clients prove, as a deployment would.
     #[arg(long)]
     no_auth: bool,
+    /// Times the door's GET and SET are measured again against Redis's GET
+    /// and SET+WAIT, alternately (each round's ratio in the JSON's
+    /// `ratio_rounds`; the table prints their median and range).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 const REDIS_BINS: [&str; 3] = ["redis-server", "redis-benchmark", "redis-cli"];
@@ -580,8 +585,8 @@ fn measure_store(
 #[path = "store_bench_redis.rs"]
 mod redis;
 use redis::{
-    measure_redis, measure_redis_get_pipelined, measure_resp, redis_cli, start_redis, RedisResult,
-    Resp,
+    flush_door, measure_redis, measure_redis_get_pipelined, measure_resp, measure_rounds,
+    median_range, redis_cli, start_redis, RedisResult, Resp,
 };
 
 // ---------------------------------------------------------------------------
@@ -597,6 +602,8 @@ struct Row {
     /// Redis SET+WAIT (insert and update rows).
     set_wait: Option<crate::resp_wait::SetWait>,
     target: f64,
+    /// The ratios of [`measure_rounds`] (the door's GET and SET rows).
+    rounds: Vec<f64>,
 }
 
 impl Row {
@@ -645,22 +652,10 @@ impl Row {
             // Whether the engine offered the same-host transport
             // (SOFTRDMA_SAME_HOST=0 measures the iWARP/TCP path).
             "same_host": softrdma_verbs::same_host_default(),
+            "ratio_rounds": self.rounds.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+            "ratio_rounds_median": (!self.rounds.is_empty()).then(|| median_range(&self.rounds).0),
         })
     }
-}
-
-/// `FLUSHALL` through the store's RESP door at `port`.
-fn flush_door(port: u16, password: Option<&str>) -> Result<()> {
-    let mut args = vec!["--no-auth-warning"];
-    if let Some(p) = password {
-        args.extend(["-a", p]);
-    }
-    args.push("flushall");
-    let out = redis_cli(port, &args)?;
-    if out.trim() != "OK" {
-        bail!("FLUSHALL through the store's door answered {out:?}");
-    }
-    Ok(())
 }
 
 fn print_header() {
@@ -835,6 +830,27 @@ pub fn run(a: Args) -> Result<()> {
             let set_wait =
                 crate::resp_wait::measure(redis.port, &redis_pids, size, clients, a.secs)?;
             redis_cli(redis.port, &["flushall"])?;
+            say(format!(
+                "door against Redis, alternately, {} rounds: {size} B values, {clients} clients",
+                a.rounds
+            ));
+            let rounds = measure_rounds(
+                &redis,
+                group.resp,
+                group.password.as_deref(),
+                size,
+                clients,
+                redis_resp.n,
+                a.secs,
+                a.rounds,
+            )?;
+            if !rounds.get.is_empty() {
+                say(format!(
+                    "rounds: resp_get/GET {}, resp_set/SET+WAIT {}",
+                    median_range(&rounds.get).1,
+                    median_range(&rounds.set_wait).1
+                ));
+            }
             if ours[0].arena_full {
                 say(format!(
                     "warning: the arena ({}) filled up during the insert phase; \
@@ -897,6 +913,11 @@ pub fn run(a: Args) -> Result<()> {
                     redis,
                     set_wait,
                     target,
+                    rounds: match op {
+                        "resp_get" => rounds.get.clone(),
+                        "resp_set" => rounds.set_wait.clone(),
+                        _ => Vec::new(),
+                    },
                 };
                 if a.json {
                     println!("{}", row.json());

@@ -271,6 +271,81 @@ pub(super) fn measure_resp(
     })
 }
 
+/// `FLUSHALL` through the store's RESP door at `port`.
+pub(super) fn flush_door(port: u16, password: Option<&str>) -> Result<()> {
+    let mut args = vec!["--no-auth-warning"];
+    if let Some(p) = password {
+        args.extend(["-a", p]);
+    }
+    args.push("flushall");
+    let out = redis_cli(port, &args)?;
+    if out.trim() != "OK" {
+        bail!("FLUSHALL through the store's door answered {out:?}");
+    }
+    Ok(())
+}
+
+/// The door's GET against Redis's, and its SET against Redis's SET+WAIT,
+/// measured `rounds` times alternately (Redis, Redis's SET+WAIT, the door,
+/// each emptied first; `n` requests each): the ratios of each round. On
+/// this machine one command's rate moves by up to 40% from one run to the
+/// next, so a single pair can land either side of a target it is near.
+pub(super) struct Rounds {
+    pub(super) get: Vec<f64>,
+    pub(super) set_wait: Vec<f64>,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn measure_rounds(
+    redis: &Redis,
+    door_port: u16,
+    password: Option<&str>,
+    size: usize,
+    clients: usize,
+    n: u64,
+    secs: f64,
+    rounds: usize,
+) -> Result<Rounds> {
+    let pids: Vec<u32> = redis.procs.iter().map(|p| p.child.id()).collect();
+    let set_get = |port: u16, pw: Option<&str>| -> Result<(RedisResult, RedisResult)> {
+        let text = redis_benchmark(port, "set,get", size, clients, n, 1, pw)?;
+        let res = parse_csv(&text);
+        Ok((
+            result_of(&res, "SET", &text)?,
+            result_of(&res, "GET", &text)?,
+        ))
+    };
+    let mut out = Rounds {
+        get: Vec::new(),
+        set_wait: Vec::new(),
+    };
+    for _ in 0..rounds {
+        let (_, redis_get) = set_get(redis.port, None)?;
+        redis_cli(redis.port, &["flushall"])?;
+        let wait = crate::resp_wait::measure(redis.port, &pids, size, clients, secs)?;
+        redis_cli(redis.port, &["flushall"])?;
+        flush_door(door_port, password)?;
+        let (door_set, door_get) = set_get(door_port, password)?;
+        out.get
+            .push(door_get.ops_per_s / redis_get.ops_per_s.max(1e-9));
+        out.set_wait
+            .push(door_set.ops_per_s / wait.ops_per_s.max(1e-9));
+    }
+    Ok(out)
+}
+
+/// The median of `v` (not empty) and its range, as "m (lo-hi of k)".
+pub(super) fn median_range(v: &[f64]) -> (f64, String) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = match s.len() % 2 {
+        1 => s[s.len() / 2],
+        _ => (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0,
+    };
+    let text = format!("{m:.2} ({:.2}-{:.2} of {})", s[0], s[s.len() - 1], s.len());
+    (m, text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +361,12 @@ mod tests {
         assert!((r[0].1.ops_per_s - 17953.32).abs() < 1e-6);
         assert!((r[0].1.p50_us.unwrap() - 23.0).abs() < 1e-6);
         assert!((r[1].1.p99_us.unwrap() - 399.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn median_and_range_of_rounds() {
+        assert_eq!(median_range(&[1.2, 0.8, 1.0]).1, "1.00 (0.80-1.20 of 3)");
+        assert_eq!(median_range(&[0.9, 1.1]).0, 1.0);
     }
 
     #[test]
