@@ -238,10 +238,7 @@ impl Reader {
                 self.cache_put(key, (offset, len));
                 // Expired, allowing for this clock's lag behind the
                 // primary's (`lookup::live`): absent.
-                Some(
-                    (deadline == 0 || crate::lookup::live(deadline, crate::lookup::wall_ms()))
-                        .then_some(data),
-                )
+                Some(crate::lookup::live_now(deadline).then_some(data))
             }
             Outcome::Absent => {
                 self.stats.keyed_one_sided += 1;

@@ -457,8 +457,7 @@ impl Session {
                 // Expired, allowing for this clock's lag behind the
                 // primary's: absent (the clock read only for a key with a
                 // deadline).
-                let live = deadline == 0 || lookup::live(deadline, lookup::wall_ms());
-                Some(live.then_some((data_at..data_at + data_len, deadline)))
+                Some(lookup::live_now(deadline).then_some((data_at..data_at + data_len, deadline)))
             }
             Outcome::Absent => Some(None),
             Outcome::GaveUp => None,
