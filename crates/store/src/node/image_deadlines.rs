@@ -9,13 +9,16 @@
 //! its own writes (`node::REAP_CLIENT`, `Modify::Reap`), each removal
 //! checked again when it is planned.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
 
 /// Keys with a deadline, by deadline and by object offset.
 #[derive(Debug, Default)]
 pub(in crate::node) struct Deadlines {
-    /// Object offset -> (deadline, key).
-    by_offset: BTreeMap<u64, (u64, Vec<u8>)>,
+    /// Object offset -> (deadline, key). Hashed: every write of a keyed
+    /// object looks its offset up here (see `alloc.rs`'s `allocated`).
+    by_offset: FxHashMap<u64, (u64, Vec<u8>)>,
     /// (deadline, object offset), earliest first.
     by_time: BTreeSet<(u64, u64)>,
     /// The sum of the deadlines (for their mean, `INFO`'s `avg_ttl`).

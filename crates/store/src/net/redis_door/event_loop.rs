@@ -521,7 +521,7 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
                     if args.is_empty() {
                         continue;
                     }
-                    let fast = p.session.fast(&args, &mut p.out, ctx.rbuf);
+                    let fast = p.session.fast(&args, &mut p.out, ctx.rbuf, ctx.now);
                     if let Fast::Slow = fast {
                         away = Some(Work::Command(args));
                         break;

@@ -173,7 +173,7 @@ fn serve_like_the_loop(
     use super::fast::Fast;
     session.serve_with(decoder, buf, out, |session, args, out| {
         let mut rbuf = Vec::new();
-        match session.fast(args, out, &mut rbuf) {
+        match session.fast(args, out, &mut rbuf, std::time::Instant::now()) {
             Fast::Done(close) => close,
             Fast::Value(at) => {
                 out.bulk(&rbuf[at]);

@@ -112,7 +112,7 @@ impl Session {
             Ok(o) => o,
             Err(r) => return r,
         };
-        let ttl = match put_ttl("set", &o.ttl, lookup::wall_ms()) {
+        let ttl = match put_ttl("set", &o.ttl, lookup::wall_ms) {
             Ok(t) => t,
             Err(r) => return r,
         };
@@ -278,10 +278,14 @@ pub(super) fn deadline_of(
 }
 
 /// The deadline a `SET`-like command's [`TtlOption`] gives its put.
-pub(super) fn put_ttl(cmd: &str, ttl: &TtlOption, now_ms: u64) -> Result<Ttl, Reply> {
+pub(super) fn put_ttl(
+    cmd: &str,
+    ttl: &TtlOption,
+    now_ms: impl FnOnce() -> u64,
+) -> Result<Ttl, Reply> {
     Ok(match ttl {
         TtlOption::Clear | TtlOption::Persist => Ttl::Clear,
         TtlOption::Keep => Ttl::Keep,
-        TtlOption::Time { unit, arg } => Ttl::At(deadline_of(cmd, *unit, arg, now_ms)?),
+        TtlOption::Time { unit, arg } => Ttl::At(deadline_of(cmd, *unit, arg, now_ms())?),
     })
 }

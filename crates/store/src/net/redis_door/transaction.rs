@@ -327,7 +327,7 @@ fn plan(args: &[Vec<u8>]) -> Result<Planned, Reply> {
         }
         "SET" => {
             let o = set_options(&args[3..], false)?;
-            let ttl = put_ttl("set", &o.ttl, now)?;
+            let ttl = put_ttl("set", &o.ttl, || now)?;
             if o.get {
                 let how = Modify::Swap {
                     data: Bytes::copy_from_slice(&args[2]),
