@@ -84,7 +84,6 @@ enum Cmd {
 }
 
 fn main() {
-    malloc::keep_large_buffers();
     let cli = Cli::parse();
     let level = match cli.log {
         0 => "warn",
