@@ -48,6 +48,12 @@ pub(super) struct Reader {
     layout: Option<Layout>,
     /// Every counter but `retries` (the session's).
     stats: ClientStats,
+    /// Where a keyed get's Reads are copied out of `read_mr` for the
+    /// look-up to parse ([`Self::read_arena_into`]): kept, so a get of a
+    /// large value neither allocates nor zeroes a buffer per Read (a
+    /// `perf` of 1 MiB gets: the zeroing 8% of the client, the copy into
+    /// the fresh buffer 11%).
+    scratch: Vec<u8>,
 }
 
 impl Reader {
@@ -127,6 +133,20 @@ impl Reader {
         offset: u64,
         len: u32,
     ) -> Result<Vec<u8>, ClientError> {
+        self.read_arena_into(s, offset, len)?;
+        Ok(self.scratch[..len as usize].to_vec())
+    }
+
+    /// [`Self::read_arena`] into the front of [`Self::scratch`] (grown,
+    /// never shrunk, so it is zeroed once per size reached; the read
+    /// buffer `read_mr` is kept at its largest size the same way): the
+    /// bytes read are `scratch[..len]`.
+    fn read_arena_into(
+        &mut self,
+        s: &mut Session,
+        offset: u64,
+        len: u32,
+    ) -> Result<(), ClientError> {
         let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
         if offset.saturating_add(len as u64) > arena.len {
             return Err(ClientError::OutsideArena {
@@ -134,16 +154,19 @@ impl Reader {
                 len: len as u64,
             });
         }
-        self.ensure_read_mr(s, len as usize)?;
+        let len = len as usize;
+        self.ensure_read_mr(s, len)?;
         let (t, link) = s.target_link()?;
         let mr = self.read_mr.as_ref().expect("read buffer");
-        let timeout = s.cfg().attempt_for(len as usize);
-        if let Err(e) = link.read(mr, len as usize, arena.base + offset, arena.stag, timeout) {
+        let timeout = s.cfg().attempt_for(len);
+        if let Err(e) = link.read(mr, len, arena.base + offset, arena.stag, timeout) {
             return Err(s.read_failed(t, e));
         }
-        let mut buf = vec![0u8; len as usize];
-        mr.read_at(0, &mut buf);
-        Ok(buf)
+        if self.scratch.len() < len {
+            self.scratch.resize(len, 0);
+        }
+        mr.read_at(0, &mut self.scratch[..len]);
+        Ok(())
     }
 
     /// Several RDMA Reads `(arena offset, len)` posted together.
@@ -199,8 +222,8 @@ impl Reader {
         let (mut l, mut step) = Lookup::start(key, layout, cached);
         let outcome = loop {
             match step {
-                Step::Read { offset, len } => match self.read_arena(s, offset, len) {
-                    Ok(bytes) => step = l.on_read(&bytes),
+                Step::Read { offset, len } => match self.read_arena_into(s, offset, len) {
+                    Ok(()) => step = l.on_read(&self.scratch[..len as usize]),
                     Err(_) => {
                         self.stats.keyed_fallback_refused += 1;
                         return None;
