@@ -604,6 +604,8 @@ struct Row {
     target: f64,
     /// The ratios of [`measure_rounds`] (the door's GET and SET rows).
     rounds: Vec<f64>,
+    /// Each round's rates, p99 and CPU, as JSON (the same rows).
+    rounds_detail: Vec<serde_json::Value>,
 }
 
 impl Row {
@@ -654,6 +656,7 @@ impl Row {
             "same_host": softrdma_verbs::same_host_default(),
             "ratio_rounds": self.rounds.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
             "ratio_rounds_median": (!self.rounds.is_empty()).then(|| median_range(&self.rounds).0),
+            "rounds_detail": self.rounds_detail,
         })
     }
 }
@@ -843,7 +846,11 @@ pub fn run(a: Args) -> Result<()> {
                 redis_resp.n,
                 a.secs,
                 a.rounds,
+                &pids,
             )?;
+            for (i, round) in rounds.each.iter().enumerate() {
+                say(format!("round {}: {}", i + 1, round.describe()));
+            }
             if !rounds.get.is_empty() {
                 say(format!(
                     "rounds: resp_get/GET {}, resp_set/SET+WAIT {}",
@@ -916,6 +923,10 @@ pub fn run(a: Args) -> Result<()> {
                     rounds: match op {
                         "resp_get" => rounds.get.clone(),
                         "resp_set" => rounds.set_wait.clone(),
+                        _ => Vec::new(),
+                    },
+                    rounds_detail: match op {
+                        "resp_get" | "resp_set" => rounds.each.iter().map(|r| r.json(op)).collect(),
                         _ => Vec::new(),
                     },
                 };

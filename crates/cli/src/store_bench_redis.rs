@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use super::CpuSample;
 use crate::child::Proc;
 
 /// Redis primary + replica, killed when dropped.
@@ -293,6 +294,82 @@ pub(super) fn flush_door(port: u16, password: Option<&str>) -> Result<()> {
 pub(super) struct Rounds {
     pub(super) get: Vec<f64>,
     pub(super) set_wait: Vec<f64>,
+    /// What each round measured, beside its ratios.
+    pub(super) each: Vec<Round>,
+}
+
+/// One round of [`measure_rounds`]: each side's rate and latency, and the
+/// servers' CPU (fractions of one core) over their `set,get` run.
+pub(super) struct Round {
+    pub(super) door_set: RedisResult,
+    pub(super) door_get: RedisResult,
+    pub(super) redis_get: RedisResult,
+    pub(super) set_wait: crate::resp_wait::SetWait,
+    /// The door's primary and secondary over the door's run.
+    pub(super) door_cpu: [Option<f64>; 2],
+    /// Redis's primary and replica together over Redis's run.
+    pub(super) redis_cpu: Option<f64>,
+}
+
+impl Round {
+    /// One line: GET against GET, SET against SET+WAIT, p99 and CPU.
+    pub(super) fn describe(&self) -> String {
+        let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} us"));
+        let cpu = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        format!(
+            "door GET {:.0}/s p99 {}, SET {:.0}/s p99 {} (CPU primary/secondary {}/{}); \
+             Redis GET {:.0}/s p99 {} (CPU {}), SET+WAIT {:.0}/s p99 {:.0} us (CPU {})",
+            self.door_get.ops_per_s,
+            us(self.door_get.p99_us),
+            self.door_set.ops_per_s,
+            us(self.door_set.p99_us),
+            cpu(self.door_cpu[0]),
+            cpu(self.door_cpu[1]),
+            self.redis_get.ops_per_s,
+            us(self.redis_get.p99_us),
+            cpu(self.redis_cpu),
+            self.set_wait.ops_per_s,
+            self.set_wait.p99_us,
+            cpu(self.set_wait.cpu_server),
+        )
+    }
+
+    /// The round as the JSON of the door's `op` row (`resp_get` or
+    /// `resp_set`).
+    pub(super) fn json(&self, op: &str) -> serde_json::Value {
+        let r = |x: f64| (x * 100.0).round() / 100.0;
+        let (door, base, base_p99, base_cpu) = match op {
+            "resp_get" => (
+                &self.door_get,
+                self.redis_get.ops_per_s,
+                self.redis_get.p99_us,
+                self.redis_cpu,
+            ),
+            _ => (
+                &self.door_set,
+                self.set_wait.ops_per_s,
+                Some(self.set_wait.p99_us),
+                self.set_wait.cpu_server,
+            ),
+        };
+        serde_json::json!({
+            "ops_per_s": r(door.ops_per_s),
+            "p99_us": door.p99_us.map(r),
+            "cpu_primary": self.door_cpu[0].map(r),
+            "cpu_secondary": self.door_cpu[1].map(r),
+            "redis_ops_per_s": r(base),
+            "redis_p99_us": base_p99.map(r),
+            "redis_cpu_server": base_cpu.map(r),
+        })
+    }
+}
+
+/// The CPU seconds `pids` have used, together (`None` if any cannot be
+/// read).
+fn cpu_of(pids: &[u32]) -> Option<f64> {
+    pids.iter()
+        .map(|&p| crate::bench::cpu_secs(Some(p)))
+        .sum::<Option<f64>>()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -305,6 +382,7 @@ pub(super) fn measure_rounds(
     n: u64,
     secs: f64,
     rounds: usize,
+    node_pids: &[Option<u32>; 2],
 ) -> Result<Rounds> {
     let pids: Vec<u32> = redis.procs.iter().map(|p| p.child.id()).collect();
     let set_get = |port: u16, pw: Option<&str>| -> Result<(RedisResult, RedisResult)> {
@@ -318,18 +396,34 @@ pub(super) fn measure_rounds(
     let mut out = Rounds {
         get: Vec::new(),
         set_wait: Vec::new(),
+        each: Vec::new(),
     };
     for _ in 0..rounds {
+        let (t0, r0) = (Instant::now(), cpu_of(&pids));
         let (_, redis_get) = set_get(redis.port, None)?;
+        let redis_cpu = match (r0, cpu_of(&pids)) {
+            (Some(a), Some(b)) => Some((b - a) / t0.elapsed().as_secs_f64().max(1e-9)),
+            _ => None,
+        };
         redis_cli(redis.port, &["flushall"])?;
         let wait = crate::resp_wait::measure(redis.port, &pids, size, clients, secs)?;
         redis_cli(redis.port, &["flushall"])?;
         flush_door(door_port, password)?;
+        let c0 = CpuSample::now(node_pids);
         let (door_set, door_get) = set_get(door_port, password)?;
+        let door_cpu = c0.until(&CpuSample::now(node_pids));
         out.get
             .push(door_get.ops_per_s / redis_get.ops_per_s.max(1e-9));
         out.set_wait
             .push(door_set.ops_per_s / wait.ops_per_s.max(1e-9));
+        out.each.push(Round {
+            door_set,
+            door_get,
+            redis_get,
+            set_wait: wait,
+            door_cpu: [door_cpu[1], door_cpu[2]],
+            redis_cpu,
+        });
     }
     Ok(out)
 }

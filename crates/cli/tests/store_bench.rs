@@ -98,6 +98,23 @@ fn bench_json_one_point() {
                     assert!(x > 0.0 && x <= 16.0, "{f} out of range: {l}");
                 }
             }
+            if op == "resp_get" || op == "resp_set" {
+                // The alternating rounds: a ratio per round, and beside
+                // each its two rates, their p99 and the servers' CPU.
+                let ratios = v["ratio_rounds"].as_array().expect("ratio_rounds");
+                let each = v["rounds_detail"].as_array().expect("rounds_detail");
+                assert!(!ratios.is_empty() && each.len() == ratios.len(), "{l}");
+                for r in each {
+                    for f in ["ops_per_s", "redis_ops_per_s", "p99_us", "redis_p99_us"] {
+                        let x = r[f].as_f64().unwrap_or_else(|| panic!("no {f}: {l}"));
+                        assert!(x > 0.0, "{f}: {l}");
+                    }
+                    for f in ["cpu_primary", "cpu_secondary", "redis_cpu_server"] {
+                        let x = r[f].as_f64().unwrap_or_else(|| panic!("no {f}: {l}"));
+                        assert!((0.0..=16.0).contains(&x), "{f} out of range: {l}");
+                    }
+                }
+            }
             v["op"].as_str().expect("op").to_string()
         })
         .collect();
