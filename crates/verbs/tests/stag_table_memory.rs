@@ -13,52 +13,10 @@
 //! the registration is made (the engine's other threads are not counted).
 
 use softrdma_verbs::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 
-struct Counting;
-
-thread_local! {
-    static BYTES: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count(n: usize) {
-    // try_with: the allocator also runs while thread locals are torn down.
-    let _ = BYTES.try_with(|c| c.set(c.get() + n as u64));
-}
-
-// SAFETY: every call is passed on unchanged to the system allocator, which
-// upholds GlobalAlloc's contract; counting touches only a thread-local
-// Cell, which allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: the caller's layout, passed on (GlobalAlloc::alloc).
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: as for alloc.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        // SAFETY: `ptr` came from this allocator, i.e. from System, with
-        // `layout` (the caller's contract).
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as for realloc.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
-
-fn bytes() -> u64 {
-    BYTES.with(|c| c.get())
-}
+#[path = "support/counting_alloc.rs"]
+mod counting;
+use counting::bytes;
 
 #[test]
 fn a_chosen_high_stag_index_costs_the_table_little() {
