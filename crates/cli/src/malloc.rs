@@ -16,8 +16,10 @@
 //!   write's encoding, a one-sided get's landing buffer). glibc maps those
 //!   over its mmap threshold anew per use and faults them in page by page
 //!   (its threshold tops out at 32 MiB); mimalloc keeps freed segments for
-//!   reuse: 64 MiB one-sided gets went from 10.0/s to 22.4/s
-//!   (`softrdma store bench-large --sizes 67108864`, one run each).
+//!   reuse: 64 MiB one-sided gets went from 10.0/s (p99 118 ms) to
+//!   22.4/s (p99 54 ms), the client at one core either way
+//!   (`SOFTRDMA_SAME_HOST=0 softrdma store bench-large --sizes 67108864`,
+//!   one run each).
 //!
 //! Before this, `mallopt` raised glibc's mmap and trim thresholds for the
 //! second pattern only (docs/store.md, "Large values").
