@@ -270,21 +270,49 @@ impl Lookup {
     /// The bytes the last [`Step::Read`] returned.
     pub fn on_read(&mut self, bytes: &[u8]) -> Step {
         match std::mem::replace(&mut self.state, State::Cached { offset: 0 }) {
-            State::Cached { offset } => match object::decode_exact(bytes) {
-                Ok(o) if o.key == self.key.as_slice() => self.found(&o, offset),
-                // Freed, reused or torn: the cache is stale; the index
-                // knows.
-                _ => {
-                    self.reads += 1;
-                    self.read_bucket(self.layout.home(self.hash))
-                }
-            },
             State::Bucket { no } => match index::decode_bucket(no, bytes) {
                 Err(_) => self.restart(),
                 Ok(b) => {
                     let tag = tag_of(self.hash);
                     let cands: Vec<Slot> = b.matching(tag).map(|(_, s)| s).collect();
                     self.next_candidate(no, b.spill, cands, 0)
+                }
+            },
+            state => self.on_object(state, object::decode_exact(bytes), self.keep_data),
+        }
+    }
+
+    /// [`Self::on_read`] of an object read in two parts, `head` (its
+    /// header and a key as long as this look-up's) and then `body`, with
+    /// no copy of the value: a [`Outcome::Found`] from it has an empty
+    /// `data`, and the value is `body[..data_len]`. `None`, with nothing
+    /// changed, where the parts do not decode that way (the read was a
+    /// bucket, or the object's key is of another length): the caller
+    /// joins them and calls [`Self::on_read`].
+    pub fn on_read_parts(&mut self, head: &[u8], body: &[u8]) -> Option<Step> {
+        if matches!(self.state, State::Bucket { .. }) {
+            return None;
+        }
+        let o = object::decode_parts(head, body)?;
+        let state = std::mem::replace(&mut self.state, State::Cached { offset: 0 });
+        Some(self.on_object(state, o, false))
+    }
+
+    /// The object read in `state` (not a bucket), decoded: `o`.
+    fn on_object(
+        &mut self,
+        state: State,
+        o: Result<object::Object<'_>, object::ObjectError>,
+        keep: bool,
+    ) -> Step {
+        match state {
+            State::Cached { offset } => match o {
+                Ok(o) if o.key == self.key.as_slice() => self.found(&o, offset, keep),
+                // Freed, reused or torn: the cache is stale; the index
+                // knows.
+                _ => {
+                    self.reads += 1;
+                    self.read_bucket(self.layout.home(self.hash))
                 }
             },
             State::Object {
@@ -294,11 +322,8 @@ impl Lookup {
                 at,
             } => {
                 let slot = cands[at];
-                match object::decode_exact(bytes) {
-                    Ok(o) if o.key == self.key.as_slice() => {
-                        let offset = slot.offset;
-                        self.found(&o, offset)
-                    }
+                match o {
+                    Ok(o) if o.key == self.key.as_slice() => self.found(&o, slot.offset, keep),
                     Ok(o)
                         if o.generation as u32 == slot.generation
                             && tag_of(o.key_hash) == slot.tag =>
@@ -311,16 +336,17 @@ impl Lookup {
                     Ok(_) | Err(_) => self.restart(),
                 }
             }
+            State::Bucket { .. } => unreachable!("a bucket is no object"),
         }
     }
 
-    fn found(&self, o: &object::Object<'_>, offset: u64) -> Step {
+    fn found(&self, o: &object::Object<'_>, offset: u64, keep: bool) -> Step {
         Step::Done(Outcome::Found {
             offset,
             len: o.allocation as u32,
             generation: o.generation,
             version: o.version,
-            data: match self.keep_data {
+            data: match keep {
                 true => o.data.to_vec(),
                 false => Vec::new(),
             },

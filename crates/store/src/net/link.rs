@@ -45,6 +45,7 @@ pub use softrdma_verbs::Waker;
 pub(crate) mod pool;
 mod read;
 mod rendezvous;
+pub(crate) use rendezvous::transient;
 pub use rendezvous::{Outbound, EAGER_MAX};
 use rendezvous::{Outgoing, Pull, Raw};
 

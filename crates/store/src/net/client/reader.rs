@@ -31,6 +31,13 @@ use crate::object::{self, ObjectError};
 use crate::proto::{self, StoreError};
 use crate::ptr::{ArenaRef, RemotePtr};
 
+/// An object Read of at least this many bytes is scattered: the header
+/// and key into the read buffer, the value (and the allocation's padding)
+/// straight into the vector the get returns ([`Reader::read_split`]).
+/// Below it, the value is copied out of the read buffer: a registration
+/// per Read costs more than the copy of a small value.
+pub const SPLIT_MIN: usize = 64 << 10;
+
 /// Key -> pointer entries a client caches (at most about 1 GiB with keys
 /// of the largest size, a few tens of MiB with typical ones).
 pub const CACHE_ENTRIES: usize = 1 << 20;
@@ -169,6 +176,54 @@ impl Reader {
         Ok(())
     }
 
+    /// One RDMA Read of the `len`-byte allocation at arena offset `offset`
+    /// scattered in two: its first `head` bytes (an object header and a
+    /// key) into the read buffer and copied to the front of
+    /// [`Self::scratch`], the rest into a vector of its own, registered
+    /// for the Read (unpinned, as the rendezvous registers its buffers)
+    /// and returned: a large value is copied once, by the transport, and
+    /// not again out of a read buffer.
+    fn read_split(
+        &mut self,
+        s: &mut Session,
+        offset: u64,
+        len: u32,
+        head: usize,
+    ) -> Result<Vec<u8>, ClientError> {
+        let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
+        if offset.saturating_add(len as u64) > arena.len {
+            return Err(ClientError::OutsideArena {
+                offset,
+                len: len as u64,
+            });
+        }
+        let len = len as usize;
+        self.ensure_read_mr(s, head)?;
+        let body = s
+            .pd()
+            .register_with(
+                crate::net::link::pool::overwritable(len - head),
+                Access::LOCAL_WRITE,
+                crate::net::link::transient(),
+            )
+            .map_err(|source| ClientError::ReadBuffer {
+                len: len - head,
+                source,
+            })?;
+        let (t, link) = s.target_link()?;
+        let mr = self.read_mr.as_ref().expect("read buffer");
+        let sgl = [mr.sge(0, head), body.sge_all()];
+        let timeout = s.cfg().attempt_for(len);
+        if let Err(e) = link.read_scatter(&sgl, arena.base + offset, arena.stag, timeout) {
+            return Err(s.read_failed(t, e));
+        }
+        if self.scratch.len() < head {
+            self.scratch.resize(head, 0);
+        }
+        mr.read_at(0, &mut self.scratch[..head]);
+        Ok(body.into_vec())
+    }
+
     /// Several RDMA Reads `(arena offset, len)` posted together.
     fn read_arena_batch(
         &mut self,
@@ -220,10 +275,32 @@ impl Reader {
         // only answers what to read next, and never calls back into the
         // client, so a get's path visits lookup.rs and leaves it.
         let (mut l, mut step) = Lookup::start(key, layout, cached);
+        // The value the last Read put in a vector of its own, if it did.
+        let mut value = None;
+        let head = object::HEADER_LEN + key.len();
         let outcome = loop {
             match step {
+                Step::Read { offset, len } if len as usize >= SPLIT_MIN.max(head + 1) => {
+                    let body = match self.read_split(s, offset, len, head) {
+                        Ok(b) => b,
+                        Err(_) => {
+                            self.stats.keyed_fallback_refused += 1;
+                            return None;
+                        }
+                    };
+                    let head = &self.scratch[..head];
+                    step = match l.on_read_parts(head, &body) {
+                        Some(st) => st,
+                        // Not an object of a key this long: decode it whole.
+                        None => l.on_read(&[head, &body[..]].concat()),
+                    };
+                    value = Some(body);
+                }
                 Step::Read { offset, len } => match self.read_arena_into(s, offset, len) {
-                    Ok(()) => step = l.on_read(&self.scratch[..len as usize]),
+                    Ok(()) => {
+                        step = l.on_read(&self.scratch[..len as usize]);
+                        value = None;
+                    }
                     Err(_) => {
                         self.stats.keyed_fallback_refused += 1;
                         return None;
@@ -231,6 +308,35 @@ impl Reader {
                 },
                 Step::Done(o) => break o,
             }
+        };
+        // Found by a scattered Read: the value is the front of its vector.
+        let outcome = match (outcome, value) {
+            (
+                Outcome::Found {
+                    offset,
+                    len,
+                    generation,
+                    version,
+                    data,
+                    data_at,
+                    data_len,
+                    deadline,
+                },
+                Some(mut body),
+            ) if data.is_empty() && data_len > 0 => {
+                body.truncate(data_len);
+                Outcome::Found {
+                    offset,
+                    len,
+                    generation,
+                    version,
+                    data: body,
+                    data_at,
+                    data_len,
+                    deadline,
+                }
+            }
+            (o, _) => o,
         };
         self.stats.lookup_restarts += l.restarts() as u64;
         let one_read = cached.is_some() && l.reads() == 1;

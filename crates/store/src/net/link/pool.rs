@@ -48,10 +48,11 @@ pub(crate) fn with_capacity(cap: usize) -> Vec<u8> {
     POOL.with_capacity(cap)
 }
 
-/// A vector of `len` bytes to be overwritten whole (by a pull's Reads):
+/// A vector of `len` bytes to be overwritten whole (by a pull's Reads, or
+/// a one-sided get's Read of a large value, `client/reader.rs`):
 /// a kept one (its bytes are an earlier message's) if one fits, else a
 /// new one of zeros.
-pub(super) fn overwritable(len: usize) -> Vec<u8> {
+pub(crate) fn overwritable(len: usize) -> Vec<u8> {
     POOL.overwritable(len)
 }
 

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Read WR ids sit above every send slot id.
+const READ_ID: u64 = u64::MAX - READ_BATCH as u64;
+
 impl Link {
     /// One-sided RDMA Read of `len` bytes at `remote_addr` under `rkey`
     /// into `local` at offset 0; waits for it.
@@ -40,22 +43,6 @@ impl Link {
         if reads.is_empty() {
             return Ok(());
         }
-        if self.is_dead() {
-            return Err(LinkError::Down(self.peer()));
-        }
-        let deadline = Instant::now() + timeout;
-        let mut tx = self.tx.lock().unwrap();
-        // Room on the send queue (Sends of this link may be in flight).
-        self.reap(&mut tx, false, timeout)?;
-        while tx.outstanding + reads.len() > SEND_SLOTS + SQ_SPARE {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(LinkError::Timeout(self.peer()));
-            }
-            self.reap(&mut tx, true, left)?;
-        }
-        // Read WR ids sit above every send slot id.
-        const READ_ID: u64 = u64::MAX - READ_BATCH as u64;
         let wrs: Vec<SendWr> = reads
             .iter()
             .enumerate()
@@ -68,12 +55,53 @@ impl Link {
                 )
             })
             .collect();
+        self.post_reads(wrs, timeout)
+    }
+
+    /// One RDMA Read of `remote_addr` under `rkey` scattered into the
+    /// concatenation of `sgl` (at most the device's `max_sge_rd` pieces;
+    /// the engine binds one sink STag over them); waits for it. A one-sided get of a
+    /// large object reads its header and key into the kept read buffer and
+    /// its value into a buffer of its own.
+    pub fn read_scatter(
+        &self,
+        sgl: &[softrdma_verbs::Sge],
+        remote_addr: u64,
+        rkey: u32,
+        timeout: Duration,
+    ) -> Result<(), LinkError> {
+        let wr = SendWr::read_sgl(
+            READ_ID,
+            sgl,
+            remote_addr,
+            softrdma_verbs::Rkey::from_raw(rkey),
+        );
+        self.post_reads(vec![wr], timeout)
+    }
+
+    /// Posts `wrs` (Reads with ids from [`READ_ID`]) with one doorbell and
+    /// waits for all of them.
+    fn post_reads(&self, wrs: Vec<SendWr>, timeout: Duration) -> Result<(), LinkError> {
+        if self.is_dead() {
+            return Err(LinkError::Down(self.peer()));
+        }
+        let deadline = Instant::now() + timeout;
+        let mut tx = self.tx.lock().unwrap();
+        // Room on the send queue (Sends of this link may be in flight).
+        self.reap(&mut tx, false, timeout)?;
+        while tx.outstanding + wrs.len() > SEND_SLOTS + SQ_SPARE {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(LinkError::Timeout(self.peer()));
+            }
+            self.reap(&mut tx, true, left)?;
+        }
         self.qp.post_send_batch(&wrs).map_err(|e| {
             self.dead.store(true, Ordering::Release);
             verr(e)
         })?;
         tx.outstanding += wrs.len();
-        let mut left = reads.len();
+        let mut left = wrs.len();
         // Same host: the Reads were copied during post_send and their
         // completions are already queued; over TCP the responses come back
         // on this link's input, which this thread runs.

@@ -241,7 +241,7 @@ impl Endpoint {
 /// registers it. A pin per message is an `mlock` and an `munlock` of every
 /// page, which halved the rate of 1 MiB puts (docs/store.md, "Large
 /// values"); the engine reads and writes user memory without it.
-fn transient() -> RegOptions {
+pub(crate) fn transient() -> RegOptions {
     RegOptions {
         unpinned: true,
         ..RegOptions::default()
