@@ -199,3 +199,60 @@ fn many_large_keys_read_back_with_and_without_cached_pointers() {
         }
     }
 }
+
+/// Large objects by pointer (`alloc`, `read_ptr`, `read_ptrs`): read
+/// one-sided, alone and in a batch, their Read scattered so that the
+/// value lands in the vector returned (`client/reader.rs`, `SPLIT_MIN`),
+/// at sizes either side of the split; a pointer whose space was freed and
+/// taken by another object is refused, never answered with the other
+/// object's bytes.
+#[test]
+fn large_objects_by_pointer_read_back_one_sided() {
+    let g = Group::new("large-ptr", "256MiB");
+    let mut a = StoreClient::new(client_config(&g.addrs)).unwrap();
+    let sizes = [(64 << 10) - 200, 64 << 10, (1 << 20) + 3, 4 << 20];
+    let mut ptrs = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        ptrs.push(a.alloc(&pattern(n, i as u64)).unwrap());
+    }
+    // Reads from a client that knows nothing go one-sided once it has
+    // found the primary.
+    let mut b = StoreClient::new(client_config(&g.addrs)).unwrap();
+    assert_eq!(b.get(b"absent").unwrap(), None);
+    let s0 = b.stats();
+    for round in 0..2 {
+        for (i, (&n, &p)) in sizes.iter().zip(&ptrs).enumerate() {
+            let got = b.read_ptr(p).unwrap();
+            assert!(got == pattern(n, i as u64), "{n} bytes, round {round}");
+        }
+    }
+    // Together: one batch of Reads, small and scattered ones side by side.
+    for (i, got) in b.read_ptrs(&ptrs).into_iter().enumerate() {
+        assert!(
+            got.unwrap() == pattern(sizes[i], i as u64),
+            "{i} in a batch"
+        );
+    }
+    let s = b.stats();
+    assert_eq!(
+        (
+            s.one_sided_reads - s0.one_sided_reads,
+            s.server_reads - s0.server_reads
+        ),
+        (3 * sizes.len() as u64, 0),
+        "{s0:?} then {s:?}"
+    );
+    // The largest freed, and its space taken by another object of its
+    // size: the old pointer names another generation.
+    let old = ptrs[3];
+    a.free(old).unwrap();
+    let new = a.alloc(&pattern(4 << 20, 77)).unwrap();
+    assert!(b.read_ptr(new).unwrap() == pattern(4 << 20, 77));
+    match b.read_ptr(old) {
+        Err(ClientError::Store(e)) => eprintln!("the freed pointer: {e}"),
+        r => panic!(
+            "a freed pointer answered {:?} (new object at {new}, old at {old})",
+            r.map(|v| v.len())
+        ),
+    }
+}

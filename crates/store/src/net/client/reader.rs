@@ -38,6 +38,42 @@ use crate::ptr::{ArenaRef, RemotePtr};
 /// per Read costs more than the copy of a small value.
 pub const SPLIT_MIN: usize = 64 << 10;
 
+/// What a one-sided Read of the allocation a pointer names found.
+enum Got {
+    /// Its object's value.
+    Value(Vec<u8>),
+    /// Another generation's object: the pointer is stale.
+    Stale,
+    /// An object caught mid-write: read again.
+    Torn,
+    /// No object of that allocation: the node decides.
+    Other,
+}
+
+impl Got {
+    fn of(r: Result<object::Object<'_>, ObjectError>, ptr: RemotePtr) -> Got {
+        match r {
+            Ok(o) if o.generation != ptr.gen => Got::Stale,
+            Ok(o) => Got::Value(o.data.to_vec()),
+            Err(ObjectError::Torn) => Got::Torn,
+            Err(_) => Got::Other,
+        }
+    }
+
+    /// [`Got::of`] an allocation read in two parts, `head` (a header) and
+    /// `body` (the rest), the value handed out in `body` without a copy.
+    fn of_parts(head: &[u8], mut body: Vec<u8>, ptr: RemotePtr) -> Got {
+        let len = match object::decode_parts(head, &body) {
+            Some(Ok(o)) if o.generation == ptr.gen => o.data.len(),
+            Some(r) => return Got::of(r, ptr),
+            // A keyed object (its key follows the header): decoded whole.
+            None => return Got::of(object::decode_exact(&[head, &body[..]].concat()), ptr),
+        };
+        body.truncate(len);
+        Got::Value(body)
+    }
+}
+
 /// Key -> pointer entries a client caches (at most about 1 GiB with keys
 /// of the largest size, a few tens of MiB with typical ones).
 pub const CACHE_ENTRIES: usize = 1 << 20;
@@ -452,39 +488,64 @@ impl Reader {
             return Ok(None);
         }
         let len = ptr.len as usize;
-        self.ensure_read_mr(s, len)?;
+        if len < SPLIT_MIN {
+            self.ensure_read_mr(s, len)?;
+        }
         for _ in 0..=s.cfg().torn_retries {
-            let Ok((t, link)) = s.target_link() else {
-                break;
+            let read = if len >= SPLIT_MIN {
+                self.read_ptr_split(s, ptr)
+            } else {
+                self.read_ptr_whole(s, ptr)
             };
-            let mr = self.read_mr.as_ref().expect("read buffer");
-            // The arena's STag as the node gave it now (it rotates when
-            // credentials are narrowed); the pointer's names the arena.
-            let rkey = s.arena().map_or(ptr.stag, |a| a.stag);
-            if let Err(e) = link.read(mr, len, ptr.addr, rkey, s.cfg().attempt_for(len)) {
-                s.read_failed(t, e);
-                break;
-            }
-            let mut buf = vec![0u8; len];
-            mr.read_at(0, &mut buf);
-            // Exactly the allocation the pointer names, or the node decides
-            // (a pointer whose length is not the allocation's is refused,
-            // as it is for update and delete).
-            match object::decode_exact(&buf) {
+            match read {
+                Some(Got::Value(v)) => {
+                    self.stats.one_sided_reads += 1;
+                    return Ok(Some(v));
+                }
                 // Another object took the pointer's space (its generation
                 // differs): the pointer is stale, nothing of it is returned.
-                Ok(o) if o.generation != ptr.gen => {
+                Some(Got::Stale) => {
                     return Err(StoreError::StalePointer { expected: ptr.gen }.into())
                 }
-                Ok(o) => {
-                    self.stats.one_sided_reads += 1;
-                    return Ok(Some(o.data.to_vec()));
-                }
-                Err(ObjectError::Torn) => self.stats.torn_reads += 1,
-                Err(_) => break,
+                Some(Got::Torn) => self.stats.torn_reads += 1,
+                Some(Got::Other) | None => break,
             }
         }
         Ok(None)
+    }
+
+    /// One Read of the allocation `ptr` names into the read buffer: what
+    /// it holds; `None` if the Read failed.
+    fn read_ptr_whole(&mut self, s: &mut Session, ptr: RemotePtr) -> Option<Got> {
+        let len = ptr.len as usize;
+        self.ensure_read_mr(s, len).ok()?;
+        let (t, link) = s.target_link().ok()?;
+        let mr = self.read_mr.as_ref().expect("read buffer");
+        // The arena's STag as the node gave it now (it rotates when
+        // credentials are narrowed); the pointer's names the arena.
+        let rkey = s.arena().map_or(ptr.stag, |a| a.stag);
+        if let Err(e) = link.read(mr, len, ptr.addr, rkey, s.cfg().attempt_for(len)) {
+            s.read_failed(t, e);
+            return None;
+        }
+        if self.scratch.len() < len {
+            self.scratch.resize(len, 0);
+        }
+        mr.read_at(0, &mut self.scratch[..len]);
+        // Exactly the allocation the pointer names, or the node decides
+        // (a pointer whose length is not the allocation's is refused, as
+        // it is for update and delete).
+        Some(Got::of(object::decode_exact(&self.scratch[..len]), ptr))
+    }
+
+    /// [`Self::read_ptr_whole`] of a large allocation, its Read scattered
+    /// as a keyed get's is ([`Self::read_split`]: the header into the read
+    /// buffer, the value straight into the vector returned).
+    fn read_ptr_split(&mut self, s: &mut Session, ptr: RemotePtr) -> Option<Got> {
+        let base = s.arena()?.base;
+        let head = object::HEADER_LEN;
+        let body = self.read_split(s, ptr.addr - base, ptr.len, head).ok()?;
+        Some(Got::of_parts(&self.scratch[..head], body, ptr))
     }
 
     /// The objects at `ptrs` by one-sided Reads, up to [`READ_BATCH`] in
@@ -505,53 +566,94 @@ impl Reader {
         let readable: Vec<usize> = (0..ptrs.len())
             .filter(|&i| one_sided_ok(s.arena(), ptrs[i]))
             .collect();
+        let head = object::HEADER_LEN;
         for batch in readable.chunks(READ_BATCH) {
-            // Each Read gets its own stretch of the read buffer.
+            // Each Read gets its own stretch of the read buffer: the whole
+            // object, or for a large one its header alone, its value
+            // going into a vector of its own (as `read_split` does).
             let mut offs = Vec::with_capacity(batch.len());
             let mut total = 0usize;
             for &i in batch {
                 offs.push(total);
-                total += (ptrs[i].len as usize).next_multiple_of(64);
+                let len = ptrs[i].len as usize;
+                total += if len >= SPLIT_MIN { head } else { len }.next_multiple_of(64);
             }
             if self.ensure_read_mr(s, total).is_err() {
                 // `read_ptr` reports it per pointer.
                 continue;
             }
+            let bodies: Result<Vec<Option<MemoryRegion>>, _> = batch
+                .iter()
+                .map(|&i| {
+                    let len = ptrs[i].len as usize;
+                    (len >= SPLIT_MIN)
+                        .then(|| {
+                            s.pd().register_with(
+                                crate::net::link::pool::overwritable(len - head),
+                                Access::LOCAL_WRITE,
+                                crate::net::link::transient(),
+                            )
+                        })
+                        .transpose()
+                })
+                .collect();
+            let Ok(bodies) = bodies else {
+                continue;
+            };
             let Ok((t, link)) = s.target_link() else {
                 continue;
             };
             let rkey = s.arena().expect("arena known").stag;
-            let reads: Vec<(usize, usize, u64)> = batch
+            let mr = self.read_mr.as_ref().expect("read buffer");
+            let sgls: Vec<Vec<softrdma_verbs::Sge>> = batch
                 .iter()
                 .zip(&offs)
-                .map(|(&i, &o)| (o, ptrs[i].len as usize, ptrs[i].addr))
+                .zip(&bodies)
+                .map(|((&i, &o), body)| match body {
+                    Some(b) => vec![mr.sge(o, head), b.sge_all()],
+                    None => vec![mr.sge(o, ptrs[i].len as usize)],
+                })
                 .collect();
-            let mr = self.read_mr.as_ref().expect("read buffer");
-            let bytes = reads.iter().map(|r| r.1).sum();
-            if let Err(e) = link.read_batch(mr, &reads, rkey, s.cfg().attempt_for(bytes)) {
+            let reads: Vec<(&[softrdma_verbs::Sge], u64)> = sgls
+                .iter()
+                .zip(batch)
+                .map(|(sgl, &i)| (&sgl[..], ptrs[i].addr))
+                .collect();
+            let bytes = batch.iter().map(|&i| ptrs[i].len as usize).sum();
+            if let Err(e) = link.read_scatters(&reads, rkey, s.cfg().attempt_for(bytes)) {
                 // The pointers of this batch go the single-read way.
                 s.read_failed(t, e);
                 continue;
             }
             let mut buf = Vec::new();
-            for (&i, &(off, len, _)) in batch.iter().zip(&reads) {
-                buf.resize(len, 0);
-                mr.read_at(off, &mut buf);
-                match object::decode_exact(&buf) {
-                    Ok(o) if o.generation != ptrs[i].gen => {
+            for ((&i, &off), body) in batch.iter().zip(&offs).zip(bodies) {
+                let got = match body {
+                    None => {
+                        buf.resize(ptrs[i].len as usize, 0);
+                        mr.read_at(off, &mut buf);
+                        Got::of(object::decode_exact(&buf), ptrs[i])
+                    }
+                    Some(body) => {
+                        buf.resize(head, 0);
+                        mr.read_at(off, &mut buf);
+                        Got::of_parts(&buf, body.into_vec(), ptrs[i])
+                    }
+                };
+                match got {
+                    Got::Value(v) => {
+                        self.stats.one_sided_reads += 1;
+                        out[i] = Some(Ok(v));
+                    }
+                    Got::Stale => {
                         out[i] = Some(Err(StoreError::StalePointer {
                             expected: ptrs[i].gen,
                         }
                         .into()));
                     }
-                    Ok(o) => {
-                        self.stats.one_sided_reads += 1;
-                        out[i] = Some(Ok(o.data.to_vec()));
-                    }
-                    Err(ObjectError::Torn) => self.stats.torn_reads += 1,
+                    Got::Torn => self.stats.torn_reads += 1,
                     // Not an object there: `read_ptr` asks the node, which
                     // gives the precise error.
-                    Err(_) => {}
+                    Got::Other => {}
                 }
             }
         }

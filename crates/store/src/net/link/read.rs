@@ -60,9 +60,9 @@ impl Link {
 
     /// One RDMA Read of `remote_addr` under `rkey` scattered into the
     /// concatenation of `sgl` (at most the device's `max_sge_rd` pieces;
-    /// the engine binds one sink STag over them); waits for it. A one-sided get of a
-    /// large object reads its header and key into the kept read buffer and
-    /// its value into a buffer of its own.
+    /// the engine binds one sink STag over them); waits for it. A one-sided
+    /// get of a large object reads its header and key into the kept read
+    /// buffer and its value into a buffer of its own.
     pub fn read_scatter(
         &self,
         sgl: &[softrdma_verbs::Sge],
@@ -70,18 +70,44 @@ impl Link {
         rkey: u32,
         timeout: Duration,
     ) -> Result<(), LinkError> {
-        let wr = SendWr::read_sgl(
-            READ_ID,
-            sgl,
-            remote_addr,
-            softrdma_verbs::Rkey::from_raw(rkey),
+        self.read_scatters(&[(sgl, remote_addr)], rkey, timeout)
+    }
+
+    /// Several [`Self::read_scatter`]s, `(sgl, remote_addr)`, posted with
+    /// one doorbell as [`Self::read_batch`] posts its Reads; at most
+    /// [`READ_BATCH`].
+    pub fn read_scatters(
+        &self,
+        reads: &[(&[softrdma_verbs::Sge], u64)],
+        rkey: u32,
+        timeout: Duration,
+    ) -> Result<(), LinkError> {
+        assert!(
+            reads.len() <= READ_BATCH,
+            "at most {READ_BATCH} Reads per batch, got {}",
+            reads.len()
         );
-        self.post_reads(vec![wr], timeout)
+        let wrs = reads
+            .iter()
+            .enumerate()
+            .map(|(i, &(sgl, addr))| {
+                SendWr::read_sgl(
+                    READ_ID + i as u64,
+                    sgl,
+                    addr,
+                    softrdma_verbs::Rkey::from_raw(rkey),
+                )
+            })
+            .collect();
+        self.post_reads(wrs, timeout)
     }
 
     /// Posts `wrs` (Reads with ids from [`READ_ID`]) with one doorbell and
     /// waits for all of them.
     fn post_reads(&self, wrs: Vec<SendWr>, timeout: Duration) -> Result<(), LinkError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
         if self.is_dead() {
             return Err(LinkError::Down(self.peer()));
         }
