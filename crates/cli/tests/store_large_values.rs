@@ -175,7 +175,8 @@ fn values_up_to_the_limit_read_back_everywhere_and_survive_a_failover() {
 }
 
 /// Forty 1 MiB keys, each read back after every put, through cached
-/// pointers and after the cache is dropped (bucket, then object).
+/// pointers and after the cache is dropped (bucket, then object); then
+/// all of them in one batched get.
 #[test]
 fn many_large_keys_read_back_with_and_without_cached_pointers() {
     let g = Group::new("large-many", "256MiB");
@@ -197,6 +198,39 @@ fn many_large_keys_read_back_with_and_without_cached_pointers() {
                 );
             }
         }
+    }
+    // Batched (`get_many`: the objects' Reads scattered side by side), the
+    // large keys with a small one and an absent one, through cached
+    // pointers and after the cache is dropped; none asks the node.
+    a.set(b"small", b"tiny").unwrap();
+    let names: Vec<Vec<u8>> = (0..40)
+        .map(key)
+        .chain([b"small".to_vec(), b"absent".to_vec()])
+        .collect();
+    let refs: Vec<&[u8]> = names.iter().map(|k| k.as_slice()).collect();
+    for how in ["cached", "uncached"] {
+        if how == "uncached" {
+            a.clear_cache();
+        }
+        let s0 = a.stats();
+        let got = a.get_many(&refs);
+        for (j, want) in values.iter().enumerate() {
+            assert!(
+                got[j].as_ref().unwrap().as_ref() == Some(want),
+                "key {j} in a batch ({how})"
+            );
+        }
+        assert_eq!(got[40].as_ref().unwrap().as_deref(), Some(&b"tiny"[..]));
+        assert_eq!(got[41].as_ref().unwrap(), &None);
+        let s = a.stats();
+        assert_eq!(
+            (
+                s.keyed_one_sided - s0.keyed_one_sided,
+                s.server_reads - s0.server_reads
+            ),
+            (42, 0),
+            "{how}: {s0:?} then {s:?}"
+        );
     }
 }
 

@@ -260,38 +260,86 @@ impl Reader {
         Ok(body.into_vec())
     }
 
-    /// Several RDMA Reads `(arena offset, len)` posted together.
+    /// Several RDMA Reads `(arena offset, len, head)` posted together; a
+    /// Read of [`SPLIT_MIN`] bytes or more and longer than its `head` (an
+    /// object header and the key looked up) is scattered as
+    /// [`Self::read_split`] scatters one: its head into the read buffer,
+    /// the rest into a vector of its own.
     fn read_arena_batch(
         &mut self,
         s: &mut Session,
-        reads: &[(u64, u32)],
-    ) -> Result<Vec<Vec<u8>>, ClientError> {
+        reads: &[(u64, u32, usize)],
+    ) -> Result<Vec<Batched>, ClientError> {
         let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
-        let mut posts = Vec::with_capacity(reads.len());
+        let split = |len: usize, head: usize| len >= SPLIT_MIN.max(head + 1);
+        let mut offs = Vec::with_capacity(reads.len());
         let mut total = 0usize;
-        for &(offset, len) in reads {
+        for &(offset, len, head) in reads {
             if offset.saturating_add(len as u64) > arena.len {
                 return Err(ClientError::OutsideArena {
                     offset,
                     len: len as u64,
                 });
             }
-            posts.push((total, len as usize, arena.base + offset));
-            total += (len as usize).next_multiple_of(64);
+            let len = len as usize;
+            offs.push(total);
+            total += if split(len, head) { head } else { len }.next_multiple_of(64);
         }
         self.ensure_read_mr(s, total)?;
+        let mut bodies = Vec::with_capacity(reads.len());
+        for &(_, len, head) in reads {
+            let len = len as usize;
+            bodies.push(match split(len, head) {
+                true => Some(
+                    s.pd()
+                        .register_with(
+                            crate::net::link::pool::overwritable(len - head),
+                            Access::LOCAL_WRITE,
+                            crate::net::link::transient(),
+                        )
+                        .map_err(|source| ClientError::ReadBuffer {
+                            len: len - head,
+                            source,
+                        })?,
+                ),
+                false => None,
+            });
+        }
         let (t, link) = s.target_link()?;
         let mr = self.read_mr.as_ref().expect("read buffer");
+        let sgls: Vec<Vec<softrdma_verbs::Sge>> = reads
+            .iter()
+            .zip(&offs)
+            .zip(&bodies)
+            .map(|((&(_, len, head), &o), body)| match body {
+                Some(b) => vec![mr.sge(o, head), b.sge_all()],
+                None => vec![mr.sge(o, len as usize)],
+            })
+            .collect();
+        let posts: Vec<(&[softrdma_verbs::Sge], u64)> = sgls
+            .iter()
+            .zip(reads)
+            .map(|(sgl, &(offset, _, _))| (&sgl[..], arena.base + offset))
+            .collect();
         let timeout = s.cfg().attempt_for(total);
-        if let Err(e) = link.read_batch(mr, &posts, arena.stag, timeout) {
+        if let Err(e) = link.read_scatters(&posts, arena.stag, timeout) {
             return Err(s.read_failed(t, e));
         }
-        Ok(posts
+        Ok(reads
             .iter()
-            .map(|&(o, l, _)| {
-                let mut b = vec![0u8; l];
-                mr.read_at(o, &mut b);
-                b
+            .zip(&offs)
+            .zip(bodies)
+            .map(|((&(_, len, head), &o), body)| match body {
+                Some(body) => {
+                    let mut h = vec![0u8; head];
+                    mr.read_at(o, &mut h);
+                    Batched::Parts(h, body.into_vec())
+                }
+                None => {
+                    let mut b = vec![0u8; len as usize];
+                    mr.read_at(o, &mut b);
+                    Batched::Whole(b)
+                }
             })
             .collect())
     }
@@ -345,35 +393,7 @@ impl Reader {
                 Step::Done(o) => break o,
             }
         };
-        // Found by a scattered Read: the value is the front of its vector.
-        let outcome = match (outcome, value) {
-            (
-                Outcome::Found {
-                    offset,
-                    len,
-                    generation,
-                    version,
-                    data,
-                    data_at,
-                    data_len,
-                    deadline,
-                },
-                Some(mut body),
-            ) if data.is_empty() && data_len > 0 => {
-                body.truncate(data_len);
-                Outcome::Found {
-                    offset,
-                    len,
-                    generation,
-                    version,
-                    data: body,
-                    data_at,
-                    data_len,
-                    deadline,
-                }
-            }
-            (o, _) => o,
-        };
+        let outcome = with_value(outcome, value);
         self.stats.lookup_restarts += l.restarts() as u64;
         let one_read = cached.is_some() && l.reads() == 1;
         self.finish(s.target(), key, outcome, one_read)
@@ -448,13 +468,24 @@ impl Reader {
         while !running.is_empty() {
             let mut next = Vec::new();
             for chunk in running.chunks_mut(READ_BATCH) {
-                let reads: Vec<(u64, u32)> = chunk.iter().map(|r| r.2).collect();
-                let Ok(bytes) = self.read_arena_batch(s, &reads) else {
+                let reads: Vec<(u64, u32, usize)> = chunk
+                    .iter()
+                    .map(|r| (r.2 .0, r.2 .1, object::HEADER_LEN + keys[r.0].len()))
+                    .collect();
+                let Ok(got) = self.read_arena_batch(s, &reads) else {
                     // These keys go the single way.
                     continue;
                 };
-                for (r, b) in chunk.iter_mut().zip(bytes) {
-                    match r.1.on_read(&b) {
+                for (r, b) in chunk.iter_mut().zip(got) {
+                    let (step, value) = match b {
+                        Batched::Whole(b) => (r.1.on_read(&b), None),
+                        Batched::Parts(h, body) => match r.1.on_read_parts(&h, &body) {
+                            Some(step) => (step, Some(body)),
+                            // Not an object of a key this long: whole.
+                            None => (r.1.on_read(&[&h[..], &body[..]].concat()), None),
+                        },
+                    };
+                    match step {
                         Step::Read { offset, len } => {
                             r.2 = (offset, len);
                             next.push(r.clone());
@@ -462,6 +493,7 @@ impl Reader {
                         Step::Done(o) => {
                             self.stats.lookup_restarts += r.1.restarts() as u64;
                             let one = r.3 && r.1.reads() == 1;
+                            let o = with_value(o, value);
                             out[r.0] = self.finish(s.target(), keys[r.0], o, one);
                         }
                     }
@@ -658,6 +690,48 @@ impl Reader {
             }
         }
         out
+    }
+}
+
+/// What one Read of a batch brought: the allocation read whole, or its
+/// head and the rest ([`Reader::read_arena_batch`]).
+enum Batched {
+    Whole(Vec<u8>),
+    Parts(Vec<u8>, Vec<u8>),
+}
+
+/// A look-up's outcome, its value taken from `body` where the last Read
+/// was scattered and the look-up found the value there (`Found` with an
+/// empty `data`, `Lookup::on_read_parts`): `body` truncated to the value,
+/// without a copy.
+fn with_value(o: Outcome, body: Option<Vec<u8>>) -> Outcome {
+    match (o, body) {
+        (
+            Outcome::Found {
+                offset,
+                len,
+                generation,
+                version,
+                data,
+                data_at,
+                data_len,
+                deadline,
+            },
+            Some(mut body),
+        ) if data.is_empty() && data_len > 0 => {
+            body.truncate(data_len);
+            Outcome::Found {
+                offset,
+                len,
+                generation,
+                version,
+                data: body,
+                data_at,
+                data_len,
+                deadline,
+            }
+        }
+        (o, _) => o,
     }
 }
 
