@@ -117,6 +117,23 @@ pub enum Outcome {
     GaveUp,
 }
 
+impl Outcome {
+    /// The outcome of a look-up whose last read came in two parts
+    /// ([`Lookup::on_read_parts`]), with its value taken from `body`, the
+    /// second part: a `Found` there has an empty `data`, and its value is
+    /// `body[..data_len]`, which becomes `data` without a copy. Anything
+    /// else (a `Found` from a whole read, `Absent`, `GaveUp`) is as it was.
+    pub fn take_value(mut self, body: Vec<u8>) -> Outcome {
+        if let Outcome::Found { data, data_len, .. } = &mut self {
+            if data.is_empty() && *data_len > 0 {
+                *data = body;
+                data.truncate(*data_len);
+            }
+        }
+        self
+    }
+}
+
 #[derive(Debug, Clone)]
 enum State {
     Cached {

@@ -115,37 +115,13 @@ impl Arena {
         let mut value = None;
         loop {
             match step {
-                Step::Done(Outcome::Found {
-                    offset,
-                    len,
-                    generation,
-                    version,
-                    data,
-                    data_at,
-                    data_len,
-                    deadline,
-                }) => {
-                    let data = match value {
-                        Some(mut v) if data.is_empty() => {
-                            let v: &mut Vec<u8> = &mut v;
-                            v.truncate(data_len);
-                            std::mem::take(v)
-                        }
-                        _ => data,
-                    };
-                    let o = Outcome::Found {
-                        offset,
-                        len,
-                        generation,
-                        version,
-                        data,
-                        data_at,
-                        data_len,
-                        deadline,
+                Step::Done(o) => {
+                    let o = match value {
+                        Some(body) => o.take_value(body),
+                        None => o,
                     };
                     return (o, l.reads());
                 }
-                Step::Done(o) => return (o, l.reads()),
                 Step::Read { offset, len } => {
                     let mut buf = vec![0u8; len as usize];
                     self.mem.read(offset, &mut buf).unwrap();
@@ -173,16 +149,7 @@ impl Arena {
 #[test]
 fn a_look_up_of_objects_read_in_two_parts_answers_as_whole_reads_do() {
     let mut a = Arena::new(2);
-    let (twin, absent) = same_tag_pair(&a.layout);
-    let home = a.layout.home(key_hash(&twin));
-    let keys: Vec<Vec<u8>> = std::iter::once(twin.clone())
-        .chain(
-            (0..10_000u32)
-                .map(|i| format!("k{i}").into_bytes())
-                .filter(|k| a.layout.home(key_hash(k)) == home)
-                .take(index::SLOTS + 3),
-        )
-        .collect();
+    let (_, absent, keys) = spilling_keys(&a.layout);
     for k in &keys {
         let v: Vec<u8> = k.iter().cycle().take(150).copied().collect();
         a.put(k, &v);
@@ -340,25 +307,38 @@ fn same_tag_pair(layout: &Layout) -> (Vec<u8>, Vec<u8>) {
     unreachable!("a pair within 2^32 keys")
 }
 
+/// Keys that overfill one home bucket (so it spills), the first of them
+/// the twin of a key with the same tag and home that is not among them:
+/// `(twin, absent twin, keys)`.
+fn spilling_keys(layout: &Layout) -> (Vec<u8>, Vec<u8>, Vec<Vec<u8>>) {
+    let (twin, absent) = same_tag_pair(layout);
+    let home = layout.home(key_hash(&twin));
+    let keys = std::iter::once(twin.clone())
+        .chain(
+            (0..10_000u32)
+                .map(|i| format!("k{i}").into_bytes())
+                .filter(|k| layout.home(key_hash(k)) == home)
+                .take(index::SLOTS + 3),
+        )
+        .collect();
+    (twin, absent, keys)
+}
+
 /// A full home bucket spills into the next; same-tag keys are told apart
 /// by the key in the object.
 #[test]
 fn spilled_keys_and_tag_collisions() {
     let mut a = Arena::new(2);
-    let (twin, absent) = same_tag_pair(&a.layout);
-    let home = a.layout.home(key_hash(&twin));
-    let keys: Vec<Vec<u8>> = std::iter::once(twin.clone())
-        .chain(
-            (0..10_000u32)
-                .map(|i| format!("k{i}").into_bytes())
-                .filter(|k| a.layout.home(key_hash(k)) == home)
-                .take(index::SLOTS + 3),
-        )
-        .collect();
+    let (twin, absent, keys) = spilling_keys(&a.layout);
     for k in &keys {
         a.put(k, k);
     }
-    assert!(a.layout.bucket(&a.mem, home).unwrap().spill);
+    assert!(
+        a.layout
+            .bucket(&a.mem, a.layout.home(key_hash(&twin)))
+            .unwrap()
+            .spill
+    );
     for k in &keys {
         let (o, _) = a.lookup(k, None, |_, _| {});
         assert_eq!(value(&o), Some(&k[..]));

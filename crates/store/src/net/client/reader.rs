@@ -38,6 +38,12 @@ use crate::ptr::{ArenaRef, RemotePtr};
 /// per Read costs more than the copy of a small value.
 pub const SPLIT_MIN: usize = 64 << 10;
 
+/// Whether a Read of `len` bytes whose object's header and key take `head`
+/// is scattered ([`SPLIT_MIN`]; there must be something after the head).
+fn scattered(len: usize, head: usize) -> bool {
+    len >= SPLIT_MIN.max(head + 1)
+}
+
 /// What a one-sided Read of the allocation a pointer names found.
 enum Got {
     /// Its object's value.
@@ -180,6 +186,31 @@ impl Reader {
         Ok(self.scratch[..len as usize].to_vec())
     }
 
+    /// The arena, if `[offset, offset + len)` lies inside it.
+    fn arena_range(s: &Session, offset: u64, len: u32) -> Result<ArenaRef, ClientError> {
+        let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
+        if offset.saturating_add(len as u64) > arena.len {
+            return Err(ClientError::OutsideArena {
+                offset,
+                len: len as u64,
+            });
+        }
+        Ok(arena)
+    }
+
+    /// A vector of `len` bytes registered for a scattered Read's value
+    /// part (unpinned, as the rendezvous registers its buffers; from the
+    /// link's pool, since the Read overwrites all of it).
+    fn value_region(s: &Session, len: usize) -> Result<MemoryRegion, ClientError> {
+        s.pd()
+            .register_with(
+                crate::net::link::pool::overwritable(len),
+                Access::LOCAL_WRITE,
+                crate::net::link::transient(),
+            )
+            .map_err(|source| ClientError::ReadBuffer { len, source })
+    }
+
     /// [`Self::read_arena`] into the front of [`Self::scratch`] (grown,
     /// never shrunk, so it is zeroed once per size reached; the read
     /// buffer `read_mr` is kept at its largest size the same way): the
@@ -190,13 +221,7 @@ impl Reader {
         offset: u64,
         len: u32,
     ) -> Result<(), ClientError> {
-        let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
-        if offset.saturating_add(len as u64) > arena.len {
-            return Err(ClientError::OutsideArena {
-                offset,
-                len: len as u64,
-            });
-        }
+        let arena = Self::arena_range(s, offset, len)?;
         let len = len as usize;
         self.ensure_read_mr(s, len)?;
         let (t, link) = s.target_link()?;
@@ -226,26 +251,10 @@ impl Reader {
         len: u32,
         head: usize,
     ) -> Result<Vec<u8>, ClientError> {
-        let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
-        if offset.saturating_add(len as u64) > arena.len {
-            return Err(ClientError::OutsideArena {
-                offset,
-                len: len as u64,
-            });
-        }
+        let arena = Self::arena_range(s, offset, len)?;
         let len = len as usize;
         self.ensure_read_mr(s, head)?;
-        let body = s
-            .pd()
-            .register_with(
-                crate::net::link::pool::overwritable(len - head),
-                Access::LOCAL_WRITE,
-                crate::net::link::transient(),
-            )
-            .map_err(|source| ClientError::ReadBuffer {
-                len: len - head,
-                source,
-            })?;
+        let body = Self::value_region(s, len - head)?;
         let (t, link) = s.target_link()?;
         let mr = self.read_mr.as_ref().expect("read buffer");
         let sgl = [mr.sge(0, head), body.sge_all()];
@@ -270,41 +279,30 @@ impl Reader {
         s: &mut Session,
         reads: &[(u64, u32, usize)],
     ) -> Result<Vec<Batched>, ClientError> {
-        let arena = s.arena().ok_or(Unreachable::ArenaUnknown)?;
-        let split = |len: usize, head: usize| len >= SPLIT_MIN.max(head + 1);
+        // Each Read's stretch of the read buffer (the whole allocation, or
+        // the head of a scattered one) and the vector of a scattered one's
+        // value.
         let mut offs = Vec::with_capacity(reads.len());
-        let mut total = 0usize;
+        let mut bodies = Vec::with_capacity(reads.len());
+        let (mut total, mut bytes) = (0usize, 0usize);
+        let mut arena = None;
         for &(offset, len, head) in reads {
-            if offset.saturating_add(len as u64) > arena.len {
-                return Err(ClientError::OutsideArena {
-                    offset,
-                    len: len as u64,
-                });
-            }
+            arena = Some(Self::arena_range(s, offset, len)?);
             let len = len as usize;
             offs.push(total);
-            total += if split(len, head) { head } else { len }.next_multiple_of(64);
+            bytes += len;
+            if scattered(len, head) {
+                total += head.next_multiple_of(64);
+                bodies.push(Some(Self::value_region(s, len - head)?));
+            } else {
+                total += len.next_multiple_of(64);
+                bodies.push(None);
+            }
         }
+        let Some(arena) = arena else {
+            return Ok(Vec::new());
+        };
         self.ensure_read_mr(s, total)?;
-        let mut bodies = Vec::with_capacity(reads.len());
-        for &(_, len, head) in reads {
-            let len = len as usize;
-            bodies.push(match split(len, head) {
-                true => Some(
-                    s.pd()
-                        .register_with(
-                            crate::net::link::pool::overwritable(len - head),
-                            Access::LOCAL_WRITE,
-                            crate::net::link::transient(),
-                        )
-                        .map_err(|source| ClientError::ReadBuffer {
-                            len: len - head,
-                            source,
-                        })?,
-                ),
-                false => None,
-            });
-        }
         let (t, link) = s.target_link()?;
         let mr = self.read_mr.as_ref().expect("read buffer");
         let sgls: Vec<Vec<softrdma_verbs::Sge>> = reads
@@ -321,24 +319,19 @@ impl Reader {
             .zip(reads)
             .map(|(sgl, &(offset, _, _))| (&sgl[..], arena.base + offset))
             .collect();
-        let timeout = s.cfg().attempt_for(total);
-        if let Err(e) = link.read_scatters(&posts, arena.stag, timeout) {
+        if let Err(e) = link.read_scatters(&posts, arena.stag, s.cfg().attempt_for(bytes)) {
             return Err(s.read_failed(t, e));
         }
         Ok(reads
             .iter()
             .zip(&offs)
             .zip(bodies)
-            .map(|((&(_, len, head), &o), body)| match body {
-                Some(body) => {
-                    let mut h = vec![0u8; head];
-                    mr.read_at(o, &mut h);
-                    Batched::Parts(h, body.into_vec())
-                }
-                None => {
-                    let mut b = vec![0u8; len as usize];
-                    mr.read_at(o, &mut b);
-                    Batched::Whole(b)
+            .map(|((&(_, len, head), &o), body)| {
+                let mut b = vec![0u8; if body.is_some() { head } else { len as usize }];
+                mr.read_at(o, &mut b);
+                match body {
+                    Some(body) => Batched::Parts(b, body.into_vec()),
+                    None => Batched::Whole(b),
                 }
             })
             .collect())
@@ -364,7 +357,7 @@ impl Reader {
         let head = object::HEADER_LEN + key.len();
         let outcome = loop {
             match step {
-                Step::Read { offset, len } if len as usize >= SPLIT_MIN.max(head + 1) => {
+                Step::Read { offset, len } if scattered(len as usize, head) => {
                     let body = match self.read_split(s, offset, len, head) {
                         Ok(b) => b,
                         Err(_) => {
@@ -393,7 +386,10 @@ impl Reader {
                 Step::Done(o) => break o,
             }
         };
-        let outcome = with_value(outcome, value);
+        let outcome = match value {
+            Some(body) => outcome.take_value(body),
+            None => outcome,
+        };
         self.stats.lookup_restarts += l.restarts() as u64;
         let one_read = cached.is_some() && l.reads() == 1;
         self.finish(s.target(), key, outcome, one_read)
@@ -493,7 +489,10 @@ impl Reader {
                         Step::Done(o) => {
                             self.stats.lookup_restarts += r.1.restarts() as u64;
                             let one = r.3 && r.1.reads() == 1;
-                            let o = with_value(o, value);
+                            let o = match value {
+                                Some(body) => o.take_value(body),
+                                None => o,
+                            };
                             out[r.0] = self.finish(s.target(), keys[r.0], o, one);
                         }
                     }
@@ -520,11 +519,11 @@ impl Reader {
             return Ok(None);
         }
         let len = ptr.len as usize;
-        if len < SPLIT_MIN {
+        if !scattered(len, object::HEADER_LEN) {
             self.ensure_read_mr(s, len)?;
         }
         for _ in 0..=s.cfg().torn_retries {
-            let read = if len >= SPLIT_MIN {
+            let read = if scattered(len, object::HEADER_LEN) {
                 self.read_ptr_split(s, ptr)
             } else {
                 self.read_ptr_whole(s, ptr)
@@ -600,76 +599,22 @@ impl Reader {
             .collect();
         let head = object::HEADER_LEN;
         for batch in readable.chunks(READ_BATCH) {
-            // Each Read gets its own stretch of the read buffer: the whole
-            // object, or for a large one its header alone, its value
-            // going into a vector of its own (as `read_split` does).
-            let mut offs = Vec::with_capacity(batch.len());
-            let mut total = 0usize;
-            for &i in batch {
-                offs.push(total);
-                let len = ptrs[i].len as usize;
-                total += if len >= SPLIT_MIN { head } else { len }.next_multiple_of(64);
-            }
-            if self.ensure_read_mr(s, total).is_err() {
-                // `read_ptr` reports it per pointer.
-                continue;
-            }
-            let bodies: Result<Vec<Option<MemoryRegion>>, _> = batch
+            let Some(base) = s.arena().map(|a| a.base) else {
+                break;
+            };
+            let reads: Vec<(u64, u32, usize)> = batch
                 .iter()
-                .map(|&i| {
-                    let len = ptrs[i].len as usize;
-                    (len >= SPLIT_MIN)
-                        .then(|| {
-                            s.pd().register_with(
-                                crate::net::link::pool::overwritable(len - head),
-                                Access::LOCAL_WRITE,
-                                crate::net::link::transient(),
-                            )
-                        })
-                        .transpose()
-                })
+                .map(|&i| (ptrs[i].addr - base, ptrs[i].len, head))
                 .collect();
-            let Ok(bodies) = bodies else {
+            // A failed batch: its pointers go the single-read way, which
+            // reports a read buffer that cannot be had per pointer.
+            let Ok(got) = self.read_arena_batch(s, &reads) else {
                 continue;
             };
-            let Ok((t, link)) = s.target_link() else {
-                continue;
-            };
-            let rkey = s.arena().expect("arena known").stag;
-            let mr = self.read_mr.as_ref().expect("read buffer");
-            let sgls: Vec<Vec<softrdma_verbs::Sge>> = batch
-                .iter()
-                .zip(&offs)
-                .zip(&bodies)
-                .map(|((&i, &o), body)| match body {
-                    Some(b) => vec![mr.sge(o, head), b.sge_all()],
-                    None => vec![mr.sge(o, ptrs[i].len as usize)],
-                })
-                .collect();
-            let reads: Vec<(&[softrdma_verbs::Sge], u64)> = sgls
-                .iter()
-                .zip(batch)
-                .map(|(sgl, &i)| (&sgl[..], ptrs[i].addr))
-                .collect();
-            let bytes = batch.iter().map(|&i| ptrs[i].len as usize).sum();
-            if let Err(e) = link.read_scatters(&reads, rkey, s.cfg().attempt_for(bytes)) {
-                // The pointers of this batch go the single-read way.
-                s.read_failed(t, e);
-                continue;
-            }
-            let mut buf = Vec::new();
-            for ((&i, &off), body) in batch.iter().zip(&offs).zip(bodies) {
-                let got = match body {
-                    None => {
-                        buf.resize(ptrs[i].len as usize, 0);
-                        mr.read_at(off, &mut buf);
-                        Got::of(object::decode_exact(&buf), ptrs[i])
-                    }
-                    Some(body) => {
-                        buf.resize(head, 0);
-                        mr.read_at(off, &mut buf);
-                        Got::of_parts(&buf, body.into_vec(), ptrs[i])
-                    }
+            for (&i, b) in batch.iter().zip(got) {
+                let got = match b {
+                    Batched::Whole(b) => Got::of(object::decode_exact(&b), ptrs[i]),
+                    Batched::Parts(h, body) => Got::of_parts(&h, body, ptrs[i]),
                 };
                 match got {
                     Got::Value(v) => {
@@ -698,41 +643,6 @@ impl Reader {
 enum Batched {
     Whole(Vec<u8>),
     Parts(Vec<u8>, Vec<u8>),
-}
-
-/// A look-up's outcome, its value taken from `body` where the last Read
-/// was scattered and the look-up found the value there (`Found` with an
-/// empty `data`, `Lookup::on_read_parts`): `body` truncated to the value,
-/// without a copy.
-fn with_value(o: Outcome, body: Option<Vec<u8>>) -> Outcome {
-    match (o, body) {
-        (
-            Outcome::Found {
-                offset,
-                len,
-                generation,
-                version,
-                data,
-                data_at,
-                data_len,
-                deadline,
-            },
-            Some(mut body),
-        ) if data.is_empty() && data_len > 0 => {
-            body.truncate(data_len);
-            Outcome::Found {
-                offset,
-                len,
-                generation,
-                version,
-                data: body,
-                data_at,
-                data_len,
-                deadline,
-            }
-        }
-        (o, _) => o,
-    }
 }
 
 /// Whether `ptr` lies in `arena` (as far as this client knows it), so

@@ -35,14 +35,6 @@ impl Link {
         rkey: u32,
         timeout: Duration,
     ) -> Result<(), LinkError> {
-        assert!(
-            reads.len() <= READ_BATCH,
-            "at most {READ_BATCH} Reads per batch, got {}",
-            reads.len()
-        );
-        if reads.is_empty() {
-            return Ok(());
-        }
         let wrs: Vec<SendWr> = reads
             .iter()
             .enumerate()
@@ -82,11 +74,6 @@ impl Link {
         rkey: u32,
         timeout: Duration,
     ) -> Result<(), LinkError> {
-        assert!(
-            reads.len() <= READ_BATCH,
-            "at most {READ_BATCH} Reads per batch, got {}",
-            reads.len()
-        );
         let wrs = reads
             .iter()
             .enumerate()
@@ -105,6 +92,11 @@ impl Link {
     /// Posts `wrs` (Reads with ids from [`READ_ID`]) with one doorbell and
     /// waits for all of them.
     fn post_reads(&self, wrs: Vec<SendWr>, timeout: Duration) -> Result<(), LinkError> {
+        assert!(
+            wrs.len() <= READ_BATCH,
+            "at most {READ_BATCH} Reads per batch, got {}",
+            wrs.len()
+        );
         if wrs.is_empty() {
             return Ok(());
         }
