@@ -213,6 +213,59 @@ fn pipelined_replies_follow_a_large_value_written_straight_out() {
     }
 }
 
+/// A large value is sent from the arena itself, pinned while it is sent:
+/// a writer overwriting the same key (in place, and moved to a larger
+/// allocation) meanwhile waits for the pin, so every value a `GET` returns
+/// is one that was written, whole.
+#[test]
+fn large_values_sent_from_the_arena_are_whole_while_overwritten() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut g = Group::with_resp("doorpin", "64MiB");
+    let primary = g.primary() as usize - 1;
+    let port = g.resp[primary];
+    let sizes = [256 << 10, 200 << 10, 600 << 10];
+    let value = |i: usize| vec![b'a' + (i % 26) as u8; sizes[i % sizes.len()]];
+    let mut w = Conn::new(port);
+    assert_eq!(w.cmd(&format!("AUTH {}", common::STORE_SECRET)), b"+OK\r\n");
+    assert_eq!(w.call(&[b"SET", b"big", &value(0)]), b"+OK\r\n");
+    let done = AtomicBool::new(false);
+    let gets = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut r = Conn::new(port);
+            assert_eq!(r.cmd(&format!("AUTH {}", common::STORE_SECRET)), b"+OK\r\n");
+            let mut gets = 0;
+            while !done.load(Ordering::Acquire) || gets < 50 {
+                let reply = r.call(&[b"GET", b"big"]);
+                let head = reply
+                    .iter()
+                    .position(|&b| b == b'\r')
+                    .expect("a bulk string");
+                let len: usize = std::str::from_utf8(&reply[1..head])
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let body = &reply[head + 2..reply.len() - 2];
+                assert!(
+                    sizes.contains(&len) && body.len() == len,
+                    "GET {gets}: {len} bytes"
+                );
+                assert!(
+                    body.iter().all(|&b| b == body[0]),
+                    "GET {gets}: a value no one wrote (torn)"
+                );
+                gets += 1;
+            }
+            gets
+        });
+        for i in 1..600 {
+            assert_eq!(w.call(&[b"SET", b"big", &value(i)]), b"+OK\r\n", "SET {i}");
+        }
+        done.store(true, Ordering::Release);
+        reader.join().unwrap()
+    });
+    assert!(gets >= 50);
+}
+
 /// A client that sends its requests and closes its side at once (as
 /// `nc`, or a script piping commands, does) gets every reply and then the
 /// end of the stream: the end of its input may arrive with the last

@@ -15,11 +15,14 @@
 //!   this is how a primary *proposes* the address that its secondaries, and
 //!   restarted nodes, then request with [`Arena::map_at`].
 //! * [`Arena::read`] / [`Arena::write`] copy bytes in and out at an offset with
-//!   bounds checks. No Rust reference into the mapping is ever handed out: the
-//!   RDMA engine reads (and, during recovery, writes) the same memory through
-//!   raw pointers, so all access goes through `ptr::copy_nonoverlapping`.
+//!   bounds checks. The RDMA engine reads the same memory through raw
+//!   pointers (a recovery's Reads land in a scratch region, and the node
+//!   writes the bytes), so all access goes through `ptr::copy_nonoverlapping`
+//!   and the one Rust reference handed out is a pinned range's
+//!   ([`pins`]: bytes no write changes while the pin is held).
 //!
-//! All of the crate's `unsafe` code lives in this file.
+//! All of the crate's `unsafe` code lives in this file and [`pins`], beside
+//! the arena's registration (`net/arena_reg.rs`).
 //!
 //! The [`Memory`] trait abstracts "bytes at offsets" so that the replication
 //! state machine can run over a real [`Arena`] or, in the deterministic
@@ -29,6 +32,10 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
+
+#[path = "arena_pins.rs"]
+pub mod pins;
+pub use pins::{Pin, Pins};
 
 /// Size of a page; arena addresses and lengths must be multiples of it.
 pub const PAGE_SIZE: u64 = 4096;
@@ -114,6 +121,13 @@ pub trait Memory {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArenaError>;
     /// Copies `data` to `offset`.
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), ArenaError>;
+    /// The writes until [`Self::end_group`] make one change (a write's
+    /// objects, each written in pieces and its header last): a reader
+    /// that checks [`Pins`] sees the arena before or after them, never
+    /// between. Nests. Nothing by default (the simulation's memory).
+    fn begin_group(&mut self) {}
+    /// Ends what [`Self::begin_group`] began.
+    fn end_group(&mut self) {}
     /// The writes until [`Self::end_together`] belong together (a batch's
     /// objects): a reader that checks [`Exposures`] sees all or none of
     /// them. Nothing by default (the simulation's memory).
@@ -177,6 +191,10 @@ pub struct Arena {
     len: u64,
     kind: ArenaKind,
     exposures: Arc<Exposures>,
+    /// Every write counted, and the ranges pinned for sending.
+    pins: Arc<Pins>,
+    /// [`Memory::begin_group`]s open.
+    groups: u32,
 }
 
 // SAFETY: `Arena` owns its mapping exclusively (like a `Box<[u8]>`); the raw
@@ -275,6 +293,8 @@ impl Arena {
             len,
             kind,
             exposures: Arc::default(),
+            pins: Arc::new(Pins::new(base.as_ptr(), len)),
+            groups: 0,
         })
     }
 
@@ -336,6 +356,8 @@ impl Arena {
             len,
             kind,
             exposures: Arc::default(),
+            pins: Arc::new(Pins::new(base.as_ptr(), len)),
+            groups: 0,
         })
     }
 
@@ -360,6 +382,12 @@ impl Arena {
     /// ([`Memory::begin_together`]), for readers in this process.
     pub fn exposures(&self) -> Arc<Exposures> {
         self.exposures.clone()
+    }
+
+    /// Its writes' count and the ranges pinned for sending
+    /// ([`pins`](self::pins)), for readers in this process.
+    pub fn pins(&self) -> Arc<Pins> {
+        self.pins.clone()
     }
 
     /// Whether `[addr, addr + len)` lies inside the arena.
@@ -392,8 +420,13 @@ impl Memory for Arena {
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), ArenaError> {
         check_range(offset, data.len(), self.len)?;
+        // Counted (on its own, or in its group), and not over a range
+        // being sent (`pins`).
+        self.begin_group();
+        self.pins.wait_unpinned(offset, data.len() as u64);
         // SAFETY: as in `read`, with the direction reversed; `&mut self`
-        // excludes concurrent access from safe code.
+        // excludes concurrent access from safe code, and no pin overlaps
+        // the range (a `Pin`'s bytes are not written while it is held).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
@@ -401,7 +434,22 @@ impl Memory for Arena {
                 data.len(),
             )
         };
+        self.end_group();
         Ok(())
+    }
+
+    fn begin_group(&mut self) {
+        if self.groups == 0 {
+            self.pins.begin_write();
+        }
+        self.groups += 1;
+    }
+
+    fn end_group(&mut self) {
+        self.groups -= 1;
+        if self.groups == 0 {
+            self.pins.end_write();
+        }
     }
 
     fn begin_together(&mut self) {
@@ -415,6 +463,8 @@ impl Memory for Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        // No pin is held from here on (each is held for one socket write).
+        self.pins.close();
         // SAFETY: `base`/`len` describe exactly the mapping created in the
         // constructor, and no reference into it can outlive `self`.
         let rc =

@@ -235,6 +235,12 @@ impl Lookup {
         (l, step)
     }
 
+    /// Whether [`Outcome::Found`] carries a copy of the value (by
+    /// default it does; [`run_in`] and a reader of heads do not).
+    pub fn keep_data(&mut self, keep: bool) {
+        self.keep_data = keep;
+    }
+
     /// Reads asked for so far.
     pub fn reads(&self) -> u32 {
         self.reads
@@ -313,6 +319,48 @@ impl Lookup {
         let o = object::decode_parts(head, body)?;
         let state = std::mem::replace(&mut self.state, State::Cached { offset: 0 });
         Some(self.on_object(state, o, false))
+    }
+
+    /// [`Self::on_read`] of only the head of the object the last
+    /// [`Step::Read`] asked for (`alloc` bytes): its header and a key as
+    /// long as this look-up's, not checked against the object's checksum
+    /// (see [`object::decode_head`]: only for a reader that knows nothing
+    /// was written meanwhile). A [`Outcome::Found`] from it has an empty
+    /// `data`; the value is the `data_len` bytes at `offset + data_at`
+    /// of the arena. `None`, with nothing changed, where the head does not
+    /// decode that way (the read was a bucket, or the object's key is of
+    /// another length): the caller reads the object whole.
+    pub fn on_read_head(&mut self, head: &[u8], alloc: usize) -> Option<Step> {
+        if matches!(self.state, State::Bucket { .. }) {
+            return None;
+        }
+        let (o, len) = match object::decode_head(head, alloc)? {
+            Ok((o, len)) => (Ok(o), len),
+            Err(e) => (Err(e), 0),
+        };
+        let state = std::mem::replace(&mut self.state, State::Cached { offset: 0 });
+        Some(match self.on_object(state, o, false) {
+            Step::Done(Outcome::Found {
+                offset,
+                len: alloc_len,
+                generation,
+                version,
+                data,
+                data_at,
+                deadline,
+                ..
+            }) => Step::Done(Outcome::Found {
+                offset,
+                len: alloc_len,
+                generation,
+                version,
+                data,
+                data_at,
+                data_len: len,
+                deadline,
+            }),
+            step => step,
+        })
     }
 
     /// The object read in `state` (not a bucket), decoded: `o`.

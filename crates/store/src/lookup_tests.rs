@@ -142,6 +142,84 @@ impl Arena {
     }
 }
 
+impl Arena {
+    /// [`Self::lookup_split`] reading objects only as far as their keys
+    /// ([`Lookup::on_read_head`], as the RESP door does while nothing is
+    /// written), the value then read from where the outcome says it lies.
+    fn lookup_heads(&mut self, key: &[u8], cached: Option<(u64, u32)>) -> (Outcome, u32) {
+        let (mut l, mut step) = Lookup::start(key, self.layout, cached);
+        l.keep_data(false);
+        let head = object::HEADER_LEN + key.len();
+        let mut by_head = false;
+        loop {
+            match step {
+                Step::Done(mut o) => {
+                    if let Outcome::Found {
+                        offset,
+                        data,
+                        data_at,
+                        data_len,
+                        ..
+                    } = &mut o
+                    {
+                        assert!(by_head, "found by a whole read");
+                        *data = vec![0u8; *data_len];
+                        self.mem.read(*offset + *data_at as u64, data).unwrap();
+                    }
+                    return (o, l.reads());
+                }
+                Step::Read { offset, len } => {
+                    let mut buf = vec![0u8; len as usize];
+                    self.mem.read(offset, &mut buf).unwrap();
+                    by_head = false;
+                    if buf.len() > head {
+                        if let Some(s) = l.on_read_head(&buf[..head], len as usize) {
+                            step = s;
+                            by_head = true;
+                            continue;
+                        }
+                    }
+                    step = l.on_read(&buf);
+                }
+            }
+        }
+    }
+}
+
+/// Objects read only as far as their keys are found, told apart and
+/// skipped as objects read whole, and the value lies where the outcome
+/// says: keys of the twin's length and of others, tag collisions, spilled
+/// buckets, an absent key, a stale cached pointer.
+#[test]
+fn a_look_up_of_heads_answers_as_whole_reads_do() {
+    let mut a = Arena::new(2);
+    let (_, absent, keys) = spilling_keys(&a.layout);
+    for k in &keys {
+        let v: Vec<u8> = k.iter().cycle().take(150).copied().collect();
+        a.put(k, &v);
+    }
+    for k in keys.iter().chain([&absent]) {
+        let whole = a.lookup(k, None, |_, _| {});
+        assert_eq!(
+            a.lookup_heads(k, None),
+            whole,
+            "{:?}",
+            String::from_utf8_lossy(k)
+        );
+        if let Outcome::Found { offset, len, .. } = whole.0 {
+            assert_eq!(a.lookup_heads(k, Some((offset, len))).0, whole.0);
+        }
+    }
+    let off = a.put(b"alpha", b"one");
+    a.delete(b"alpha");
+    a.next = off;
+    a.put(b"a-much-longer-key", b"other");
+    a.put(b"alpha", b"two");
+    let heads = a.lookup_heads(b"alpha", Some((off, 256)));
+    assert_eq!(value(&heads.0), Some(&b"two"[..]));
+    assert_eq!(heads, a.lookup(b"alpha", Some((off, 256)), |_, _| {}));
+}
+
 /// Objects read in two parts are found, told apart and skipped exactly as
 /// objects read whole: keys of the twin's length and of others, tag
 /// collisions, spilled buckets, an absent key, and a stale cached pointer

@@ -292,6 +292,47 @@ pub fn decode_parts<'a>(head: &'a [u8], body: &'a [u8]) -> Option<Result<Object<
     Some(h.object(&head[..HEADER_LEN], &head[HEADER_LEN..], &body[..h.len]))
 }
 
+/// The header and key of an allocation of `allocation` bytes, `head`
+/// (its first `HEADER_LEN` + key length bytes), decoded **without** its
+/// checksum, which covers the value too: an [`Object`] with an empty
+/// `data`, and the value's length. Only for a reader that knows no write
+/// touched the arena while it read (the RESP door between two counts of
+/// the arena's writes, `arena::pins`); a one-sided reader decodes whole.
+/// `None` where the key does not end exactly where `head` does (the
+/// caller reads the allocation whole).
+pub fn decode_head(
+    head: &[u8],
+    allocation: usize,
+) -> Option<Result<(Object<'_>, usize), ObjectError>> {
+    let h = match parse_header(head) {
+        Ok(h) => h,
+        Err(ObjectError::Short { .. }) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    if h.allocation != allocation as u64 {
+        return Some(Err(ObjectError::WrongLength {
+            read: allocation,
+            allocation: h.allocation,
+        }));
+    }
+    if HEADER_LEN + h.key_len != head.len() {
+        return None;
+    }
+    if HEADER_LEN + h.key_len + h.len > allocation {
+        return Some(Err(ObjectError::Torn));
+    }
+    let o = Object {
+        version: h.version,
+        generation: h.generation,
+        key_hash: h.key_hash,
+        key: &head[HEADER_LEN..],
+        data: &[],
+        allocation: h.allocation,
+        deadline: h.deadline,
+    };
+    Some(Ok((o, h.len)))
+}
+
 /// An object header's fields, before its checksum is checked.
 struct Parsed {
     len: usize,

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use softrdma_verbs::{Access, MemoryRegion, ProtectionDomain, RegOptions};
 
-use crate::arena::{Arena, Exposures};
+use crate::arena::{Arena, Exposures, Pins};
 use crate::ptr::ArenaRef;
 
 /// The arena's registration for remote reads (see the module's doc).
@@ -26,6 +26,9 @@ pub(crate) struct ArenaReg {
     stag: AtomicU32,
     /// The arena's batches' sequence lock (read by the RESP door).
     pub(crate) exposures: Arc<Exposures>,
+    /// The arena's writes' count and pinned ranges (the RESP door sends
+    /// large values from the arena: `arena::pins`).
+    pub(crate) pins: Arc<Pins>,
 }
 
 impl ArenaReg {
@@ -43,6 +46,7 @@ impl ArenaReg {
             base: aref.base,
             stag: AtomicU32::new(aref.stag),
             exposures: arena.exposures(),
+            pins: arena.pins(),
         };
         reg.register(pd, aref.stag)?;
         Ok(reg)

@@ -178,6 +178,19 @@ impl Front for NodeFront {
     fn read_valid(&self, since: u64) -> bool {
         self.reg.accessible() && self.reg.exposures.read_valid(since)
     }
+
+    fn write_epoch(&self) -> Option<u64> {
+        self.reg.pins.epoch()
+    }
+
+    fn unchanged(&self, since: u64) -> bool {
+        self.reg.pins.unchanged(since)
+    }
+
+    fn pin(&self, offset: u64, len: u64, since: u64) -> Option<crate::arena::Pin> {
+        let pin = self.reg.pins.pin(offset, len, since)?;
+        self.reg.accessible().then_some(pin)
+    }
 }
 
 /// Value bytes a secondary has acknowledged from which it sends what it

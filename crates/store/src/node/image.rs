@@ -474,7 +474,9 @@ impl<M: Memory> Image<M> {
     ///
     /// A batch's bytes are written together ([`Memory::begin_together`]):
     /// the RESP door's look-ups on this node see all of its keys' new
-    /// values or none.
+    /// values or none; and every write's bytes are one change
+    /// ([`Memory::begin_group`]), which a large value the door sends from
+    /// the arena is never in the middle of.
     fn apply_bytes(
         &mut self,
         seq: u64,
@@ -483,6 +485,8 @@ impl<M: Memory> Image<M> {
         over_copy: bool,
     ) -> Result<(), String> {
         let together = matches!(op.reply, Reply::Batch(_)) && op.effects.len() > 1;
+        // One change for the door's pins, whatever it writes.
+        self.mem.begin_group();
         if together {
             self.mem.begin_together();
         }
@@ -490,6 +494,7 @@ impl<M: Memory> Image<M> {
         if together {
             self.mem.end_together();
         }
+        self.mem.end_group();
         r
     }
 

@@ -59,8 +59,9 @@ const SWEEP: Duration = Duration::from_millis(100);
 const KEEP_OUT: usize = 1 << 20;
 
 /// A value at least this long is written from the loop's read buffer
-/// to the socket, not copied to the output first.
-const DIRECT: usize = 64 << 10;
+/// to the socket, not copied to the output first (and one this long is
+/// sent from the arena itself: `fast::PIN_MIN`).
+const DIRECT: usize = super::fast::PIN_MIN;
 
 /// The loop's read buffer is kept up to this size (values up to a few
 /// MiB are read without growing, and so zeroing, it again).
@@ -536,6 +537,17 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
                             } else if !write_bulk(&mut p.stream, &mut p.out, value) {
                                 return Step::Close;
                             }
+                        }
+                        // Sent from the arena (what the socket does not
+                        // take copied out), then unpinned.
+                        Fast::Pinned(pin) => {
+                            let value = pin.bytes();
+                            if p.out.buf.len() > conn.sent {
+                                p.out.bulk(value);
+                            } else if !write_bulk(&mut p.stream, &mut p.out, value) {
+                                return Step::Close;
+                            }
+                            drop(pin);
                         }
                         Fast::Write(pending) => {
                             // (If the node loop is gone, the answer never

@@ -179,6 +179,10 @@ fn serve_like_the_loop(
                 out.bulk(&rbuf[at]);
                 false
             }
+            Fast::Pinned(pin) => {
+                out.bulk(pin.bytes());
+                false
+            }
             Fast::Write(p) => {
                 let mut first = session.shared.front.request(
                     session.id,

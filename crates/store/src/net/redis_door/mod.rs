@@ -171,6 +171,26 @@ pub trait Front: Send + Sync {
     /// one-sided reads (the STag checked before and after the copies, as
     /// a remote Read's is).
     fn read_valid(&self, since: u64) -> bool;
+
+    /// Where a look-up that may pin a large value starts: the count of
+    /// the arena's writes (`arena::pins`), `None` while one is under way
+    /// or where values are not sent from the arena.
+    fn write_epoch(&self) -> Option<u64> {
+        None
+    }
+
+    /// Whether no write of the arena began since [`Self::write_epoch`]
+    /// gave `since`: the reads in between saw the arena as it was then.
+    fn unchanged(&self, _since: u64) -> bool {
+        false
+    }
+
+    /// Pins `len` arena bytes at `offset` for sending if no write began
+    /// since [`Self::write_epoch`] gave `since` and this node still serves
+    /// one-sided reads (as [`Self::read_valid`] asks); `None` otherwise.
+    fn pin(&self, _offset: u64, _len: u64, _since: u64) -> Option<crate::arena::Pin> {
+        None
+    }
 }
 
 /// Connections served at once (Redis's `maxclients` is 10,000; a

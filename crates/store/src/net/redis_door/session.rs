@@ -424,14 +424,7 @@ impl Session {
         }
         let front = self.shared.front.clone();
         let arena_len = front.arena().len;
-        if self.layout.is_none() {
-            let mut sb = [0u8; crate::index::SUPERBLOCK_LEN as usize];
-            if !front.read(0, &mut sb) {
-                return None;
-            }
-            self.layout = Layout::from_superblock(&sb, arena_len).ok();
-        }
-        let layout = self.layout?;
+        let layout = self.layout()?;
         let read = |offset: u64, len: u32, buf: &mut Vec<u8>| {
             // Bounds first: a length is never trusted before it is known
             // to lie inside the arena.
@@ -462,6 +455,19 @@ impl Session {
             Outcome::Absent => Some(None),
             Outcome::GaveUp => None,
         }
+    }
+
+    /// The arena's index layout, read from its superblock once.
+    pub(super) fn layout(&mut self) -> Option<Layout> {
+        if self.layout.is_none() {
+            let front = &self.shared.front;
+            let mut sb = [0u8; crate::index::SUPERBLOCK_LEN as usize];
+            if !front.read(0, &mut sb) {
+                return None;
+            }
+            self.layout = Layout::from_superblock(&sb, front.arena().len).ok();
+        }
+        self.layout
     }
 
     /// This node's status, asked at most every [`ROLE_TTL`] (by any
