@@ -517,12 +517,12 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
         let mut away = None;
         loop {
             match p.decoder.decode(&p.input[used..]) {
-                Ok(Some((args, n))) => {
+                Ok(Some((mut args, n))) => {
                     used += n;
                     if args.is_empty() {
                         continue;
                     }
-                    let fast = p.session.fast(&args, &mut p.out, ctx.rbuf, ctx.now);
+                    let fast = p.session.fast(&mut args, &mut p.out, ctx.rbuf, ctx.now);
                     if let Fast::Slow = fast {
                         away = Some(Work::Command(args));
                         break;

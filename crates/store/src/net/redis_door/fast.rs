@@ -76,7 +76,7 @@ impl Session {
     /// time of this pass (what [`Self::primary_known`] measures against).
     pub(super) fn fast(
         &mut self,
-        args: &[Vec<u8>],
+        args: &mut [Vec<u8>],
         out: &mut Out,
         rbuf: &mut Vec<u8>,
         now: Instant,
@@ -160,9 +160,15 @@ impl Session {
                 if let Some(r) = value_too_long(args[2].len()) {
                     return self.done(r, out);
                 }
+                // A large value is taken, not copied (its buffer is not
+                // the decoder's to reuse then).
+                let data = match args[2].len() >= PIN_MIN {
+                    true => Bytes::from(std::mem::take(&mut args[2])),
+                    false => Bytes::copy_from_slice(&args[2]),
+                };
                 let op = Op::Put {
                     key: args[1].clone(),
-                    data: Bytes::copy_from_slice(&args[2]),
+                    data,
                     cond: o.cond,
                     ttl,
                 };

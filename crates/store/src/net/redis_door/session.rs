@@ -253,17 +253,17 @@ impl Session {
         decoder: &mut Decoder,
         buf: &[u8],
         out: &mut Out,
-        mut step: impl FnMut(&mut Self, &[Vec<u8>], &mut Out) -> bool,
+        mut step: impl FnMut(&mut Self, &mut [Vec<u8>], &mut Out) -> bool,
     ) -> (usize, bool) {
         let mut used = 0;
         loop {
             match decoder.decode(&buf[used..]) {
-                Ok(Some((args, n))) => {
+                Ok(Some((mut args, n))) => {
                     used += n;
                     if args.is_empty() {
                         continue;
                     }
-                    if step(self, &args, out) || out.broken {
+                    if step(self, &mut args, out) || out.broken {
                         return (used, true);
                     }
                 }
