@@ -156,7 +156,8 @@ impl Pins {
     /// The arena is being unmapped: no pin from now on, and waits for
     /// those held (each for one socket write).
     pub(super) fn close(&self) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        // Odd whether or not a change was left open (a panic mid-write).
+        self.epoch.fetch_or(1, Ordering::SeqCst);
         while self.count.load(Ordering::SeqCst) > 0 {
             std::thread::yield_now();
         }
