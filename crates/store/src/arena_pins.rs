@@ -182,11 +182,6 @@ impl Pin {
             )
         }
     }
-
-    /// The pinned range's arena offset.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
 }
 
 impl Drop for Pin {

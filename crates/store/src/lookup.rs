@@ -339,28 +339,11 @@ impl Lookup {
             Err(e) => (Err(e), 0),
         };
         let state = std::mem::replace(&mut self.state, State::Cached { offset: 0 });
-        Some(match self.on_object(state, o, false) {
-            Step::Done(Outcome::Found {
-                offset,
-                len: alloc_len,
-                generation,
-                version,
-                data,
-                data_at,
-                deadline,
-                ..
-            }) => Step::Done(Outcome::Found {
-                offset,
-                len: alloc_len,
-                generation,
-                version,
-                data,
-                data_at,
-                data_len: len,
-                deadline,
-            }),
-            step => step,
-        })
+        let mut step = self.on_object(state, o, false);
+        if let Step::Done(Outcome::Found { data_len, .. }) = &mut step {
+            *data_len = len;
+        }
+        Some(step)
     }
 
     /// The object read in `state` (not a bucket), decoded: `o`.

@@ -531,23 +531,16 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
                     match fast {
                         Fast::Done(close) => conn.closing |= close,
                         Fast::Value(at) => {
-                            let value = &ctx.rbuf[at];
-                            if value.len() < DIRECT || p.out.buf.len() > conn.sent {
-                                p.out.bulk(value);
-                            } else if !write_bulk(&mut p.stream, &mut p.out, value) {
+                            if !reply_bulk(p, conn.sent, &ctx.rbuf[at]) {
                                 return Step::Close;
                             }
                         }
                         // Sent from the arena (what the socket does not
-                        // take copied out), then unpinned.
+                        // take copied out); unpinned at the arm's end.
                         Fast::Pinned(pin) => {
-                            let value = pin.bytes();
-                            if p.out.buf.len() > conn.sent {
-                                p.out.bulk(value);
-                            } else if !write_bulk(&mut p.stream, &mut p.out, value) {
+                            if !reply_bulk(p, conn.sent, pin.bytes()) {
                                 return Step::Close;
                             }
-                            drop(pin);
                         }
                         Fast::Write(pending) => {
                             // (If the node loop is gone, the answer never
@@ -629,7 +622,19 @@ fn read_some(
     }
 }
 
-/// A bulk reply of `value` straight from the loop's read buffer to the
+/// A `GET`'s bulk reply of `value`: a large one written straight to the
+/// socket when nothing waits to be written before it ([`write_bulk`]),
+/// else copied to the output. False when the connection failed.
+fn reply_bulk(p: &mut Parts, sent: usize, value: &[u8]) -> bool {
+    if value.len() < DIRECT || p.out.buf.len() > sent {
+        p.out.bulk(value);
+        true
+    } else {
+        write_bulk(&mut p.stream, &mut p.out, value)
+    }
+}
+
+/// A bulk reply of `value` (in the loop's read buffer, or pinned in the arena) straight to the
 /// socket (nothing else waits to be written before it): what the socket
 /// does not take now joins the output. False when the connection failed.
 fn write_bulk(stream: &mut TcpStream, out: &mut Out, value: &[u8]) -> bool {
