@@ -26,6 +26,13 @@
 //! Each row has its rate, MB/s, p50 and p99 latency, and CPU as fractions
 //! of one core: the client process, the primary and the secondary for the
 //! store's rows; this process (all three ends) for the pump's.
+//!
+//! The four are measured in turn, `--rounds` times (each for `--secs`
+//! divided by the rounds), and each row sums its rounds: a machine whose
+//! speed drifts over seconds (a shared host's neighbours) moves a put and
+//! its baseline alike, where measuring each once, seconds apart, let the
+//! drift into the ratio (the same build's 1 MiB puts ranged 0.46-0.81x
+//! the relay in session 56). Each round's ratio is printed too (stderr).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -48,9 +55,13 @@ pub struct Args {
     /// 64 MiB).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize << 20, 16 << 20, 64 << 20])]
     sizes: Vec<usize>,
-    /// Seconds per measured row.
+    /// Seconds per measured row (all its rounds together).
     #[arg(long, default_value_t = 3.0)]
     secs: f64,
+    /// Rounds: the rows are measured in turn this many times, and each
+    /// sums its rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Keep the nodes' logs here (default: a temporary directory, removed
     /// on success).
     #[arg(long)]
@@ -60,7 +71,7 @@ pub struct Args {
 /// Keys the puts rotate over.
 const KEYS: usize = 4;
 
-/// One measured row.
+/// One measured row (or one round of it).
 struct Measured {
     ops: u64,
     secs: f64,
@@ -69,11 +80,39 @@ struct Measured {
     /// CPU, fractions of one core: the client (or this process), the
     /// primary, the secondary (`None` for the pump's rows).
     cpu: [Option<f64>; 3],
+    /// The latencies (ns), from which rounds are summed.
+    hist: Histogram<u64>,
 }
 
 impl Measured {
     fn rate(&self) -> f64 {
         self.ops as f64 / self.secs
+    }
+
+    /// The rounds of one row as one measurement: their operations over
+    /// their time, their latencies together, CPU weighted by time.
+    fn sum(rounds: &[Measured]) -> Measured {
+        let mut hist = hist();
+        for r in rounds {
+            hist.add(&r.hist).expect("histograms of the same bounds");
+        }
+        let secs: f64 = rounds.iter().map(|r| r.secs).sum();
+        let mut cpu = [None; 3];
+        for (i, c) in cpu.iter_mut().enumerate() {
+            *c = rounds
+                .iter()
+                .map(|r| r.cpu[i].map(|x| x * r.secs))
+                .sum::<Option<f64>>()
+                .map(|t| t / secs.max(1e-9));
+        }
+        Measured {
+            ops: rounds.iter().map(|r| r.ops).sum(),
+            secs,
+            p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
+            p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
+            cpu,
+            hist,
+        }
     }
 }
 
@@ -115,6 +154,7 @@ fn timed(
         p50_us: h.value_at_quantile(0.5) as f64 / 1e3,
         p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
         cpu: c0.until(&c1),
+        hist: h,
     })
 }
 
@@ -307,6 +347,10 @@ pub fn run(a: Args) -> Result<()> {
     if !(a.secs > 0.0 && a.secs.is_finite()) {
         bail!("--secs must be positive");
     }
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let secs = a.secs / a.rounds as f64;
     let dir = work_dir(a.workdir.as_deref(), "softrdma-bench-large")?;
     let t0 = Instant::now();
     let say = |m: String| eprintln!("[{:6.1} s] {m}", t0.elapsed().as_secs_f64());
@@ -341,23 +385,43 @@ pub fn run(a: Args) -> Result<()> {
         for k in &keys {
             c.set(k, &value).context("the first put of a key")?;
         }
-        say(format!("store: {size} B puts and gets"));
+        say(format!(
+            "{size} B: store puts and gets, then the TCP pumps, {} rounds",
+            a.rounds
+        ));
         let mut i = 0usize;
-        let put = timed(a.secs, &pids, || {
-            i += 1;
-            c.set_bytes(&keys[i % KEYS], value.clone())?;
-            Ok(())
-        })?;
-        let get = timed(a.secs, &pids, || {
-            i += 1;
-            match c.get(&keys[i % KEYS])? {
-                Some(v) if v.len() == size => Ok(()),
-                v => bail!("a get returned {:?} bytes, not {size}", v.map(|v| v.len())),
-            }
-        })?;
-        say(format!("raw TCP pump: {size} B messages"));
-        let relay = measure_pump(size, a.secs, true)?;
-        let hop = measure_pump(size, a.secs, false)?;
+        let (mut puts, mut gets, mut relays, mut hops) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..a.rounds {
+            puts.push(timed(secs, &pids, || {
+                i += 1;
+                c.set_bytes(&keys[i % KEYS], value.clone())?;
+                Ok(())
+            })?);
+            gets.push(timed(secs, &pids, || {
+                i += 1;
+                match c.get(&keys[i % KEYS])? {
+                    Some(v) if v.len() == size => Ok(()),
+                    v => bail!("a get returned {:?} bytes, not {size}", v.map(|v| v.len())),
+                }
+            })?);
+            relays.push(measure_pump(size, secs, true)?);
+            hops.push(measure_pump(size, secs, false)?);
+        }
+        let ratios = |m: &[Measured], b: &[Measured]| {
+            let r: Vec<String> = m
+                .iter()
+                .zip(b)
+                .map(|(m, b)| format!("{:.2}", m.rate() / b.rate().max(1e-9)))
+                .collect();
+            r.join(" ")
+        };
+        say(format!(
+            "{size} B rounds: put/tcp_relay {}, get/tcp_hop {}",
+            ratios(&puts, &relays),
+            ratios(&gets, &hops)
+        ));
+        let (put, get) = (Measured::sum(&puts), Measured::sum(&gets));
+        let (relay, hop) = (Measured::sum(&relays), Measured::sum(&hops));
         let rows = [
             Row {
                 op: "put",
