@@ -2,7 +2,8 @@
 //! arbitrary bytes never panic, a request never claims more bytes than it
 //! was given, the arguments of what parses, encoded as a client would,
 //! parse back the same, and a decoder fed the same bytes in pieces (as a
-//! connection delivers them) finds the same requests as one buffer does.
+//! connection delivers them), gathering long arguments apart or not, finds
+//! the same requests as one buffer does.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -24,8 +25,13 @@ fuzz_target!(|input: &[u8]| {
         assert_eq!(resp_codec::parse(&b), Ok(Some((args.clone(), b.len()))));
     }
     // In pieces of `step` bytes: the first answer that is not "more bytes"
-    // is the one-buffer answer, once all its bytes have arrived.
-    let mut d = Decoder::default();
+    // is the one-buffer answer, once all its bytes have arrived; the
+    // decoder gathers arguments of a few bytes or more apart (as the
+    // door's does from 64 KiB, `Decoder::bulk_room`), or none.
+    let mut d = match step & 0x80 {
+        0 => Decoder::default(),
+        _ => Decoder::gathering_from((step >> 4 & 7) as usize + 1),
+    };
     let step = step as usize % 16 + 1;
     let mut end = 0;
     while end < data.len() {

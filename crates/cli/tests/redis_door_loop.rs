@@ -213,6 +213,52 @@ fn pipelined_replies_follow_a_large_value_written_straight_out() {
     }
 }
 
+/// A large value's bytes are read straight into its argument (the
+/// decoder's room for a bulk of 64 KiB or more): one that arrives in
+/// small pieces, with the next request right behind its last piece, is
+/// stored whole and answered in order; one whose CRLF is missing is a
+/// protocol error that ends its connection, as before.
+#[test]
+fn a_large_value_arriving_in_pieces_is_stored_whole() {
+    let mut g = Group::with_resp("doorpieces", "64MiB");
+    let primary = g.primary() as usize - 1;
+    let port = g.resp[primary];
+    let value: Vec<u8> = (0..(1usize << 20) + 12345)
+        .map(|i| (i % 253) as u8)
+        .collect();
+    let mut req = format!("*3\r\n$3\r\nSET\r\n$5\r\npiece\r\n${}\r\n", value.len()).into_bytes();
+    req.extend_from_slice(&value);
+    req.extend_from_slice(b"\r\n*1\r\n$4\r\nPING\r\n");
+    let mut c = Conn::new(port);
+    assert_eq!(c.cmd(&format!("AUTH {}", common::STORE_SECRET)), b"+OK\r\n");
+    for piece in req.chunks(7919) {
+        c.s.write_all(piece).unwrap();
+    }
+    assert_eq!(c.read_reply(), b"+OK\r\n");
+    assert_eq!(c.read_reply(), b"+PONG\r\n");
+    let got = c.call(&[b"GET", b"piece"]);
+    let mut want = format!("${}\r\n", value.len()).into_bytes();
+    want.extend_from_slice(&value);
+    want.extend_from_slice(b"\r\n");
+    assert!(got == want, "GET: {} bytes", got.len());
+    // Its CRLF replaced: the protocol error, then the end.
+    let mut bad = req[..req.len() - 14].to_vec();
+    let n = bad.len();
+    bad[n - 2..].copy_from_slice(b"xx");
+    let mut c = Conn::new(port);
+    assert_eq!(c.cmd(&format!("AUTH {}", common::STORE_SECRET)), b"+OK\r\n");
+    c.s.write_all(&bad).unwrap();
+    let reply = c.read_reply();
+    assert!(
+        reply.starts_with(b"-ERR Protocol error"),
+        "{}",
+        show(&reply)
+    );
+    let mut rest = Vec::new();
+    c.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(c.s.read_to_end(&mut rest).map(|_| rest.len()).ok(), Some(0));
+}
+
 /// A large value is sent from the arena itself, pinned while it is sent:
 /// a writer overwriting the same key (in place, and moved to a larger
 /// allocation) meanwhile waits for the pin, so every value a `GET` returns

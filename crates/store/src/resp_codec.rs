@@ -99,8 +99,16 @@ pub fn parse(b: &[u8]) -> Result<Option<Parsed>, RespError> {
     Decoder::default().decode(b)
 }
 
+/// A bulk argument at least this long is gathered into its own buffer as
+/// its bytes arrive ([`Decoder::bulk_room`]).
+pub const FILL_MIN: usize = 64 << 10;
+
+/// The room a long bulk argument's buffer gets at first; it grows as its
+/// bytes arrive (a length alone allocates no more than this).
+const FILL_FIRST: usize = 2 << 20;
+
 /// The requests of one connection, decoded as its bytes arrive.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Decoder {
     state: State,
     /// Argument buffers given back ([`Self::recycle`]), for the next
@@ -109,6 +117,31 @@ pub struct Decoder {
     spare: Vec<Vec<u8>>,
     /// An argument list given back, for the next request.
     spare_list: Vec<Vec<u8>>,
+    /// [`FILL_MIN`] (the tests' decoders gather shorter arguments too).
+    fill_min: usize,
+}
+
+impl Decoder {
+    /// A decoder that gathers bulk arguments of `min` bytes or more apart
+    /// ([`Decoder::bulk_room`]; [`FILL_MIN`] for [`Decoder::default`]):
+    /// tests and fuzzing reach that path with short arguments.
+    pub fn gathering_from(min: usize) -> Decoder {
+        Decoder {
+            fill_min: min,
+            ..Decoder::default()
+        }
+    }
+}
+
+impl Default for Decoder {
+    fn default() -> Decoder {
+        Decoder {
+            state: State::Start,
+            spare: Vec::new(),
+            spare_list: Vec::new(),
+            fill_min: FILL_MIN,
+        }
+    }
 }
 
 /// Argument buffers a decoder keeps for reuse ([`Decoder::recycle`]), and
@@ -131,6 +164,16 @@ enum State {
     },
     /// Inside an inline line: bytes already searched for its newline.
     Inline { searched: usize },
+    /// Inside a multibulk request, gathering a long bulk argument: `arg`
+    /// holds its bytes so far (and then its CRLF), `len` long; `at` is
+    /// where the bytes not yet gathered begin.
+    Filling {
+        args: Vec<Vec<u8>>,
+        want: usize,
+        at: usize,
+        arg: Vec<u8>,
+        len: usize,
+    },
 }
 
 impl Decoder {
@@ -150,11 +193,34 @@ impl Decoder {
             },
             State::Multibulk { args, want, at } => self.bulks(b, args, want, at),
             State::Inline { searched } => self.inline(b, searched),
+            State::Filling {
+                args,
+                want,
+                at,
+                arg,
+                len,
+            } => self.fill(b, args, want, at, arg, len),
         };
         if r.is_err() {
             self.state = State::Start;
         }
         r
+    }
+
+    /// While a bulk argument of [`FILL_MIN`] bytes or more arrives (it is
+    /// gathered into its own buffer as its bytes come): that buffer, and
+    /// the bytes it still misses, its CRLF included. A caller may read
+    /// them straight into it instead of appending them to the bytes it
+    /// passes to [`Self::decode`] (a large value is then not copied out of
+    /// the connection's input); the next `decode` goes on from there.
+    pub fn bulk_room(&mut self) -> Option<(&mut Vec<u8>, usize)> {
+        match &mut self.state {
+            State::Filling { arg, len, .. } => {
+                let missing = (*len + 2).saturating_sub(arg.len());
+                Some((arg, missing))
+            }
+            _ => None,
+        }
     }
 
     /// Gives back a request's arguments once used: small buffers are
@@ -224,7 +290,20 @@ impl Decoder {
                 return Err(RespError::TooBig);
             }
             if b.len() < start + len + 2 {
-                self.state = State::Multibulk { args, want, at };
+                if len >= self.fill_min {
+                    let mut arg = Vec::with_capacity((len + 2).min(FILL_FIRST));
+                    arg.extend_from_slice(&b[start..]);
+                    let at = b.len();
+                    self.state = State::Filling {
+                        args,
+                        want,
+                        at,
+                        arg,
+                        len,
+                    };
+                } else {
+                    self.state = State::Multibulk { args, want, at };
+                }
                 return Ok(None);
             }
             if &b[start + len..start + len + 2] != b"\r\n" {
@@ -237,6 +316,40 @@ impl Decoder {
             at = start + len + 2;
         }
         Ok(Some((args, at)))
+    }
+
+    /// A long bulk argument's bytes from `at` on gathered into `arg`;
+    /// once it is whole (CRLF checked) the request goes on.
+    fn fill(
+        &mut self,
+        b: &[u8],
+        mut args: Vec<Vec<u8>>,
+        want: usize,
+        mut at: usize,
+        mut arg: Vec<u8>,
+        len: usize,
+    ) -> Result<Option<Parsed>, RespError> {
+        let n = (len + 2)
+            .saturating_sub(arg.len())
+            .min(b.len().saturating_sub(at));
+        arg.extend_from_slice(&b[at..at + n]);
+        at += n;
+        if arg.len() < len + 2 {
+            self.state = State::Filling {
+                args,
+                want,
+                at,
+                arg,
+                len,
+            };
+            return Ok(None);
+        }
+        if arg[len..] != *b"\r\n" {
+            return Err(RespError::BadTerminator);
+        }
+        arg.truncate(len);
+        args.push(arg);
+        self.bulks(b, args, want, at)
     }
 
     /// An inline command: words separated by spaces, with Redis's quoting

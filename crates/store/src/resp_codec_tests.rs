@@ -185,10 +185,13 @@ proptest! {
         // on where it stopped): the same request, then the next.
         let mut stream = b.clone();
         stream.extend(multibulk(&[b"PING".to_vec()]));
-        let mut d = Decoder::default();
-        let (got, left) = decode_in_pieces(&mut d, &stream, step, false);
-        prop_assert_eq!(left, 0);
-        prop_assert_eq!(got, vec![args, vec![b"PING".to_vec()]]);
+        // And through a decoder that gathers long arguments apart (as the
+        // door's does from 64 KiB, here from 8 bytes).
+        for mut d in [Decoder::default(), Decoder::gathering_from(8)] {
+            let (got, left) = decode_in_pieces(&mut d, &stream, step, false);
+            prop_assert_eq!(left, 0);
+            prop_assert_eq!(got, vec![args.clone(), vec![b"PING".to_vec()]]);
+        }
     }
 
     /// Requests decoded by one decoder whose used arguments are given
@@ -202,12 +205,13 @@ proptest! {
             1..8,
         ),
         step in 1usize..300,
+        gather in prop::option::of(1usize..700),
     ) {
         let mut stream = Vec::new();
         for r in &reqs {
             stream.extend(multibulk(r));
         }
-        let mut d = Decoder::default();
+        let mut d = gather.map_or_else(Decoder::default, Decoder::gathering_from);
         let (got, left) = decode_in_pieces(&mut d, &stream, step, true);
         prop_assert_eq!(left, 0);
         prop_assert!(d.spare.len() <= SPARE);
@@ -250,6 +254,18 @@ proptest! {
         if let Ok(Some((_, used))) = parse(&b) {
             prop_assert!(used <= b.len());
         }
+        // In pieces, through a decoder that gathers arguments apart.
+        let mut d = Decoder::gathering_from(4);
+        for cut in 1..=b.len() {
+            match d.decode(&b[..cut]) {
+                Ok(Some((_, used))) => {
+                    prop_assert!(used <= cut);
+                    break;
+                }
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
     }
 }
 
@@ -264,4 +280,99 @@ fn key_slots_are_redis_clusters() {
     // An empty tag is no tag: the whole key counts.
     assert_eq!(key_slot(b"{}foo"), crc16(b"{}foo") & 0x3fff);
     assert!(key_slot(b"") < 16384);
+}
+
+proptest! {
+    /// Requests whose long arguments are gathered apart ([`FILL_MIN`],
+    /// here 40 bytes), fed a step at a time, with what
+    /// [`Decoder::bulk_room`] misses read straight into its room (as the
+    /// door reads a large value) or appended to the input like the rest:
+    /// the same requests as decoded whole, and what goes into the room
+    /// never runs past its argument's CRLF.
+    #[test]
+    fn long_arguments_gathered_apart_decode_as_whole_ones(
+        reqs in proptest::collection::vec(
+            proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..4),
+            1..5,
+        ),
+        step in 1usize..60,
+        into_room in any::<bool>(),
+        bad in any::<bool>(),
+    ) {
+        let mut stream = Vec::new();
+        for r in &reqs {
+            stream.extend(multibulk(r));
+        }
+        // A wrong terminator on the last long argument, if asked: refused.
+        let long_end = reqs.last().unwrap().last().filter(|a| a.len() >= 40).map(|_| stream.len() - 2);
+        if let (true, Some(at)) = (bad, long_end) {
+            stream[at] = b'x';
+        }
+        let mut d = Decoder::gathering_from(40);
+        let (mut buf, mut fed, mut got, mut gathered) = (Vec::new(), 0, Vec::new(), 0);
+        let mut refused = false;
+        'feed: while fed < stream.len() {
+            let n = step.min(stream.len() - fed);
+            match d.bulk_room() {
+                Some((arg, missing)) if into_room => {
+                    prop_assert!(missing > 0);
+                    let n = n.min(missing);
+                    arg.extend_from_slice(&stream[fed..fed + n]);
+                    fed += n;
+                    gathered += n;
+                }
+                _ => {
+                    buf.extend_from_slice(&stream[fed..fed + n]);
+                    fed += n;
+                }
+            }
+            loop {
+                match d.decode(&buf) {
+                    Ok(Some((a, used))) => {
+                        got.push(a);
+                        buf.drain(..used);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        prop_assert_eq!(e, RespError::BadTerminator);
+                        refused = true;
+                        break 'feed;
+                    }
+                }
+            }
+        }
+        if bad && long_end.is_some() {
+            prop_assert!(refused);
+            prop_assert_eq!(&got[..], &reqs[..reqs.len() - 1]);
+        } else {
+            prop_assert!(!refused);
+            prop_assert_eq!(&got, &reqs);
+            prop_assert!(buf.is_empty());
+        }
+        // Long arguments fed a step at a time go through the room.
+        let long = reqs.iter().flatten().any(|a| a.len() > 100) && step < 20 && into_room;
+        prop_assert!(!long || gathered > 0 || refused);
+    }
+}
+
+/// A 1 MiB `SET` value gathered apart ([`Decoder::bulk_room`]): after
+/// the bytes before it and some of it arrived, its room misses the rest
+/// and the CRLF; read there, the request is whole and its value is the
+/// one sent.
+#[test]
+fn a_large_value_is_read_into_its_own_room() {
+    let value: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let req = multibulk(&[b"SET".to_vec(), b"k".to_vec(), value.clone()]);
+    let mut d = Decoder::default();
+    let head = req.len() - value.len() - 2;
+    assert_eq!(d.decode(&req[..head - 3]).unwrap(), None);
+    assert!(d.bulk_room().is_none(), "the bulk's header is not whole");
+    assert_eq!(d.decode(&req[..head + 1000]).unwrap(), None);
+    let (room, missing) = d.bulk_room().expect("a room");
+    assert_eq!((room.len(), missing), (1000, value.len() - 1000 + 2));
+    room.extend_from_slice(&req[head + 1000..]);
+    let (args, used) = d.decode(&req[..head + 1000]).unwrap().expect("whole");
+    assert_eq!(used, head + 1000);
+    assert_eq!(args[2], value);
+    assert!(d.bulk_room().is_none());
 }

@@ -584,11 +584,18 @@ fn progress(no: u64, conn: &mut Conn, ctx: &mut Ctx<'_>, scratch: &mut Vec<u8>) 
         if read >= READ_SHARE {
             return Step::Again;
         }
-        match read_some(&mut p.stream, &mut p.input, scratch) {
+        // A large value's bytes go straight into its argument.
+        let got = match p.decoder.bulk_room() {
+            Some((arg, missing)) if missing >= READ_CHUNK => {
+                read_onto(&mut p.stream, arg, missing.min(READ_SHARE))
+            }
+            _ => read_some(&mut p.stream, &mut p.input, scratch).map(|n| (n, n < READ_CHUNK)),
+        };
+        match got {
             // A short read took all there was: the next bytes raise an
             // event.
-            Ok(n) => {
-                conn.drained = n < scratch.len() && !conn.hup;
+            Ok((n, short)) => {
+                conn.drained = short && !conn.hup;
                 read += n;
                 if n > 0 {
                     p.session.info.touch_at(ctx.now);
@@ -619,6 +626,29 @@ fn read_some(
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => Err(false),
         };
+    }
+}
+
+/// Reads up to `want` bytes straight onto `buf` (a large argument's, no
+/// copy through the scratch buffer and the input, its new room not zeroed
+/// first): the bytes read and whether the socket ran out of them, or
+/// `read_some`'s errors.
+fn read_onto(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    want: usize,
+) -> Result<(usize, bool), bool> {
+    let before = buf.len();
+    buf.reserve(want);
+    let r = stream.take(want as u64).read_to_end(buf);
+    let n = buf.len() - before;
+    match r {
+        // At the end of the client's input (or of `want`).
+        Ok(_) if n == 0 => Err(true),
+        Ok(_) => Ok((n, false)),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok((n, true)),
+        Err(_) if n > 0 => Ok((n, false)),
+        Err(_) => Err(false),
     }
 }
 
