@@ -75,8 +75,6 @@ const KEYS: usize = 4;
 struct Measured {
     ops: u64,
     secs: f64,
-    p50_us: f64,
-    p99_us: f64,
     /// CPU, fractions of one core: the client (or this process), the
     /// primary, the secondary (`None` for the pump's rows).
     cpu: [Option<f64>; 3],
@@ -87,6 +85,14 @@ struct Measured {
 impl Measured {
     fn rate(&self) -> f64 {
         self.ops as f64 / self.secs
+    }
+
+    fn p50_us(&self) -> f64 {
+        self.hist.value_at_quantile(0.5) as f64 / 1e3
+    }
+
+    fn p99_us(&self) -> f64 {
+        self.hist.value_at_quantile(0.99) as f64 / 1e3
     }
 
     /// The rounds of one row as one measurement: their operations over
@@ -108,8 +114,6 @@ impl Measured {
         Measured {
             ops: rounds.iter().map(|r| r.ops).sum(),
             secs,
-            p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
-            p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
             cpu,
             hist,
         }
@@ -151,8 +155,6 @@ fn timed(
     Ok(Measured {
         ops,
         secs: elapsed,
-        p50_us: h.value_at_quantile(0.5) as f64 / 1e3,
-        p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
         cpu: c0.until(&c1),
         hist: h,
     })
@@ -275,8 +277,8 @@ impl Row<'_> {
             m.ops,
             m.rate(),
             m.rate() * self.size as f64 / 1e6,
-            m.p50_us,
-            m.p99_us,
+            m.p50_us(),
+            m.p99_us(),
             opt(m.cpu[0]),
             opt(m.cpu[1]),
             opt(m.cpu[2]),
@@ -286,7 +288,7 @@ impl Row<'_> {
                 ",\"baseline\":\"{op}\",\"baseline_ops_per_s\":{:.1},\"baseline_p99_us\":{:.1},\
                  \"baseline_cpu\":{},\"ratio\":{:.3},\"target\":{}",
                 b.rate(),
-                b.p99_us,
+                b.p99_us(),
                 opt(b.cpu[0]),
                 m.rate() / b.rate().max(1e-9),
                 opt(target),
@@ -302,7 +304,7 @@ impl Row<'_> {
                 "{:>10} {:>9.1} {:>10.0} {:>6.2}x {:>7}",
                 op,
                 b.rate(),
-                b.p99_us,
+                b.p99_us(),
                 m.rate() / b.rate().max(1e-9),
                 target.map_or("-".into(), |t| format!(">={t}x")),
             ),
@@ -314,8 +316,8 @@ impl Row<'_> {
             self.size,
             m.rate(),
             m.rate() * self.size as f64 / 1e6,
-            m.p50_us,
-            m.p99_us,
+            m.p50_us(),
+            m.p99_us(),
             fmt_cpu(&m.cpu),
         );
     }

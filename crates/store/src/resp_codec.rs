@@ -291,19 +291,10 @@ impl Decoder {
             }
             if b.len() < start + len + 2 {
                 if len >= self.fill_min {
-                    let mut arg = Vec::with_capacity((len + 2).min(FILL_FIRST));
-                    arg.extend_from_slice(&b[start..]);
-                    let at = b.len();
-                    self.state = State::Filling {
-                        args,
-                        want,
-                        at,
-                        arg,
-                        len,
-                    };
-                } else {
-                    self.state = State::Multibulk { args, want, at };
+                    let arg = Vec::with_capacity((len + 2).min(FILL_FIRST));
+                    return self.fill(b, args, want, start, arg, len);
                 }
+                self.state = State::Multibulk { args, want, at };
                 return Ok(None);
             }
             if &b[start + len..start + len + 2] != b"\r\n" {
@@ -318,8 +309,9 @@ impl Decoder {
         Ok(Some((args, at)))
     }
 
-    /// A long bulk argument's bytes from `at` on gathered into `arg`;
-    /// once it is whole (CRLF checked) the request goes on.
+    /// A long bulk argument's bytes from `at` on gathered into `arg` (from
+    /// its first byte when `bulks` meets it); once it is whole (CRLF
+    /// checked) the request goes on.
     fn fill(
         &mut self,
         b: &[u8],
@@ -329,10 +321,9 @@ impl Decoder {
         mut arg: Vec<u8>,
         len: usize,
     ) -> Result<Option<Parsed>, RespError> {
-        let n = (len + 2)
-            .saturating_sub(arg.len())
-            .min(b.len().saturating_sub(at));
-        arg.extend_from_slice(&b[at..at + n]);
+        let rest = b.get(at..).unwrap_or_default();
+        let n = (len + 2).saturating_sub(arg.len()).min(rest.len());
+        arg.extend_from_slice(&rest[..n]);
         at += n;
         if arg.len() < len + 2 {
             self.state = State::Filling {

@@ -41,6 +41,17 @@ fn decode_in_pieces(
     (got, buf.len())
 }
 
+/// Up to `reqs` requests of up to `args` arguments of up to `len` bytes.
+fn requests(len: usize, args: usize, reqs: usize) -> impl Strategy<Value = Vec<Vec<Vec<u8>>>> {
+    let arg = prop::collection::vec(any::<u8>(), 0..len);
+    prop::collection::vec(prop::collection::vec(arg, 1..args), 1..reqs)
+}
+
+/// `reqs` as a client sends them, one after the other.
+fn stream_of(reqs: &[Vec<Vec<u8>>]) -> Vec<u8> {
+    reqs.iter().flat_map(|r| multibulk(r)).collect()
+}
+
 fn words(s: &[&str]) -> Vec<Vec<u8>> {
     s.iter().map(|w| w.as_bytes().to_vec()).collect()
 }
@@ -200,17 +211,11 @@ proptest! {
     /// one left in a reused buffer.
     #[test]
     fn recycled_arguments_carry_nothing_over(
-        reqs in prop::collection::vec(
-            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..700), 1..12),
-            1..8,
-        ),
+        reqs in requests(700, 12, 8),
         step in 1usize..300,
         gather in prop::option::of(1usize..700),
     ) {
-        let mut stream = Vec::new();
-        for r in &reqs {
-            stream.extend(multibulk(r));
-        }
+        let stream = stream_of(&reqs);
         let mut d = gather.map_or_else(Decoder::default, Decoder::gathering_from);
         let (got, left) = decode_in_pieces(&mut d, &stream, step, true);
         prop_assert_eq!(left, 0);
@@ -291,18 +296,12 @@ proptest! {
     /// never runs past its argument's CRLF.
     #[test]
     fn long_arguments_gathered_apart_decode_as_whole_ones(
-        reqs in proptest::collection::vec(
-            proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..4),
-            1..5,
-        ),
+        reqs in requests(300, 4, 5),
         step in 1usize..60,
         into_room in any::<bool>(),
         bad in any::<bool>(),
     ) {
-        let mut stream = Vec::new();
-        for r in &reqs {
-            stream.extend(multibulk(r));
-        }
+        let mut stream = stream_of(&reqs);
         // A wrong terminator on the last long argument, if asked: refused.
         let long_end = reqs.last().unwrap().last().filter(|a| a.len() >= 40).map(|_| stream.len() - 2);
         if let (true, Some(at)) = (bad, long_end) {
