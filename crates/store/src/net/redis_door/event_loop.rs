@@ -60,8 +60,8 @@ const SWEEP: Duration = Duration::from_millis(100);
 /// the loop awake, and its `write` wakes no one. Asleep in `epoll_wait`,
 /// the loop is woken by the client's `write` itself (on a virtual machine
 /// an inter-processor interrupt and an exit, paid in the client's time):
-/// 16 `redis-benchmark` clients' 100 B GETs went from 123-128K/s (the loop
-/// at 0.67-0.70 of a core, asleep the rest) to 144-146K/s (0.95) with 50
+/// 16 `redis-benchmark` clients' 100 B GETs went from 125-136K/s (the loop
+/// at 0.69-0.71 of a core, asleep the rest) to 148-155K/s (0.96) with 50
 /// us (session 57). Not after a pass that handed writes to the node loop:
 /// the node and the secondary need the CPU then.
 const SPIN: Duration = Duration::from_micros(50);
@@ -190,13 +190,14 @@ impl Door {
         // Until when the loop polls without sleeping.
         let mut spin_until = Instant::now();
         loop {
+            let now = Instant::now();
             let wait = if !self.again.is_empty() {
                 Duration::ZERO
-            } else if Instant::now() < spin_until {
+            } else if now < spin_until {
                 std::thread::yield_now();
                 Duration::ZERO
             } else {
-                next_sweep.saturating_duration_since(Instant::now())
+                next_sweep.saturating_duration_since(now)
             };
             if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
                 if e.kind() != ErrorKind::Interrupted {
