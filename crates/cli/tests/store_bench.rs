@@ -80,6 +80,9 @@ fn bench_json_one_point() {
                 }
             } else if op == "resp_get" {
                 assert_eq!(v["redis_op"], "GET", "{l}");
+                // The door's GET aims at Redis's rate on one host too, not
+                // at the one-sided reads' twice (issue 32).
+                assert_eq!(v["target"], 1.0, "{l}");
             } else if op == "resp_mset" {
                 // Redis's MSET of ten keys beside it.
                 assert_eq!(v["redis_op"], "MSET", "{l}");
