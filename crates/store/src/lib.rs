@@ -51,6 +51,8 @@
 //!   join and copy), one pure `Node::handle`.
 //! * [`coord`]: coordinators (rules, embedded TCP server, etcd).
 //! * [`config`]: TOML configuration of `softrdma store serve`.
+//! * [`persist`]: the durable log on a storage endpoint's partition (the
+//!   record codec, the ring with group commit and its recovering scan).
 //! * [`lincheck`]: the linearizability checker behind `softrdma store
 //!   lincheck` and the tests' recorded histories.
 //! * `sim/` (tests, or the `testing` feature): deterministic simulation of
@@ -79,6 +81,7 @@ pub mod lookup;
 pub mod net;
 mod node;
 pub mod object;
+pub mod persist;
 pub mod proto;
 pub mod ptr;
 pub mod redis_float;

@@ -1,0 +1,183 @@
+//! A log device on a storage endpoint's partition, reached through a queue
+//! pair: RDMA Writes place the bytes, a Flush (`WrOp::Flush`, the endpoint's
+//! `fdatasync`) makes them durable, RDMA Reads read them back.
+//!
+//! The same device serves a local endpoint (`storage:PATH`, a QP connected
+//! with `connect_local`, no network) and a remote one (`softrdma storage
+//! serve` on another host, its token in the connect request): only the
+//! constructor differs. Bytes go through one registered staging region;
+//! a write larger than it is posted in pieces, all before the one Flush.
+
+use super::LogDevice;
+use softrdma_storage::endpoint::{connect, Direct, Endpoint, Session};
+use softrdma_verbs::{
+    Access, CompletionQueue, Device, DeviceConfig, MemoryRegion, QpInitAttr, QueuePair, Rkey,
+    SendWr, WcStatus,
+};
+use std::io;
+use std::time::Duration;
+
+/// Bytes of the staging region (and of one RDMA Write or Read).
+const STAGE: usize = 4 << 20;
+/// How long one work request may take before the device reports an error.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A storage partition as a log device.
+pub struct QpDevice {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    stage: MemoryRegion,
+    rkey: Rkey,
+    len: u64,
+    next_id: u64,
+    // Kept for as long as the QP: a local endpoint's registrations live in
+    // its session, and the device owns the PD's verbs objects.
+    _session: Option<Session>,
+    _endpoint: Option<Endpoint>,
+    _device: Device,
+}
+
+fn err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl QpDevice {
+    /// Partition `partition` of the store at `path` (`storage:PATH` or a
+    /// plain path), opened in this process as `principal`, reached through
+    /// a local QP.
+    pub fn local(path: &str, principal: &str, partition: u32) -> io::Result<QpDevice> {
+        let ep = Endpoint::open_with(path, Direct::Auto).map_err(err)?;
+        let dev = Device::open_default().map_err(err)?;
+        let pd = dev.alloc_pd().map_err(err)?;
+        let session = ep.attach(&pd, principal).map_err(err)?;
+        let region = session.region(partition).ok_or_else(|| {
+            err(format!(
+                "{principal} has no right on partition {partition} of {path}"
+            ))
+        })?;
+        let cq = dev.create_cq(256).map_err(err)?;
+        let mut a = QpInitAttr::new(&cq);
+        a.caps.max_send_wr = 64;
+        let qp = pd.create_qp(a).map_err(err)?;
+        qp.connect_local().map_err(err)?;
+        let stage = pd.alloc_mr(STAGE, Access::LOCAL_WRITE).map_err(err)?;
+        Ok(QpDevice {
+            qp,
+            cq,
+            stage,
+            rkey: Rkey::from_raw(region.rkey),
+            len: region.len,
+            next_id: 0,
+            _session: Some(session),
+            _endpoint: Some(ep),
+            _device: dev,
+        })
+    }
+
+    /// Partition `partition` of a storage target at `addr`, as the
+    /// principal whose token is `token`.
+    pub fn remote(
+        addr: std::net::SocketAddr,
+        token: &[u8; 32],
+        partition: u32,
+    ) -> io::Result<QpDevice> {
+        let dev = Device::open(DeviceConfig {
+            same_host: softrdma_verbs::same_host_default(),
+            ..Default::default()
+        })
+        .map_err(err)?;
+        let pd = dev.alloc_pd().map_err(err)?;
+        let cq = dev.create_cq(256).map_err(err)?;
+        let mut a = QpInitAttr::new(&cq);
+        a.caps.max_send_wr = 64;
+        let qp = pd.create_qp(a).map_err(err)?;
+        let regions = connect(&qp, &cq, addr, token, false).map_err(err)?;
+        let region = regions
+            .iter()
+            .find(|r| r.index == partition)
+            .ok_or_else(|| err(format!("no right on partition {partition} at {addr}")))?;
+        let stage = pd.alloc_mr(STAGE, Access::LOCAL_WRITE).map_err(err)?;
+        Ok(QpDevice {
+            qp,
+            cq,
+            stage,
+            rkey: Rkey::from_raw(region.rkey),
+            len: region.len,
+            next_id: 0,
+            _session: None,
+            _endpoint: None,
+            _device: dev,
+        })
+    }
+
+    /// Posts `wr` and waits for its completion and every earlier one's.
+    fn run(&mut self, wr: SendWr) -> io::Result<()> {
+        self.qp.post_send(&wr).map_err(err)?;
+        loop {
+            let wc = self.cq.wait_one(TIMEOUT).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::TimedOut, "storage work request timed out")
+            })?;
+            if wc.status != WcStatus::Success {
+                return Err(err(format!(
+                    "storage work request {}: {:?}",
+                    wc.wr_id, wc.status
+                )));
+            }
+            if wc.wr_id == wr.wr_id {
+                return Ok(());
+            }
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "outside the partition",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl LogDevice for QpDevice {
+    fn capacity(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.check(offset, bytes.len())?;
+        for (i, piece) in bytes.chunks(STAGE).enumerate() {
+            self.stage.write_at(0, piece);
+            let sge = self.stage.sge(0, piece.len());
+            let id = self.id();
+            let at = offset + (i * STAGE) as u64;
+            // Waits for the Write's completion before the staging region
+            // is reused (the completion frees the source buffer).
+            self.run(SendWr::write(id, &[sge], at, self.rkey))?;
+        }
+        Ok(())
+    }
+
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.check(offset, out.len())?;
+        for (i, piece) in out.chunks_mut(STAGE).enumerate() {
+            let sge = self.stage.sge(0, piece.len());
+            let id = self.id();
+            let at = offset + (i * STAGE) as u64;
+            self.run(SendWr::read(id, sge, at, self.rkey))?;
+            self.stage.read_at(0, piece);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let id = self.id();
+        self.run(SendWr::flush(id, 0, self.rkey))
+    }
+}
