@@ -4,6 +4,9 @@
 //! * [`record`]: the record format, a pure codec (a CRC per record, a
 //!   sequence number and a chain of CRCs, so a torn tail or a record left
 //!   from an earlier lap or life is found and cut);
+//! * [`checkpoint`]: the superblock of a node's partition (two copies, the
+//!   higher valid generation wins) naming the arena, its latest snapshot
+//!   and where the log continues it, and the partition's layout;
 //! * [`log`]: the ring of records with group commit ([`log::LogWriter`])
 //!   and the scan that recovers it ([`log::scan`]);
 //! * [`qp_device`]: a partition of a storage endpoint as the log's device,
@@ -14,10 +17,13 @@
 //! docs/store.md ("Persistence") says what each policy promises and how
 //! the node uses the log.
 
+pub mod checkpoint;
 pub mod log;
 pub mod mem;
 pub mod qp_device;
 pub mod record;
+#[cfg(test)]
+mod recovery_tests;
 #[cfg(test)]
 mod tests;
 
@@ -35,4 +41,68 @@ pub trait LogDevice {
     fn read_at(&mut self, offset: u64, out: &mut [u8]) -> std::io::Result<()>;
     /// Makes every earlier write durable.
     fn flush(&mut self) -> std::io::Result<()>;
+}
+
+/// A part of a device as a device of its own: the log ring, or a snapshot
+/// slot, inside a node's partition.
+pub struct Window<D> {
+    dev: D,
+    base: u64,
+    len: u64,
+}
+
+impl<D: LogDevice> Window<D> {
+    /// Bytes `[base, base + len)` of `dev`.
+    pub fn new(dev: D, base: u64, len: u64) -> std::io::Result<Window<D>> {
+        if base.checked_add(len).is_none_or(|e| e > dev.capacity()) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "window [{base}, +{len}) outside a device of {}",
+                    dev.capacity()
+                ),
+            ));
+        }
+        Ok(Window { dev, base, len })
+    }
+
+    /// The whole device.
+    pub fn inner(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    /// The whole device, giving the window up.
+    pub fn into_inner(self) -> D {
+        self.dev
+    }
+
+    fn check(&self, offset: u64, len: usize) -> std::io::Result<u64> {
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "outside the window",
+            ));
+        }
+        Ok(self.base + offset)
+    }
+}
+
+impl<D: LogDevice> LogDevice for Window<D> {
+    fn capacity(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+        let at = self.check(offset, bytes.len())?;
+        self.dev.write_at(at, bytes)
+    }
+
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let at = self.check(offset, out.len())?;
+        self.dev.read_at(at, out)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.dev.flush()
+    }
 }
