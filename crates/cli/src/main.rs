@@ -26,6 +26,7 @@ mod storage_bench;
 mod store;
 mod store_bench;
 mod store_bench_large;
+mod store_bench_log;
 mod store_coord;
 mod store_load;
 mod transfer;

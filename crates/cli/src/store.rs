@@ -65,6 +65,10 @@ enum Cmd {
     /// get against the same bytes over plain TCP sockets (a relay through
     /// two ends, one hop), with p99 and CPU.
     BenchLarge(crate::store_bench_large::Args),
+    /// The durable log (issue 33) on a storage endpoint, local and remote:
+    /// commits of 1 to 256 records against the device's fdatasync rate
+    /// (fio), with p99 and CPU.
+    BenchLog(crate::store_bench_log::Args),
     /// Checks a recorded history (JSON lines: key, client, call, ret,
     /// op "write"|"read", value; as the linearizability tests save them)
     /// against a register model; prints each failing key's minimal history.
@@ -305,6 +309,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         Cmd::Bench(b) => crate::store_bench::run(b),
         Cmd::BenchLarge(b) => crate::store_bench_large::run(b),
+        Cmd::BenchLog(b) => crate::store_bench_log::run(b),
     }
 }
 

@@ -7,6 +7,11 @@
 //! serve` on another host, its token in the connect request): only the
 //! constructor differs. Bytes go through one registered staging region;
 //! a write larger than it is posted in pieces, all before the one Flush.
+//!
+//! Writes are posted without waiting: a commit's Writes and its Flush go
+//! out back to back and the device waits once, for the Flush (which
+//! completes only after every earlier Write is durable). It waits earlier
+//! only when the staging region is full, and before a Read.
 
 use super::LogDevice;
 use softrdma_storage::endpoint::{connect, Direct, Endpoint, Session};
@@ -21,6 +26,8 @@ use std::time::Duration;
 const STAGE: usize = 4 << 20;
 /// How long one work request may take before the device reports an error.
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// Work requests in flight at most (the send queue holds 64).
+const MAX_OUTSTANDING: usize = 32;
 
 /// A storage partition as a log device.
 pub struct QpDevice {
@@ -30,6 +37,10 @@ pub struct QpDevice {
     rkey: Rkey,
     len: u64,
     next_id: u64,
+    /// Bytes of the staging region that posted Writes still own.
+    staged: usize,
+    /// Work requests posted and not yet completed.
+    outstanding: usize,
     // Kept for as long as the QP: a local endpoint's registrations live in
     // its session, and the device owns the PD's verbs objects.
     _session: Option<Session>,
@@ -68,6 +79,8 @@ impl QpDevice {
             rkey: Rkey::from_raw(region.rkey),
             len: region.len,
             next_id: 0,
+            staged: 0,
+            outstanding: 0,
             _session: Some(session),
             _endpoint: Some(ep),
             _device: dev,
@@ -104,29 +117,45 @@ impl QpDevice {
             rkey: Rkey::from_raw(region.rkey),
             len: region.len,
             next_id: 0,
+            staged: 0,
+            outstanding: 0,
             _session: None,
             _endpoint: None,
             _device: dev,
         })
     }
 
-    /// Posts `wr` and waits for its completion and every earlier one's.
-    fn run(&mut self, wr: SendWr) -> io::Result<()> {
+    /// Posts `wr` without waiting for it.
+    fn post(&mut self, wr: SendWr) -> io::Result<()> {
+        if self.outstanding >= MAX_OUTSTANDING {
+            self.drain()?;
+        }
         self.qp.post_send(&wr).map_err(err)?;
-        loop {
-            let wc = self.cq.wait_one(TIMEOUT).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::TimedOut, "storage work request timed out")
-            })?;
-            if wc.status != WcStatus::Success {
-                return Err(err(format!(
+        self.outstanding += 1;
+        Ok(())
+    }
+
+    /// Waits for every posted work request; the first failure is the
+    /// error. The staging region is free again afterwards.
+    fn drain(&mut self) -> io::Result<()> {
+        let mut first_err = None;
+        while self.outstanding > 0 {
+            let Some(wc) = self.cq.wait_one(TIMEOUT) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "storage work request timed out",
+                ));
+            };
+            self.outstanding -= 1;
+            if wc.status != WcStatus::Success && first_err.is_none() {
+                first_err = Some(err(format!(
                     "storage work request {}: {:?}",
                     wc.wr_id, wc.status
                 )));
             }
-            if wc.wr_id == wr.wr_id {
-                return Ok(());
-            }
         }
+        self.staged = 0;
+        first_err.map_or(Ok(()), Err)
     }
 
     fn id(&mut self) -> u64 {
@@ -153,24 +182,30 @@ impl LogDevice for QpDevice {
     fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         self.check(offset, bytes.len())?;
         for (i, piece) in bytes.chunks(STAGE).enumerate() {
-            self.stage.write_at(0, piece);
-            let sge = self.stage.sge(0, piece.len());
+            if self.staged + piece.len() > STAGE {
+                // The region is still the source of posted Writes.
+                self.drain()?;
+            }
+            let at_stage = self.staged;
+            self.stage.write_at(at_stage, piece);
+            self.staged += piece.len();
+            let sge = self.stage.sge(at_stage, piece.len());
             let id = self.id();
             let at = offset + (i * STAGE) as u64;
-            // Waits for the Write's completion before the staging region
-            // is reused (the completion frees the source buffer).
-            self.run(SendWr::write(id, &[sge], at, self.rkey))?;
+            self.post(SendWr::write(id, &[sge], at, self.rkey))?;
         }
         Ok(())
     }
 
     fn read_at(&mut self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         self.check(offset, out.len())?;
+        self.drain()?;
         for (i, piece) in out.chunks_mut(STAGE).enumerate() {
             let sge = self.stage.sge(0, piece.len());
             let id = self.id();
             let at = offset + (i * STAGE) as u64;
-            self.run(SendWr::read(id, sge, at, self.rkey))?;
+            self.post(SendWr::read(id, sge, at, self.rkey))?;
+            self.drain()?;
             self.stage.read_at(0, piece);
         }
         Ok(())
@@ -178,6 +213,14 @@ impl LogDevice for QpDevice {
 
     fn flush(&mut self) -> io::Result<()> {
         let id = self.id();
-        self.run(SendWr::flush(id, 0, self.rkey))
+        self.post(SendWr::flush(id, 0, self.rkey))?;
+        self.drain()
+    }
+}
+
+impl Drop for QpDevice {
+    /// Waits for posted work requests before the staging region goes.
+    fn drop(&mut self) {
+        let _ = self.drain();
     }
 }
