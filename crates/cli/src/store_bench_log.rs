@@ -28,7 +28,7 @@ use clap::Args as ClapArgs;
 use softrdma_storage::endpoint::{Endpoint, Target};
 use softrdma_storage::layout::Rights;
 use softrdma_storage::{InitOptions, PartitionSpec, Store};
-use softrdma_store::persist::log::{LogStart, LogWriter, BLOCK};
+use softrdma_store::persist::log::{zero_fill, LogStart, LogWriter, BLOCK};
 use softrdma_store::persist::qp_device::QpDevice;
 use softrdma_store::persist::record;
 
@@ -54,6 +54,11 @@ pub struct Args {
     /// Leave fio out.
     #[arg(long)]
     no_fio: bool,
+    /// Do not write the partition with zeros first (a new store file is
+    /// sparse: commits into its holes also commit the file system's
+    /// journal).
+    #[arg(long)]
+    no_zero_fill: bool,
     /// Keep the store file here (default: a temporary directory, removed
     /// on success).
     #[arg(long)]
@@ -190,6 +195,12 @@ pub fn run(a: Args) -> Result<()> {
             "local" => QpDevice::local(&name, PRINCIPAL, 0)?,
             _ => QpDevice::remote(addr, &token, 0)?,
         };
+        let mut dev = dev;
+        if where_ == "local" && !a.no_zero_fill {
+            // A node formats its partition once; a sparse store file's
+            // holes would make each commit's fdatasync a journal commit.
+            zero_fill(&mut dev)?;
+        }
         let id = (std::process::id() << 8) ^ where_.len() as u32;
         let (mut w, _) = LogWriter::open(dev, LogStart::fresh(id), |_, _| {})?;
         for &size in &a.sizes {

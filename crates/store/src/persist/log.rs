@@ -208,6 +208,24 @@ pub fn scan<D: LogDevice>(
     })
 }
 
+/// Writes zeros over the whole device and flushes: what formatting a
+/// node's partition does once. A file system makes a write into a hole (or
+/// into preallocated, unwritten space) durable only by committing its
+/// journal as well, which costs every `fdatasync` that covers such a
+/// write; PostgreSQL and InnoDB write their logs' space out ahead for the
+/// same reason.
+pub fn zero_fill<D: LogDevice>(dev: &mut D) -> io::Result<()> {
+    let zeros = vec![0u8; CHUNK * 4];
+    let cap = dev.capacity();
+    let mut at = 0;
+    while at < cap {
+        let n = (cap - at).min(zeros.len() as u64) as usize;
+        dev.write_at(at, &zeros[..n])?;
+        at += n as u64;
+    }
+    dev.flush()
+}
+
 /// Bytes not yet durable that start at `base` (a block boundary).
 struct Seg {
     base: u64,

@@ -420,3 +420,15 @@ fn the_log_on_a_storage_endpoint_local_and_remote() {
     assert_eq!(got, want);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn zero_fill_writes_the_whole_device_durably() {
+    let mut dev = MemDevice::new(5 * BLOCK as usize + 100, 4);
+    dev.damage(0, &[0xff; 3000]);
+    dev.damage(5 * BLOCK as usize, &[0xff; 100]);
+    dev.write_at(4096, &[1; 10]).unwrap();
+    super::log::zero_fill(&mut dev).unwrap();
+    dev.power_loss();
+    assert!(dev.bytes().iter().all(|&b| b == 0));
+    assert_eq!(dev.flushes, 1);
+}
