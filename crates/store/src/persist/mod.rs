@@ -7,6 +7,8 @@
 //! * [`checkpoint`]: the superblock of a node's partition (two copies, the
 //!   higher valid generation wins) naming the arena, its latest snapshot
 //!   and where the log continues it, and the partition's layout;
+//! * [`entry`]: what a record carries, one replicated write as the primary
+//!   forwards it (epoch, sequence number, effects, reply);
 //! * [`log`]: the ring of records with group commit ([`log::LogWriter`])
 //!   and the scan that recovers it ([`log::scan`]);
 //! * [`qp_device`]: a partition of a storage endpoint as the log's device,
@@ -18,6 +20,7 @@
 //! the node uses the log.
 
 pub mod checkpoint;
+pub mod entry;
 pub mod log;
 pub mod mem;
 pub mod qp_device;

@@ -17,7 +17,7 @@ use crate::ptr::RemotePtr;
 mod decode;
 mod encode;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use bytes::Bytes;
 pub use decode::{decode, decode_shared};

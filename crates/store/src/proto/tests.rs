@@ -19,7 +19,7 @@ fn bytes() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 0..40)
 }
 
-fn reply() -> impl Strategy<Value = Reply> {
+pub(crate) fn reply() -> impl Strategy<Value = Reply> {
     prop_oneof![
         4 => plain_reply(),
         1 => prop::collection::vec(plain_reply(), 0..4).prop_map(Reply::Batch),
@@ -208,7 +208,7 @@ fn ttl() -> impl Strategy<Value = Ttl> {
     ]
 }
 
-fn effect() -> impl Strategy<Value = Effect> {
+pub(crate) fn effect() -> impl Strategy<Value = Effect> {
     prop_oneof![
         (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Effect::Alloc { offset, len }),
         (any::<u64>(), any::<u64>(), bytes(), bytes()).prop_map(|(offset, version, key, data)| {
