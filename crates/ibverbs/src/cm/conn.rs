@@ -23,8 +23,9 @@ pub extern "C" fn softrdma_rdma_create_event_channel() -> *mut rdma_event_channe
 pub extern "C" fn softrdma_rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
     // SAFETY: the caller's channel or null.
     if unsafe { channel_of(ch) }.is_some() {
-        // SAFETY: the Box leaked by `rdma_create_event_channel`.
-        drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
+        // SAFETY: the Box leaked by `rdma_create_event_channel`; kept
+        // whole for a while (`retire_channel` says why).
+        super::retire_channel(unsafe { Box::from_raw(ch.cast::<Channel>()) });
     }
 }
 

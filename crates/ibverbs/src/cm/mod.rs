@@ -181,6 +181,42 @@ fn new_channel() -> Result<Box<Channel>, c_int> {
     }))
 }
 
+/// Destroyed channels kept whole for a while (at most this many).
+const RETIRED: usize = 64;
+
+/// `rdma_destroy_event_channel`: the channel is kept, its eventfd open,
+/// among the last [`RETIRED`] destroyed ones instead of being freed at
+/// once. An application's event thread may be between two
+/// `rdma_get_cm_event` calls when its main thread destroys the channel
+/// (rping's CM thread acknowledges DISCONNECTED, which lets the main
+/// thread's `rdma_destroy_id` return, and loops back to wait while the
+/// main thread goes on to destroy the channel). With librdmacm that thread
+/// is normally already blocked in the kernel, where a close does not wake
+/// it, and the process exits from `main`. Freed here, the late call read
+/// freed memory and a closed fd, and failed with EBADF: rping's thread
+/// then printed `rdma_get_cm_event: Bad file descriptor` and exited
+/// non-zero before `main` did (seen in CI beside a CPU hog). Kept, the
+/// late call waits on an eventfd nobody posts to, as it would in the
+/// kernel.
+pub(crate) fn retire_channel(ch: Box<Channel>) {
+    // Addresses: a channel holds raw pointers (its queued events'), so it
+    // is not `Send` and cannot sit in a static as a `Box`.
+    static LIST: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
+    let old = {
+        let mut l = LIST.lock();
+        l.push_back(Box::into_raw(ch) as usize);
+        if l.len() > RETIRED {
+            l.pop_front()
+        } else {
+            None
+        }
+    };
+    if let Some(p) = old {
+        // SAFETY: a Box this function leaked, taken off the list once.
+        drop(unsafe { Box::from_raw(p as *mut Channel) });
+    }
+}
+
 impl Channel {
     fn push(&self, e: Box<Event>) {
         self.q.lock().push_back(e);
@@ -475,5 +511,28 @@ mod tests {
         );
         assert_eq!(conn::softrdma_rdma_destroy_id(idp), 0);
         conn::softrdma_rdma_destroy_event_channel(ch);
+    }
+
+    /// An event thread that asks a destroyed channel for its next event
+    /// (rping's, racing its main thread) waits as on a closed kernel fd
+    /// rather than failing with EBADF; made non-blocking by the
+    /// application, the fd says there is nothing (EAGAIN).
+    #[test]
+    fn a_late_reader_of_a_destroyed_channel_waits_instead_of_failing() {
+        let ch = conn::softrdma_rdma_create_event_channel();
+        assert!(!ch.is_null());
+        // SAFETY: the channel just made.
+        let fd = unsafe { (*ch).fd };
+        // SAFETY: fcntl on the channel's own fd.
+        unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK), 0);
+        }
+        conn::softrdma_rdma_destroy_event_channel(ch);
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        let rc = conn::softrdma_rdma_get_cm_event(ch, &mut ev);
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((rc, errno), (-1, Some(libc::EAGAIN)));
+        assert!(ev.is_null());
     }
 }
