@@ -10,6 +10,7 @@ use softrdma_store::config::{Config, HexU64, RoleHint};
 use softrdma_store::net::client::{ClientConfig, StoreClient};
 use softrdma_store::net::handshake::ClientAuth;
 use softrdma_store::net::server;
+use softrdma_store::persist::Policy;
 use softrdma_store::proto::Cond;
 use softrdma_store::ptr::RemotePtr;
 
@@ -417,11 +418,17 @@ fn status(a: &StatusArgs) -> Result<()> {
                             "epoch": s.epoch, "arena_base": s.arena_base, "arena_len": s.arena_len,
                             "stag": s.stag, "allocated": s.allocated, "objects": s.objects,
                             "redundant": s.redundant, "applied_seq": s.applied_seq,
+                            "persist": Policy::from_code(s.persist).to_string(),
+                            "durable_seq": s.durable_seq,
                         })
                     );
                 } else {
+                    let persist = match Policy::from_code(s.persist) {
+                        Policy::Off => String::new(),
+                        p => format!(", persist {p} (durable through write {})", s.durable_seq),
+                    };
                     println!(
-                        "node {} at {addr}: {} epoch {} arena {:#x}+{} stag {:#010x} used {} bytes in {} objects, {}",
+                        "node {} at {addr}: {} epoch {} arena {:#x}+{} stag {:#010x} used {} bytes in {} objects, {}{persist}",
                         s.node,
                         role_name(s.role),
                         s.epoch,

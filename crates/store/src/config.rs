@@ -25,6 +25,14 @@
 //! password_file = "reader.secret"  # or password = "..."
 //! rights = "read"                  # or "readwrite"
 //!
+//! [persist]                        # optional: without it, the group lives in memory
+//! storage = "/var/lib/softrdma/n1.store"  # a local store (`softrdma storage init`), or
+//! # target = "10.0.0.9:7470"       # a storage target (`softrdma storage serve`)
+//! # token_file = "n1.token"        # with a target: the principal's token
+//! partition = 0                    # this node's partition (index)
+//! principal = "store"              # with a local store: who this node is there
+//! policy = "everysec"              # off | everysec (the default here) | always
+//!
 //! [coordinator]
 //! kind = "embedded"                # or "etcd"
 //! addr = "127.0.0.1:7400"
@@ -38,6 +46,7 @@
 //! the field; command-line flags override fields after parsing.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -217,11 +226,69 @@ pub struct Config {
     /// mode (loopback peers only). Re-read while the node runs.
     #[serde(default)]
     pub auth: crate::auth::AuthConfig,
+    /// Persistence (`[persist]`, issue 33): where this node's log and
+    /// snapshots go, and the policy.
+    #[serde(default)]
+    pub persist: PersistConfig,
     /// The file this configuration was read from (relative secret files
     /// are taken from its folder; the node watches it for credential
     /// changes).
     #[serde(skip)]
     pub source: Option<std::path::PathBuf>,
+}
+
+/// Where a node persists, and when a write counts as durable
+/// (docs/store.md, "Persistence").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PersistConfig {
+    /// `off`, `everysec` or `always`; the default is `everysec` when a
+    /// storage is named, `off` otherwise.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// A local store (a path, or `storage:PATH`), reached through a local
+    /// queue pair.
+    #[serde(default)]
+    pub storage: Option<String>,
+    /// A storage target (`softrdma storage serve`), reached over iWARP.
+    #[serde(default)]
+    pub target: Option<SocketAddr>,
+    /// With `target`: the file holding the principal's token (hex, as
+    /// `softrdma storage token` prints it).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// The partition (index) that holds this node's state.
+    #[serde(default)]
+    pub partition: u32,
+    /// With `storage`: the principal this node is in the store (it needs
+    /// `rw` on the partition).
+    #[serde(default = "default_principal")]
+    pub principal: String,
+}
+
+fn default_principal() -> String {
+    "store".into()
+}
+
+impl PersistConfig {
+    /// The policy in force.
+    pub fn policy(&self) -> Result<crate::persist::Policy, ConfigError> {
+        use crate::persist::Policy;
+        let named = self.storage.is_some() || self.target.is_some();
+        match self.policy.as_deref() {
+            None if named => Ok(Policy::Everysec),
+            None => Ok(Policy::Off),
+            Some(p) => {
+                let p: Policy = p.parse().map_err(ConfigError::Invalid)?;
+                if p.logs() && !named {
+                    return Err(ConfigError::Invalid(format!(
+                        "persist.policy = \"{p}\" needs persist.storage or persist.target"
+                    )));
+                }
+                Ok(p)
+            }
+        }
+    }
 }
 
 /// A configuration error.
@@ -370,6 +437,14 @@ impl Config {
             if endpoints.is_empty() {
                 return bad("coordinator.endpoints is empty".into());
             }
+        }
+        let p = &self.persist;
+        p.policy()?;
+        if p.storage.is_some() && p.target.is_some() {
+            return bad("persist: name storage or target, not both".into());
+        }
+        if p.target.is_some() != p.token_file.is_some() {
+            return bad("persist: a target needs token_file (and only a target has one)".into());
         }
         Ok(())
     }

@@ -349,7 +349,8 @@ impl Group {
         Group::with_config(name, arena, etcd, "")
     }
 
-    /// `extra`: more lines for both nodes' configuration files.
+    /// `extra`: more lines for both nodes' configuration files (`{node}`
+    /// in them is each node's id).
     pub fn with_config(name: &str, arena: &str, etcd: Option<&str>, extra: &str) -> Group {
         Group::with_options(name, arena, etcd, extra, false, "")
     }
@@ -424,10 +425,13 @@ impl Group {
                 peer: addrs[1 - i],
                 arena,
                 lease_ttl_ms: 300,
+                // (`{node}` in `extra` is the node's id; its tables, such
+                // as `[persist]`, come last.)
                 extra: &match resp_ports.get(i) {
-                    Some(p) => format!("{extra}\nresp = \"127.0.0.1:{p}\""),
+                    Some(p) => format!("resp = \"127.0.0.1:{p}\"\n{extra}"),
                     None => extra.to_string(),
-                },
+                }
+                .replace("{node}", &id.to_string()),
                 auth: &format!("{auth}{users}"),
                 coordinator: match etcd {
                     None => CoordToml::Embedded(coord.addr()),

@@ -22,8 +22,10 @@ mod arena_reg;
 pub mod client;
 pub mod handshake;
 pub mod link;
+mod node_front;
 mod node_loop;
 mod outbox;
+mod persist_thread;
 pub mod redis_door;
 pub mod server;
 

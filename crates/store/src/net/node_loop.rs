@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use softrdma_verbs::{Access, MemoryRegion};
 
 use super::arena_reg::ArenaReg;
-use super::handshake::{ClientAuth, Principal};
+use super::handshake::Principal;
 use super::link::{pool, Endpoint, Link, LinkError, LinkEvent, Waker};
 use super::outbox::Outbox;
-use super::redis_door::Front;
+use super::persist_thread::{FromPersist, ToPersist};
 use crate::arena::Arena;
 use crate::auth::{random_u64, Credentials, Rights};
 use crate::node::{Addr, CoordReply, CoordRequest, Input, Node, Output, Role};
@@ -72,6 +72,8 @@ pub(crate) enum Ev {
         link: Arc<Link>,
         node: NodeId,
     },
+    /// The persistence thread's news (`persist_thread.rs`).
+    Persist(FromPersist),
 }
 
 /// Where the answer to a front-door request goes.
@@ -93,8 +95,13 @@ impl EvTx {
 
     /// [`Self::send`] without waking the loop (the sender wakes it once
     /// after several).
-    fn send_quiet(&self, ev: Ev) -> bool {
+    pub(crate) fn send_quiet(&self, ev: Ev) -> bool {
         self.tx.send(ev).is_ok()
+    }
+
+    /// Wakes the loop (after [`Self::send_quiet`]s).
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
     }
 
     /// False once the node loop is gone.
@@ -104,92 +111,6 @@ impl EvTx {
             self.waker.wake();
         }
         sent
-    }
-}
-
-/// The node as this process's RESP front door sees it: requests go to the
-/// node loop through its event queue (the same `Node::handle` path as a
-/// client's message, with the same de-duplication and replication), and
-/// reads of the arena are local copies that obey the STag's validity and
-/// deadline as a remote one-sided Read does (checked before and after a
-/// look-up's copies, by `read_begin` and `read_valid`).
-pub(crate) struct NodeFront {
-    pub(crate) tx: EvTx,
-    pub(crate) reg: Arc<ArenaReg>,
-    /// What this node's own clients (the front door's store clients)
-    /// prove: the group secret, if one is configured.
-    pub(crate) auth: Option<ClientAuth>,
-}
-
-impl Front for NodeFront {
-    fn arena(&self) -> ArenaRef {
-        self.reg.arena()
-    }
-
-    fn client_auth(&self) -> Option<ClientAuth> {
-        self.auth.clone()
-    }
-
-    fn submit(
-        &self,
-        client: u64,
-        req_id: u64,
-        op: proto::Op,
-        timeout: Duration,
-        done: super::redis_door::Answer,
-    ) -> bool {
-        self.tx.send(Ev::Front {
-            client,
-            req_id,
-            op,
-            reply: done,
-            until: Instant::now() + timeout,
-        })
-    }
-
-    fn submit_all(
-        &self,
-        reqs: Vec<(u64, u64, proto::Op, super::redis_door::Answer)>,
-        timeout: Duration,
-    ) -> bool {
-        let until = Instant::now() + timeout;
-        let sent = reqs.into_iter().all(|(client, req_id, op, reply)| {
-            self.tx.send_quiet(Ev::Front {
-                client,
-                req_id,
-                op,
-                reply,
-                until,
-            })
-        });
-        self.tx.waker.wake();
-        sent
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> bool {
-        self.reg.copy(offset, out)
-    }
-
-    fn read_begin(&self) -> Option<u64> {
-        let since = self.reg.exposures.read_begin()?;
-        self.reg.accessible().then_some(since)
-    }
-
-    fn read_valid(&self, since: u64) -> bool {
-        self.reg.accessible() && self.reg.exposures.read_valid(since)
-    }
-
-    fn write_epoch(&self) -> Option<u64> {
-        self.reg.pins.epoch()
-    }
-
-    fn unchanged(&self, since: u64) -> bool {
-        self.reg.pins.unchanged(since)
-    }
-
-    fn pin(&self, offset: u64, len: u64, since: u64) -> Option<crate::arena::Pin> {
-        let pin = self.reg.pins.pin(offset, len, since)?;
-        self.reg.accessible().then_some(pin)
     }
 }
 
@@ -254,6 +175,8 @@ pub(crate) struct NodeLoop {
     /// sent together when the batch is done (one doorbell, and usually one
     /// system call, per link instead of one per message).
     outbox: Outbox,
+    /// The persistence thread, if the node persists.
+    persist: Option<Sender<ToPersist>>,
 }
 
 impl NodeLoop {
@@ -265,6 +188,7 @@ impl NodeLoop {
         coord: Sender<(u64, CoordRequest, Member)>,
         reg: Arc<ArenaReg>,
         creds: Arc<Credentials>,
+        persist: Option<Sender<ToPersist>>,
     ) -> NodeLoop {
         NodeLoop {
             node,
@@ -291,6 +215,7 @@ impl NodeLoop {
             idle_since: Instant::now(),
             served_until: None,
             outbox: Outbox::default(),
+            persist,
         }
     }
 
@@ -379,6 +304,20 @@ impl NodeLoop {
                 None
             }
             Ev::Link(LinkEvent::Frame { link, bytes }) => self.on_frame(link, bytes),
+            Ev::Persist(FromPersist::Durable { incarnation, seq }) => {
+                Some(Input::Durable { incarnation, seq })
+            }
+            Ev::Persist(FromPersist::SnapshotDue) => Some(Input::SnapshotDue),
+            Ev::Persist(FromPersist::WantChunk { offset, len }) => {
+                // A snapshot's chunk: the arena's bytes between two events.
+                let mut bytes = vec![0u8; len];
+                if self.node.read_arena(offset, &mut bytes) {
+                    if let Some(p) = &self.persist {
+                        let _ = p.send(ToPersist::Chunk { offset, bytes });
+                    }
+                }
+                None
+            }
         }
     }
 
@@ -566,6 +505,11 @@ impl NodeLoop {
                 Output::Send { to, env } => self.send(to, env),
                 Output::Coord { id, req } => {
                     let _ = self.coord.send((id, req, self.node.member()));
+                }
+                Output::Log(e) => {
+                    if let Some(p) = &self.persist {
+                        let _ = p.send(ToPersist::Entry(e));
+                    }
                 }
             }
         }

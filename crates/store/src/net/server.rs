@@ -28,8 +28,9 @@ use softrdma_verbs::{ConnParams, ConnectRequest};
 use super::arena_reg::ArenaReg;
 use super::handshake::{self, Admission, ClientAuth, Gate, Hello, NodeHello};
 use super::link::Endpoint;
-use super::node_loop::{Ev, EvTx, NodeFront, NodeLoop, ROTATE_CLIENT};
-use super::{random_u64, redis_door, CONNECT_TIMEOUT};
+use super::node_front::NodeFront;
+use super::node_loop::{Ev, EvTx, NodeLoop, ROTATE_CLIENT};
+use super::{persist_thread, random_u64, redis_door, CONNECT_TIMEOUT};
 use crate::arena::{Arena, ArenaKind};
 use crate::auth::Credentials;
 use crate::config::{Config, CoordinatorConfig};
@@ -37,6 +38,9 @@ use crate::coord::embedded::EmbeddedClient;
 use crate::coord::etcd::EtcdCoordinator;
 use crate::coord::Coordinator;
 use crate::node::{Addr, CoordReply, CoordRequest, Node, NodeConfig};
+use crate::persist::checkpoint::ArenaId;
+use crate::persist::driver::Persister;
+use crate::persist::Policy;
 use crate::proto::Member;
 use crate::ptr::ArenaRef;
 
@@ -166,10 +170,11 @@ fn find_arena(
 pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeError> {
     cfg.validate().map_err(setup)?;
     let creds = Arc::new(cfg.credentials().map_err(setup)?);
-    let me = Member {
+    let mut me = Member {
         node: cfg.node_id,
         incarnation: random_u64(),
     };
+    let policy = cfg.persist.policy().map_err(setup)?;
     // What this node proves to its peers (and its own store clients).
     let node_auth = creds.secret.clone().map(|secret| ClientAuth {
         user: crate::auth::DEFAULT_USER.into(),
@@ -184,9 +189,71 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
     let ep = Endpoint::open(&format!("store{}", cfg.node_id)).map_err(setup)?;
     let (tx, rx) = EvTx::channel(ep.waker());
     let coord = coordinator(&cfg, &creds)?;
-    let (arena, aref) = find_arena(&cfg, &ep, coord.as_ref(), me, node_auth.as_ref())?;
+    // A node that persists and finds its state on its partition maps the
+    // arena where that state lived (remote pointers stay valid) and
+    // resumes its incarnation; otherwise it finds the group's arena.
+    let mut dev = match policy.logs() {
+        true => Some(persist_thread::open_device(&cfg).map_err(setup)?),
+        false => None,
+    };
+    let stored = match dev.as_mut() {
+        Some(d) => persist_thread::stored_arena(d).map_err(setup)?,
+        None => None,
+    };
+    let (arena, aref) = match stored {
+        Some(id) => {
+            if id.size != cfg.arena_size.0 {
+                return Err(ServeError::Setup(format!(
+                    "the partition holds an arena of {} bytes; this node is configured for {}",
+                    id.size, cfg.arena_size.0
+                )));
+            }
+            let a = Arena::map_at(id.base, id.size, ArenaKind::Private).map_err(setup)?;
+            let r = ArenaRef {
+                base: id.base,
+                len: id.size,
+                stag: id.stag,
+            };
+            (a, r)
+        }
+        None => find_arena(&cfg, &ep, coord.as_ref(), me, node_auth.as_ref())?,
+    };
     let reg = Arc::new(ArenaReg::new(ep.pd(), &arena, aref).map_err(ServeError::Setup)?);
-    let node = Node::new(node_config(&cfg, me, aref), arena);
+    let mut persister = None;
+    let node = match dev {
+        None => Node::new(node_config(&cfg, me, aref, policy), arena),
+        Some(dev) => {
+            let id = ArenaId {
+                size: aref.len,
+                base: aref.base,
+                stag: aref.stag,
+            };
+            let (mut p, found) = Persister::open(dev, id, 0).map_err(setup)?;
+            let node = match found {
+                Some(f) => {
+                    me.incarnation = f.base.incarnation;
+                    let ncfg = node_config(&cfg, me, aref, policy);
+                    persist_thread::recover(&mut p, &f, ncfg, arena).map_err(|e| {
+                        ServeError::Setup(format!(
+                            "cannot recover from the partition: {e} (`softrdma store reset` \
+                             starts this node empty)"
+                        ))
+                    })?
+                }
+                None => Node::new(node_config(&cfg, me, aref, policy), arena),
+            };
+            persister = Some(p);
+            node
+        }
+    };
+    let persist = match persister {
+        Some(p) => {
+            let to_loop = tx.clone();
+            let tell = move |m| to_loop.send(Ev::Persist(m));
+            Some(persist_thread::spawn(p, policy, tell).map_err(setup)?)
+        }
+        None => None,
+    };
 
     let threads = Threads {
         cfg: &cfg,
@@ -204,7 +271,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
     let coord = threads.coordinator(coord)?;
     threads.redis_door()?;
     ready(&aref);
-    NodeLoop::new(node, ep, (tx, rx), coord, reg, creds).run();
+    NodeLoop::new(node, ep, (tx, rx), coord, reg, creds, persist).run();
     Ok(())
 }
 
@@ -227,7 +294,7 @@ fn warn_if_open(cfg: &Config, creds: &Credentials) {
 }
 
 /// The state machine's configuration, from the node's.
-fn node_config(cfg: &Config, me: Member, aref: ArenaRef) -> NodeConfig {
+fn node_config(cfg: &Config, me: Member, aref: ArenaRef, persist: Policy) -> NodeConfig {
     NodeConfig {
         member: me,
         arena: aref,
@@ -244,6 +311,7 @@ fn node_config(cfg: &Config, me: Member, aref: ArenaRef) -> NodeConfig {
         resp_port: cfg.resp.map_or(0, |a| a.port()),
         // The node loop's clock starts when it is made, right after.
         clock_origin_ms: crate::lookup::wall_ms(),
+        persist,
     }
 }
 

@@ -35,6 +35,9 @@ use crate::proto::{Body, DedupEntry, Member};
 impl<M: Memory> Node<M> {
     pub(super) fn on_join(&mut self, from: Addr, member: Member, arena_len: u64) {
         let Addr::Node(n) = from else { return };
+        if self.hold_join(from, member, arena_len) {
+            return;
+        }
         let refuse = |s: &mut Self, reason: &str| {
             s.send(
                 from,
@@ -249,6 +252,15 @@ impl<M: Memory> Node<M> {
             return self.become_joining(Some(primary));
         }
         let through_seq = self.image.applied_seq();
+        // A new life of the log: this image, then the writes after it. The
+        // primary counts on us once we say SyncDone, so under `always` that
+        // waits until the snapshot and the log are durable through it.
+        self.dur.durable = 0;
+        self.begin_life();
+        if self.cfg.persist == crate::persist::Policy::Always {
+            self.dur.sync_done_held = Some((session, through_seq));
+            return;
+        }
         self.send(
             Addr::Node(primary),
             Body::SyncDone {

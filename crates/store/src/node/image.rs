@@ -209,7 +209,6 @@ impl<M: Memory> Image<M> {
         self.dedup.get(&client)
     }
     /// Whether some applied write's bytes are not in the arena yet.
-    #[cfg(any(test, feature = "testing"))]
     pub(super) fn has_unexposed(&self) -> bool {
         !self.unexposed.is_empty()
     }

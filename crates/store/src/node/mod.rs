@@ -49,7 +49,8 @@
 //! * `roles.rs`: roles, epochs and leases: taking over, stepping down,
 //!   rejoining, the timers and the coordinator's answers.
 //! * here: the types, the [`Node`] with its one entry point
-//!   ([`Node::handle`]), the dispatch of messages, and the accessors.
+//!   ([`Node::handle`]), the dispatch of messages.
+//! * `view.rs`: the accessors, what a node shows of itself.
 //!
 //! The protocol's files use this one's types and the image; the image
 //! uses none of theirs.
@@ -63,18 +64,24 @@ use crate::coord::{Campaign, GroupRecord};
 use crate::index;
 #[cfg(any(test, feature = "testing"))]
 use crate::index::Meta;
+use crate::persist::entry::Entry;
+use crate::persist::Policy;
 use crate::proto::{
     self, Body, DedupEntry, Envelope, Member, NodeId, RepOp, Reply, StatusInfo, StoreError,
 };
 use crate::ptr::ArenaRef;
 
 mod copy;
+mod durable;
 mod image;
 mod replicate;
 mod roles;
 #[cfg(test)]
 mod tests;
+mod view;
 
+use durable::Durability;
+pub use durable::Recovering;
 use image::Image;
 
 /// Time in microseconds (any monotonic origin).
@@ -137,6 +144,8 @@ pub struct NodeConfig {
     /// which keys have expired (a deadline is Unix milliseconds). Steps of
     /// the system clock after the start do not move it.
     pub clock_origin_ms: u64,
+    /// When writes are durable (`durable.rs`); `Off` logs nothing.
+    pub persist: Policy,
 }
 
 /// A party: a node of the group or a client.
@@ -209,6 +218,17 @@ pub enum Input {
         /// The answer.
         reply: Result<CoordReply, String>,
     },
+    /// The log of incarnation `incarnation` is durable through write `seq`
+    /// (with the snapshot it continues).
+    Durable {
+        /// Whose log (a report about a life before a rejoin is ignored).
+        incarnation: u64,
+        /// The last durable write.
+        seq: u64,
+    },
+    /// The log wants a snapshot (so it can be released): start one
+    /// ([`Output::Log`] of a [`Entry::Base`]) at the next quiet moment.
+    SnapshotDue,
 }
 
 /// What to do.
@@ -228,6 +248,9 @@ pub enum Output {
         /// The call.
         req: CoordRequest,
     },
+    /// Append to this node's log (`durable.rs`): a write as it is staged,
+    /// or a base, after which a snapshot of the arena is taken.
+    Log(Entry),
 }
 
 /// Public view of the role.
@@ -399,6 +422,8 @@ pub struct Node<M: Memory> {
     /// A secondary's writes acknowledged but not yet in its arena: through
     /// this seq, and their values' bytes ([`Node::settle`] writes them).
     unsettled: Option<(u64, usize)>,
+    /// The log's state as the node sees it (`durable.rs`).
+    dur: Durability,
 }
 
 impl<M: Memory> Node<M> {
@@ -436,6 +461,7 @@ impl<M: Memory> Node<M> {
             last_campaign: 0,
             last_tick: None,
             unsettled: None,
+            dur: Durability::default(),
         }
     }
 
@@ -443,6 +469,9 @@ impl<M: Memory> Node<M> {
     pub fn handle(&mut self, now: Micros, input: Input) -> Vec<Output> {
         assert!(now >= self.now, "time must not go backwards");
         self.now = now;
+        if self.dur.recovered == Some(0) {
+            self.dur.recovered = Some(now);
+        }
         self.image
             .set_wall_ms(self.cfg.clock_origin_ms + now / 1000);
         self.settle();
@@ -453,7 +482,10 @@ impl<M: Memory> Node<M> {
                 self.reap();
             }
             Input::Coord { id, reply } => self.on_coord(id, reply),
+            Input::Durable { incarnation, seq } => self.on_durable(incarnation, seq),
+            Input::SnapshotDue => self.dur.snapshot_due = self.cfg.persist.logs(),
         }
+        self.barrier();
         self.check_invariants();
         std::mem::take(&mut self.out)
     }
@@ -516,136 +548,6 @@ impl<M: Memory> Node<M> {
     #[cfg(any(test, feature = "testing"))]
     pub fn keys_with_deadlines(&self) -> usize {
         self.image.keys_with_deadlines()
-    }
-
-    // ------------------------------------------------------------ accessors
-
-    /// Current role.
-    pub fn role(&self) -> Role {
-        match self.state {
-            State::Joining { .. } => Role::Joining,
-            State::Secondary { .. } => Role::Secondary,
-            State::Primary(_) => Role::Primary,
-            State::Fenced { .. } | State::Leaving { .. } => Role::Fenced,
-        }
-    }
-    /// Current epoch.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-    /// This node.
-    pub fn member(&self) -> Member {
-        self.cfg.member
-    }
-    /// The arena memory.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn memory(&self) -> &M {
-        self.image.memory()
-    }
-    /// The allocator.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn allocator(&self) -> &Allocator {
-        self.image.allocator()
-    }
-
-    /// The key index's layout, once the node holds a group's data.
-    #[cfg(test)]
-    pub fn index_layout(&self) -> Option<index::Layout> {
-        self.image.layout()
-    }
-
-    /// The key index's planning state, once the node holds a group's data.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn index_meta(&self) -> Option<&Meta> {
-        self.image.index_meta()
-    }
-    /// Highest applied write.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn applied_seq(&self) -> u64 {
-        self.image.applied_seq()
-    }
-    /// The retry table.
-    pub fn dedup_table(&self) -> Vec<DedupEntry> {
-        self.image.dedup_table()
-    }
-    /// Replicated writes a secondary could not apply (always 0 unless there
-    /// is a bug; such a secondary rejoins).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn divergences(&self) -> u64 {
-        self.divergences
-    }
-    /// Why the last divergence happened.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn last_divergence(&self) -> Option<&str> {
-        self.last_divergence.as_deref()
-    }
-
-    fn diverged(&mut self, why: String) {
-        self.divergences += 1;
-        self.last_divergence = Some(why);
-    }
-
-    /// Forwarded writes this node found missing (a link to its primary
-    /// broke and dropped them) and had sent again (or, while copying,
-    /// repaired by starting the copy over).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn lost_replicates(&self) -> u64 {
-        self.lost_replicates
-    }
-
-    /// The arena (its STag as of the last applied rotation).
-    pub fn arena(&self) -> ArenaRef {
-        self.image.arena()
-    }
-
-    /// Primary with an in-sync secondary.
-    pub fn is_redundant(&self) -> bool {
-        matches!(&self.state, State::Primary(p) if matches!(p.replica, Replica::InSync { .. }))
-    }
-    /// Secondary that finished copying.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn is_synced_secondary(&self) -> bool {
-        matches!(self.state, State::Secondary { copy: None, .. })
-    }
-    /// Primary with no write awaiting acknowledgement (or exposure).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn is_idle(&self) -> bool {
-        match &self.state {
-            State::Primary(p) => p.pending.is_empty() && !self.image.has_unexposed(),
-            _ => true,
-        }
-    }
-    /// Status report.
-    pub fn status(&self) -> StatusInfo {
-        let (arena, alloc) = (self.image.arena(), self.image.allocator());
-        let u = alloc.usage();
-        StatusInfo {
-            node: self.cfg.member.node,
-            role: match &self.state {
-                State::Joining { .. } => proto::ROLE_JOINING,
-                State::Secondary {
-                    copy: None,
-                    registered: true,
-                    ..
-                } => proto::ROLE_SECONDARY,
-                State::Secondary { .. } => proto::ROLE_SYNCING,
-                State::Primary(_) => proto::ROLE_PRIMARY,
-                State::Fenced { .. } | State::Leaving { .. } => proto::ROLE_FENCED,
-            },
-            epoch: self.epoch,
-            arena_base: arena.base,
-            arena_len: arena.len,
-            stag: arena.stag,
-            allocated: u.allocated,
-            // The index's region is an allocation, no object.
-            objects: u.allocations - alloc.allocation_at(0).is_some() as u64,
-            redundant: self.is_redundant(),
-            applied_seq: self.image.applied_seq(),
-            keys: self.image.index_meta().map_or(0, |m| m.len() as u64),
-            expires: self.image.expires(),
-            resp_port: self.cfg.resp_port,
-            min_in_sync: self.cfg.min_in_sync,
-        }
     }
 
     /// Panics unless the state is consistent (after every input).
@@ -763,7 +665,7 @@ impl<M: Memory> Node<M> {
                 } = self.state
                 {
                     if Addr::Node(primary) == from {
-                        let seq = self.image.applied_seq();
+                        let seq = self.acked_through();
                         self.send(from, Body::ReplicateAck { seq });
                     }
                 }

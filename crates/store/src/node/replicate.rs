@@ -19,6 +19,7 @@
 
 use super::{Addr, CoordRequest, Node, Replica, State, Waiter};
 use crate::arena::Memory;
+use crate::persist::Policy;
 use crate::proto::{Body, Effect, NodeId, Op, RepOp, Reply, StoreError};
 
 impl<M: Memory> Node<M> {
@@ -104,6 +105,11 @@ impl<M: Memory> Node<M> {
                 return; // an old duplicate; the client has moved on
             }
         }
+        // A snapshot or a copy waits for a quiet moment: new writes wait
+        // for it (`durable.rs`).
+        let Some(op) = self.hold_write(from, client, req_id, op) else {
+            return;
+        };
         if !self.may_accept_writes() {
             return self.send(
                 from,
@@ -134,7 +140,8 @@ impl<M: Memory> Node<M> {
                     reply: reply.clone(),
                 };
                 // The bytes reach the arena (and one-sided readers) when
-                // the write commits (`release`).
+                // the write commits (`release`); the log has it at once.
+                self.log_write(seq, &rep);
                 self.image
                     .stage(seq, rep.clone())
                     .expect("a planned write applies");
@@ -184,6 +191,12 @@ impl<M: Memory> Node<M> {
             self.image.applied_seq()
         } else {
             0
+        };
+        // Under `always` committed also means durable here.
+        let committed = if self.cfg.persist == Policy::Always {
+            committed.min(self.dur.durable)
+        } else {
+            committed
         };
         let committed = committed.max(p.max_released);
         self.image.expose(committed);
@@ -259,7 +272,7 @@ impl<M: Memory> Node<M> {
         if seq <= self.image.applied_seq() {
             // Sent again after a `Resend` while the original was still on
             // its way: applied already.
-            let seq = self.image.applied_seq();
+            let seq = self.acked_through();
             return self.send(Addr::Node(primary), Body::ReplicateAck { seq });
         }
         // Acknowledged once planned against the allocator and the index
@@ -275,10 +288,17 @@ impl<M: Memory> Node<M> {
                 _ => 0,
             })
             .sum();
+        if self.cfg.persist.logs() {
+            self.log_write(seq, &op);
+        }
         match self.image.stage(seq, op) {
             Ok(()) => {
                 self.unsettled = Some((seq, bytes));
-                self.send(Addr::Node(primary), Body::ReplicateAck { seq })
+                // Under `always` the acknowledgement waits for the flush
+                // (`Node::on_durable`).
+                if self.cfg.persist != Policy::Always {
+                    self.send(Addr::Node(primary), Body::ReplicateAck { seq })
+                }
             }
             Err(e) => {
                 self.diverged(e);

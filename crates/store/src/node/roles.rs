@@ -175,6 +175,9 @@ impl<M: Memory> Node<M> {
     pub(super) fn rejoin_now(&mut self, primary: Option<NodeId>, incarnation: u64) {
         self.cfg.member.incarnation = incarnation;
         self.image.reset();
+        self.dur.durable = 0;
+        self.dur.recovered = None;
+        self.dur.peer_served = false;
         self.state = State::Joining {
             join_sent: None,
             asked: None,
@@ -217,17 +220,25 @@ impl<M: Memory> Node<M> {
             // (a node with data always knows its layout). Reserve and
             // format the key index at offset 0.
             self.image.format(self.cfg.index_buckets);
+            self.begin_life();
         }
         // The lease began at the coordinator some time before this reply:
         // count it as expired until a renewal sent from now on succeeds.
         let id = self.coord(CoordRequest::KeepAlive { epoch: self.epoch });
         let replica = match in_sync {
-            Some(m) if m.node != self.cfg.member.node => Replica::InSync {
-                m,
-                last_heard: self.now,
-            },
+            // (A node back from its log cannot keep its secondary: that
+            // one may hold writes the log lost, none of them acknowledged.)
+            Some(m) if m.node != self.cfg.member.node && self.dur.recovered.is_none() => {
+                Replica::InSync {
+                    m,
+                    last_heard: self.now,
+                }
+            }
             _ => Replica::None,
         };
+        let drop_kept = in_sync.is_some() && self.dur.recovered.is_some();
+        self.dur.recovered = None;
+        self.dur.peer_served = false;
         self.state = State::Primary(Primary {
             next_seq: self.image.applied_seq() + 1,
             pending: BTreeMap::new(),
@@ -238,6 +249,9 @@ impl<M: Memory> Node<M> {
             keepalive: Some((id, self.now, self.epoch)),
             last_beat: self.now,
         });
+        if drop_kept {
+            self.drop_replica();
+        }
     }
 
     pub(super) fn step_down(&mut self) {
@@ -377,7 +391,7 @@ impl<M: Memory> Node<M> {
                         // Acks are cumulative: repeating the latest one
                         // repairs an ack the primary refused (sent just
                         // before an epoch bump) or a link lost.
-                        let seq = self.image.applied_seq();
+                        let seq = self.acked_through();
                         self.send(Addr::Node(primary), Body::ReplicateAck { seq });
                     }
                 }
@@ -627,8 +641,14 @@ impl<M: Memory> Node<M> {
                         match r {
                             Some(r) => {
                                 self.epoch = self.epoch.max(r.epoch);
+                                self.dur.peer_served = self.dur.recovered.is_some();
                                 self.become_joining(Some(r.primary.node));
                             }
+                            // A node back from its log first gives a live
+                            // peer the time to take over, and under
+                            // `everysec` never campaigns once it saw one
+                            // serve (`durable.rs`).
+                            None if self.recovery_grace() => {}
                             None => {
                                 let id = self.coord(CoordRequest::Campaign);
                                 self.state = State::Fenced {

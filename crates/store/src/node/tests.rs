@@ -61,6 +61,7 @@ impl H {
                 index_buckets: 0,
                 resp_port: 0,
                 clock_origin_ms: CLOCK_ORIGIN_MS,
+                persist: crate::persist::Policy::Off,
             };
             nodes.insert(n, Node::new(cfg, HeapMemory::new(ARENA.len)));
         }
@@ -98,7 +99,7 @@ impl H {
                             ..
                         },
                 } => self.answers.push((req_id, result)),
-                Output::Send { .. } => {}
+                Output::Send { .. } | Output::Log(_) => {}
                 Output::Coord { id, req } => self.calls.push(Call {
                     node: n,
                     id,

@@ -301,6 +301,12 @@ impl<D: LogDevice> LogWriter<D> {
         &mut self.dev
     }
 
+    /// The device, giving the writer up (what was appended and not
+    /// committed is dropped).
+    pub fn into_device(self) -> D {
+        self.dev
+    }
+
     /// The largest payload one record may carry in this ring.
     pub fn max_payload(&self) -> usize {
         let room = (self.cap - 2 * BLOCK) as usize;

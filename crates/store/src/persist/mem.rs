@@ -28,6 +28,9 @@ pub struct MemDevice {
     pub writes: u64,
     /// Fail every call after this many more writes (None: never).
     pub fail_after_writes: Option<u64>,
+    /// Fail every flush (the writes before it stay unflushed: a crash in
+    /// the middle of a commit).
+    pub fail_flushes: bool,
 }
 
 impl MemDevice {
@@ -42,6 +45,7 @@ impl MemDevice {
             flushes: 0,
             writes: 0,
             fail_after_writes: None,
+            fail_flushes: false,
         }
     }
 
@@ -141,7 +145,7 @@ impl LogDevice for MemDevice {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        if self.fail_after_writes == Some(0) {
+        if self.fail_after_writes == Some(0) || self.fail_flushes {
             return Err(io::Error::other("injected device failure"));
         }
         self.flushes += 1;

@@ -9,6 +9,8 @@
 //!   and where the log continues it, and the partition's layout;
 //! * [`entry`]: what a record carries, one replicated write as the primary
 //!   forwards it (epoch, sequence number, effects, reply);
+//! * [`driver`]: all of it as one object over a node's partition
+//!   ([`driver::Persister`]: lives, snapshots, commits, recovery);
 //! * [`log`]: the ring of records with group commit ([`log::LogWriter`])
 //!   and the scan that recovers it ([`log::scan`]);
 //! * [`qp_device`]: a partition of a storage endpoint as the log's device,
@@ -20,6 +22,7 @@
 //! the node uses the log.
 
 pub mod checkpoint;
+pub mod driver;
 pub mod entry;
 pub mod log;
 pub mod mem;
@@ -31,6 +34,67 @@ mod recovery_tests;
 mod tests;
 
 pub use log::{LogError, LogPos, LogStart, LogWriter, Scanned};
+
+/// When a group's writes are durable (`persist = off | everysec | always`;
+/// docs/store.md, "The policies").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Nothing is written: the group lives in its nodes' memory.
+    #[default]
+    Off,
+    /// Each node's log commits at least once a second: a write is
+    /// acknowledged once both nodes hold it in memory, and at most about
+    /// the last second of them is lost when every node dies together.
+    Everysec,
+    /// A write is acknowledged (and shown to readers) only once both
+    /// nodes' logs hold it durably.
+    Always,
+}
+
+impl Policy {
+    /// Whether the node logs its writes.
+    pub fn logs(self) -> bool {
+        self != Policy::Off
+    }
+
+    /// Its number in a status report (`StatusInfo::persist`).
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The policy a status report's number names (`off` if unknown).
+    pub fn from_code(c: u8) -> Policy {
+        match c {
+            1 => Policy::Everysec,
+            2 => Policy::Always,
+            _ => Policy::Off,
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Policy::Off => "off",
+            Policy::Everysec => "everysec",
+            Policy::Always => "always",
+        })
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        match s {
+            "off" => Ok(Policy::Off),
+            "everysec" => Ok(Policy::Everysec),
+            "always" => Ok(Policy::Always),
+            _ => Err(format!(
+                "persist must be off, everysec or always, not {s:?}"
+            )),
+        }
+    }
+}
 
 /// Where a log lives: bytes at offsets, and a flush that makes the writes
 /// before it durable. A write's bytes are visible to reads at once; only a

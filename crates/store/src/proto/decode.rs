@@ -370,6 +370,8 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
             resp_port: u16::from_le_bytes(r.take(2)?.try_into().unwrap()),
             min_in_sync: r.u8()?,
             expires: (r.u64()?, r.u64()?),
+            persist: r.u8()?,
+            durable_seq: r.u64()?,
         }),
         6 => Reply::Stored {
             ptr: r.ptr()?,

@@ -447,6 +447,8 @@ fn enc_reply(w: &mut W, r: &Reply) {
             w.u8(s.min_in_sync);
             w.u64(s.expires.0);
             w.u64(s.expires.1);
+            w.u8(s.persist);
+            w.u64(s.durable_seq);
         }
         Reply::Stored {
             ptr,

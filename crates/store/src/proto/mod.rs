@@ -542,6 +542,11 @@ pub struct StatusInfo {
     /// The group's `min_in_sync_replicas` as this node is configured
     /// (what an acknowledged write is held by: `config::durability`).
     pub min_in_sync: u8,
+    /// The persistence policy (issue 33): 0 off, 1 everysec, 2 always
+    /// ([`crate::persist::Policy`]).
+    pub persist: u8,
+    /// The last write this node's log holds durably (0 without one).
+    pub durable_seq: u64,
 }
 
 /// One effect of a write, applied identically on every replica.

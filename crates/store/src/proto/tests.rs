@@ -60,6 +60,8 @@ fn plain_reply() -> impl Strategy<Value = Reply> {
                     resp_port: node as u16,
                     min_in_sync: role & 1,
                     expires: (x / 17, x / 3),
+                    persist: role % 3,
+                    durable_seq: x / 19,
                 })
             ),
         (ptr(), any::<u64>(), any::<bool>()).prop_map(|(ptr, generation, created)| {

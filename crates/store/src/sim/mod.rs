@@ -60,6 +60,9 @@ mod clients;
 mod expiry;
 #[cfg(test)]
 mod fault_tests;
+mod persist_sim;
+#[cfg(test)]
+mod persist_tests;
 #[cfg(test)]
 mod tests;
 mod world;
@@ -167,6 +170,14 @@ pub struct SimConfig {
     /// With `ttl_percent`: each node's wall clock is off true time by up
     /// to this many milliseconds (NTP's bound; keep the drift small too).
     pub wall_skew_ms: u64,
+    /// The nodes' persistence policy (issue 33): with one other than
+    /// `off`, each node logs to a simulated partition (`persist_sim.rs`)
+    /// that loses its unflushed writes on a power loss.
+    pub persist: crate::persist::Policy,
+    /// With `persist`: whole-group crashes (both nodes at once, both
+    /// partitions losing power), each followed by recovery from the
+    /// partitions.
+    pub group_crashes: u32,
 }
 
 impl Default for SimConfig {
@@ -197,6 +208,8 @@ impl Default for SimConfig {
             batches: false,
             ttl_percent: 0,
             wall_skew_ms: 30,
+            persist: crate::persist::Policy::Off,
+            group_crashes: 0,
         }
     }
 }
@@ -259,6 +272,17 @@ pub struct SimReport {
     /// Reads of keys with deadlines that found none (expired, or not yet
     /// written).
     pub ttl_reads_absent: u64,
+    /// Snapshots begun (bases logged; `persist_sim.rs`).
+    pub snapshots: u64,
+    /// Whole-group crashes injected.
+    pub group_crashes: u64,
+    /// Nodes recovered from their partitions.
+    pub recoveries: u64,
+    /// Crashes that came while the node's snapshot was being written.
+    pub crashes_in_snapshot: u64,
+    /// Crashes that dropped unflushed sectors of a partition (a torn or
+    /// lost tail of the log, of a snapshot or of a checkpoint).
+    pub torn_power_losses: u64,
 }
 
 /// Totals over runs: every count is added (`end_time` becomes the virtual
@@ -292,6 +316,11 @@ impl AddAssign<&SimReport> for SimReport {
             ttl_retimes,
             ttl_reads_found,
             ttl_reads_absent,
+            snapshots,
+            group_crashes,
+            recoveries,
+            crashes_in_snapshot,
+            torn_power_losses,
         } = r;
         self.acked_ops += acked_ops;
         self.crashes += crashes;
@@ -319,6 +348,11 @@ impl AddAssign<&SimReport> for SimReport {
         self.ttl_retimes += ttl_retimes;
         self.ttl_reads_found += ttl_reads_found;
         self.ttl_reads_absent += ttl_reads_absent;
+        self.snapshots += snapshots;
+        self.group_crashes += group_crashes;
+        self.recoveries += recoveries;
+        self.crashes_in_snapshot += crashes_in_snapshot;
+        self.torn_power_losses += torn_power_losses;
     }
 }
 
@@ -400,6 +434,12 @@ enum Event {
         token: u64,
         outcome: OneSided,
     },
+    /// A commit of node n's log (`persist_sim.rs`).
+    Commit(NodeId, u64),
+    /// A step of node n's snapshot.
+    SnapStep(NodeId, u64),
+    /// Both nodes crash at once.
+    GroupCrash,
 }
 
 #[derive(Debug, Clone)]
@@ -516,6 +556,16 @@ struct Sim {
     tag_key: BTreeMap<u64, u64>,
     /// The history of the keys with deadlines (`expiry.rs`).
     ttl: expiry::TtlLog,
+    /// Each node's partition (`persist_sim.rs`).
+    disks: BTreeMap<NodeId, persist_sim::Disk>,
+    /// Nodes with a commit scheduled.
+    commit_due: std::collections::BTreeSet<NodeId>,
+    /// Whole-group crashes still to inject.
+    group_crashes_left: u32,
+    /// A whole-group crash waits for the next commit.
+    group_crash_armed: bool,
+    /// The node whose commit the crash interrupts.
+    crash_commits: Option<NodeId>,
 }
 
 fn other(n: NodeId) -> NodeId {

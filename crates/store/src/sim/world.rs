@@ -18,6 +18,8 @@ use crate::ptr::ArenaRef;
 fn summarize(i: &Input) -> String {
     match i {
         Input::Tick => String::new(),
+        Input::Durable { seq, .. } => format!("durable {seq}"),
+        Input::SnapshotDue => "snapshot due".into(),
         Input::Coord { reply, .. } => format!("coord {reply:?}"),
         Input::Message { from, env } => match &env.body {
             Body::Request { .. }
@@ -117,6 +119,7 @@ impl Sim {
             index_buckets: self.cfg.index_buckets,
             resp_port: 0,
             clock_origin_ms: self.wall_origin(n),
+            persist: self.cfg.persist,
         }
     }
 
@@ -162,15 +165,23 @@ impl Sim {
         }
         let inc = self.rng.next_u64();
         let cfg = self.node_config(n, inc);
-        self.nodes
-            .insert(n, Node::new(cfg, HeapMemory::from_bytes(garbage)));
+        let node = match self.recover_node(n, &cfg) {
+            Some(node) => node,
+            None => Node::new(cfg, HeapMemory::from_bytes(garbage)),
+        };
+        self.nodes.insert(n, node);
         *self.gen.entry(n).or_insert(0) += 1;
         let g = self.gen[&n];
         let at = self.now + self.rng.range(0, TICK);
         self.schedule(at, Event::Tick(n, g));
+        self.commit_due.remove(&n);
+        if self.cfg.persist == crate::persist::Policy::Everysec {
+            let at = self.now + self.rng.range(0, super::persist_sim::EVERYSEC);
+            self.schedule(at, Event::Commit(n, g));
+        }
     }
 
-    fn feed(&mut self, n: NodeId, input: Input) {
+    pub(super) fn feed(&mut self, n: NodeId, input: Input) {
         let Some(node) = self.nodes.get_mut(&n) else {
             return;
         };
@@ -235,6 +246,7 @@ impl Sim {
                     let bytes = proto::encode(&env);
                     self.transmit(Ent::Node(n), to, Payload::Msg(bytes));
                 }
+                Output::Log(e) => self.log_entry(n, e),
                 Output::Coord { id, req } => {
                     if self.cfg.coord_faults && self.rng.range(0, 100) < 2 {
                         // The request is lost: the runtime reports the
@@ -325,21 +337,42 @@ impl Sim {
         if !(rec.primary == m || rec.in_sync == Some(m)) {
             return; // the victim may hold the only copy of some writes
         }
+        // A survivor back from its log is named by the record but may
+        // lack what its log lost (`everysec`): it holds every write only
+        // once it serves or follows again.
+        if !(survivor.role() == Role::Primary || survivor.is_synced_secondary()) {
+            return;
+        }
         if self.cfg.crash_secondary_only
             && (rec.primary != m || rec.in_sync != self.nodes.get(&victim).map(|n| n.member()))
         {
             return;
         }
-        let node = self.nodes.remove(&victim).expect("victim alive");
+        self.kill(victim);
+        let at = self.now + self.rng.range(5_000, 60_000);
+        self.schedule(at, Event::Restart(victim));
+    }
+
+    /// Node `n` dies (its partition, if any, loses power).
+    pub(super) fn kill(&mut self, n: NodeId) {
+        let node = self.nodes.remove(&n).expect("victim alive");
+        if self.trace {
+            eprintln!(
+                "{:>9} n{n} crashes: {:?} epoch {} applied {}",
+                self.now,
+                node.role(),
+                node.epoch(),
+                node.applied_seq()
+            );
+        }
         self.divergences += node.divergences();
         self.report.repaired_losses += node.lost_replicates();
         if let Some(d) = node.last_divergence() {
-            self.violations.push(format!("node {victim} diverged: {d}"));
+            self.violations.push(format!("node {n} diverged: {d}"));
         }
-        *self.gen.get_mut(&victim).unwrap() += 1;
+        *self.gen.get_mut(&n).unwrap() += 1;
         self.report.crashes += 1;
-        let at = self.now + self.rng.range(5_000, 60_000);
-        self.schedule(at, Event::Restart(victim));
+        self.power_loss(n);
     }
 
     /// Pauses a random node for one to four lease TTLs (as SIGSTOP does:
@@ -426,7 +459,19 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         next_oid: 0,
         tag_key: BTreeMap::new(),
         ttl: Default::default(),
+        disks: BTreeMap::new(),
+        commit_due: Default::default(),
+        group_crashes_left: cfg.group_crashes,
+        group_crash_armed: false,
+        crash_commits: None,
     };
+    if cfg.persist.logs() {
+        sim.format_disks();
+        if cfg.group_crashes > 0 {
+            let at = sim.rng.range(100_000, 300_000);
+            sim.schedule(at, Event::GroupCrash);
+        }
+    }
     for n in NODE_IDS {
         sim.start_node(n);
     }
@@ -497,6 +542,8 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
                 to: Ent::Node(n), ..
             }
             | Event::Tick(n, _)
+            | Event::Commit(n, _)
+            | Event::SnapStep(n, _)
             | Event::ReadArrive { n, .. } => Some(*n),
             _ => None,
         };
@@ -565,6 +612,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
                 at,
             } => sim.read_arrive(c, n, gens, token, at),
             Event::ReadDone { c, token, outcome } => sim.read_done(c, token, outcome),
+            Event::Commit(n, g) => sim.commit(n, g),
+            Event::SnapStep(n, g) => sim.snap_step(n, g),
+            Event::GroupCrash => sim.group_crash(),
         }
     }
     sim.report.end_time = sim.now;

@@ -384,8 +384,15 @@ impl Session {
                     put(&mut t, "async_loading", "0".into());
                     put(&mut t, "rdb_changes_since_last_save", "0".into());
                     put(&mut t, "rdb_bgsave_in_progress", "0".into());
-                    put(&mut t, "aof_enabled", "0".into());
+                    let policy = crate::persist::Policy::from_code(s.persist);
+                    put(&mut t, "aof_enabled", (policy.logs() as u8).to_string());
                     put(&mut t, "aof_rewrite_in_progress", "0".into());
+                    if policy.logs() {
+                        // The store's own: the policy (as Redis's
+                        // appendfsync) and the last durable write.
+                        put(&mut t, "softrdma_persist", policy.to_string());
+                        put(&mut t, "softrdma_durable_seq", s.durable_seq.to_string());
+                    }
                 }
                 "stats" => {
                     t.push_str("# Stats\r\n");

@@ -90,6 +90,8 @@ fn stub_reply(op: Op) -> Result<proto::Reply, StoreError> {
             resp_port: 6379,
             min_in_sync: 1,
             expires: (0, 0),
+            persist: 2,
+            durable_seq: 7,
         }),
         Op::Put { .. } => proto::Reply::Stored {
             ptr,

@@ -1,0 +1,356 @@
+//! The node's side of persistence (issue 33): what it asks its log to
+//! hold, what it waits for, and how a node comes back from its log.
+//!
+//! * **Logging.** With a policy other than `off`, a primary hands each
+//!   write to its log as it stages it, and a secondary as it applies it
+//!   ([`Output::Log`] of an [`Entry::Write`]); the runtime appends, commits
+//!   in groups, and reports the log durable through some write
+//!   ([`Input::Durable`]).
+//! * **Lives.** A log continues one image: it starts with a base
+//!   ([`Entry::Base`], the allocator and the retry table as of write S)
+//!   after which the runtime writes a snapshot of the arena, taken while
+//!   writes go on, exactly as a joining node copies its primary's arena.
+//!   A node starts a life when it gets an image: the group's first
+//!   primary once it formats the arena, a secondary once its copy is done.
+//!   A recovered node continues its life. A life belongs to one
+//!   incarnation (a rejoin takes a new one), so a report about an older
+//!   life is ignored. A later base (the log wants a snapshot to release
+//!   its ring, [`Input::SnapshotDue`]) starts a snapshot within the life.
+//! * **A quiet moment.** A base is the image's state as of its write S,
+//!   and the arena's bytes must hold every write through S before the
+//!   snapshot reads them; so a base is taken when every applied write is
+//!   in the arena. A primary makes such a moment by holding new writes
+//!   while its staged ones commit (one round of replication and one
+//!   flush), then takes the base and serves the held writes in order.
+//!   Under `always` a primary's copy for a joining node waits for the same
+//!   moment (the copy exposes every applied write, and under `always`
+//!   only durable writes may be exposed).
+//! * **`always`.** A primary commits (exposes and answers) a write only
+//!   once its own log holds it durably and its in-sync secondary has
+//!   acknowledged it, which that secondary does only once its own log
+//!   holds it durably (and says `SyncDone` only once its new life's
+//!   snapshot is durable). So every acknowledged write is in both logs,
+//!   and the two flushes run at once.
+//! * **Recovery** ([`Recovering`]): the base's allocator and retry table,
+//!   the snapshot's bytes, then the logged writes replayed over them, as a
+//!   copy's buffered writes are, and the derived state rebuilt. The node
+//!   resumes its incarnation and epoch as a fenced node: it asks the
+//!   coordinator, campaigns if the record names it (the record's primary
+//!   and in-sync member hold every acknowledged write), and otherwise
+//!   rejoins the group's primary.
+
+use std::collections::VecDeque;
+
+use super::{Addr, Node, NodeConfig, Output, State};
+use crate::arena::Memory;
+use crate::persist::entry::{Base, Entry};
+use crate::persist::Policy;
+use crate::proto::{Body, Member, Op, RepOp, StoreError};
+
+/// A write request held until a quiet moment.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    from: Addr,
+    client: u64,
+    req_id: u64,
+    op: Op,
+}
+
+/// The log's state as the node sees it.
+#[derive(Debug, Default)]
+pub(super) struct Durability {
+    /// The log is durable through this write (in this life).
+    pub(super) durable: u64,
+    /// A snapshot was asked for and no base taken since.
+    pub(super) snapshot_due: bool,
+    /// Write requests held until the quiet moment.
+    held: VecDeque<Held>,
+    /// A Join held until the quiet moment (`always`).
+    join_held: Option<(Addr, Member, u64)>,
+    /// A copy's `SyncDone` held until it is durable (`always`).
+    pub(super) sync_done_held: Option<(u64, u64)>,
+    /// Back from the log, holding what the log held: since when (the
+    /// first input; 0 before it). Cleared once primary or rejoining.
+    pub(super) recovered: Option<super::Micros>,
+    /// Back from the log, it saw its peer hold the lease since.
+    pub(super) peer_served: bool,
+}
+
+impl<M: Memory> Node<M> {
+    /// Hands write `seq` to the log (if the policy logs).
+    pub(super) fn log_write(&mut self, seq: u64, op: &RepOp) {
+        if self.cfg.persist.logs() {
+            self.out.push(Output::Log(Entry::Write {
+                epoch: self.epoch,
+                seq,
+                op: op.clone(),
+            }));
+        }
+    }
+
+    /// Starts a life of the log (or a snapshot within one): a base as of
+    /// the last applied write, which the arena holds.
+    pub(super) fn begin_life(&mut self) {
+        if !self.cfg.persist.logs() {
+            return;
+        }
+        assert!(
+            !self.image.has_unexposed(),
+            "a base needs every applied write in the arena"
+        );
+        self.dur.snapshot_due = false;
+        self.out.push(Output::Log(Entry::Base(Base {
+            epoch: self.epoch,
+            seq: self.image.applied_seq(),
+            incarnation: self.cfg.member.incarnation,
+            alloc: self.image.allocator().snapshot(),
+            dedup: self.image.dedup_table(),
+            stag: self.image.arena().stag,
+        })));
+    }
+
+    /// What a secondary may acknowledge: every applied write, or under
+    /// `always` every durable one.
+    pub(super) fn acked_through(&self) -> u64 {
+        let applied = self.image.applied_seq();
+        if self.cfg.persist == Policy::Always {
+            applied.min(self.dur.durable)
+        } else {
+            applied
+        }
+    }
+
+    pub(super) fn on_durable(&mut self, incarnation: u64, seq: u64) {
+        if incarnation != self.cfg.member.incarnation || !self.holds_data() {
+            return; // a report about a life before a rejoin
+        }
+        self.dur.durable = self.dur.durable.max(seq);
+        if self.cfg.persist != Policy::Always {
+            return;
+        }
+        match self.state {
+            State::Primary(_) => self.release(),
+            State::Secondary {
+                primary,
+                copy: None,
+                ..
+            } => {
+                if let Some((session, through_seq)) = self.dur.sync_done_held {
+                    if self.dur.durable < through_seq {
+                        return;
+                    }
+                    self.dur.sync_done_held = None;
+                    self.send(
+                        Addr::Node(primary),
+                        Body::SyncDone {
+                            session,
+                            through_seq,
+                        },
+                    );
+                }
+                let seq = self.acked_through();
+                self.send(Addr::Node(primary), Body::ReplicateAck { seq });
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether a node back from its log still waits before it campaigns:
+    /// for a heartbeat timeout and two leases from its first input, time
+    /// enough for a live peer (which may hold writes the log lost) to
+    /// notice the silence and take over. A node that campaigned first would
+    /// win (the record names it) and, under `everysec`, lose what its peer
+    /// still holds; under `always` it would lose nothing, but its peer
+    /// would have to copy.
+    ///
+    /// Under `everysec` a node back from its log that saw its peer serve
+    /// since never campaigns: the record may still name it (as the
+    /// in-sync member) until the primary drops it, but its log may lack
+    /// writes it acknowledged, so it is no longer what the record says.
+    /// It waits to be dropped and rejoins; if the primary dies first, the
+    /// group waits for an operator (`store promote`), as it must: the
+    /// primary held writes no other live node holds.
+    pub(super) fn recovery_grace(&self) -> bool {
+        let grace = self.cfg.heartbeat_timeout + 2 * self.cfg.lease_ttl;
+        let Some(since) = self.dur.recovered else {
+            return false;
+        };
+        (self.cfg.persist != Policy::Always && self.dur.peer_served)
+            || self.now.saturating_sub(since) < grace
+    }
+
+    /// Whether the node holds an image (a primary, a secondary done
+    /// copying, a fenced node).
+    fn holds_data(&self) -> bool {
+        match self.state {
+            State::Primary(_) | State::Fenced { .. } => true,
+            State::Secondary { ref copy, .. } => copy.is_none(),
+            State::Joining { .. } | State::Leaving { .. } => false,
+        }
+    }
+
+    /// Whether a primary is making a quiet moment (for a base or a held
+    /// Join).
+    fn draining(&self) -> bool {
+        matches!(self.state, State::Primary(_))
+            && (self.dur.snapshot_due || self.dur.join_held.is_some())
+    }
+
+    /// Every applied write is in the arena.
+    fn quiet(&self) -> bool {
+        !self.image.has_unexposed() && self.unsettled.is_none()
+    }
+
+    /// A write request, unless it is held for the quiet moment.
+    pub(super) fn hold_write(
+        &mut self,
+        from: Addr,
+        client: u64,
+        req_id: u64,
+        op: Op,
+    ) -> Option<Op> {
+        if !self.draining() {
+            return Some(op);
+        }
+        self.dur.held.push_back(Held {
+            from,
+            client,
+            req_id,
+            op,
+        });
+        None
+    }
+
+    /// Whether a Join waits for the quiet moment (under `always`, while
+    /// a write is not yet durable).
+    pub(super) fn hold_join(&mut self, from: Addr, member: Member, arena_len: u64) -> bool {
+        if self.cfg.persist != Policy::Always
+            || !matches!(self.state, State::Primary(_))
+            || self.quiet()
+        {
+            return false;
+        }
+        self.dur.join_held = Some((from, member, arena_len));
+        true
+    }
+
+    /// After every input: take the base, or answer the Join, that waits
+    /// for a quiet moment once it comes, then serve the writes held for
+    /// it; a node that is no longer primary refuses them.
+    pub(super) fn barrier(&mut self) {
+        if !matches!(self.state, State::Primary(_)) {
+            self.dur.join_held = None;
+            for h in std::mem::take(&mut self.dur.held) {
+                let primary = self.primary_hint();
+                self.send(
+                    h.from,
+                    Body::Response {
+                        req_id: h.req_id,
+                        result: Err(StoreError::NotPrimary { primary }),
+                    },
+                );
+            }
+        }
+        if !self.dur.snapshot_due && self.dur.join_held.is_none() {
+            return;
+        }
+        if !self.holds_data() || !self.quiet() {
+            return;
+        }
+        if self.dur.snapshot_due {
+            self.begin_life();
+        }
+        if let Some((from, member, arena_len)) = self.dur.join_held.take() {
+            self.on_join(from, member, arena_len);
+        }
+        while !self.draining() {
+            let Some(h) = self.dur.held.pop_front() else {
+                break;
+            };
+            self.on_request(h.from, h.client, h.req_id, h.op);
+        }
+    }
+}
+
+/// A node coming back from its log: the base, the snapshot's bytes, then
+/// the logged writes, in order.
+pub struct Recovering<M: Memory> {
+    node: Node<M>,
+    layout_loaded: bool,
+}
+
+impl<M: Memory> Recovering<M> {
+    /// Starts from `base` (its incarnation becomes the node's).
+    pub fn new(mut cfg: NodeConfig, mem: M, base: &Base) -> Result<Recovering<M>, String> {
+        cfg.member.incarnation = base.incarnation;
+        let mut node = Node::new(cfg, mem);
+        node.image
+            .begin_copy(base.seq + 1, &base.alloc, base.dedup.clone(), base.stag)
+            .map_err(|e| format!("the log's base does not fit this arena: {e:?}"))?;
+        node.epoch = base.epoch;
+        Ok(Recovering {
+            node,
+            layout_loaded: false,
+        })
+    }
+
+    /// The snapshot's bytes at `offset` (all of them before any write).
+    pub fn snapshot(&mut self, offset: u64, bytes: &[u8]) -> Result<(), String> {
+        assert!(!self.layout_loaded, "the snapshot comes before the writes");
+        self.node.image.write_chunk(offset, bytes)
+    }
+
+    /// The next logged entry: a write replays over the snapshot; a later
+    /// base (a snapshot taken within the life) changes nothing.
+    pub fn replay(&mut self, e: &Entry) -> Result<(), String> {
+        let Entry::Write { epoch, seq, op } = e else {
+            return Ok(());
+        };
+        if !self.layout_loaded {
+            self.node
+                .image
+                .load_layout()
+                .map_err(|e| format!("snapshot: {e}"))?;
+            self.layout_loaded = true;
+        }
+        let expected = self.node.image.applied_seq() + 1;
+        if *seq != expected {
+            return Err(format!(
+                "the log jumps from write {} to {seq}",
+                expected - 1
+            ));
+        }
+        self.node.epoch = self.node.epoch.max(*epoch);
+        self.node.image.apply(*seq, op, true)
+    }
+
+    /// The last write replayed.
+    pub fn seq(&self) -> u64 {
+        self.node.image.applied_seq()
+    }
+
+    /// The recovered node: a fenced node of its old incarnation and epoch,
+    /// holding exactly the logged writes, all of them durable.
+    pub fn finish(mut self) -> Result<Node<M>, String> {
+        let n = &mut self.node;
+        if !self.layout_loaded {
+            n.image
+                .load_layout()
+                .map_err(|e| format!("snapshot: {e}"))?;
+        }
+        n.image.rebuild_index().map_err(|e| format!("index: {e}"))?;
+        n.image
+            .rebuild_unkeyed_gens()
+            .map_err(|e| format!("objects: {e}"))?;
+        n.image
+            .rebuild_deadlines()
+            .map_err(|e| format!("deadlines: {e}"))?;
+        n.dur.durable = n.image.applied_seq();
+        n.dur.recovered = Some(0);
+        n.state = State::Fenced {
+            asked: None,
+            last_try: 0,
+        };
+        Ok(self.node)
+    }
+}
