@@ -20,6 +20,32 @@ use softrdma_store::ptr::RemotePtr;
 /// Bytes of every register's value (so updates stay in place).
 const VALUE_LEN: usize = 64;
 
+/// What a register is: an object updated in place through its pointer
+/// (`update_ptr`, `read_ptr`), or a key (`set`, `get`: a one-sided look-up
+/// of the index).
+#[derive(Clone, Copy)]
+pub enum Registers {
+    Pointers,
+    Keys,
+}
+
+fn key(k: usize) -> Vec<u8> {
+    format!("register-{k}").into_bytes()
+}
+
+/// Reads register `k`: its value, or none (a key not there).
+fn read_reg(
+    c: &mut StoreClient,
+    how: Registers,
+    regs: &[RemotePtr],
+    k: usize,
+) -> Result<Option<Vec<u8>>, ClientError> {
+    match how {
+        Registers::Pointers => c.read_ptr(regs[k]).map(Some),
+        Registers::Keys => c.get(&key(k)),
+    }
+}
+
 fn value(tag: u64) -> Vec<u8> {
     tag.to_le_bytes().repeat(VALUE_LEN / 8)
 }
@@ -78,6 +104,25 @@ impl Workload {
         per_second: u32,
         enter: Enter,
     ) -> Workload {
+        Workload::start_with(
+            nodes,
+            Registers::Pointers,
+            registers,
+            clients,
+            per_second,
+            enter,
+        )
+    }
+
+    /// [`Workload::start`] with registers of either kind.
+    pub fn start_with(
+        nodes: &[std::net::SocketAddr],
+        how: Registers,
+        registers: usize,
+        clients: usize,
+        per_second: u32,
+        enter: Enter,
+    ) -> Workload {
         let t0 = Instant::now();
         let next_tag = Arc::new(AtomicU64::new(1));
         let us = move || t0.elapsed().as_micros() as u64;
@@ -98,7 +143,11 @@ impl Workload {
                 for k in 0..registers {
                     let tag = next_tag.fetch_add(1, Ordering::Relaxed);
                     let call = us();
-                    let p = c.alloc(&value(tag)).expect("create a register");
+                    let p = match how {
+                        Registers::Pointers => c.alloc(&value(tag)),
+                        Registers::Keys => c.set(&key(k), &value(tag)),
+                    }
+                    .expect("create a register");
                     ops.push(Op {
                         key: k as u64,
                         client: 0,
@@ -145,10 +194,15 @@ impl Workload {
                     let call = us();
                     if x % 10 < 6 {
                         let tag = next_tag.fetch_add(1, Ordering::Relaxed);
-                        let r = c.update_ptr(p, &value(tag));
+                        let r = match how {
+                            Registers::Pointers => c.update_ptr(p, &value(tag)),
+                            Registers::Keys => c.set(&key(k), &value(tag)),
+                        };
                         let ret = match r {
                             Ok(q) => {
-                                assert_eq!(q, p, "an in-place update moved the register");
+                                if let Registers::Pointers = how {
+                                    assert_eq!(q, p, "an in-place update moved the register");
+                                }
                                 Some(us())
                             }
                             // Refused with nothing changed.
@@ -174,13 +228,15 @@ impl Workload {
                             kind: Kind::Write(Some(tag)),
                         });
                     } else {
-                        match c.read_ptr(p) {
+                        match read_reg(&mut c, how, &regs, k) {
                             Ok(d) => ops.push(Op {
                                 key: k as u64,
                                 client: id as u64 + 1,
                                 call,
                                 ret: Some(us()),
-                                kind: Kind::Read(Some(tag_of(&d).unwrap_or(u64::MAX))),
+                                kind: Kind::Read(Some(
+                                    d.and_then(|d| tag_of(&d)).unwrap_or(u64::MAX),
+                                )),
                             }),
                             Err(ClientError::Store(e))
                                 if !matches!(
@@ -221,13 +277,13 @@ impl Workload {
                     }
                     k = (k + 7) % regs.len();
                     let call = us();
-                    if let Ok(d) = c.read_ptr(regs[k]) {
+                    if let Ok(d) = read_reg(&mut c, how, &regs, k) {
                         ops.push(Op {
                             key: k as u64,
                             client,
                             call,
                             ret: Some(us()),
-                            kind: Kind::Read(Some(tag_of(&d).unwrap_or(u64::MAX))),
+                            kind: Kind::Read(Some(d.and_then(|d| tag_of(&d)).unwrap_or(u64::MAX))),
                         });
                     }
                 }
