@@ -70,6 +70,11 @@ enum Cmd {
     /// commits of 1 to 256 records against the device's fdatasync rate
     /// (fio), with p99 and CPU.
     BenchLog(crate::store_bench_log::Args),
+    /// Writes under `persist = always` and `everysec` (issue 33) against
+    /// Redis with one replica and AOF (`appendfsync always|everysec`, SET +
+    /// `WAIT 1 0`) in the same run, reads beside them, and the device's
+    /// fdatasync rate (fio) as the physical limit; p99 and CPU.
+    BenchPersist(crate::store_bench::persist::Args),
     /// Checks a recorded history (JSON lines: key, client, call, ret,
     /// op "write"|"read", value; as the linearizability tests save them)
     /// against a register model; prints each failing key's minimal history.
@@ -311,6 +316,7 @@ pub fn run(a: Args) -> Result<()> {
         Cmd::Bench(b) => crate::store_bench::run(b),
         Cmd::BenchLarge(b) => crate::store_bench_large::run(b),
         Cmd::BenchLog(b) => crate::store_bench_log::run(b),
+        Cmd::BenchPersist(b) => crate::store_bench::persist::run(b),
     }
 }
 

@@ -104,6 +104,7 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 /// GiB here); with 250 ms the primary drops a joiner whose copy takes longer
 /// and it never becomes redundant. The timeout only matters on failures,
 /// which the bench does not provoke.
+#[allow(clippy::too_many_arguments)]
 fn write_config(
     dir: &Path,
     id: u32,
@@ -112,12 +113,13 @@ fn write_config(
     arena: &str,
     resp: u16,
     auth: bool,
+    tables: &str,
 ) -> Result<PathBuf> {
     let p = dir.join(format!("node{id}.toml"));
     let text = format!(
         "group = \"bench\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
          arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\
-         resp = \"127.0.0.1:{resp}\"\n\n{}\
+         resp = \"127.0.0.1:{resp}\"\n\n{}{tables}\n\
          [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
         if id == 1 { "primary" } else { "secondary" },
         if auth {
@@ -163,6 +165,17 @@ fn client_config(nodes: &[SocketAddr], password: Option<&str>) -> ClientConfig {
 }
 
 pub(crate) fn start_group(dir: &Path, arena: &str, auth: bool) -> Result<Group> {
+    start_group_with(dir, arena, auth, &|_| String::new())
+}
+
+/// [`start_group`] with more tables in each node's configuration
+/// (`tables(node id)`, e.g. its `[persist]`).
+pub(crate) fn start_group_with(
+    dir: &Path,
+    arena: &str,
+    auth: bool,
+    tables: &dyn Fn(u32) -> String,
+) -> Result<Group> {
     let password = auth.then(|| {
         format!(
             "{:016x}{:016x}",
@@ -189,8 +202,26 @@ pub(crate) fn start_group(dir: &Path, arena: &str, auth: bool) -> Result<Group> 
     let ports = crate::net::free_ports(4)?;
     let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
     let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
-    let c1 = write_config(dir, 1, (n1, n2), coord.addr(), arena, ports[2], auth)?;
-    let c2 = write_config(dir, 2, (n2, n1), coord.addr(), arena, ports[3], auth)?;
+    let c1 = write_config(
+        dir,
+        1,
+        (n1, n2),
+        coord.addr(),
+        arena,
+        ports[2],
+        auth,
+        &tables(1),
+    )?;
+    let c2 = write_config(
+        dir,
+        2,
+        (n2, n1),
+        coord.addr(),
+        arena,
+        ports[3],
+        auth,
+        &tables(2),
+    )?;
     let mut procs = vec![start_node(dir, 1, &c1, "primary")?];
     procs.push(start_node(dir, 2, &c2, "secondary")?);
     let group = Group {
@@ -582,6 +613,8 @@ fn measure_store(
 // ---------------------------------------------------------------------------
 // Redis: `store_bench_redis.rs`.
 
+#[path = "store_bench_persist.rs"]
+pub(crate) mod persist;
 #[path = "store_bench_redis.rs"]
 mod redis;
 use redis::{

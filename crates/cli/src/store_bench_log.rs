@@ -122,7 +122,7 @@ fn measure<D: softrdma_store::persist::LogDevice>(
 
 /// fio's synchronous writes of `bs` bytes, each followed by `fdatasync`:
 /// (writes/s, p99 of the sync in us, CPU).
-fn fio_sync(file: &std::path::Path, bs: u64, dur: Duration) -> Result<(f64, f64, f64)> {
+pub(crate) fn fio_sync(file: &std::path::Path, bs: u64, dur: Duration) -> Result<(f64, f64, f64)> {
     let out = std::process::Command::new("fio")
         .args([
             "--name=softrdma-log",

@@ -58,15 +58,18 @@ fn start_redis_server(dir: &Path, name: &str, port: u16, extra: &[String]) -> Re
 }
 
 pub(super) fn start_redis(dir: &Path) -> Result<Redis> {
+    start_redis_with(dir, &[])
+}
+
+/// [`start_redis`] with more options for both servers (after the
+/// defaults, so they override them: `--appendonly yes`).
+pub(super) fn start_redis_with(dir: &Path, extra: &[String]) -> Result<Redis> {
     let ports = crate::net::free_ports(2)?;
     let (port, rport) = (ports[0], ports[1]);
-    let primary = start_redis_server(dir, "redis-primary", port, &[])?;
-    let replica = start_redis_server(
-        dir,
-        "redis-replica",
-        rport,
-        &["--replicaof".into(), "127.0.0.1".into(), port.to_string()],
-    )?;
+    let primary = start_redis_server(dir, "redis-primary", port, extra)?;
+    let mut rextra = extra.to_vec();
+    rextra.extend(["--replicaof".into(), "127.0.0.1".into(), port.to_string()]);
+    let replica = start_redis_server(dir, "redis-replica", rport, &rextra)?;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let info = redis_cli(rport, &["info", "replication"])?;

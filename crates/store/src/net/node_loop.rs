@@ -177,6 +177,10 @@ pub(crate) struct NodeLoop {
     outbox: Outbox,
     /// The persistence thread, if the node persists.
     persist: Option<Sender<ToPersist>>,
+    /// Log entries made while handling one batch of events, sent together
+    /// when it is done (one wake-up of the thread), or before a snapshot's
+    /// chunk (the thread must have every write the chunk's bytes hold).
+    log_batch: Vec<crate::persist::entry::Entry>,
 }
 
 impl NodeLoop {
@@ -216,6 +220,7 @@ impl NodeLoop {
             served_until: None,
             outbox: Outbox::default(),
             persist,
+            log_batch: Vec::new(),
         }
     }
 
@@ -237,8 +242,16 @@ impl NodeLoop {
                     self.node.settle();
                 }
             }
+            self.send_log();
             self.outbox.flush(&self.ep, SEND_TIMEOUT);
             self.node.settle();
+        }
+    }
+
+    /// Hands the log entries made so far to the persistence thread.
+    fn send_log(&mut self) {
+        if let (Some(p), false) = (&self.persist, self.log_batch.is_empty()) {
+            let _ = p.send(ToPersist::Entries(std::mem::take(&mut self.log_batch)));
         }
     }
 
@@ -312,6 +325,7 @@ impl NodeLoop {
                 // A snapshot's chunk: the arena's bytes between two events.
                 let mut bytes = vec![0u8; len];
                 if self.node.read_arena(offset, &mut bytes) {
+                    self.send_log();
                     if let Some(p) = &self.persist {
                         let _ = p.send(ToPersist::Chunk { offset, bytes });
                     }
@@ -507,8 +521,8 @@ impl NodeLoop {
                     let _ = self.coord.send((id, req, self.node.member()));
                 }
                 Output::Log(e) => {
-                    if let Some(p) = &self.persist {
-                        let _ = p.send(ToPersist::Entry(e));
+                    if self.persist.is_some() {
+                        self.log_batch.push(e);
                     }
                 }
             }

@@ -15,7 +15,7 @@
 //! no longer durable), which is the promise; under `everysec` it serves
 //! on without persistence, and says so in its log.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use crate::arena::Arena;
@@ -29,8 +29,8 @@ use crate::persist::Policy;
 
 /// From the node loop to the thread.
 pub(crate) enum ToPersist {
-    /// An entry the node made.
-    Entry(Entry),
+    /// Entries the node made, in order.
+    Entries(Vec<Entry>),
     /// The arena's bytes at `offset`, as asked.
     Chunk { offset: u64, bytes: Vec<u8> },
 }
@@ -49,6 +49,8 @@ pub(crate) enum FromPersist {
 const EVERYSEC: Duration = Duration::from_secs(1);
 /// ...and whenever this much waits.
 const EVERYSEC_BYTES: usize = 1 << 20;
+/// How often the `everysec` thread looks for entries and snapshot chunks.
+const EVERYSEC_POLL: Duration = Duration::from_millis(5);
 
 /// Opens this node's partition as `cfg.persist` names it.
 pub(crate) fn open_device(cfg: &Config) -> Result<QpDevice, String> {
@@ -154,21 +156,34 @@ fn run(
     let mut last_commit = Instant::now();
     let mut chunk_asked = false;
     loop {
-        let timeout = match policy {
-            Policy::Always if dirty => Duration::ZERO,
-            Policy::Everysec if dirty => EVERYSEC.saturating_sub(last_commit.elapsed()),
-            _ => Duration::from_secs(3600),
-        };
-        let mut next = match rx.recv_timeout(timeout) {
-            Ok(m) => Some(m),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => return Ok(()),
+        let mut next = if policy == Policy::Always {
+            let timeout = match dirty {
+                true => Duration::ZERO,
+                false => Duration::from_secs(3600),
+            };
+            match rx.recv_timeout(timeout) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            }
+        } else {
+            // Under `everysec` the thread looks now and then instead of
+            // being woken by every batch of entries (a wake-up costs the
+            // node loop a system call and both a context switch).
+            std::thread::sleep(EVERYSEC_POLL);
+            match rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => return Ok(()),
+            }
         };
         // Everything that waits goes into this round.
         while let Some(m) = next.take().or_else(|| rx.try_recv().ok()) {
             match m {
-                ToPersist::Entry(e) => {
-                    waiting += p.append(&e)?;
+                ToPersist::Entries(es) => {
+                    for e in &es {
+                        waiting += p.append(e)?;
+                    }
                     dirty = true;
                 }
                 ToPersist::Chunk { offset, bytes } => {

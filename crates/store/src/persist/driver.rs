@@ -150,7 +150,18 @@ impl<D: LogDevice> Persister<D> {
             asked: false,
             reserve: 64 << 10,
         };
-        let Some(c) = ckpt else { return Ok((p, None)) };
+        let Some(c) = ckpt else {
+            // A blank partition: its log ring is written with zeros once
+            // (a commit into a sparse file's hole would also commit the
+            // file system's journal; `log::zero_fill`).
+            let Dev::Bare(dev) = std::mem::replace(&mut p.dev, Dev::Taken) else {
+                unreachable!()
+            };
+            let mut w = Window::new(dev, layout.log, layout.log_len)?;
+            super::log::zero_fill(&mut w)?;
+            p.dev = Dev::Bare(w.into_inner());
+            return Ok((p, None));
+        };
         let Some(snapshot) = c.snapshot else {
             return Ok((p, None));
         };

@@ -1,0 +1,47 @@
+//! `softrdma store bench-persist --json` end to end, shortened: a group
+//! persisting under each policy against Redis with one replica and AOF,
+//! and fio's fdatasync rate (Redis and fio are installed by
+//! scripts/setup.sh; without them the test fails). Every round must have
+//! positive rates for both sides, a p99, the nodes' CPU, and fio's rate;
+//! the speed targets themselves are the benchmark's to show, not this
+//! test's.
+
+use std::process::Command;
+
+const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
+
+#[test]
+fn bench_persist_json_rounds() {
+    let out = Command::new(SOFTRDMA)
+        .args(["store", "bench-persist", "--json", "--arena", "16MiB"])
+        .args(["--secs", "0.5", "--rounds", "2", "--clients", "4"])
+        .env("SOFTRDMA_SAME_HOST", "0")
+        .output()
+        .expect("run softrdma");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "softrdma store bench-persist failed ({}); if redis or fio is missing, run \
+         scripts/setup.sh\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for (i, v) in rows.iter().enumerate() {
+        let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
+        assert_eq!(
+            v["policy"],
+            if i < 2 { "always" } else { "everysec" },
+            "{v}"
+        );
+        assert!(f("ops_per_s") > 0.0 && f("redis_ops_per_s") > 0.0, "{v}");
+        assert!(f("p99_us") > 0.0 && f("redis_p99_us") > 0.0, "{v}");
+        assert!(f("cpu_primary") > 0.0 && f("cpu_secondary") > 0.0, "{v}");
+        assert!(f("fio_fdatasync_per_s") > 0.0, "{v}");
+    }
+}
