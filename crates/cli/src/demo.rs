@@ -47,6 +47,12 @@ pub struct Args {
     /// on success).
     #[arg(long)]
     workdir: Option<PathBuf>,
+    /// Persist (issue 33): each node logs to a store file of its own in the
+    /// work directory under this policy (`always` or `everysec`), and
+    /// instead of the primary both nodes are killed at once, then
+    /// restarted from their partitions.
+    #[arg(long)]
+    persist: Option<String>,
 }
 
 /// The demo process's own log file (`demo.log` in the work directory),
@@ -66,6 +72,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogFile {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn write_config(
     dir: &Path,
     id: u32,
@@ -74,15 +81,23 @@ fn write_config(
     coord: SocketAddr,
     arena: &str,
     resp: u16,
+    persist: Option<softrdma_store::persist::Policy>,
 ) -> Result<PathBuf> {
     let p = dir.join(format!("node{id}.toml"));
     let text = format!(
         "group = \"demo\"\nnode_id = {id}\nrole = \"{}\"\nlisten = \"{listen}\"\npeers = [\"{peer}\"]\n\
          arena_size = \"{arena}\"\nheartbeat_interval_ms = 50\nheartbeat_timeout_ms = 250\nlease_ttl_ms = 300\n\
          resp = \"127.0.0.1:{resp}\"\n\n\
-         [auth]\nsecret_file = \"group.secret\"\n\n\
+         [auth]\nsecret_file = \"group.secret\"\n\n{}\
          [coordinator]\nkind = \"embedded\"\naddr = \"{coord}\"\n",
-        if id == 1 { "primary" } else { "secondary" }
+        if id == 1 { "primary" } else { "secondary" },
+        match persist {
+            Some(p) => format!(
+                "[persist]\nstorage = \"{}\"\npartition = 0\nprincipal = \"store\"\npolicy = \"{p}\"\n\n",
+                dir.join(format!("node{id}.store")).display()
+            ),
+            None => String::new(),
+        }
     );
     std::fs::write(&p, text)?;
     Ok(p)
@@ -117,6 +132,30 @@ fn wait_group(
 }
 
 const PRIMARY: u8 = 2;
+
+/// A store file per node in `dir`, one partition granted `rw` to principal
+/// `store`, with room for two snapshots of the arena and a log.
+fn make_stores(dir: &Path, arena: &str) -> Result<()> {
+    use softrdma_storage::layout::Rights;
+    use softrdma_storage::{InitOptions, PartitionSpec, Store};
+    let arena = softrdma_store::config::parse_size(arena).map_err(anyhow::Error::msg)?;
+    for n in 1..=2 {
+        let path = dir.join(format!("node{n}.store"));
+        // A new store (a kept one would hold an earlier run's group).
+        let _ = std::fs::remove_file(&path);
+        Store::init(
+            &path,
+            &InitOptions {
+                size: Some((2 * arena + (64 << 20)).div_ceil(1 << 20) * (1 << 20) + (4 << 20)),
+                partitions: PartitionSpec::Equal(1),
+                align: 1 << 20,
+                force: false,
+            },
+        )?;
+        Store::open(&path)?.grant("0", "store", Rights::READ_WRITE)?;
+    }
+    Ok(())
+}
 
 /// A line above the progress bar (or plain, when there is no terminal).
 fn say(bar: &ProgressBar, msg: String) {
@@ -154,8 +193,19 @@ pub fn run(a: Args) -> Result<()> {
     let ports = crate::net::free_ports(4)?;
     let n1: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
     let n2: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
-    let c1 = write_config(&dir, 1, n1, n2, coord.addr(), &a.arena, ports[2])?;
-    let c2 = write_config(&dir, 2, n2, n1, coord.addr(), &a.arena, ports[3])?;
+    let persist = match &a.persist {
+        Some(p) => {
+            let p: softrdma_store::persist::Policy = p.parse().map_err(anyhow::Error::msg)?;
+            if !p.logs() {
+                bail!("--persist: always or everysec");
+            }
+            make_stores(&dir, &a.arena)?;
+            Some(p)
+        }
+        None => None,
+    };
+    let c1 = write_config(&dir, 1, n1, n2, coord.addr(), &a.arena, ports[2], persist)?;
+    let c2 = write_config(&dir, 2, n2, n1, coord.addr(), &a.arena, ports[3], persist)?;
     println!(
         "  coordinator (embedded) at {}; nodes at {n1} and {n2} (Redis protocol on ports {} \
          and {}); logs in {}",
@@ -174,6 +224,14 @@ pub fn run(a: Args) -> Result<()> {
         "  durability (min_in_sync_replicas = 1, the default): {}",
         softrdma_store::config::durability(1)
     );
+    if let Some(p) = persist {
+        println!(
+            "  persistence: each node logs to its own store file ({} and {}), persist = {p}; \
+             part-way both nodes are killed at once and restarted from them",
+            dir.join("node1.store").display(),
+            dir.join("node2.store").display()
+        );
+    }
     let mut nodes: Vec<Option<Proc>> = vec![Some(start_node(&dir, 1, &c1, "primary")?), None];
     nodes[1] = Some(start_node(&dir, 2, &c2, "secondary")?);
     let mut probe = StoreClient::new({
@@ -272,6 +330,36 @@ pub fn run(a: Args) -> Result<()> {
                                 .find(|x| x.1 == PRIMARY)
                                 .map(|x| x.0)
                                 .unwrap_or(primary);
+                            if persist.is_some() {
+                                // The whole group at once, then both back
+                                // from their partitions.
+                                for n in nodes.iter_mut() {
+                                    if let Some(mut proc_) = n.take() {
+                                        let _ = proc_.child.kill(); // SIGKILL
+                                        let _ = proc_.child.wait();
+                                    }
+                                }
+                                events.push(format!(
+                                    "{t:.1} s: both nodes killed with SIGKILL at once"
+                                ));
+                                say(&bar, format!("  ! {t:.1} s: killed both nodes (SIGKILL)"));
+                                killed = Some((0, Instant::now()));
+                                kill_t = t;
+                                for (i, cfg) in [&c1, &c2].into_iter().enumerate() {
+                                    match start_node(&dir, i as u32 + 1, cfg, "auto") {
+                                        Ok(pr) => nodes[i] = Some(pr),
+                                        Err(e) => say(&bar, format!("  ! restart failed: {e:#}")),
+                                    }
+                                }
+                                say(
+                                    &bar,
+                                    "  + both nodes restarted, recovering from their partitions"
+                                        .into(),
+                                );
+                                restarted = true;
+                                rejoin_started = Some(Instant::now());
+                                continue;
+                            }
                             if let Some(mut proc_) = nodes[(p - 1) as usize].take() {
                                 let _ = proc_.child.kill(); // SIGKILL
                                 let _ = proc_.child.wait();
@@ -309,11 +397,18 @@ pub fn run(a: Args) -> Result<()> {
                     promoted = Some(ms);
                     say(
                         &bar,
-                        format!(
-                            "  > node {} took over as primary (epoch {}) {ms:.0} ms after the kill; \
-                             clients saw node {p}'s connections reset and failed over",
-                            s.node, s.epoch
-                        ),
+                        match p {
+                            0 => format!(
+                                "  > node {} primary again (epoch {}) {ms:.0} ms after the kill, \
+                                 recovered from its partition through write {}",
+                                s.node, s.epoch, s.durable_seq
+                            ),
+                            _ => format!(
+                                "  > node {} took over as primary (epoch {}) {ms:.0} ms after the \
+                                 kill; clients saw node {p}'s connections reset and failed over",
+                                s.node, s.epoch
+                            ),
+                        },
                     );
                     events.push(format!(
                         "{:.1} s: node {} promoted to primary ({ms:.0} ms after the kill)",
@@ -352,9 +447,13 @@ pub fn run(a: Args) -> Result<()> {
                 {
                     let secs = rs.elapsed().as_secs_f64();
                     rejoined = Some(secs);
+                    let who = match p {
+                        0 => "the group".to_string(),
+                        _ => format!("node {p}"),
+                    };
                     say(
                         &bar,
-                        format!("  + node {p} back in sync after {secs:.2} s: redundant again"),
+                        format!("  + {who} back in sync after {secs:.2} s: redundant again"),
                     );
                 }
             }
@@ -422,7 +521,15 @@ pub fn run(a: Args) -> Result<()> {
     }
     // The verification's look-ups: on the new primary (the former
     // secondary's arena, under the same STag), every fallback explained.
-    let new_primary = killed.map(|(p, _)| if p == 1 { n2 } else { n1 });
+    let new_primary = match killed {
+        // After a whole-group crash: whichever node leads now.
+        Some((0, _)) => probe
+            .status_all()
+            .into_iter()
+            .find(|(_, r)| r.as_ref().is_ok_and(|s| s.role == PRIMARY))
+            .map(|(addr, _)| addr),
+        k => k.map(|(p, _)| if p == 1 { n2 } else { n1 }),
+    };
     let on_new = new_primary
         .and_then(|a| s["verify_one_sided_by_node"][a.to_string()].as_u64())
         .unwrap_or(0);
@@ -449,8 +556,20 @@ pub fn run(a: Args) -> Result<()> {
     let resurrected = s["resurrected"].as_u64().unwrap_or(0);
     println!("  resurrected deletes: {resurrected}");
     println!(
-        "  durability: {} (min_in_sync_replicas = 1)",
-        softrdma_store::config::durability(1)
+        "  durability: {} (min_in_sync_replicas = 1){}",
+        softrdma_store::config::durability(1),
+        match persist {
+            Some(p) => format!(
+                "; persist = {p}: {}",
+                match p {
+                    softrdma_store::persist::Policy::Always => {
+                        "every acknowledged write was durable in both nodes' logs"
+                    }
+                    _ => "each node's log commits at least once a second",
+                }
+            ),
+            None => String::new(),
+        }
     );
     println!("lost writes: {lost}");
     println!("(took {:.1} s)", t_start.elapsed().as_secs_f64());
