@@ -22,9 +22,13 @@
 //!   in the arena. A primary makes such a moment by holding new writes
 //!   while its staged ones commit (one round of replication and one
 //!   flush), then takes the base and serves the held writes in order.
-//!   Under `always` a primary's copy for a joining node waits for the same
-//!   moment (the copy exposes every applied write, and under `always`
-//!   only durable writes may be exposed).
+//!   Under `always` a primary's copy for a joining node waits (holding
+//!   new writes too) until its log holds every applied write: the copy
+//!   exposes them all, and under `always` only durable writes may be
+//!   exposed. (Writes a lost secondary never acknowledged stay unexposed
+//!   under `min_in_sync` 1 until a copy begins, so the arena may never be
+//!   quiet before it.) A write the policy refuses now is refused at once,
+//!   never held.
 //! * **`always`.** A primary commits (exposes and answers) a write only
 //!   once its own log holds it durably and its in-sync secondary has
 //!   acknowledged it, which that secondary does only once its own log
@@ -201,7 +205,8 @@ impl<M: Memory> Node<M> {
         !self.image.has_unexposed() && self.unsettled.is_none()
     }
 
-    /// A write request, unless it is held for the quiet moment.
+    /// A write request, unless it is held for the quiet moment (one the
+    /// policy refuses now is refused at once instead).
     pub(super) fn hold_write(
         &mut self,
         from: Addr,
@@ -209,7 +214,7 @@ impl<M: Memory> Node<M> {
         req_id: u64,
         op: Op,
     ) -> Option<Op> {
-        if !self.draining() {
+        if !self.draining() || !self.may_accept_writes() {
             return Some(op);
         }
         self.dur.held.push_back(Held {
@@ -221,17 +226,24 @@ impl<M: Memory> Node<M> {
         None
     }
 
-    /// Whether a Join waits for the quiet moment (under `always`, while
-    /// a write is not yet durable).
+    /// Whether a Join waits (under `always`) until the log holds every
+    /// applied write: the copy exposes them all, and only durable writes
+    /// may be exposed. (Not until the arena is quiet: with `min_in_sync`
+    /// 1, writes its lost secondary never acknowledged stay unexposed
+    /// until a copy begins, so that moment would never come.) New writes
+    /// are held meanwhile, so the log catches up.
     pub(super) fn hold_join(&mut self, from: Addr, member: Member, arena_len: u64) -> bool {
-        if self.cfg.persist != Policy::Always
-            || !matches!(self.state, State::Primary(_))
-            || self.quiet()
-        {
+        if !self.join_waits() {
             return false;
         }
         self.dur.join_held = Some((from, member, arena_len));
         true
+    }
+
+    fn join_waits(&self) -> bool {
+        self.cfg.persist == Policy::Always
+            && matches!(self.state, State::Primary(_))
+            && self.dur.durable < self.image.applied_seq()
     }
 
     /// After every input: take the base, or answer the Join, that waits
@@ -251,17 +263,12 @@ impl<M: Memory> Node<M> {
                 );
             }
         }
-        if !self.dur.snapshot_due && self.dur.join_held.is_none() {
-            return;
-        }
-        if !self.holds_data() || !self.quiet() {
-            return;
-        }
-        if self.dur.snapshot_due {
-            self.begin_life();
-        }
-        if let Some((from, member, arena_len)) = self.dur.join_held.take() {
+        if self.dur.join_held.is_some() && !self.join_waits() {
+            let (from, member, arena_len) = self.dur.join_held.take().expect("held");
             self.on_join(from, member, arena_len);
+        }
+        if self.dur.snapshot_due && self.holds_data() && self.quiet() {
+            self.begin_life();
         }
         while !self.draining() {
             let Some(h) = self.dur.held.pop_front() else {

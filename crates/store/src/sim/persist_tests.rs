@@ -95,3 +95,24 @@ fn a_recovered_primary_does_not_keep_a_secondary_that_may_hold_more() {
     eprintln!("{total:?}");
     assert!(total.recoveries > 0 && total.pauses > 0, "{total:?}");
 }
+
+/// `always` under `min_in_sync` 1 (the runtime's default): a primary whose
+/// secondary died with writes unacknowledged keeps them unexposed (they
+/// never commit without a secondary), so its arena never gets quiet; the
+/// Join of the restarted secondary must still be answered (once the log
+/// holds every applied write, not once the arena is quiet) and writes
+/// refused meanwhile are refused at once, not held.
+#[test]
+fn always_with_min_in_sync_1_rejoins_after_a_secondary_crash() {
+    let cfg = SimConfig {
+        min_in_sync: 1,
+        ..persisting(Policy::Always)
+    };
+    let mut total = SimReport::default();
+    for seed in seeds(12, 200) {
+        let r = run(seed, &cfg).unwrap_or_else(|e| panic!("{e}"));
+        total += &r;
+    }
+    eprintln!("{total:?}");
+    assert!(total.crashes > 0 && total.refused_writes > 0, "{total:?}");
+}
