@@ -46,6 +46,20 @@ fn run(cmd: &[&str], path: &Path, rest: &[&str]) {
     );
 }
 
+/// Both nodes killed with SIGKILL at once, both restarted from their
+/// partitions; returns once the group is redundant again at an epoch above
+/// the one before (returned).
+fn kill_both_and_restart(g: &mut Group) -> u64 {
+    let epoch = g.epoch();
+    for n in &mut g.nodes {
+        n.kill();
+    }
+    g.nodes[0].start("auto");
+    g.nodes[1].start("auto");
+    g.wait_redundant(Duration::from_secs(60), epoch);
+    epoch
+}
+
 fn persist_toml(dir: &Path, policy: &str) -> String {
     format!(
         "[persist]\nstorage = \"{}/node{{node}}.store\"\npartition = 0\nprincipal = \"store\"\npolicy = \"{policy}\"\n",
@@ -90,13 +104,7 @@ fn a_group_killed_whole_comes_back_with_every_acknowledged_write() {
         assert_eq!(s.persist, 2, "{s:?}");
         assert_eq!(s.durable_seq, s.applied_seq, "{s:?}");
     }
-    let epoch = g.epoch();
-    for n in &mut g.nodes {
-        n.kill();
-    }
-    g.nodes[0].start("auto");
-    g.nodes[1].start("auto");
-    g.wait_redundant(Duration::from_secs(60), epoch);
+    kill_both_and_restart(&mut g);
     let st = g.status();
     assert_eq!(st[0].stag, arena_before, "the arena's STag survives");
     for (i, (k, v)) in keys.iter().enumerate() {
@@ -146,13 +154,7 @@ fn histories_stay_linearizable_across_whole_group_kills() {
         x ^= x >> 7;
         x ^= x << 17;
         std::thread::sleep(Duration::from_millis(x % 800));
-        let epoch = g.epoch();
-        for n in &mut g.nodes {
-            n.kill();
-        }
-        g.nodes[0].start("auto");
-        g.nodes[1].start("auto");
-        g.wait_redundant(Duration::from_secs(60), epoch);
+        let epoch = kill_both_and_restart(&mut g);
         w.wait_progress(50, Duration::from_secs(30));
         eprintln!("kill {k}: back, epoch above {epoch}");
         if k % 3 == 1 {

@@ -288,9 +288,7 @@ impl<M: Memory> Node<M> {
                 _ => 0,
             })
             .sum();
-        if self.cfg.persist.logs() {
-            self.log_write(seq, &op);
-        }
+        self.log_write(seq, &op);
         match self.image.stage(seq, op) {
             Ok(()) => {
                 self.unsettled = Some((seq, bytes));
