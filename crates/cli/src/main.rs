@@ -24,6 +24,7 @@ mod signals;
 mod storage;
 mod storage_bench;
 mod store;
+mod store_admin;
 mod store_bench;
 mod store_bench_large;
 mod store_bench_log;

@@ -28,6 +28,15 @@ enum Cmd {
     /// `[coordinator] kind = "embedded"`) in the foreground until SIGINT or
     /// SIGTERM; for groups without etcd.
     Coordinator(crate::store_coord::Args),
+    /// After a double failure, make a node that the group's record does not
+    /// name (a stale secondary) its primary, giving up the writes it lacks
+    /// (named first; nothing changes without --yes). Refused while a
+    /// primary holds the lease.
+    Promote(crate::store_admin::PromoteArgs),
+    /// Start the group over, empty: the coordinator forgets its record and
+    /// the nodes it names discard their data (nothing changes without
+    /// --yes). Refused while a primary holds the lease.
+    Reset(crate::store_admin::ResetArgs),
     /// Store a value under a key (replicated before it is acknowledged).
     #[command(alias = "set")]
     Put(PutArgs),
@@ -235,6 +244,8 @@ pub fn run(a: Args) -> Result<()> {
     match a.cmd {
         Cmd::Serve(s) => serve(s),
         Cmd::Coordinator(c) => crate::store_coord::run(c),
+        Cmd::Promote(p) => crate::store_admin::promote(p),
+        Cmd::Reset(r) => crate::store_admin::reset(r),
         Cmd::Lincheck { file } => lincheck(&file),
         Cmd::Put(a) => put(a),
         Cmd::Get(a) => {

@@ -41,6 +41,18 @@
 //!   happens once per in-process rejoin, 8 bytes each, and a message of a
 //!   retired incarnation may be late by any amount.
 //!
+//! * Two **operator** calls, for what no election can decide (issue 33:
+//!   both nodes lost together), both refused while a lease is held (a
+//!   healthy primary serves): [`promote`](Coordinator::promote) writes a
+//!   record naming one incarnation primary (no in-sync member, no lease,
+//!   a new epoch), so that node's next campaign wins even though the
+//!   record named another (writes only the other held are given up, and
+//!   the other, if it comes back, copies from the promoted one);
+//!   [`reset`](Coordinator::reset) forgets the record and retires the
+//!   incarnations it named, so those nodes discard their data (a campaign
+//!   refused with no record at all tells a node it was retired) and the
+//!   group starts empty. Epochs stay above every earlier one.
+//!
 //! Hence a primary may acknowledge writes alone ("degraded") only after it
 //! has recorded `in_sync: none`; from then on the former secondary can never
 //! win a campaign, so no acknowledged write can be lost by promoting it.
@@ -101,6 +113,33 @@ pub enum CoordError {
     Setup(String),
 }
 
+/// The answer to an operator call ([`Coordinator::promote`],
+/// [`Coordinator::reset`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Override {
+    /// Done. `record`: after a promotion, the new record; after a reset,
+    /// the record that was forgotten (if there was one).
+    Done {
+        /// See above.
+        record: Option<GroupRecord>,
+    },
+    /// Refused: a primary holds the lease.
+    LeaseHeld {
+        /// The record as it stands.
+        record: GroupRecord,
+    },
+    /// Refused: the incarnation to promote was retired (it discarded its
+    /// data or never held any the group needs).
+    Retired,
+}
+
+impl Override {
+    /// Whether the call was carried out.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Override::Done { .. })
+    }
+}
+
 /// A coordinator, as used by a node's runtime (blocking calls).
 pub trait Coordinator: Send + Sync {
     /// Tries to become primary of `group`.
@@ -124,6 +163,14 @@ pub trait Coordinator: Send + Sync {
     /// Retires `old` in favour of incarnation `new` of the same node;
     /// `false` if the record names `old` (keep the data).
     fn retire(&self, group: &str, old: Member, new: u64) -> Result<bool, CoordError>;
+    /// Operator: makes `m` the primary of a new record with no in-sync
+    /// member and no lease; its next campaign wins. Refused while a lease
+    /// is held, or if `m` was retired.
+    fn promote(&self, group: &str, m: Member) -> Result<Override, CoordError>;
+    /// Operator: forgets the record and retires the incarnations it names;
+    /// the next campaign of a node not retired starts an empty group.
+    /// Refused while a lease is held.
+    fn reset(&self, group: &str) -> Result<Override, CoordError>;
 }
 
 #[derive(Debug, Clone)]
@@ -157,6 +204,9 @@ pub struct LeaseTable {
     groups: BTreeMap<String, Entry>,
     /// Per group and node: its retired incarnations.
     retired: BTreeMap<(String, u32), BTreeSet<u64>>,
+    /// Per group that was reset: the forgotten record's epoch (a new
+    /// record's epoch starts above it).
+    floor: BTreeMap<String, u64>,
 }
 
 impl LeaseTable {
@@ -203,7 +253,7 @@ impl LeaseTable {
             };
         }
         let (next_epoch, in_sync) = match self.groups.get(group) {
-            None => (1, None),
+            None => (self.floor.get(group).copied().unwrap_or(0) + 1, None),
             Some(e) => {
                 let lease_ok = !e.held(now) || e.primary == me;
                 let eligible = e.primary == me || e.in_sync == Some(me);
@@ -297,6 +347,54 @@ impl LeaseTable {
             .insert(old.incarnation);
         true
     }
+
+    /// See [`Coordinator::promote`].
+    pub fn promote(&mut self, group: &str, m: Member, now: u64) -> Override {
+        if self.retired(group, m) {
+            return Override::Retired;
+        }
+        let (epoch, ttl) = match self.groups.get(group) {
+            Some(e) if e.held(now) => {
+                return Override::LeaseHeld {
+                    record: e.record(now),
+                }
+            }
+            Some(e) => (e.epoch, e.ttl),
+            None => (self.floor.get(group).copied().unwrap_or(0), 0),
+        };
+        let e = Entry {
+            epoch: epoch + 1,
+            primary: m,
+            in_sync: None,
+            expires: None,
+            ttl,
+        };
+        let record = Some(e.record(now));
+        self.groups.insert(group.to_string(), e);
+        Override::Done { record }
+    }
+
+    /// See [`Coordinator::reset`].
+    pub fn reset(&mut self, group: &str, now: u64) -> Override {
+        let Some(e) = self.groups.get(group) else {
+            return Override::Done { record: None };
+        };
+        let record = e.record(now);
+        if record.lease_held {
+            return Override::LeaseHeld { record };
+        }
+        self.groups.remove(group);
+        self.floor.insert(group.to_string(), record.epoch);
+        for m in [Some(record.primary), record.in_sync].into_iter().flatten() {
+            self.retired
+                .entry((group.to_string(), m.node))
+                .or_default()
+                .insert(m.incarnation);
+        }
+        Override::Done {
+            record: Some(record),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -333,6 +431,76 @@ mod tests {
         // The retired ones stay retired.
         let e = e + 1;
         assert_eq!(t.set_in_sync("g", p, e, Some(s1), 5), None, "still retired");
+    }
+
+    /// The operator's calls (issue 33): refused under a live lease; a
+    /// promotion lets a node the record did not name win; a reset retires
+    /// the named incarnations (their campaigns are refused with no record,
+    /// which tells them so) and a new node starts the group above every
+    /// earlier epoch.
+    #[test]
+    fn promote_and_reset_only_without_a_live_lease() {
+        let mut t = LeaseTable::new();
+        let (a, b, c) = (m(1, 10), m(2, 20), m(3, 30));
+        let Campaign::Won { epoch, .. } = t.campaign("g", a, 100, 0) else {
+            panic!()
+        };
+        let e = t.set_in_sync("g", a, epoch, Some(b), 1).unwrap();
+        let e = t.set_in_sync("g", a, e, None, 2).unwrap();
+        // a serves: both refused, nothing changed.
+        let live = t.get("g", 50).unwrap();
+        assert_eq!(t.promote("g", b, 50), Override::LeaseHeld { record: live });
+        assert_eq!(t.reset("g", 50), Override::LeaseHeld { record: live });
+        assert_eq!(t.get("g", 50), Some(live));
+        // a's lease lapses: b (dropped from sync) cannot win by itself...
+        assert!(matches!(
+            t.campaign("g", b, 100, 200),
+            Campaign::Lost { .. }
+        ));
+        // ...until promoted.
+        let Override::Done { record: Some(r) } = t.promote("g", b, 200) else {
+            panic!()
+        };
+        assert_eq!(
+            (r.epoch, r.primary, r.in_sync, r.lease_held),
+            (e + 1, b, None, false)
+        );
+        assert!(
+            matches!(t.campaign("g", a, 100, 201), Campaign::Lost { .. }),
+            "a is stale now"
+        );
+        assert_eq!(
+            t.campaign("g", b, 100, 202),
+            Campaign::Won {
+                epoch: e + 2,
+                in_sync: None
+            }
+        );
+        let e = t.set_in_sync("g", b, e + 2, Some(c), 203).unwrap();
+        // Both lost: reset. b and c are retired, the record is gone.
+        let Override::Done { record: Some(old) } = t.reset("g", 400) else {
+            panic!()
+        };
+        assert_eq!((old.epoch, old.primary, old.in_sync), (e, b, Some(c)));
+        assert_eq!(t.get("g", 400), None);
+        assert_eq!(
+            t.campaign("g", b, 100, 401),
+            Campaign::Lost { record: None }
+        );
+        assert_eq!(
+            t.campaign("g", c, 100, 401),
+            Campaign::Lost { record: None }
+        );
+        assert_eq!(t.promote("g", c, 401), Override::Retired);
+        // A node's next incarnation starts the group, above every epoch.
+        assert_eq!(
+            t.campaign("g", m(2, 21), 100, 402),
+            Campaign::Won {
+                epoch: e + 1,
+                in_sync: None
+            }
+        );
+        assert!(!t.reset("g", 403).is_done(), "its lease is live");
     }
 
     #[test]

@@ -67,6 +67,13 @@ fn coordinator(cfg: &Config, creds: &Credentials) -> Result<Arc<dyn Coordinator>
     })
 }
 
+/// The coordinator `cfg` names, proving its `[auth]` secret (the
+/// operator's `softrdma store promote` and `store reset` call it).
+pub fn coordinator_for(cfg: &Config) -> Result<Arc<dyn Coordinator>, ServeError> {
+    let creds = cfg.credentials().map_err(setup)?;
+    coordinator(cfg, &creds)
+}
+
 /// Finds the group's arena: from the configuration, else from a peer that
 /// has one (its accept reply), else, when the group has no record yet and
 /// this node may start it, a new one (address chosen by the kernel, STag

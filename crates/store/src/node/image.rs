@@ -102,6 +102,10 @@ pub(super) struct Image<M: Memory> {
     /// The keys with a deadline, as planned with (including unexposed
     /// writes): what a primary reclaims once they expire.
     deadlines: deadlines::Deadlines,
+    /// Whether the arena may still hold objects of data this image
+    /// discarded ([`Image::reset`]): [`Image::format`] zeroes it then, or a
+    /// client's cached pointer would still find a discarded object whole.
+    stale_bytes: bool,
 }
 
 fn ptr_error(e: PtrError) -> StoreError {
@@ -130,6 +134,7 @@ impl<M: Memory> Image<M> {
             unkeyed_gens: BTreeMap::new(),
             wall_ms: 0,
             deadlines: Default::default(),
+            stale_bytes: false,
         }
     }
 
@@ -156,6 +161,7 @@ impl<M: Memory> Image<M> {
         self.index = None;
         self.unkeyed_gens.clear();
         self.deadlines.clear();
+        self.stale_bytes = true;
     }
 
     /// Reserves and formats the key index at offset 0, with `buckets`
@@ -163,6 +169,19 @@ impl<M: Memory> Image<M> {
     /// primary, whose arena holds nothing yet.
     pub(super) fn format(&mut self, buckets: u64) {
         assert_eq!(self.applied_seq, 0, "a node with data knows its index");
+        if std::mem::take(&mut self.stale_bytes) {
+            // A group started over on a node that held data (an operator's
+            // reset): no object of it may stay readable.
+            let zeros = vec![0u8; 1 << 20];
+            let mut off = 0;
+            while off < self.arena.len {
+                let n = (self.arena.len - off).min(zeros.len() as u64);
+                self.mem
+                    .write(off, &zeros[..n as usize])
+                    .expect("inside the arena");
+                off += n;
+            }
+        }
         let layout = Layout::for_arena(self.arena.len, buckets);
         self.alloc
             .alloc_at(0, layout.reserved_len())

@@ -565,6 +565,11 @@ impl<M: Memory> Node<M> {
                     Ok(CoordReply::Campaign(Campaign::Won { epoch, in_sync })) => {
                         self.become_primary(epoch, in_sync)
                     }
+                    // Refused with no record at all: an operator's reset
+                    // retired this incarnation (`crate::coord`): discard.
+                    Ok(CoordReply::Campaign(Campaign::Lost { record: None })) => {
+                        self.become_joining(None)
+                    }
                     Ok(CoordReply::Campaign(Campaign::Lost { record }))
                         if record.is_none_or(|r| r.epoch >= self.epoch) =>
                     {
@@ -637,6 +642,13 @@ impl<M: Memory> Node<M> {
                     // A late answer (older than what we know): ask again.
                     Ok(CoordReply::Get(Some(r))) if r.epoch < self.epoch => {}
                     Ok(CoordReply::Get(r)) => {
+                        // A record naming this node primary with nobody in
+                        // sync and no lease (an operator's promotion, or our
+                        // own record after dropping the secondary): no other
+                        // node may win, so the grace is pointless.
+                        let only_us = r.is_some_and(|r| {
+                            r.primary == self.cfg.member && r.in_sync.is_none() && !r.lease_held
+                        });
                         let r = r.filter(|r| r.lease_held && r.primary != self.cfg.member);
                         match r {
                             Some(r) => {
@@ -648,7 +660,7 @@ impl<M: Memory> Node<M> {
                             // peer the time to take over, and under
                             // `everysec` never campaigns once it saw one
                             // serve (`durable.rs`).
-                            None if self.recovery_grace() => {}
+                            None if self.recovery_grace() && !only_us => {}
                             None => {
                                 let id = self.coord(CoordRequest::Campaign);
                                 self.state = State::Fenced {
@@ -660,6 +672,12 @@ impl<M: Memory> Node<M> {
                     }
                     Ok(CoordReply::Campaign(Campaign::Won { epoch, in_sync })) => {
                         self.become_primary(epoch, in_sync)
+                    }
+                    // Refused with no record at all: an operator's reset
+                    // retired this incarnation (`crate::coord`): its data
+                    // is given up, and the node starts over.
+                    Ok(CoordReply::Campaign(Campaign::Lost { record: None })) => {
+                        self.become_joining(None)
                     }
                     Ok(CoordReply::Campaign(Campaign::Lost { record })) => self.after_lost(record),
                     _ => {}

@@ -140,6 +140,7 @@ impl<M: Memory> Node<M> {
             min_in_sync: self.cfg.min_in_sync,
             persist: self.cfg.persist.code(),
             durable_seq: self.dur.durable,
+            incarnation: self.cfg.member.incarnation,
         }
     }
 }

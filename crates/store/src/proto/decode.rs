@@ -372,6 +372,7 @@ fn dec_reply(r: &mut R<'_>) -> Result<Reply, DecodeError> {
             expires: (r.u64()?, r.u64()?),
             persist: r.u8()?,
             durable_seq: r.u64()?,
+            incarnation: r.u64()?,
         }),
         6 => Reply::Stored {
             ptr: r.ptr()?,

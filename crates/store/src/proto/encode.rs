@@ -449,6 +449,7 @@ fn enc_reply(w: &mut W, r: &Reply) {
             w.u64(s.expires.1);
             w.u8(s.persist);
             w.u64(s.durable_seq);
+            w.u64(s.incarnation);
         }
         Reply::Stored {
             ptr,

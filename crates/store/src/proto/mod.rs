@@ -547,6 +547,9 @@ pub struct StatusInfo {
     pub persist: u8,
     /// The last write this node's log holds durably (0 without one).
     pub durable_seq: u64,
+    /// The node's incarnation (the coordinator's records name members as
+    /// node and incarnation; `softrdma store promote` names this one).
+    pub incarnation: u64,
 }
 
 /// One effect of a write, applied identically on every replica.

@@ -62,6 +62,7 @@ fn plain_reply() -> impl Strategy<Value = Reply> {
                     expires: (x / 17, x / 3),
                     persist: role % 3,
                     durable_seq: x / 19,
+                    incarnation: x / 23,
                 })
             ),
         (ptr(), any::<u64>(), any::<bool>()).prop_map(|(ptr, generation, created)| {

@@ -106,7 +106,9 @@ struct Conn {
     hup: bool,
 }
 
-/// What [`Door::progress`] leaves a connection in.
+/// What [`Door::progress`] leaves a connection in. (A return value only,
+/// never stored: boxing `Away` would cost an allocation per command.)
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Keep,
     /// It read its share for this pass ([`READ_SHARE`]) and the socket

@@ -92,6 +92,7 @@ fn stub_reply(op: Op) -> Result<proto::Reply, StoreError> {
             expires: (0, 0),
             persist: 2,
             durable_seq: 7,
+            incarnation: 9,
         }),
         Op::Put { .. } => proto::Reply::Stored {
             ptr,
