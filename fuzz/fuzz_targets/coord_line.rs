@@ -3,7 +3,9 @@
 //! answer line each and never panics (issue 29, finding 10: one line used
 //! to panic the server inside the table's lock and kill it for every
 //! group); the table's rules hold whatever the lines say: a group's epoch
-//! only grows and its primary is never its own in-sync secondary.
+//! only grows (across an operator's reset too: the next record starts
+//! above the forgotten one) and its primary is never its own in-sync
+//! secondary.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -14,7 +16,8 @@ use softrdma_store::coord::LeaseTable;
 /// table; raw bytes still come through unchanged.
 const WORDS: &[&str] = &[
     "CAMPAIGN", "KEEPALIVE", "SETINSYNC", "RESIGN", "RETIRE", "GET", "g", "h", "1:5", "1:6",
-    "2:7", "2:8", "-", "0", "1", "2", "3", "100", "18446744073709551615", "1:", ":",
+    "2:7", "2:8", "-", "0", "1", "2", "3", "100", "18446744073709551615", "1:", ":", "PROMOTE",
+    "RESET",
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -69,6 +69,35 @@ pub fn start_node(
     role: &str,
     verbose: bool,
 ) -> Result<(Proc, String)> {
+    let s = spawn_node(dir, id, cfg, role, verbose)?;
+    s.wait_ready()
+}
+
+/// A node started by [`spawn_node`], not yet ready.
+pub struct Starting {
+    p: Proc,
+    rx: mpsc::Receiver<String>,
+    log_path: std::path::PathBuf,
+}
+
+impl Starting {
+    /// Waits up to 40 s for the node's `ready` line.
+    pub fn wait_ready(self) -> Result<(Proc, String)> {
+        let Starting { p, rx, log_path } = self;
+        match rx.recv_timeout(Duration::from_secs(40)) {
+            Ok(l) if l.starts_with("ready") => Ok((p, l)),
+            Ok(l) => bail!("{}: unexpected output {l:?}", p.name),
+            Err(_) => bail!(
+                "{} did not become ready (log: {})",
+                p.name,
+                log_path.display()
+            ),
+        }
+    }
+}
+
+/// [`start_node`] without the wait (several nodes start at once).
+pub fn spawn_node(dir: &Path, id: u32, cfg: &Path, role: &str, verbose: bool) -> Result<Starting> {
     let log_path = dir.join(format!("node{id}.log"));
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -92,13 +121,5 @@ pub fn start_node(
             let _ = tx.send(line);
         }
     });
-    match rx.recv_timeout(Duration::from_secs(40)) {
-        Ok(l) if l.starts_with("ready") => Ok((p, l)),
-        Ok(l) => bail!("{}: unexpected output {l:?}", p.name),
-        Err(_) => bail!(
-            "{} did not become ready (log: {})",
-            p.name,
-            log_path.display()
-        ),
-    }
+    Ok(Starting { p, rx, log_path })
 }

@@ -84,6 +84,10 @@ enum Cmd {
     /// `WAIT 1 0`) in the same run, reads beside them, and the device's
     /// fdatasync rate (fio) as the physical limit; p99 and CPU.
     BenchPersist(crate::store_bench::persist::Args),
+    /// Recovery of a group killed whole, with its arena filled (1 GiB of
+    /// 4 KiB values by default): from process start to serving, against
+    /// fio's sequential O_DIRECT read of the same store file.
+    BenchRecovery(crate::store_bench::recovery::Args),
     /// Checks a recorded history (JSON lines: key, client, call, ret,
     /// op "write"|"read", value; as the linearizability tests save them)
     /// against a register model; prints each failing key's minimal history.
@@ -328,6 +332,7 @@ pub fn run(a: Args) -> Result<()> {
         Cmd::BenchLarge(b) => crate::store_bench_large::run(b),
         Cmd::BenchLog(b) => crate::store_bench_log::run(b),
         Cmd::BenchPersist(b) => crate::store_bench::persist::run(b),
+        Cmd::BenchRecovery(b) => crate::store_bench::recovery::run(b),
     }
 }
 

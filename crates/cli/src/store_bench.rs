@@ -149,6 +149,28 @@ pub(crate) struct Group {
 }
 
 impl Group {
+    /// Starts both nodes again (after they were killed) on their
+    /// configurations in `dir`, both at once (their logs at info level),
+    /// runs `during` while they start, then waits until both printed
+    /// `ready`.
+    pub(crate) fn restart_then<T>(
+        &mut self,
+        dir: &Path,
+        during: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.procs.clear();
+        let mut starting = Vec::new();
+        for id in 1..=2 {
+            let cfg = dir.join(format!("node{id}.toml"));
+            starting.push(crate::child::spawn_node(dir, id, &cfg, "auto", true)?);
+        }
+        let r = during();
+        for s in starting {
+            self.procs.push(s.wait_ready()?.0);
+        }
+        r
+    }
+
     /// A client configuration proving the group secret.
     pub(crate) fn client_config(&self) -> ClientConfig {
         client_config(&self.nodes, self.password.as_deref())
@@ -615,6 +637,8 @@ fn measure_store(
 
 #[path = "store_bench_persist.rs"]
 pub(crate) mod persist;
+#[path = "store_bench_recovery.rs"]
+pub(crate) mod recovery;
 #[path = "store_bench_redis.rs"]
 mod redis;
 use redis::{

@@ -54,7 +54,7 @@ pub struct Args {
 }
 
 /// Each node's store: two snapshot slots of the arena and a log.
-fn store_size(arena: u64) -> u64 {
+pub(super) fn store_size(arena: u64) -> u64 {
     (2 * arena + (256 << 20)).div_ceil(1 << 20) * (1 << 20) + (4 << 20)
 }
 

@@ -45,3 +45,30 @@ fn bench_persist_json_rounds() {
         assert!(f("fio_fdatasync_per_s") > 0.0, "{v}");
     }
 }
+
+/// `softrdma store bench-recovery --json`, shortened (a 16 MiB arena half
+/// filled): the group recovers every write it held (the bench checks the
+/// primary's applied write), and the row has the recovery time and rate,
+/// fio's read bandwidth with its p99 and CPU, and their ratio.
+#[test]
+fn bench_recovery_json_row() {
+    let out = Command::new(SOFTRDMA)
+        .args(["store", "bench-recovery", "--json", "--arena", "16MiB"])
+        .args(["--fill", "0.5", "--threads", "2"])
+        .output()
+        .expect("run softrdma");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "softrdma store bench-recovery failed ({}); if fio is missing, run \
+         scripts/setup.sh\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON row");
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
+    assert!(f("values") > 0.0 && f("allocated") >= 8.0 * (1 << 20) as f64 * 0.9, "{v}");
+    assert!(f("recovery_s") > 0.0 && f("recovery_mib_per_s") > 0.0, "{v}");
+    assert!(f("fio_read_mib_per_s") > 0.0 && f("fio_p99_us") > 0.0, "{v}");
+    assert!(f("ratio") > 0.0, "{v}");
+}

@@ -212,9 +212,13 @@ fn run(
             if let Some(incarnation) = p.life() {
                 tell(FromPersist::Durable { incarnation, seq });
             }
-            if p.wants_snapshot() {
-                tell(FromPersist::SnapshotDue);
-            }
+        }
+        // (Asked on every round, not only after a commit: writes that wait
+        // in the backlog once the load stopped are made durable only by a
+        // snapshot, and no commit comes to ask for it; they stayed
+        // undurable for good.)
+        if p.wants_snapshot() {
+            tell(FromPersist::SnapshotDue);
         }
         if !chunk_asked {
             if let Some((offset, len)) = p.snapshot_wants() {

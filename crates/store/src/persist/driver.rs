@@ -29,12 +29,13 @@
 //!   and hands them to the owner in that order of use: base, snapshot
 //!   bytes, writes.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use super::checkpoint::{self, ArenaId, Checkpoint, Layout, Snapshot};
 use super::entry::{self, Base, Entry};
 use super::log::{LogPos, LogStart, LogWriter};
 use super::{record, LogDevice, LogError, Window};
+use crate::proto::Effect;
 
 /// Bytes of the arena the owner hands over per snapshot step.
 pub const SNAPSHOT_CHUNK: usize = 1 << 20;
@@ -102,9 +103,29 @@ pub struct Persister<D: LogDevice> {
     snapshot_after: u64,
     /// A snapshot was asked for and no base came since.
     asked: bool,
-    /// Ring bytes kept free for a base: twice the largest base so far.
+    /// Ring bytes kept free for a base: twice the largest base so far
+    /// (at least; see [`Persister::base_room`]).
     reserve: u64,
+    /// The last base's record size (0 before any).
+    base_len: u64,
+    /// How much larger than the last base the next may be, from the writes
+    /// logged since: [`BASE_BYTES_PER_CHANGE`] per allocation or free.
+    growth: u64,
+    /// Per client that wrote since the last base: its last write's payload
+    /// length, a bound on its entry in the next base's retry table (the
+    /// entry holds that write's reply); and their sum.
+    clients: HashMap<u64, u64>,
+    clients_len: u64,
+    /// While a snapshot runs whose base came when the backlog held writes
+    /// (which only that snapshot holds, not the log): the last write
+    /// before them. Nothing after it is durable until the snapshot is.
+    hole: Option<u64>,
 }
+
+/// A bound on the bytes one allocation or free adds to a base's
+/// allocator (an offset and a length, each at most a 10-byte varint, and
+/// the entry's framing).
+pub const BASE_BYTES_PER_CHANGE: u64 = 24;
 
 fn corrupt(s: impl Into<String>) -> PersistError {
     PersistError::Corrupt(s.into())
@@ -149,6 +170,11 @@ impl<D: LogDevice> Persister<D> {
             snapshot_after,
             asked: false,
             reserve: 64 << 10,
+            base_len: 0,
+            growth: 0,
+            clients: HashMap::new(),
+            clients_len: 0,
+            hole: None,
         };
         let Some(c) = ckpt else {
             // A blank partition: its log ring is written with zeros once
@@ -238,6 +264,11 @@ impl<D: LogDevice> Persister<D> {
         }
     }
 
+    /// Writes waiting in memory for room in the ring.
+    pub fn backlog(&self) -> usize {
+        self.backlog.len()
+    }
+
     /// The incarnation whose life the log holds.
     pub fn life(&self) -> Option<u64> {
         self.life
@@ -246,10 +277,10 @@ impl<D: LogDevice> Persister<D> {
     /// The last write durable in the current life (0 until its first
     /// snapshot's checkpoint is durable).
     pub fn durable(&self) -> u64 {
-        if self.based {
-            self.durable_seq
-        } else {
-            0
+        match (self.based, self.hole) {
+            (false, _) => 0,
+            (true, Some(cap)) => self.durable_seq.min(cap),
+            (true, None) => self.durable_seq,
         }
     }
 
@@ -262,19 +293,33 @@ impl<D: LogDevice> Persister<D> {
                 self.new_life(b.incarnation)?;
             }
         }
-        let Dev::Log(w) = &mut self.dev else {
+        if !matches!(self.dev, Dev::Log(_)) {
             // A write with no life (a node logs only once it holds an
             // image, whose base comes first).
             return Err(corrupt("a logged write before any base"));
-        };
-        let pos = w.position();
+        }
         let payload = entry::encode(e);
         let size = record::record_size(payload.len());
+        if let Entry::Write { op, .. } = e {
+            let changes = op
+                .effects
+                .iter()
+                .filter(|f| matches!(f, Effect::Alloc { .. } | Effect::Free { .. }))
+                .count() as u64;
+            self.growth += BASE_BYTES_PER_CHANGE * changes;
+            let len = payload.len() as u64;
+            let old = self.clients.insert(op.client, len).unwrap_or(0);
+            self.clients_len = self.clients_len + len - old;
+        }
+        let room = size as u64 + self.base_room();
+        let Dev::Log(w) = &mut self.dev else {
+            unreachable!()
+        };
+        let pos = w.position();
         let Entry::Base(b) = e else {
             // A write goes to the ring while it leaves room for a base
             // (the next snapshot's, which is what frees the ring), else to
             // the backlog.
-            let room = record::record_size(payload.len()) as u64 + self.reserve;
             if !self.backlog.is_empty() || w.free() < room {
                 self.backlog.push_back(payload);
                 return Ok(size);
@@ -283,11 +328,20 @@ impl<D: LogDevice> Persister<D> {
             self.seqs.push_back((lsn, e.seq()));
             return Ok(size);
         };
-        // Whatever waited for room is in this base's snapshot.
+        // Whatever waited for room is in this base's snapshot, and durable
+        // only once that is (the base's record in the log does not hold
+        // it: durable through the base's write on its commit, a crash
+        // before the snapshot's checkpoint lost every one of them).
+        if let Some(first) = self.backlog.front() {
+            let first = entry::decode(first).map_err(|e| corrupt(e.to_string()))?;
+            self.hole = Some(first.seq() - 1);
+        }
         self.backlog.clear();
-        self.reserve = self
-            .reserve
-            .max(2 * record::record_size(payload.len()) as u64);
+        self.base_len = record::record_size(payload.len()) as u64;
+        self.reserve = self.reserve.max(2 * self.base_len);
+        self.growth = 0;
+        self.clients.clear();
+        self.clients_len = 0;
         let lsn = w.append(&payload)?;
         self.seqs.push_back((lsn, b.seq));
         {
@@ -302,6 +356,19 @@ impl<D: LogDevice> Persister<D> {
             });
         }
         Ok(size)
+    }
+
+    /// The ring bytes a write must leave free for the next base: twice the
+    /// largest base so far, and twice a bound on the next one (the last
+    /// base, the allocations and frees logged since, every retry-table
+    /// entry written since). A base grows with the arena's allocations;
+    /// kept to the largest so far only, a ring filled with writes after a
+    /// small base had no room for the next, larger one, and persistence
+    /// stopped (`log full: 1603864 bytes needed`, a 1 GiB arena of 4 KiB
+    /// values after a life began on an empty arena).
+    fn base_room(&self) -> u64 {
+        let bound = self.base_len + self.growth + self.clients_len + 64;
+        self.reserve.max(2 * bound)
     }
 
     /// A new life for incarnation `inc`: a checkpoint that names no
@@ -335,6 +402,7 @@ impl<D: LogDevice> Persister<D> {
         self.durable_seq = 0;
         self.job = None;
         self.backlog.clear();
+        self.hole = None;
         Ok(())
     }
 
@@ -415,13 +483,16 @@ impl<D: LogDevice> Persister<D> {
         checkpoint::write(self.device(), &c)?;
         self.ckpt = Some(c);
         self.based = true;
+        self.hole = None;
+        self.durable_seq = self.durable_seq.max(j.base_seq);
+        let room = self.base_room();
         let Dev::Log(w) = &mut self.dev else {
             unreachable!()
         };
         w.release(j.base_pos);
         // What waited for room.
         while let Some(p) = self.backlog.front() {
-            if w.free() < record::record_size(p.len()) as u64 + self.reserve {
+            if w.free() < record::record_size(p.len()) as u64 + room {
                 break;
             }
             let lsn = w.append(p)?;
