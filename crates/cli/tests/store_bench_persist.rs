@@ -67,8 +67,17 @@ fn bench_recovery_json_row() {
     );
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON row");
     let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
-    assert!(f("values") > 0.0 && f("allocated") >= 8.0 * (1 << 20) as f64 * 0.9, "{v}");
-    assert!(f("recovery_s") > 0.0 && f("recovery_mib_per_s") > 0.0, "{v}");
-    assert!(f("fio_read_mib_per_s") > 0.0 && f("fio_p99_us") > 0.0, "{v}");
+    assert!(
+        f("values") > 0.0 && f("allocated") >= 8.0 * (1 << 20) as f64 * 0.9,
+        "{v}"
+    );
+    assert!(
+        f("recovery_s") > 0.0 && f("recovery_mib_per_s") > 0.0,
+        "{v}"
+    );
+    assert!(
+        f("fio_read_mib_per_s") > 0.0 && f("fio_p99_us") > 0.0,
+        "{v}"
+    );
     assert!(f("ratio") > 0.0, "{v}");
 }
