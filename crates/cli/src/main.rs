@@ -9,6 +9,7 @@ mod bench;
 mod child;
 mod cmatose;
 mod demo;
+mod fio;
 #[allow(unsafe_code)]
 mod heap;
 mod info;

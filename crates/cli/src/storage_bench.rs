@@ -278,28 +278,20 @@ fn fio(
     direct: bool,
 ) -> Result<(f64, f64)> {
     let rw = if op == Op::Write { "write" } else { "read" };
-    let out = std::process::Command::new("fio")
-        .args([
-            "--name=softrdma",
-            &format!("--filename={}", path.display()),
-            &format!("--offset={offset}"),
-            &format!("--size={ws}"),
-            &format!("--rw={rw}"),
-            &format!("--bs={size}"),
-            &format!("--iodepth={depth}"),
-            "--ioengine=io_uring",
-            if direct { "--direct=1" } else { "--direct=0" },
-            "--time_based",
-            &format!("--runtime={}ms", dur.as_millis()),
-            "--output-format=json",
-        ])
-        .output()
-        .context("running fio (Debian package fio; scripts/setup.sh installs it)")?;
-    if !out.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
-    let j = &v["jobs"][0][rw];
+    let v = crate::fio::job(&[
+        "--name=softrdma".into(),
+        format!("--filename={}", path.display()),
+        format!("--offset={offset}"),
+        format!("--size={ws}"),
+        format!("--rw={rw}"),
+        format!("--bs={size}"),
+        format!("--iodepth={depth}"),
+        "--ioengine=io_uring".into(),
+        if direct { "--direct=1" } else { "--direct=0" }.into(),
+        "--time_based".into(),
+        format!("--runtime={}ms", dur.as_millis()),
+    ])?;
+    let j = &v[rw];
     let bw = j["bw_bytes"].as_f64().unwrap_or(0.0);
     let iops = j["iops"].as_f64().unwrap_or(0.0);
     Ok((bw / 1e9, iops))

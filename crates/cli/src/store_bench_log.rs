@@ -123,33 +123,23 @@ fn measure<D: softrdma_store::persist::LogDevice>(
 /// fio's synchronous writes of `bs` bytes, each followed by `fdatasync`:
 /// (writes/s, p99 of the sync in us, CPU).
 pub(crate) fn fio_sync(file: &std::path::Path, bs: u64, dur: Duration) -> Result<(f64, f64, f64)> {
-    let out = std::process::Command::new("fio")
-        .args([
-            "--name=softrdma-log",
-            &format!("--filename={}", file.display()),
-            "--size=64M",
-            "--rw=write",
-            &format!("--bs={bs}"),
-            "--fdatasync=1",
-            "--ioengine=sync",
-            "--time_based",
-            &format!("--runtime={}ms", dur.as_millis().max(1)),
-            "--output-format=json",
-        ])
-        .output()
-        .context("running fio (Debian package fio; scripts/setup.sh installs it)")?;
-    if !out.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
-    let j = &v["jobs"][0];
+    let j = crate::fio::job(&[
+        "--name=softrdma-log".into(),
+        format!("--filename={}", file.display()),
+        "--size=64M".into(),
+        "--rw=write".into(),
+        format!("--bs={bs}"),
+        "--fdatasync=1".into(),
+        "--ioengine=sync".into(),
+        "--time_based".into(),
+        format!("--runtime={}ms", dur.as_millis().max(1)),
+    ])?;
     let iops = j["write"]["iops"].as_f64().context("fio: write iops")?;
-    let p99 = j["sync"]["lat_ns"]["percentile"]["99.000000"]
-        .as_f64()
-        .unwrap_or(0.0)
-        / 1e3;
-    let cpu = (j["usr_cpu"].as_f64().unwrap_or(0.0) + j["sys_cpu"].as_f64().unwrap_or(0.0)) / 100.0;
-    Ok((iops, p99, cpu))
+    Ok((
+        iops,
+        crate::fio::p99_us(&j["sync"]["lat_ns"]),
+        crate::fio::cpu(&j),
+    ))
 }
 
 pub fn run(a: Args) -> Result<()> {

@@ -54,8 +54,41 @@ pub struct Args {
 }
 
 /// Each node's store: two snapshot slots of the arena and a log.
-pub(super) fn store_size(arena: u64) -> u64 {
+fn store_size(arena: u64) -> u64 {
     (2 * arena + (256 << 20)).div_ceil(1 << 20) * (1 << 20) + (4 << 20)
+}
+
+/// A new store for each of the two nodes in `dir` (`node<n>.store`: one
+/// partition granted `rw` to principal `store`), and the `[persist]` table
+/// of node `n`'s configuration naming it under `policy`.
+pub(super) fn new_stores(
+    dir: &std::path::Path,
+    arena: u64,
+    policy: softrdma_store::persist::Policy,
+) -> Result<impl Fn(u32) -> String + '_> {
+    for n in 1..=2 {
+        // A new store each run (a kept one would hold the last run's
+        // group, which its nodes would recover).
+        let path = dir.join(format!("node{n}.store"));
+        // (`init --force` keeps the partitions' bytes.)
+        let _ = std::fs::remove_file(&path);
+        Store::init(
+            &path,
+            &InitOptions {
+                size: Some(store_size(arena)),
+                partitions: PartitionSpec::Equal(1),
+                align: 1 << 20,
+                force: false,
+            },
+        )?;
+        Store::open(&path)?.grant("0", "store", Rights::READ_WRITE)?;
+    }
+    Ok(move |n: u32| {
+        format!(
+            "[persist]\nstorage = \"{}\"\npartition = 0\nprincipal = \"store\"\npolicy = \"{policy}\"\n",
+            dir.join(format!("node{n}.store")).display()
+        )
+    })
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -74,29 +107,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         let pdir = dir.join(policy.to_string());
         std::fs::create_dir_all(&pdir)?;
-        for n in 1..=2 {
-            // A new store each run (a kept one would hold the last run's
-            // group, which its nodes would recover).
-            let path = pdir.join(format!("node{n}.store"));
-            // (`init --force` keeps the partitions' bytes.)
-            let _ = std::fs::remove_file(&path);
-            Store::init(
-                &path,
-                &InitOptions {
-                    size: Some(store_size(arena)),
-                    partitions: PartitionSpec::Equal(1),
-                    align: 1 << 20,
-                    force: false,
-                },
-            )?;
-            Store::open(&path)?.grant("0", "store", Rights::READ_WRITE)?;
-        }
-        let tables = |n: u32| {
-            format!(
-                "[persist]\nstorage = \"{}\"\npartition = 0\nprincipal = \"store\"\npolicy = \"{policy}\"\n",
-                pdir.join(format!("node{n}.store")).display()
-            )
-        };
+        let tables = new_stores(&pdir, arena, policy)?;
         let group = start_group_with(&pdir, &a.arena, true, &tables)?;
         say(format!("store group persisting {policy}, redundant"));
         let redis = start_redis_with(

@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
-use softrdma_storage::layout::Rights;
-use softrdma_storage::{InitOptions, PartitionSpec, Store};
 use softrdma_store::net::client::StoreClient;
 use softrdma_store::proto::{StatusInfo, ROLE_PRIMARY};
 
@@ -59,32 +57,22 @@ fn statuses(c: &mut StoreClient) -> Vec<StatusInfo> {
 /// fio's sequential O_DIRECT read of `file` (128 KiB at depth 32):
 /// (MiB/s, p99 completion latency in µs, CPU).
 fn fio_read(file: &std::path::Path, size: u64) -> Result<(f64, f64, f64)> {
-    let out = std::process::Command::new("fio")
-        .args([
-            "--name=softrdma-recovery",
-            &format!("--filename={}", file.display()),
-            &format!("--size={size}"),
-            "--rw=read",
-            "--bs=128k",
-            "--iodepth=32",
-            "--ioengine=libaio",
-            "--direct=1",
-            "--output-format=json",
-        ])
-        .output()
-        .context("running fio (Debian package fio; scripts/setup.sh installs it)")?;
-    if !out.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
-    let j = &v["jobs"][0];
+    let j = crate::fio::job(&[
+        "--name=softrdma-recovery".into(),
+        format!("--filename={}", file.display()),
+        format!("--size={size}"),
+        "--rw=read".into(),
+        "--bs=128k".into(),
+        "--iodepth=32".into(),
+        "--ioengine=libaio".into(),
+        "--direct=1".into(),
+    ])?;
     let bw = j["read"]["bw_bytes"].as_f64().context("fio: read bw")? / (1 << 20) as f64;
-    let p99 = j["read"]["clat_ns"]["percentile"]["99.000000"]
-        .as_f64()
-        .unwrap_or(0.0)
-        / 1e3;
-    let cpu = (j["usr_cpu"].as_f64().unwrap_or(0.0) + j["sys_cpu"].as_f64().unwrap_or(0.0)) / 100.0;
-    Ok((bw, p99, cpu))
+    Ok((
+        bw,
+        crate::fio::p99_us(&j["read"]["clat_ns"]),
+        crate::fio::cpu(&j),
+    ))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -100,27 +88,7 @@ pub fn run(a: Args) -> Result<()> {
     let dir = work_dir(a.workdir.as_deref(), "softrdma-bench-recovery")?;
     let t0 = Instant::now();
     let say = |m: String| eprintln!("[{:6.1} s] {m}", t0.elapsed().as_secs_f64());
-    let store_size = super::persist::store_size(arena);
-    for n in 1..=2 {
-        let path = dir.join(format!("node{n}.store"));
-        let _ = std::fs::remove_file(&path);
-        Store::init(
-            &path,
-            &InitOptions {
-                size: Some(store_size),
-                partitions: PartitionSpec::Equal(1),
-                align: 1 << 20,
-                force: false,
-            },
-        )?;
-        Store::open(&path)?.grant("0", "store", Rights::READ_WRITE)?;
-    }
-    let tables = |n: u32| {
-        format!(
-            "[persist]\nstorage = \"{}\"\npartition = 0\nprincipal = \"store\"\npolicy = \"{policy}\"\n",
-            dir.join(format!("node{n}.store")).display()
-        )
-    };
+    let tables = super::persist::new_stores(&dir, arena, policy)?;
     let mut group = start_group_with(&dir, &a.arena, true, &tables)?;
     say(format!("group persisting {policy}, redundant; filling"));
     let target = (arena as f64 * a.fill) as u64;
@@ -189,7 +157,8 @@ pub fn run(a: Args) -> Result<()> {
         let _ = p.child.kill();
         let _ = p.child.wait();
     }
-    let (fio_bw, fio_p99, fio_cpu) = fio_read(&dir.join("node1.store"), store_size)?;
+    let store = dir.join("node1.store");
+    let (fio_bw, fio_p99, fio_cpu) = fio_read(&store, std::fs::metadata(&store)?.len())?;
     say(format!(
         "fio sequential O_DIRECT read: {fio_bw:.0} MiB/s; restarting"
     ));

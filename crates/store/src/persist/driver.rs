@@ -96,9 +96,9 @@ pub struct Persister<D: LogDevice> {
     seqs: VecDeque<(u64, u64)>,
     durable_seq: u64,
     job: Option<Job>,
-    /// Payloads the ring had no room for, in order (appended once a
-    /// snapshot releases it).
-    backlog: VecDeque<Vec<u8>>,
+    /// Payloads the ring had no room for, in order, with their writes'
+    /// sequence numbers (appended once a snapshot releases it).
+    backlog: VecDeque<(u64, Vec<u8>)>,
     /// Ring bytes in use after which a snapshot is wanted.
     snapshot_after: u64,
     /// A snapshot was asked for and no base came since.
@@ -321,7 +321,7 @@ impl<D: LogDevice> Persister<D> {
             // (the next snapshot's, which is what frees the ring), else to
             // the backlog.
             if !self.backlog.is_empty() || w.free() < room {
-                self.backlog.push_back(payload);
+                self.backlog.push_back((e.seq(), payload));
                 return Ok(size);
             }
             let lsn = w.append(&payload)?;
@@ -332,9 +332,8 @@ impl<D: LogDevice> Persister<D> {
         // only once that is (the base's record in the log does not hold
         // it: durable through the base's write on its commit, a crash
         // before the snapshot's checkpoint lost every one of them).
-        if let Some(first) = self.backlog.front() {
-            let first = entry::decode(first).map_err(|e| corrupt(e.to_string()))?;
-            self.hole = Some(first.seq() - 1);
+        if let Some(&(first, _)) = self.backlog.front() {
+            self.hole = Some(first - 1);
         }
         self.backlog.clear();
         self.base_len = record::record_size(payload.len()) as u64;
@@ -491,13 +490,12 @@ impl<D: LogDevice> Persister<D> {
         };
         w.release(j.base_pos);
         // What waited for room.
-        while let Some(p) = self.backlog.front() {
+        while let Some((seq, p)) = self.backlog.front() {
             if w.free() < record::record_size(p.len()) as u64 + room {
                 break;
             }
             let lsn = w.append(p)?;
-            let e = entry::decode(p).map_err(|e| corrupt(e.to_string()))?;
-            self.seqs.push_back((lsn, e.seq()));
+            self.seqs.push_back((lsn, *seq));
             self.backlog.pop_front();
         }
         Ok(true)
