@@ -91,12 +91,14 @@ pub(crate) fn stored_arena(dev: &mut QpDevice) -> Result<Option<ArenaId>, String
 }
 
 /// The node, recovered from what `p` found: the snapshot into `arena`,
-/// the logged writes over it.
+/// the logged writes over it. `started`: when the process started (the
+/// node has been silent since, at least).
 pub(crate) fn recover(
     p: &mut Persister<QpDevice>,
     found: &Found,
     cfg: NodeConfig,
     arena: Arena,
+    started: Instant,
 ) -> Result<Node<Arena>, String> {
     let t = Instant::now();
     let mut r = Recovering::new(cfg, arena, &found.base)?;
@@ -107,7 +109,7 @@ pub(crate) fn recover(
         r.replay(e)?;
     }
     let seq = r.seq();
-    let node = r.finish()?;
+    let node = r.finish(started.elapsed().as_micros() as u64)?;
     tracing::info!(
         base = found.base.seq,
         through = seq,
@@ -155,7 +157,15 @@ fn run(
     let mut dirty = false;
     let mut last_commit = Instant::now();
     let mut chunk_asked = false;
+    let mut last_report = Instant::now();
     loop {
+        // What waits, now and then (a stall shows in the node's log).
+        if last_report.elapsed() >= Duration::from_secs(5) {
+            last_report = Instant::now();
+            if p.backlog() > 0 || p.snapshot_wants().is_some() {
+                tracing::info!(chunk_asked, "persistence: {}", p.state());
+            }
+        }
         let mut next = if policy == Policy::Always {
             let timeout = match dirty {
                 true => Duration::ZERO,
@@ -218,6 +228,7 @@ fn run(
         // snapshot, and no commit comes to ask for it; they stayed
         // undurable for good.)
         if p.wants_snapshot() {
+            tracing::debug!("persistence: snapshot due: {}", p.state());
             tell(FromPersist::SnapshotDue);
         }
         if !chunk_asked {

@@ -175,6 +175,7 @@ fn find_arena(
 /// Runs a node until the process is killed. `ready` is called once the node
 /// listens, with the arena it serves.
 pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeError> {
+    let started = Instant::now();
     cfg.validate().map_err(setup)?;
     let creds = Arc::new(cfg.credentials().map_err(setup)?);
     let mut me = Member {
@@ -225,7 +226,9 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         }
         None => find_arena(&cfg, &ep, coord.as_ref(), me, node_auth.as_ref())?,
     };
+    let mapped_ms = started.elapsed().as_millis() as u64;
     let reg = Arc::new(ArenaReg::new(ep.pd(), &arena, aref).map_err(ServeError::Setup)?);
+    let registered_ms = started.elapsed().as_millis() as u64;
     let mut persister = None;
     let node = match dev {
         None => Node::new(node_config(&cfg, me, aref, policy), arena),
@@ -236,11 +239,17 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
                 stag: aref.stag,
             };
             let (mut p, found) = Persister::open(dev, id, 0).map_err(setup)?;
+            tracing::info!(
+                mapped_ms,
+                registered_ms,
+                opened_ms = started.elapsed().as_millis() as u64,
+                "partition open"
+            );
             let node = match found {
                 Some(f) => {
                     me.incarnation = f.base.incarnation;
                     let ncfg = node_config(&cfg, me, aref, policy);
-                    persist_thread::recover(&mut p, &f, ncfg, arena).map_err(|e| {
+                    persist_thread::recover(&mut p, &f, ncfg, arena, started).map_err(|e| {
                         ServeError::Setup(format!(
                             "cannot recover from the partition: {e} (`softrdma store reset` \
                              starts this node empty)"

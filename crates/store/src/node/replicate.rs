@@ -345,11 +345,25 @@ impl<M: Memory> Node<M> {
         let covered = first > self.image.applied_seq()
             || self.image.first_unexposed().is_some_and(|f| f <= first);
         if !covered {
-            // It lacks writes it acknowledged: not a replica we can trust.
-            tracing::warn!(first, "secondary asks for committed writes; dropping it");
-            if let State::Primary(p) = &self.state {
-                if matches!(p.replica, Replica::InSync { .. }) {
-                    return self.drop_replica();
+            // It lacks writes released already: not a replica we can
+            // trust. An in-sync one acknowledged them (it diverged); one
+            // done copying and not yet registered lost a write forwarded
+            // while it copied (released then without its ack) and would
+            // ask for it forever, holding every later write's
+            // acknowledgement (sim seed 15, one client, 3% of Replicates
+            // lost): it starts over with a new copy once dropped (it hears
+            // no more from us, as any dropped secondary).
+            tracing::warn!(first, "secondary asks for released writes; dropping it");
+            if let State::Primary(p) = &mut self.state {
+                match &mut p.replica {
+                    Replica::InSync { .. } => return self.drop_replica(),
+                    Replica::Registering { coord: None, .. } => {
+                        p.replica = Replica::None;
+                        self.release();
+                    }
+                    // (The registration's answer drops it: `roles.rs`.)
+                    Replica::Registering { failed, .. } => *failed = true,
+                    _ => {}
                 }
             }
             return;

@@ -198,9 +198,14 @@ impl<D: LogDevice> Persister<D> {
         let mut payloads = Vec::new();
         let (w, _) = LogWriter::open(window, c.log, |_, b| payloads.push(b.to_vec()))?;
         p.dev = Dev::Log(w);
+        // The recovered base and writes bound the next base as they did
+        // before the restart (a persister that knew nothing of them kept
+        // 64 KiB for a base of megabytes, and the ring filled).
         let mut entries = Vec::with_capacity(payloads.len());
         for b in payloads {
-            entries.push(entry::decode(&b).map_err(|e| corrupt(e.to_string()))?);
+            let e = entry::decode(&b).map_err(|e| corrupt(e.to_string()))?;
+            p.account(&e, b.len());
+            entries.push(e);
         }
         let mut entries = entries.into_iter();
         let base = match entries.next() {
@@ -238,15 +243,19 @@ impl<D: LogDevice> Persister<D> {
         let s = found.snapshot;
         let at = self.layout.slot(s.slot);
         let mut crc = 0u32;
-        let mut buf = vec![0u8; SNAPSHOT_CHUNK];
-        let mut off = 0u64;
-        while off < s.len {
-            let n = (s.len - off).min(SNAPSHOT_CHUNK as u64) as usize;
-            self.device().read_at(at + off, &mut buf[..n])?;
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
-            sink(off, &buf[..n]).map_err(corrupt)?;
-            off += n as u64;
-        }
+        let mut bad = None;
+        self.device()
+            .read_stream(at, s.len, SNAPSHOT_CHUNK, &mut |off, b| {
+                crc = crc32c::crc32c_append(crc, b);
+                sink(off, b).map_err(|e| {
+                    bad = Some(e);
+                    std::io::Error::other("the sink refused")
+                })
+            })
+            .map_err(|e| match bad.take() {
+                Some(b) => corrupt(b),
+                None => e.into(),
+            })?;
         if crc != s.crc {
             return Err(corrupt(format!(
                 "snapshot slot {} does not match its checkpoint's CRC",
@@ -267,6 +276,25 @@ impl<D: LogDevice> Persister<D> {
     /// Writes waiting in memory for room in the ring.
     pub fn backlog(&self) -> usize {
         self.backlog.len()
+    }
+
+    /// A line on what waits, for the owner's log: the backlog, the
+    /// snapshot in progress (bytes read of the arena), whether one was
+    /// asked for, the ring's free bytes.
+    pub fn state(&self) -> String {
+        let free = match &self.dev {
+            Dev::Log(w) => w.free(),
+            _ => 0,
+        };
+        format!(
+            "durable {} backlog {} snapshot {:?} asked {} ring free {free} of {} (base room {})",
+            self.durable(),
+            self.backlog.len(),
+            self.job.as_ref().map(|j| (j.base_seq, j.next)),
+            self.asked,
+            self.layout.log_len,
+            self.base_room()
+        )
     }
 
     /// The incarnation whose life the log holds.
@@ -300,17 +328,7 @@ impl<D: LogDevice> Persister<D> {
         }
         let payload = entry::encode(e);
         let size = record::record_size(payload.len());
-        if let Entry::Write { op, .. } = e {
-            let changes = op
-                .effects
-                .iter()
-                .filter(|f| matches!(f, Effect::Alloc { .. } | Effect::Free { .. }))
-                .count() as u64;
-            self.growth += BASE_BYTES_PER_CHANGE * changes;
-            let len = payload.len() as u64;
-            let old = self.clients.insert(op.client, len).unwrap_or(0);
-            self.clients_len = self.clients_len + len - old;
-        }
+        self.account(e, payload.len());
         let room = size as u64 + self.base_room();
         let Dev::Log(w) = &mut self.dev else {
             unreachable!()
@@ -336,11 +354,6 @@ impl<D: LogDevice> Persister<D> {
             self.hole = Some(first - 1);
         }
         self.backlog.clear();
-        self.base_len = record::record_size(payload.len()) as u64;
-        self.reserve = self.reserve.max(2 * self.base_len);
-        self.growth = 0;
-        self.clients.clear();
-        self.clients_len = 0;
         let lsn = w.append(&payload)?;
         self.seqs.push_back((lsn, b.seq));
         {
@@ -355,6 +368,31 @@ impl<D: LogDevice> Persister<D> {
             });
         }
         Ok(size)
+    }
+
+    /// Counts what entry `e` (its payload `len` bytes) adds to the next
+    /// base: a base sets the bound anew, a write grows it.
+    fn account(&mut self, e: &Entry, len: usize) {
+        match e {
+            Entry::Base(_) => {
+                self.base_len = record::record_size(len) as u64;
+                self.reserve = self.reserve.max(2 * self.base_len);
+                self.growth = 0;
+                self.clients.clear();
+                self.clients_len = 0;
+            }
+            Entry::Write { op, .. } => {
+                let changes = op
+                    .effects
+                    .iter()
+                    .filter(|f| matches!(f, Effect::Alloc { .. } | Effect::Free { .. }))
+                    .count() as u64;
+                self.growth += BASE_BYTES_PER_CHANGE * changes;
+                let len = len as u64;
+                let old = self.clients.insert(op.client, len).unwrap_or(0);
+                self.clients_len = self.clients_len + len - old;
+            }
+        }
     }
 
     /// The ring bytes a write must leave free for the next base: twice the

@@ -108,6 +108,27 @@ pub trait LogDevice {
     fn read_at(&mut self, offset: u64, out: &mut [u8]) -> std::io::Result<()>;
     /// Makes every earlier write durable.
     fn flush(&mut self) -> std::io::Result<()>;
+    /// Reads `len` bytes at `offset` in order, handing them to `sink` in
+    /// pieces of at most `piece` bytes (the piece's offset from `offset`,
+    /// its bytes). A device may keep several reads in flight meanwhile;
+    /// this one reads a piece at a time.
+    fn read_stream(
+        &mut self,
+        offset: u64,
+        len: u64,
+        piece: usize,
+        sink: &mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let mut buf = vec![0u8; piece.min(len as usize)];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(piece as u64) as usize;
+            self.read_at(offset + done, &mut buf[..n])?;
+            sink(done, &buf[..n])?;
+            done += n as u64;
+        }
+        Ok(())
+    }
 }
 
 /// A part of a device as a device of its own: the log ring, or a snapshot

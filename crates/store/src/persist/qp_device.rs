@@ -211,6 +211,65 @@ impl LogDevice for QpDevice {
         Ok(())
     }
 
+    /// Keeps the staging region's pieces all in flight as RDMA Reads (on
+    /// a local endpoint the next pieces are read from the file while the
+    /// sink copies one out: recovery's snapshot load).
+    fn read_stream(
+        &mut self,
+        offset: u64,
+        len: u64,
+        piece: usize,
+        sink: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.check(offset, len.try_into().unwrap_or(usize::MAX))?;
+        self.drain()?;
+        let piece = piece.clamp(1, STAGE);
+        let slots = (STAGE / piece).min(MAX_OUTSTANDING);
+        let mut buf = vec![0u8; piece];
+        // Pieces posted (the i-th in slot i % slots), pieces handed over.
+        let (mut posted, mut handed) = (0u64, 0u64);
+        let count = len.div_ceil(piece as u64);
+        let span = |i: u64| {
+            let at = i * piece as u64;
+            (at, (len - at).min(piece as u64) as usize)
+        };
+        while handed < count {
+            while posted < count && posted - handed < slots as u64 {
+                let (at, n) = span(posted);
+                let slot = (posted % slots as u64) as usize * piece;
+                let sge = self.stage.sge(slot, n);
+                let id = self.id();
+                self.qp
+                    .post_send(&SendWr::read(id, sge, offset + at, self.rkey))
+                    .map_err(err)?;
+                self.outstanding += 1;
+                posted += 1;
+            }
+            let Some(wc) = self.cq.wait_one(TIMEOUT) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "storage read timed out",
+                ));
+            };
+            self.outstanding -= 1;
+            if wc.status != WcStatus::Success {
+                let _ = self.drain();
+                return Err(err(format!("storage read {}: {:?}", wc.wr_id, wc.status)));
+            }
+            // (A QP's Reads complete in the order they were posted.)
+            let (at, n) = span(handed);
+            let slot = (handed % slots as u64) as usize * piece;
+            self.stage.read_at(slot, &mut buf[..n]);
+            if let Err(e) = sink(at, &buf[..n]) {
+                // (The staging region is free only once no Read lands.)
+                let _ = self.drain();
+                return Err(e);
+            }
+            handed += 1;
+        }
+        Ok(())
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         let id = self.id();
         self.post(SendWr::flush(id, 0, self.rkey))?;

@@ -558,6 +558,8 @@ struct Sim {
     ttl: expiry::TtlLog,
     /// Each node's partition (`persist_sim.rs`).
     disks: BTreeMap<NodeId, persist_sim::Disk>,
+    /// When each node last died.
+    killed_at: BTreeMap<NodeId, Micros>,
     /// Nodes with a commit scheduled.
     commit_due: std::collections::BTreeSet<NodeId>,
     /// Whole-group crashes still to inject.

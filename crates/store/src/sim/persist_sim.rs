@@ -88,7 +88,9 @@ impl Sim {
                 for e in &f.entries {
                     r.replay(e)?;
                 }
-                r.finish()
+                // Silent since it died (the clock is the world's, near
+                // enough the node's: drift is a few hundred ppm).
+                r.finish(self.now - self.killed_at.get(&n).copied().unwrap_or(0))
             })();
             match r {
                 Ok(node) => {

@@ -126,7 +126,10 @@ fn lost_replicates_are_repaired() {
         ..SimConfig::default()
     };
     let (mut dropped, mut repaired) = (0, 0);
-    for (seed, cfg) in (0..seeds(10, 300)).flat_map(|s| [(s, &one), (s, &three)]) {
+    // (Seed 15 with one client: the write forwarded while the secondary
+    // copied was lost, and it waited for it forever.)
+    let first = (0..seeds(10, 300)).chain((seeds(10, 300) <= 15).then_some(15));
+    for (seed, cfg) in first.flat_map(|s| [(s, &one), (s, &three)]) {
         let r = run(seed, cfg).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.acked_ops, (cfg.clients * cfg.ops_per_client) as u64);
         assert!(r.repaired_losses <= r.dropped_replicates, "{r:?}");

@@ -371,6 +371,7 @@ impl Sim {
             self.violations.push(format!("node {n} diverged: {d}"));
         }
         *self.gen.get_mut(&n).unwrap() += 1;
+        self.killed_at.insert(n, self.now);
         self.report.crashes += 1;
         self.power_loss(n);
     }
@@ -460,6 +461,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         tag_key: BTreeMap::new(),
         ttl: Default::default(),
         disks: BTreeMap::new(),
+        killed_at: BTreeMap::new(),
         commit_due: Default::default(),
         group_crashes_left: cfg.group_crashes,
         group_crash_armed: false,
