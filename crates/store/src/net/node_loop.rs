@@ -321,6 +321,7 @@ impl NodeLoop {
                 Some(Input::Durable { incarnation, seq })
             }
             Ev::Persist(FromPersist::SnapshotDue) => Some(Input::SnapshotDue),
+            Ev::Persist(FromPersist::Pressure(on)) => Some(Input::LogPressure(on)),
             Ev::Persist(FromPersist::WantChunk { offset, len }) => {
                 // A snapshot's chunk: the arena's bytes between two events.
                 let mut bytes = vec![0u8; len];

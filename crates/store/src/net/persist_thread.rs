@@ -43,6 +43,8 @@ pub(crate) enum FromPersist {
     SnapshotDue,
     /// The snapshot wants the arena's bytes `[offset, +len)`.
     WantChunk { offset: u64, len: usize },
+    /// Writes wait in memory for room in the ring, or no longer.
+    Pressure(bool),
 }
 
 /// Under `everysec`: a commit at least this often...
@@ -157,6 +159,7 @@ fn run(
     let mut dirty = false;
     let mut last_commit = Instant::now();
     let mut chunk_asked = false;
+    let mut pressed = false;
     let mut last_report = Instant::now();
     loop {
         // What waits, now and then (a stall shows in the node's log).
@@ -172,6 +175,15 @@ fn run(
                 false => Duration::from_secs(3600),
             };
             match rx.recv_timeout(timeout) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            }
+        } else if chunk_asked {
+            // A snapshot's chunk is on its way: take it as soon as it
+            // comes (a chunk per poll read a 1 GiB arena in 5 s at best,
+            // while writes filled the ring).
+            match rx.recv_timeout(EVERYSEC_POLL) {
                 Ok(m) => Some(m),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
@@ -227,6 +239,11 @@ fn run(
         // in the backlog once the load stopped are made durable only by a
         // snapshot, and no commit comes to ask for it; they stayed
         // undurable for good.)
+        if p.pressed() != pressed {
+            pressed = p.pressed();
+            tracing::debug!(pressed, "persistence: {}", p.state());
+            tell(FromPersist::Pressure(pressed));
+        }
         if p.wants_snapshot() {
             tracing::debug!("persistence: snapshot due: {}", p.state());
             tell(FromPersist::SnapshotDue);

@@ -81,6 +81,8 @@ pub(super) struct Durability {
     /// Back from the log: how long it was already silent when its clock
     /// started (down, then loading its partition).
     pub(super) silent_for: super::Micros,
+    /// Writes wait in memory for room in the log ([`Input::LogPressure`]).
+    pub(super) pressed: bool,
 }
 
 impl<M: Memory> Node<M> {
@@ -117,13 +119,41 @@ impl<M: Memory> Node<M> {
     }
 
     /// What a secondary may acknowledge: every applied write, or under
-    /// `always` every durable one.
+    /// `always` (or while its log is pressed) every durable one.
     pub(super) fn acked_through(&self) -> u64 {
         let applied = self.image.applied_seq();
-        if self.cfg.persist == Policy::Always {
+        if self.acks_wait_for_log() {
             applied.min(self.dur.durable)
         } else {
             applied
+        }
+    }
+
+    /// Whether a secondary's acknowledgements wait for its log: always
+    /// under `always`; under `everysec` while writes wait in memory for
+    /// room in its ring. Acknowledging them at once let the primary's
+    /// clients go on writing while the ring had no room; every allocation
+    /// grew the next base, which then did not fit (`log full: 6619912
+    /// bytes needed, 3019192 free`, filling a 1 GiB arena).
+    pub(super) fn acks_wait_for_log(&self) -> bool {
+        self.cfg.persist == Policy::Always || self.dur.pressed
+    }
+
+    /// The log's ring has room again, or no longer ([`Input::LogPressure`]).
+    /// A secondary relieved acknowledges what it applied meanwhile; a
+    /// primary relieved serves the requests it held (`barrier`).
+    pub(super) fn on_log_pressure(&mut self, on: bool) {
+        let was = std::mem::replace(&mut self.dur.pressed, on && self.cfg.persist.logs());
+        if was && !self.dur.pressed {
+            if let State::Secondary {
+                primary,
+                copy: None,
+                ..
+            } = self.state
+            {
+                let seq = self.acked_through();
+                self.send(Addr::Node(primary), Body::ReplicateAck { seq });
+            }
         }
     }
 
@@ -132,7 +162,7 @@ impl<M: Memory> Node<M> {
             return; // a report about a life before a rejoin
         }
         self.dur.durable = self.dur.durable.max(seq);
-        if self.cfg.persist != Policy::Always {
+        if !self.acks_wait_for_log() {
             return;
         }
         match self.state {
@@ -200,11 +230,13 @@ impl<M: Memory> Node<M> {
         }
     }
 
-    /// Whether a primary is making a quiet moment (for a base or a held
-    /// Join).
+    /// Whether a primary holds new write requests: while it makes a quiet
+    /// moment (for a base or a held Join), and while its log is pressed
+    /// (what it would accept now would wait in memory, and grow the next
+    /// base, until a snapshot releases the ring).
     fn draining(&self) -> bool {
         matches!(self.state, State::Primary(_))
-            && (self.dur.snapshot_due || self.dur.join_held.is_some())
+            && (self.dur.snapshot_due || self.dur.join_held.is_some() || self.dur.pressed)
     }
 
     /// Every applied write is in the arena.

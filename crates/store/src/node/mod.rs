@@ -229,6 +229,11 @@ pub enum Input {
     /// The log wants a snapshot (so it can be released): start one
     /// ([`Output::Log`] of a [`Entry::Base`]) at the next quiet moment.
     SnapshotDue,
+    /// Whether writes wait in memory for room in the log's ring (until
+    /// a snapshot releases it): while they do, a primary holds new write
+    /// requests and a secondary acknowledges only durable writes, so that
+    /// what waits, and the next base that must hold it, stay bounded.
+    LogPressure(bool),
 }
 
 /// What to do.
@@ -484,6 +489,7 @@ impl<M: Memory> Node<M> {
             Input::Coord { id, reply } => self.on_coord(id, reply),
             Input::Durable { incarnation, seq } => self.on_durable(incarnation, seq),
             Input::SnapshotDue => self.dur.snapshot_due = self.cfg.persist.logs(),
+            Input::LogPressure(on) => self.on_log_pressure(on),
         }
         self.barrier();
         self.check_invariants();

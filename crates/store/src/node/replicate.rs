@@ -292,9 +292,9 @@ impl<M: Memory> Node<M> {
         match self.image.stage(seq, op) {
             Ok(()) => {
                 self.unsettled = Some((seq, bytes));
-                // Under `always` the acknowledgement waits for the flush
-                // (`Node::on_durable`).
-                if self.cfg.persist != Policy::Always {
+                // Under `always` (or while the log is pressed) the
+                // acknowledgement waits for the flush (`Node::on_durable`).
+                if !self.acks_wait_for_log() {
                     self.send(Addr::Node(primary), Body::ReplicateAck { seq })
                 }
             }

@@ -278,6 +278,15 @@ impl<D: LogDevice> Persister<D> {
         self.backlog.len()
     }
 
+    /// Whether writes wait in memory for room in the ring: the owner
+    /// tells the node ([`crate::node::Input::LogPressure`]), which stops
+    /// taking more until a snapshot releases the ring. Each waiting write
+    /// may grow the next base (its allocations), and the ring's room was
+    /// kept for the base as it was bounded when the backlog began.
+    pub fn pressed(&self) -> bool {
+        !self.backlog.is_empty()
+    }
+
     /// A line on what waits, for the owner's log: the backlog, the
     /// snapshot in progress (bytes read of the arena), whether one was
     /// asked for, the ring's free bytes.
@@ -527,7 +536,12 @@ impl<D: LogDevice> Persister<D> {
             unreachable!()
         };
         w.release(j.base_pos);
-        // What waited for room.
+        // What waited for room, committed now: no entry may come to make
+        // the owner commit (the load stopped, or a primary under `always`
+        // waits for exactly these writes), and they stayed undurable for
+        // good (durable stuck at 199382 of 224768 after a 1 GiB fill;
+        // under `always` the simulation's primary never quiesced).
+        let mut drained = false;
         while let Some((seq, p)) = self.backlog.front() {
             if w.free() < record::record_size(p.len()) as u64 + room {
                 break;
@@ -535,6 +549,10 @@ impl<D: LogDevice> Persister<D> {
             let lsn = w.append(p)?;
             self.seqs.push_back((lsn, *seq));
             self.backlog.pop_front();
+            drained = true;
+        }
+        if drained {
+            self.commit()?;
         }
         Ok(true)
     }

@@ -178,6 +178,10 @@ pub struct SimConfig {
     /// partitions losing power), each followed by recovery from the
     /// partitions.
     pub group_crashes: u32,
+    /// With `persist`: a snapshot's steps come 20-60 ms apart instead of
+    /// 0.1-1 ms, so that writes fill the log's ring while one runs (the
+    /// log is pressed: writes wait in memory for room).
+    pub slow_snapshots: bool,
 }
 
 impl Default for SimConfig {
@@ -210,6 +214,7 @@ impl Default for SimConfig {
             wall_skew_ms: 30,
             persist: crate::persist::Policy::Off,
             group_crashes: 0,
+            slow_snapshots: false,
         }
     }
 }
@@ -283,6 +288,8 @@ pub struct SimReport {
     /// Crashes that dropped unflushed sectors of a partition (a torn or
     /// lost tail of the log, of a snapshot or of a checkpoint).
     pub torn_power_losses: u64,
+    /// Times a node's log was pressed (writes waited for room).
+    pub log_pressures: u64,
 }
 
 /// Totals over runs: every count is added (`end_time` becomes the virtual
@@ -321,6 +328,7 @@ impl AddAssign<&SimReport> for SimReport {
             recoveries,
             crashes_in_snapshot,
             torn_power_losses,
+            log_pressures,
         } = r;
         self.acked_ops += acked_ops;
         self.crashes += crashes;
@@ -353,6 +361,7 @@ impl AddAssign<&SimReport> for SimReport {
         self.recoveries += recoveries;
         self.crashes_in_snapshot += crashes_in_snapshot;
         self.torn_power_losses += torn_power_losses;
+        self.log_pressures += log_pressures;
     }
 }
 
@@ -560,6 +569,8 @@ struct Sim {
     disks: BTreeMap<NodeId, persist_sim::Disk>,
     /// When each node last died.
     killed_at: BTreeMap<NodeId, Micros>,
+    /// Nodes told their log is pressed (writes wait for room).
+    pressed: std::collections::BTreeSet<NodeId>,
     /// Nodes with a commit scheduled.
     commit_due: std::collections::BTreeSet<NodeId>,
     /// Whole-group crashes still to inject.

@@ -151,6 +151,32 @@ impl Sim {
         self.violations.push(format!("node {n}: persistence: {e}"));
     }
 
+    /// The time between two steps of a snapshot.
+    fn snap_step_gap(&mut self) -> Micros {
+        match self.cfg.slow_snapshots {
+            true => self.rng.range(20_000, 60_000),
+            false => self.rng.range(100, 1_000),
+        }
+    }
+
+    /// Tells node `n` when writes begin or end waiting for room in its
+    /// log's ring (as the runtime's persistence thread does).
+    fn tell_pressure(&mut self, n: NodeId) {
+        let Some(Disk::Up(p)) = self.disks.get(&n) else {
+            return;
+        };
+        let on = p.pressed();
+        if on != self.pressed.contains(&n) {
+            if on {
+                self.pressed.insert(n);
+                self.report.log_pressures += 1;
+            } else {
+                self.pressed.remove(&n);
+            }
+            self.feed(n, Input::LogPressure(on));
+        }
+    }
+
     /// Node `n` asked its log to take `e`.
     pub(super) fn log_entry(&mut self, n: NodeId, e: Entry) {
         let is_base = matches!(e, Entry::Base(_));
@@ -158,10 +184,11 @@ impl Sim {
         if let Err(err) = p.append(&e) {
             return self.persist_failed(n, err);
         }
+        self.tell_pressure(n);
         let g = self.gen[&n];
         if is_base {
             self.report.snapshots += 1;
-            let at = self.now + self.rng.range(100, 1_000);
+            let at = self.now + self.snap_step_gap();
             self.schedule(at, Event::SnapStep(n, g));
         }
         if self.cfg.persist == Policy::Always && !self.commit_due.contains(&n) {
@@ -228,9 +255,10 @@ impl Sim {
                 if let Some(incarnation) = life {
                     self.feed(n, Input::Durable { incarnation, seq });
                 }
+                self.tell_pressure(n);
             }
             Ok(false) => {
-                let at = self.now + self.rng.range(100, 1_000);
+                let at = self.now + self.snap_step_gap();
                 self.schedule(at, Event::SnapStep(n, g));
             }
         }

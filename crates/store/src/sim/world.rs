@@ -20,6 +20,7 @@ fn summarize(i: &Input) -> String {
         Input::Tick => String::new(),
         Input::Durable { seq, .. } => format!("durable {seq}"),
         Input::SnapshotDue => "snapshot due".into(),
+        Input::LogPressure(on) => format!("log pressed {on}"),
         Input::Coord { reply, .. } => format!("coord {reply:?}"),
         Input::Message { from, env } => match &env.body {
             Body::Request { .. }
@@ -372,6 +373,7 @@ impl Sim {
         }
         *self.gen.get_mut(&n).unwrap() += 1;
         self.killed_at.insert(n, self.now);
+        self.pressed.remove(&n);
         self.report.crashes += 1;
         self.power_loss(n);
     }
@@ -462,6 +464,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         ttl: Default::default(),
         disks: BTreeMap::new(),
         killed_at: BTreeMap::new(),
+        pressed: Default::default(),
         commit_due: Default::default(),
         group_crashes_left: cfg.group_crashes,
         group_crash_armed: false,
