@@ -165,6 +165,19 @@ fn node_modules() -> String {
 /// machine, CI beside a CPU hog, once reached only 1,832 writes in 6 s).
 const KILL_AT: u64 = 3000;
 
+/// What each application must have seen (more than each): it goes on past
+/// its time until it has, up to ten times as long (`kv_app.py`): a
+/// minimum over a fixed time failed beside CI's CPU hog (ioredis at 330
+/// operations/s: 966 increments, 1,934 writes in 6 s).
+const MINIMUM: [(&str, u64); 5] = [
+    // It went on writing after the failover.
+    ("acked", KILL_AT),
+    ("increments", 1000),
+    ("transfers", 500),
+    ("short_sessions", 100),
+    ("sessions", 50),
+];
+
 /// Runs `kv_app.py MODE` (`kv_app.js` for `ioredis`) against the group, kills the primary with
 /// SIGKILL once the application has [`KILL_AT`] acknowledged writes (or a third of its time), restarts it
 /// (it rejoins as the secondary); returns the application's summary.
@@ -172,6 +185,12 @@ fn run_app(g: &mut Group, mode: &str, secs: f64) -> serde_json::Value {
     use std::io::{BufRead, BufReader};
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/redis_clients");
     let ports = format!("{},{}", g.resp[0], g.resp[1]);
+    let minimum = serde_json::Value::from_iter(
+        MINIMUM
+            .iter()
+            .map(|&(k, v)| (k.to_string(), serde_json::Value::from(v))),
+    )
+    .to_string();
     let (prog, mut cmd) = match mode {
         "ioredis" => {
             let modules = node_modules();
@@ -182,7 +201,7 @@ fn run_app(g: &mut Group, mode: &str, secs: f64) -> serde_json::Value {
             let mut c = Command::new("node");
             c.env("NODE_PATH", &modules)
                 .arg(format!("{dir}/kv_app.js"))
-                .args([&ports, &secs.to_string()]);
+                .args([&ports, &secs.to_string(), &minimum]);
             ("node".to_string(), c)
         }
         _ => {
@@ -193,7 +212,7 @@ fn run_app(g: &mut Group, mode: &str, secs: f64) -> serde_json::Value {
             );
             let mut c = Command::new(&py);
             c.arg(format!("{dir}/kv_app.py"))
-                .args([mode, &ports, &secs.to_string()]);
+                .args([mode, &ports, &secs.to_string(), &minimum]);
             (py, c)
         }
     };
@@ -253,12 +272,9 @@ fn client_library_applications_lose_no_acknowledged_write_across_a_primary_kill(
         // at once and gone after their deadline, across the failover.
         assert_eq!(s["sessions_off"], serde_json::json!([]), "{mode}: {s}");
         assert_eq!(s["early"], 0, "{mode}: {s}");
-        assert!(s["sessions"].as_u64().unwrap() > 50, "{mode}: {s}");
-        assert!(s["short_sessions"].as_u64().unwrap() > 100, "{mode}: {s}");
-        assert!(s["transfers"].as_u64().unwrap() > 500, "{mode}: {s}");
-        assert!(s["increments"].as_u64().unwrap() > 1000, "{mode}: {s}");
-        // It went on writing after the failover.
-        assert!(s["acked"].as_u64().unwrap() > KILL_AT, "{mode}: {s}");
+        for (k, v) in MINIMUM {
+            assert!(s[k].as_u64().unwrap() > v, "{mode}: {k}: {s}");
+        }
         if mode == "plain" {
             // redis-py asked for RESP3 (HELLO 3) and got it.
             assert_eq!(s["proto"], 3, "{s}");
