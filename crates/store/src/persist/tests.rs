@@ -474,20 +474,24 @@ fn zero_fill_writes_the_whole_device_durably() {
 /// backlog are in that base's snapshot only: durable once the snapshot's
 /// checkpoint is, not when the base's record is committed (they were
 /// reported durable then, and a crash before the checkpoint lost them).
+/// The arena the persister tests' partitions hold (64 KiB).
+fn test_arena() -> super::checkpoint::ArenaId {
+    super::checkpoint::ArenaId {
+        size: 64 << 10,
+        base: 0x7f00_0000_0000,
+        stag: 0x1234_5600,
+    }
+}
+
 #[test]
 fn the_ring_keeps_room_for_a_base_that_grew_and_the_backlog_waits_for_its_snapshot() {
-    use super::checkpoint::ArenaId;
     use super::driver::Persister;
     use super::entry::{Base, Entry};
     use crate::alloc::AllocSnapshot;
     use crate::proto::{Effect, RepOp, Reply};
     const ARENA: u64 = 64 << 10;
     const PER_WRITE: u64 = 2;
-    let arena = ArenaId {
-        size: ARENA,
-        base: 0x7f00_0000_0000,
-        stag: 0x1234_5600,
-    };
+    let arena = test_arena();
     let dev = MemDevice::new((2 * 4096 + 2 * ARENA + (2 << 20)) as usize, 7);
     let (mut p, found) = Persister::open(dev, arena, 0).unwrap();
     assert!(found.is_none());
@@ -572,23 +576,19 @@ fn the_ring_keeps_room_for_a_base_that_grew_and_the_backlog_waits_for_its_snapsh
 }
 
 /// A recovered persister keeps room for a base as large as the one it
-/// recovered: it knew nothing of it (64 KiB kept), writes after a restart
-/// filled the ring, and the next base did not fit (`log full: 6619912
-/// bytes needed, 3019192 free`, a 1 GiB arena of 4 KiB values).
+/// recovered: it knew nothing of it (64 KiB kept), so writes after a
+/// restart could fill the ring and leave no room for the next base (found
+/// reading `Persister::open`; this test failed with `Log(Full { need:
+/// 389888, free: 65704 })`).
 #[test]
 fn a_recovered_ring_keeps_room_for_a_base_as_large_as_the_one_it_recovered() {
-    use super::checkpoint::ArenaId;
     use super::driver::Persister;
     use super::entry::{Base, Entry};
     use crate::alloc::AllocSnapshot;
     use crate::proto::{RepOp, Reply};
     const ARENA: u64 = 64 << 10;
     const ALLOCATIONS: u64 = 20_000;
-    let arena = ArenaId {
-        size: ARENA,
-        base: 0x7f00_0000_0000,
-        stag: 0x1234_5600,
-    };
+    let arena = test_arena();
     let base = |seq: u64| {
         Entry::Base(Base {
             epoch: 1,
