@@ -100,6 +100,16 @@ enum Cmd {
         /// Bypass the page cache (endpoint with O_DIRECT, fio --direct=1).
         #[arg(long)]
         direct: bool,
+        /// Only these rows, as OP:SIZE:DEPTH (e.g. `read:128KiB:32`), comma
+        /// separated; the mixed workload runs only without this.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Measure each row this many times, fio and the endpoint in turn
+        /// (fio, strict, relaxed, fio, ...): each ratio is against the
+        /// mean of the fio runs just before and just after it, so a drift
+        /// of the device's speed shows instead of skewing one side.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
     },
 }
 
@@ -181,6 +191,8 @@ pub fn run(a: Args) -> Result<()> {
             working_set,
             no_fio,
             direct,
+            only,
+            repeat,
         } => crate::storage_bench::run(
             &path,
             crate::storage_bench::Opts {
@@ -189,6 +201,11 @@ pub fn run(a: Args) -> Result<()> {
                 working_set,
                 fio: !no_fio,
                 direct,
+                only: only
+                    .iter()
+                    .map(|r| crate::storage_bench::Row::parse(r))
+                    .collect::<Result<_>>()?,
+                repeat: repeat.max(1),
             },
         ),
         Cmd::Serve {

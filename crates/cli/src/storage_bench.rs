@@ -24,12 +24,52 @@ pub struct Opts {
     pub fio: bool,
     /// O_DIRECT endpoint, fio --direct=1.
     pub direct: bool,
+    /// Only these rows (all when empty; the mixed workload only then).
+    pub only: Vec<Row>,
+    /// Measurements of each row, fio and the endpoint in turn.
+    pub repeat: usize,
+}
+
+/// One row of the table: an operation, a size and a queue depth.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Row {
+    op: Op,
+    size: usize,
+    depth: usize,
+}
+
+impl Row {
+    /// `OP:SIZE:DEPTH`, e.g. `read:128KiB:32`.
+    pub fn parse(s: &str) -> Result<Row> {
+        let bad = || anyhow::anyhow!("{s:?}: want OP:SIZE:DEPTH, e.g. read:128KiB:32");
+        let mut it = s.split(':');
+        let (Some(op), Some(size), Some(depth), None) =
+            (it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(bad());
+        };
+        let op = match op {
+            "read" => Op::Read,
+            "write" => Op::Write,
+            _ => return Err(bad()),
+        };
+        let size = softrdma_storage::parse_size(size).map_err(|e| anyhow::anyhow!("{s:?}: {e}"))?;
+        let depth: usize = depth.parse().map_err(|_| bad())?;
+        if ![4096, 128 << 10].contains(&size) || ![1, 32].contains(&depth) {
+            bail!("{s:?}: the bench measures sizes 4KiB and 128KiB at depths 1 and 32");
+        }
+        Ok(Row {
+            op,
+            size: size as usize,
+            depth,
+        })
+    }
 }
 
 const PRINCIPAL: &str = "bench";
 const T: Duration = Duration::from_secs(30);
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Op {
     Write,
     Read,
@@ -410,61 +450,83 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
         for op in [Op::Write, Op::Read] {
             for &size in &sizes {
                 for depth in [1usize, 32] {
-                    let fio_r = if o.fio && where_ == "local" {
-                        Some(fio(
-                            path, offset, ws, op, size, depth, o.duration, o.direct,
-                        )?)
-                    } else {
-                        None
-                    };
-                    for relaxed in [false, true] {
-                        let r = if where_ == "local" {
-                            let (qp, cq) = local_qp(relaxed)?;
-                            drive(&qp, &cq, &buf, rkey, op, size, depth, ws, o.duration)?
-                        } else {
-                            let (qp, cq, rk) = remote_qp(relaxed)?;
-                            drive(&qp, &cq, &cbuf, rk, op, size, depth, ws, o.duration)?
-                        };
-                        let gbps = r.ops as f64 * size as f64 / r.secs / 1e9;
-                        let (p50, p99, _) = crate::bench::percentiles(&r.lat);
-                        let mut v = serde_json::json!({
-                            "op": if op == Op::Write { "write" } else { "read" },
-                            "size": size,
-                            "depth": depth,
-                            "ordering": if relaxed { "relaxed" } else { "strict" },
-                            "where": where_,
-                            "direct": o.direct,
-                            "gbps": r3(gbps),
-                            "iops": (r.ops as f64 / r.secs).round(),
-                            "lat_us_p50": r3(p50),
-                            "lat_us_p99": r3(p99),
-                            "cpu": r3(r.cpu),
-                        });
-                        if let Some((fg, _)) = fio_r {
-                            v["fio_gbps"] = r3(fg).into();
-                            v["ratio"] = r3(gbps / fg).into();
-                        }
-                        if where_ == "remote" {
-                            let t = match tcp_gbps.get(&size) {
-                                Some(t) => *t,
-                                None => {
-                                    let (b, s) = crate::bench::tcp::pump(
-                                        tcp_addr,
-                                        size,
-                                        0,
-                                        Some(o.duration),
-                                        1,
-                                        false,
-                                    )?;
-                                    let t = b as f64 / s / 1e9;
-                                    tcp_gbps.insert(size, t);
-                                    t
-                                }
+                    let row = Row { op, size, depth };
+                    if !o.only.is_empty() && !o.only.contains(&row) {
+                        continue;
+                    }
+                    let with_fio = o.fio && where_ == "local";
+                    let fio_run = || fio(path, offset, ws, op, size, depth, o.duration, o.direct);
+                    let mut fio_before = if with_fio { Some(fio_run()?) } else { None };
+                    for repeat in 0..o.repeat {
+                        let mut lines = Vec::new();
+                        for relaxed in [false, true] {
+                            let r = if where_ == "local" {
+                                let (qp, cq) = local_qp(relaxed)?;
+                                drive(&qp, &cq, &buf, rkey, op, size, depth, ws, o.duration)?
+                            } else {
+                                let (qp, cq, rk) = remote_qp(relaxed)?;
+                                drive(&qp, &cq, &cbuf, rk, op, size, depth, ws, o.duration)?
                             };
-                            v["tcp_gbps"] = r3(t).into();
-                            v["tcp_ratio"] = r3(gbps / t).into();
+                            let gbps = r.ops as f64 * size as f64 / r.secs / 1e9;
+                            let (p50, p99, _) = crate::bench::percentiles(&r.lat);
+                            let mut v = serde_json::json!({
+                                "op": if op == Op::Write { "write" } else { "read" },
+                                "size": size,
+                                "depth": depth,
+                                "ordering": if relaxed { "relaxed" } else { "strict" },
+                                "where": where_,
+                                "direct": o.direct,
+                                "gbps": r3(gbps),
+                                "iops": (r.ops as f64 / r.secs).round(),
+                                "lat_us_p50": r3(p50),
+                                "lat_us_p99": r3(p99),
+                                "cpu": r3(r.cpu),
+                            });
+                            if o.repeat > 1 {
+                                v["repeat"] = (repeat + 1).into();
+                            }
+                            if where_ == "remote" {
+                                let t = match tcp_gbps.get(&size) {
+                                    Some(t) => *t,
+                                    None => {
+                                        let (b, s) = crate::bench::tcp::pump(
+                                            tcp_addr,
+                                            size,
+                                            0,
+                                            Some(o.duration),
+                                            1,
+                                            false,
+                                        )?;
+                                        let t = b as f64 / s / 1e9;
+                                        tcp_gbps.insert(size, t);
+                                        t
+                                    }
+                                };
+                                v["tcp_gbps"] = r3(t).into();
+                                v["tcp_ratio"] = r3(gbps / t).into();
+                            }
+                            lines.push((v, gbps));
                         }
-                        emit(&o, v);
+                        // fio again after the endpoint's runs when measuring
+                        // in turn: each ratio is against both neighbours.
+                        let fio_after = match fio_before {
+                            Some(b) if o.repeat > 1 => Some((b, fio_run()?)),
+                            Some(b) => Some((b, b)),
+                            None => None,
+                        };
+                        for (mut v, gbps) in lines {
+                            if let Some(((b, _), (a, _))) = fio_after {
+                                let fg = (b + a) / 2.0;
+                                v["fio_gbps"] = r3(fg).into();
+                                if o.repeat > 1 {
+                                    v["fio_gbps_before"] = r3(b).into();
+                                    v["fio_gbps_after"] = r3(a).into();
+                                }
+                                v["ratio"] = r3(gbps / fg).into();
+                            }
+                            emit(&o, v);
+                        }
+                        fio_before = fio_after.map(|(_, a)| a);
                     }
                 }
             }
@@ -475,6 +537,9 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
     // flight). Strict: the small one completes after the large one;
     // relaxed: at once. `speedup` compares the small Writes' p50 latency.
     for op in [Op::Write, Op::Read] {
+        if !o.only.is_empty() {
+            break;
+        }
         let mut strict_p50 = 0.0;
         for relaxed in [false, true] {
             let (qp, cq) = local_qp(relaxed)?;
@@ -507,4 +572,38 @@ pub fn run(path: &Path, o: Opts) -> Result<()> {
     let _ = th.join();
     drop(session);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            Row::parse("read:128KiB:32").unwrap(),
+            Row {
+                op: Op::Read,
+                size: 128 << 10,
+                depth: 32
+            }
+        );
+        assert_eq!(
+            Row::parse("write:4096:1").unwrap(),
+            Row {
+                op: Op::Write,
+                size: 4096,
+                depth: 1
+            }
+        );
+        for bad in [
+            "read:128KiB",
+            "read:64KiB:32",
+            "read:4KiB:8",
+            "copy:4KiB:1",
+            "read:4KiB:1:2",
+        ] {
+            assert!(Row::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
 }
