@@ -47,6 +47,7 @@ use std::collections::VecDeque;
 
 use super::{Addr, Node, NodeConfig, Output, State};
 use crate::arena::Memory;
+use crate::coord::GroupRecord;
 use crate::persist::entry::{Base, Entry};
 use crate::persist::Policy;
 use crate::proto::{Body, Member, Op, RepOp, StoreError};
@@ -83,6 +84,25 @@ pub(super) struct Durability {
     pub(super) silent_for: super::Micros,
     /// Writes wait in memory for room in the log ([`Input::LogPressure`]).
     pub(super) pressed: bool,
+    /// Back from the log: how new its state is, `(epoch, last write)`
+    /// ([`Body::Standing`]).
+    pub(super) standing: Option<(u64, u64)>,
+    /// What other members back from their logs said of theirs, and when.
+    heard: Vec<Heard>,
+}
+
+/// A [`Body::Standing`] heard.
+#[derive(Debug, Clone, Copy)]
+struct Heard {
+    member: Member,
+    standing: (u64, u64),
+    at: super::Micros,
+}
+
+/// The order of the election of the newest: the newer `(epoch, seq)`,
+/// then the lower node id.
+fn rank(node: u32, (epoch, seq): (u64, u64)) -> (u64, u64, std::cmp::Reverse<u32>) {
+    (epoch, seq, std::cmp::Reverse(node))
 }
 
 impl<M: Memory> Node<M> {
@@ -211,13 +231,97 @@ impl<M: Memory> Node<M> {
     /// It waits to be dropped and rejoins; if the primary dies first, the
     /// group waits for an operator (`store promote`), as it must: the
     /// primary held writes no other live node holds.
-    pub(super) fn recovery_grace(&self) -> bool {
+    ///
+    /// `newest` ([`Node::newest`]) elects the newest of the members back
+    /// from their logs: one that heard a newer member waits for it; one
+    /// that heard every other member older campaigns at once. Under
+    /// `everysec`, where the newer state loses less, a node that heard
+    /// nothing yet also waits for the grace counted from its own start
+    /// (not from its death): its peer may still be loading.
+    pub(super) fn recovery_grace(&self, newest: Option<bool>) -> bool {
         let grace = self.cfg.heartbeat_timeout + 2 * self.cfg.lease_ttl;
         let Some(since) = self.dur.recovered else {
             return false;
         };
-        (self.cfg.persist != Policy::Always && self.dur.peer_served)
-            || self.now.saturating_sub(since) + self.dur.silent_for < grace
+        if self.never_campaigns() {
+            return true;
+        }
+        let up = self.now.saturating_sub(since);
+        match newest {
+            Some(newer_elsewhere) => !newer_elsewhere,
+            None => {
+                up + self.dur.silent_for < grace
+                    || (self.cfg.persist == Policy::Everysec && up < grace)
+            }
+        }
+    }
+
+    /// A node back from its log, looking at its group's record `r`: tells
+    /// the other members `r` names how new its state is.
+    pub(super) fn tell_standing(&mut self, r: &GroupRecord) {
+        let (Some(_), Some((epoch, seq))) = (self.dur.recovered, self.dur.standing) else {
+            return;
+        };
+        let me = self.cfg.member;
+        let campaigns = !self.never_campaigns();
+        for m in [Some(r.primary), r.in_sync].into_iter().flatten() {
+            if m.node != me.node {
+                self.send(
+                    Addr::Node(m.node),
+                    Body::Standing {
+                        member: me,
+                        epoch,
+                        seq,
+                        campaigns,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A member back from its log says how new its state is.
+    /// (One that never campaigns, `everysec`'s rule below, is not waited
+    /// for: it would wait for this one, forever.)
+    pub(super) fn on_standing(&mut self, member: Member, epoch: u64, seq: u64, campaigns: bool) {
+        let at = self.now;
+        self.dur.heard.retain(|h| h.member.node != member.node);
+        let standing = if campaigns { (epoch, seq) } else { (0, 0) };
+        self.dur.heard.push(Heard {
+            member,
+            standing,
+            at,
+        });
+    }
+
+    /// `everysec`'s rule: a node back from its log that saw its peer hold
+    /// the lease since never campaigns ([`Node::recovery_grace`]).
+    fn never_campaigns(&self) -> bool {
+        self.cfg.persist != Policy::Always && self.dur.peer_served
+    }
+
+    /// The election of the newest, for a node back from its log that may
+    /// campaign under record `r`: `Some(false)` if another member `r`
+    /// names, back from its log too and heard within a heartbeat timeout,
+    /// holds a newer state (it campaigns; this node waits, then copies
+    /// from it); `Some(true)` if every other member `r` names was heard so
+    /// and holds an older one (none of them is a live node whose memory
+    /// may hold more: no grace is due to them); `None` otherwise.
+    pub(super) fn newest(&self, r: &GroupRecord) -> Option<bool> {
+        self.dur.recovered?;
+        let mine = rank(self.cfg.member.node, self.dur.standing?);
+        let fresh = |h: &&Heard| self.now.saturating_sub(h.at) <= self.cfg.heartbeat_timeout;
+        let mut all_older = true;
+        for m in [Some(r.primary), r.in_sync].into_iter().flatten() {
+            if m.node == self.cfg.member.node {
+                continue;
+            }
+            match self.dur.heard.iter().filter(fresh).find(|h| h.member == m) {
+                Some(h) if rank(m.node, h.standing) > mine => return Some(false),
+                Some(_) => {}
+                None => all_older = false,
+            }
+        }
+        all_older.then_some(true)
     }
 
     /// Whether the node holds an image (a primary, a secondary done
@@ -395,6 +499,7 @@ impl<M: Memory> Recovering<M> {
             .rebuild_deadlines()
             .map_err(|e| format!("deadlines: {e}"))?;
         n.dur.durable = n.image.applied_seq();
+        n.dur.standing = Some((n.epoch, n.image.applied_seq()));
         n.dur.recovered = Some(0);
         n.dur.silent_for = silent_for;
         n.state = State::Fenced {

@@ -621,6 +621,12 @@ impl<M: Memory> Node<M> {
             Body::ReplicateAck { seq } => self.on_replicate_ack(from, seq),
             Body::ReplicateHead { seq, in_sync } => self.on_replicate_head(from, seq, in_sync),
             Body::Resend { from: first } => self.on_resend(from, first),
+            Body::Standing {
+                member,
+                epoch,
+                seq,
+                campaigns,
+            } => self.on_standing(member, epoch, seq, campaigns),
             Body::Join { member, arena_len } => self.on_join(from, member, arena_len),
             Body::SyncStart {
                 session,

@@ -77,6 +77,11 @@ impl<M: Memory> Node<M> {
     /// adopted (a primary steps down). Whether the message goes on to its
     /// handler.
     pub(super) fn admit(&mut self, from: Addr, env: &Envelope) -> bool {
+        if env.epoch < self.epoch && matches!(env.body, Body::Standing { .. }) {
+            // What a member back from its log holds: its own epoch (which
+            // the record's may have passed) says nothing about the news.
+            return true;
+        }
         if env.epoch < self.epoch {
             if let (State::Secondary { primary, .. }, Body::Replicate { seq, .. }) =
                 (&self.state, &env.body)
@@ -649,6 +654,10 @@ impl<M: Memory> Node<M> {
                         let only_us = r.is_some_and(|r| {
                             r.primary == self.cfg.member && r.in_sync.is_none() && !r.lease_held
                         });
+                        let newest = r.as_ref().and_then(|r| {
+                            self.tell_standing(r);
+                            self.newest(r)
+                        });
                         let r = r.filter(|r| r.lease_held && r.primary != self.cfg.member);
                         match r {
                             Some(r) => {
@@ -657,10 +666,12 @@ impl<M: Memory> Node<M> {
                                 self.become_joining(Some(r.primary.node));
                             }
                             // A node back from its log first gives a live
-                            // peer the time to take over, and under
-                            // `everysec` never campaigns once it saw one
-                            // serve (`durable.rs`).
-                            None if self.recovery_grace() && !only_us => {}
+                            // peer the time to take over, leaves the
+                            // campaign to a member back from its log with a
+                            // newer state, and under `everysec` never
+                            // campaigns once it saw a peer serve
+                            // (`durable.rs`).
+                            None if self.recovery_grace(newest) && !only_us => {}
                             None => {
                                 let id = self.coord(CoordRequest::Campaign);
                                 self.state = State::Fenced {

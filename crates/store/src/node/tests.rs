@@ -10,6 +10,9 @@ use crate::proto::Bytes;
 use crate::proto::{Cond, Effect, Op};
 use crate::ptr::RemotePtr;
 
+#[path = "election_tests.rs"]
+mod election_tests;
+
 /// The nodes' wall clock at time 0 (Unix milliseconds).
 const CLOCK_ORIGIN_MS: u64 = 1_700_000_000_000;
 
@@ -42,6 +45,10 @@ struct H {
 
 impl H {
     fn new() -> H {
+        H::persisting(crate::persist::Policy::Off)
+    }
+
+    fn persisting(persist: crate::persist::Policy) -> H {
         let mut nodes = BTreeMap::new();
         for n in [1, 2] {
             let cfg = NodeConfig {
@@ -61,7 +68,7 @@ impl H {
                 index_buckets: 0,
                 resp_port: 0,
                 clock_origin_ms: CLOCK_ORIGIN_MS,
-                persist: crate::persist::Policy::Off,
+                persist,
             };
             nodes.insert(n, Node::new(cfg, HeapMemory::new(ARENA.len)));
         }
@@ -176,10 +183,37 @@ impl H {
     /// A client's request to node 1, answered (replicated first if a
     /// write) within a few heartbeats.
     fn request(&mut self, op: Op) -> Result<Reply, StoreError> {
+        self.request_to(1, op)
+    }
+
+    /// Node `n` as its log would bring it back if it died now with its
+    /// log holding every write it applied (a base and a snapshot of its
+    /// present state): a fenced node of its incarnation and epoch.
+    fn recovered(&self, n: NodeId) -> Node<HeapMemory> {
+        let node = self.node(n);
+        assert!(
+            !node.image.has_unexposed(),
+            "every applied write in the arena"
+        );
+        let base = crate::persist::entry::Base {
+            epoch: node.epoch,
+            seq: node.image.applied_seq(),
+            incarnation: node.cfg.member.incarnation,
+            alloc: node.image.allocator().snapshot(),
+            dedup: node.image.dedup_table(),
+            stag: node.image.arena().stag,
+        };
+        let mut r = Recovering::new(node.cfg.clone(), HeapMemory::new(ARENA.len), &base).unwrap();
+        r.snapshot(0, node.image.memory().bytes()).unwrap();
+        r.finish(0).unwrap()
+    }
+
+    /// A client's request to node `n`.
+    fn request_to(&mut self, n: NodeId, op: Op) -> Result<Reply, StoreError> {
         self.req_id += 1;
         let req_id = self.req_id;
         let env = Envelope {
-            epoch: self.node(1).epoch(),
+            epoch: self.node(n).epoch(),
             body: Body::Request {
                 client: 77,
                 req_id,
@@ -187,7 +221,7 @@ impl H {
             },
         };
         self.feed(
-            1,
+            n,
             Input::Message {
                 from: Addr::Client(77),
                 env,

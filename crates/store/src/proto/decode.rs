@@ -2,12 +2,42 @@
 //! [`super`]); garbage is an error, never a panic.
 
 use super::{
-    Body, Cond, DecodeError, DedupEntry, Effect, Envelope, ExpireWhen, Member, Modify, Op, RepOp,
-    Reply, StatusInfo, StoreError, Ttl, MAX_MESSAGE,
+    Body, Cond, DedupEntry, Effect, Envelope, ExpireWhen, Member, Modify, Op, RepOp, Reply,
+    StatusInfo, StoreError, Ttl, MAX_MESSAGE,
 };
 use crate::alloc::AllocSnapshot;
 use crate::ptr::RemotePtr;
 use bytes::Bytes;
+
+/// Why bytes are not a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Ran out of bytes.
+    #[error("message truncated at byte {at} (needed {needed} more)")]
+    Truncated {
+        /// Position.
+        at: usize,
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// Unknown tag.
+    #[error("unknown {what} tag {tag}")]
+    BadTag {
+        /// Which enum.
+        what: &'static str,
+        /// Tag byte.
+        tag: u8,
+    },
+    /// Bytes left over.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    /// Too large.
+    #[error("message of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    /// Text not UTF-8.
+    #[error("invalid UTF-8 in a string field")]
+    Utf8,
+}
 
 struct R<'a> {
     b: &'a [u8],
@@ -216,6 +246,15 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
             in_sync: r.bool()?,
         },
         14 => Body::Resend { from: r.u64()? },
+        15 => Body::Standing {
+            member: Member {
+                node: r.u32()?,
+                incarnation: r.u64()?,
+            },
+            epoch: r.u64()?,
+            seq: r.u64()?,
+            campaigns: r.bool()?,
+        },
         tag => return Err(DecodeError::BadTag { what: "body", tag }),
     })
 }

@@ -272,6 +272,19 @@ fn enc_body(w: &mut W, b: &Body) {
             w.u8(14);
             w.u64(*from);
         }
+        Body::Standing {
+            member,
+            epoch,
+            seq,
+            campaigns,
+        } => {
+            w.u8(15);
+            w.u32(member.node);
+            w.u64(member.incarnation);
+            w.u64(*epoch);
+            w.u64(*seq);
+            w.u8(*campaigns as u8);
+        }
     }
 }
 

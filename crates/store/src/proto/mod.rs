@@ -20,7 +20,7 @@ mod encode;
 pub(crate) mod tests;
 
 pub use bytes::Bytes;
-pub use decode::{decode, decode_shared};
+pub use decode::{decode, decode_shared, DecodeError};
 pub use encode::{
     encode, encode_gather, encode_into, gather_room, room, Piece, GATHER_MAX, GATHER_MIN,
 };
@@ -171,6 +171,17 @@ pub enum Body {
     Resend {
         /// First missing sequence number.
         from: u64,
+    },
+    /// Node back from its log -> the other members its group's record
+    /// names: the `(epoch, seq)` of the newest write its log held, and
+    /// whether it may campaign; the older leaves the campaign to the newer
+    /// (`node/durable.rs`).
+    #[allow(missing_docs)]
+    Standing {
+        member: Member,
+        epoch: u64,
+        seq: u64,
+        campaigns: bool,
     },
 }
 
@@ -765,34 +776,4 @@ pub enum StoreError {
     /// Anything else.
     #[error("{0}")]
     Other(String),
-}
-
-/// Why bytes are not a message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    /// Ran out of bytes.
-    #[error("message truncated at byte {at} (needed {needed} more)")]
-    Truncated {
-        /// Position.
-        at: usize,
-        /// Bytes needed.
-        needed: usize,
-    },
-    /// Unknown tag.
-    #[error("unknown {what} tag {tag}")]
-    BadTag {
-        /// Which enum.
-        what: &'static str,
-        /// Tag byte.
-        tag: u8,
-    },
-    /// Bytes left over.
-    #[error("{0} trailing bytes after the message")]
-    Trailing(usize),
-    /// Too large.
-    #[error("message of {0} bytes exceeds the limit")]
-    TooLarge(usize),
-    /// Text not UTF-8.
-    #[error("invalid UTF-8 in a string field")]
-    Utf8,
 }

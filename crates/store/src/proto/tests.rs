@@ -344,6 +344,21 @@ fn body() -> impl Strategy<Value = Body> {
         (any::<u64>(), any::<bool>())
             .prop_map(|(seq, in_sync)| Body::ReplicateHead { seq, in_sync }),
         any::<u64>().prop_map(|from| Body::Resend { from }),
+        (
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(node, incarnation, epoch, seq, campaigns)| Body::Standing {
+                    member: Member { node, incarnation },
+                    epoch,
+                    seq,
+                    campaigns,
+                }
+            ),
     ]
 }
 
