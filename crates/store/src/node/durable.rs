@@ -77,8 +77,8 @@ pub(super) struct Durability {
     /// Back from the log, holding what the log held: since when (the
     /// first input; 0 before it). Cleared once primary or rejoining.
     pub(super) recovered: Option<super::Micros>,
-    /// Back from the log, it saw its peer hold the lease since.
-    pub(super) peer_served: bool,
+    /// Back from the log, it saw this peer hold the lease since.
+    pub(super) peer_served: Option<Member>,
     /// Back from the log: how long it was already silent when its clock
     /// started (down, then loading its partition).
     pub(super) silent_for: super::Micros,
@@ -282,8 +282,18 @@ impl<M: Memory> Node<M> {
     /// A member back from its log says how new its state is.
     /// (One that never campaigns, `everysec`'s rule below, is not waited
     /// for: it would wait for this one, forever.)
+    ///
+    /// The lease holder that kept this node from campaigning (`everysec`)
+    /// saying it is back from its log means the lease seen was its last
+    /// life's (both died together, and the lease outlived them), or that it
+    /// served and died since, at a newer epoch (dropping this node from
+    /// sync took one) or further on the same stream: either way what it
+    /// holds is now just a state to compare, and the newest wins.
     pub(super) fn on_standing(&mut self, member: Member, epoch: u64, seq: u64, campaigns: bool) {
         let at = self.now;
+        if self.dur.peer_served == Some(member) {
+            self.dur.peer_served = None;
+        }
         self.dur.heard.retain(|h| h.member.node != member.node);
         let standing = if campaigns { (epoch, seq) } else { (0, 0) };
         self.dur.heard.push(Heard {
@@ -296,7 +306,7 @@ impl<M: Memory> Node<M> {
     /// `everysec`'s rule: a node back from its log that saw its peer hold
     /// the lease since never campaigns ([`Node::recovery_grace`]).
     fn never_campaigns(&self) -> bool {
-        self.cfg.persist != Policy::Always && self.dur.peer_served
+        self.cfg.persist != Policy::Always && self.dur.peer_served.is_some()
     }
 
     /// The election of the newest, for a node back from its log that may

@@ -13,6 +13,24 @@ use super::*;
 /// the grace and its peer copied from it: `k5` and `k6` were lost.
 #[test]
 fn a_group_back_from_its_logs_elects_the_newest_state() {
+    elect_the_newest(20 * HB);
+}
+
+/// The same, restarted while the dead primary's lease still runs: the
+/// secondary sees it held, and under `everysec` a node back from its log
+/// that saw its peer serve never campaigns. Its peer's `Standing` shows
+/// the lease was its last life's, so the newest still wins. Before, the
+/// older primary won once its lease ran out (the newer node did not
+/// campaign, and said so).
+#[test]
+fn the_newest_wins_when_the_group_restarts_within_the_dead_primarys_lease() {
+    elect_the_newest(HB);
+}
+
+/// Both nodes die `down` after the newer secondary's last write and start
+/// on their logs; the secondary must win before the grace and keep what
+/// only its log held.
+fn elect_the_newest(down: Micros) {
     use crate::persist::Policy;
     let mut h = H::persisting(Policy::Everysec);
     h.redundant();
@@ -36,7 +54,7 @@ fn a_group_back_from_its_logs_elects_the_newest_state() {
     // Both die; their leases run out; both start on their logs.
     h.msgs.clear();
     h.calls.clear();
-    h.t += 20 * HB;
+    h.t += down;
     h.nodes.insert(1, old_primary);
     h.nodes.insert(2, newer_secondary);
     let restart = h.t;

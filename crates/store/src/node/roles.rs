@@ -182,7 +182,7 @@ impl<M: Memory> Node<M> {
         self.image.reset();
         self.dur.durable = 0;
         self.dur.recovered = None;
-        self.dur.peer_served = false;
+        self.dur.peer_served = None;
         self.state = State::Joining {
             join_sent: None,
             asked: None,
@@ -243,7 +243,7 @@ impl<M: Memory> Node<M> {
         };
         let drop_kept = in_sync.is_some() && self.dur.recovered.is_some();
         self.dur.recovered = None;
-        self.dur.peer_served = false;
+        self.dur.peer_served = None;
         self.state = State::Primary(Primary {
             next_seq: self.image.applied_seq() + 1,
             pending: BTreeMap::new(),
@@ -662,7 +662,9 @@ impl<M: Memory> Node<M> {
                         match r {
                             Some(r) => {
                                 self.epoch = self.epoch.max(r.epoch);
-                                self.dur.peer_served = self.dur.recovered.is_some();
+                                if self.dur.recovered.is_some() {
+                                    self.dur.peer_served = Some(r.primary);
+                                }
                                 self.become_joining(Some(r.primary.node));
                             }
                             // A node back from its log first gives a live
