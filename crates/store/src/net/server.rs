@@ -227,8 +227,8 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
         None => find_arena(&cfg, &ep, coord.as_ref(), me, node_auth.as_ref())?,
     };
     let mapped_ms = started.elapsed().as_millis() as u64;
-    let reg = Arc::new(ArenaReg::new(ep.pd(), &arena, aref).map_err(ServeError::Setup)?);
-    let registered_ms = started.elapsed().as_millis() as u64;
+    // Registered once the node holds its image (see `ArenaReg::unregistered`).
+    let reg = ArenaReg::unregistered(&arena, aref);
     let mut persister = None;
     let node = match dev {
         None => Node::new(node_config(&cfg, me, aref, policy), arena),
@@ -241,7 +241,6 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             let (mut p, found) = Persister::open(dev, id, 0).map_err(setup)?;
             tracing::info!(
                 mapped_ms,
-                registered_ms,
                 opened_ms = started.elapsed().as_millis() as u64,
                 "partition open"
             );
@@ -262,6 +261,13 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             node
         }
     };
+    reg.register(ep.pd(), aref.stag)
+        .map_err(ServeError::Setup)?;
+    tracing::info!(
+        registered_ms = started.elapsed().as_millis() as u64,
+        "arena registered"
+    );
+    let reg = Arc::new(reg);
     let persist = match persister {
         Some(p) => {
             let to_loop = tx.clone();
