@@ -128,14 +128,20 @@ impl<M: Memory> Node<M> {
             "a base needs every applied write in the arena"
         );
         self.dur.snapshot_due = false;
-        self.out.push(Output::Log(Entry::Base(Base {
+        let base = self.base();
+        self.out.push(Output::Log(Entry::Base(base)));
+    }
+
+    /// The image's base as of its last applied write.
+    pub(super) fn base(&self) -> Base {
+        Base {
             epoch: self.epoch,
             seq: self.image.applied_seq(),
             incarnation: self.cfg.member.incarnation,
             alloc: self.image.allocator().snapshot(),
             dedup: self.image.dedup_table(),
             stag: self.image.arena().stag,
-        })));
+        }
     }
 
     /// What a secondary may acknowledge: every applied write, or under
@@ -248,7 +254,7 @@ impl<M: Memory> Node<M> {
         }
         let up = self.now.saturating_sub(since);
         match newest {
-            Some(newer_elsewhere) => !newer_elsewhere,
+            Some(this_is_newest) => !this_is_newest,
             None => {
                 up + self.dur.silent_for < grace
                     || (self.cfg.persist == Policy::Everysec && up < grace)

@@ -195,14 +195,7 @@ impl H {
             !node.image.has_unexposed(),
             "every applied write in the arena"
         );
-        let base = crate::persist::entry::Base {
-            epoch: node.epoch,
-            seq: node.image.applied_seq(),
-            incarnation: node.cfg.member.incarnation,
-            alloc: node.image.allocator().snapshot(),
-            dedup: node.image.dedup_table(),
-            stag: node.image.arena().stag,
-        };
+        let base = node.base();
         let mut r = Recovering::new(node.cfg.clone(), HeapMemory::new(ARENA.len), &base).unwrap();
         r.snapshot(0, node.image.memory().bytes()).unwrap();
         r.finish(0).unwrap()
