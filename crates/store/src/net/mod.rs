@@ -12,6 +12,8 @@
 //! * [`client`]: the client library: a keyed face (`get`, `set`, `del`,
 //!   ...) and a pointer face (`alloc`, `read_ptr`, `update_ptr`, `free`)
 //!   over a request session (failover) and a one-sided reader.
+//! * `herald.rs`: while a node back from its log loads its snapshot, it
+//!   tells its peers how new that state is (the election of the newest).
 //! * [`handshake`]: connection private data (who connects, the proofs of
 //!   the group's credentials); a client learns each node's id and the
 //!   arena, and a joining node the group's arena address and STag, from
@@ -21,6 +23,7 @@
 mod arena_reg;
 pub mod client;
 pub mod handshake;
+mod herald;
 pub mod link;
 mod node_front;
 mod node_loop;

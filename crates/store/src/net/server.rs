@@ -9,7 +9,9 @@
 //! (`node_loop.rs`), the only owner of the `Node` state machine and of
 //! the arena's contents. The other threads post their events on the node
 //! loop's channel and ring its waker. [`serve`] starts them in that order,
-//! one named step each.
+//! one named step each. Before them, a node back from its log runs the
+//! herald (`herald.rs`) while it loads its snapshot, and stops it just
+//! before the node loop starts.
 //!
 //! The arena is registered once, for remote reads, under the group's STag
 //! at its own virtual address (`arena_reg.rs`), so a client's one-sided
@@ -27,6 +29,7 @@ use softrdma_verbs::{ConnParams, ConnectRequest};
 
 use super::arena_reg::ArenaReg;
 use super::handshake::{self, Admission, ClientAuth, Gate, Hello, NodeHello};
+use super::herald::Herald;
 use super::link::Endpoint;
 use super::node_front::NodeFront;
 use super::node_loop::{Ev, EvTx, NodeLoop, ROTATE_CLIENT};
@@ -37,7 +40,7 @@ use crate::config::{Config, CoordinatorConfig};
 use crate::coord::embedded::EmbeddedClient;
 use crate::coord::etcd::EtcdCoordinator;
 use crate::coord::Coordinator;
-use crate::node::{Addr, CoordReply, CoordRequest, Node, NodeConfig};
+use crate::node::{Addr, CoordReply, CoordRequest, Node, NodeConfig, Recovering};
 use crate::persist::checkpoint::ArenaId;
 use crate::persist::driver::Persister;
 use crate::persist::Policy;
@@ -230,6 +233,7 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
     // Registered once the node holds its image (see `ArenaReg::unregistered`).
     let reg = ArenaReg::unregistered(&arena, aref);
     let mut persister = None;
+    let mut herald = None;
     let node = match dev {
         None => Node::new(node_config(&cfg, me, aref, policy), arena),
         Some(dev) => {
@@ -247,6 +251,20 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
             let node = match found {
                 Some(f) => {
                     me.incarnation = f.base.incarnation;
+                    // Peers already loaded hear meanwhile how new the
+                    // state this node loads is (`herald.rs`).
+                    let standing = Recovering::<Arena>::standing_of(&f.base, &f.entries);
+                    herald = Some(Herald::start(
+                        &cfg.peers,
+                        Hello::Node(NodeHello {
+                            member: me,
+                            group: cfg.group.clone(),
+                        }),
+                        node_auth.clone(),
+                        me,
+                        standing,
+                        cfg.heartbeat_interval(),
+                    ));
                     let ncfg = node_config(&cfg, me, aref, policy);
                     persist_thread::recover(&mut p, &f, ncfg, arena, started).map_err(|e| {
                         ServeError::Setup(format!(
@@ -293,6 +311,9 @@ pub fn serve(cfg: Config, ready: impl FnOnce(&ArenaRef)) -> Result<(), ServeErro
     let coord = threads.coordinator(coord)?;
     threads.redis_door()?;
     ready(&aref);
+    if let Some(h) = herald {
+        h.stop();
+    }
     NodeLoop::new(node, ep, (tx, rx), coord, reg, creds, persist).run();
     Ok(())
 }

@@ -96,6 +96,8 @@ pub(super) struct Durability {
 struct Heard {
     member: Member,
     standing: (u64, u64),
+    /// Still loading its snapshot: not waited for unless strictly newer.
+    loading: bool,
     at: super::Micros,
 }
 
@@ -279,6 +281,7 @@ impl<M: Memory> Node<M> {
                         epoch,
                         seq,
                         campaigns,
+                        loading: false,
                     },
                 );
             }
@@ -295,16 +298,29 @@ impl<M: Memory> Node<M> {
     /// served and died since, at a newer epoch (dropping this node from
     /// sync took one) or further on the same stream: either way what it
     /// holds is now just a state to compare, and the newest wins.
-    pub(super) fn on_standing(&mut self, member: Member, epoch: u64, seq: u64, campaigns: bool) {
+    ///
+    /// One still `loading` its snapshot (`net/herald.rs`) is waited for
+    /// only if its state is strictly newer: with the same state, the node
+    /// already loaded campaigns (the lower node id breaks the tie only
+    /// between nodes that are both ready; waiting for a loading peer's
+    /// equal state bought nothing and cost its whole load).
+    pub(super) fn on_standing(
+        &mut self,
+        member: Member,
+        standing: (u64, u64),
+        campaigns: bool,
+        loading: bool,
+    ) {
         let at = self.now;
         if self.dur.peer_served == Some(member) {
             self.dur.peer_served = None;
         }
         self.dur.heard.retain(|h| h.member.node != member.node);
-        let standing = if campaigns { (epoch, seq) } else { (0, 0) };
+        let standing = if campaigns { standing } else { (0, 0) };
         self.dur.heard.push(Heard {
             member,
             standing,
+            loading,
             at,
         });
     }
@@ -319,12 +335,15 @@ impl<M: Memory> Node<M> {
     /// campaign under record `r`: `Some(false)` if another member `r`
     /// names, back from its log too and heard within a heartbeat timeout,
     /// holds a newer state (it campaigns; this node waits, then copies
-    /// from it); `Some(true)` if every other member `r` names was heard so
-    /// and holds an older one (none of them is a live node whose memory
-    /// may hold more: no grace is due to them); `None` otherwise.
+    /// from it), or, still loading its snapshot, a strictly newer one;
+    /// `Some(true)` if every other member `r` names was heard so and holds
+    /// an older one, or is loading the same (none of them is a live node
+    /// whose memory may hold more: no grace is due to them); `None`
+    /// otherwise.
     pub(super) fn newest(&self, r: &GroupRecord) -> Option<bool> {
         self.dur.recovered?;
-        let mine = rank(self.cfg.member.node, self.dur.standing?);
+        let ours = self.dur.standing?;
+        let mine = rank(self.cfg.member.node, ours);
         let fresh = |h: &&Heard| self.now.saturating_sub(h.at) <= self.cfg.heartbeat_timeout;
         let mut all_older = true;
         for m in [Some(r.primary), r.in_sync].into_iter().flatten() {
@@ -332,7 +351,8 @@ impl<M: Memory> Node<M> {
                 continue;
             }
             match self.dur.heard.iter().filter(fresh).find(|h| h.member == m) {
-                Some(h) if rank(m.node, h.standing) > mine => return Some(false),
+                Some(h) if h.loading && h.standing > ours => return Some(false),
+                Some(h) if !h.loading && rank(m.node, h.standing) > mine => return Some(false),
                 Some(_) => {}
                 None => all_older = false,
             }
@@ -488,6 +508,21 @@ impl<M: Memory> Recovering<M> {
         }
         self.node.epoch = self.node.epoch.max(*epoch);
         self.node.image.apply(*seq, op, true)
+    }
+
+    /// The `(epoch, last write)` a node recovering from `base` and the
+    /// logged `entries` will stand at ([`Body::Standing`]): known from the
+    /// log's scan, before the snapshot is loaded (`net/herald.rs` says it
+    /// meanwhile). [`Recovering::finish`] finds the same.
+    pub fn standing_of(base: &Base, entries: &[Entry]) -> (u64, u64) {
+        entries
+            .iter()
+            .fold((base.epoch, base.seq), |(epoch, seq), e| match e {
+                Entry::Write {
+                    epoch: e, seq: s, ..
+                } => (epoch.max(*e), *s),
+                _ => (epoch, seq),
+            })
     }
 
     /// The last write replayed.

@@ -626,7 +626,8 @@ impl<M: Memory> Node<M> {
                 epoch,
                 seq,
                 campaigns,
-            } => self.on_standing(member, epoch, seq, campaigns),
+                loading,
+            } => self.on_standing(member, (epoch, seq), campaigns, loading),
             Body::Join { member, arena_len } => self.on_join(from, member, arena_len),
             Body::SyncStart {
                 session,

@@ -84,8 +84,11 @@ impl H {
         }
     }
 
+    /// Node `n`'s input (dropped while it is down: not in `nodes`).
     fn feed(&mut self, n: NodeId, input: Input) {
-        let node = self.nodes.get_mut(&n).unwrap();
+        let Some(node) = self.nodes.get_mut(&n) else {
+            return;
+        };
         let member = node.member();
         for o in node.handle(self.t, input) {
             match o {

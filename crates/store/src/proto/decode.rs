@@ -254,6 +254,7 @@ fn dec_body(r: &mut R<'_>) -> Result<Body, DecodeError> {
             epoch: r.u64()?,
             seq: r.u64()?,
             campaigns: r.bool()?,
+            loading: r.bool()?,
         },
         tag => return Err(DecodeError::BadTag { what: "body", tag }),
     })

@@ -277,6 +277,7 @@ fn enc_body(w: &mut W, b: &Body) {
             epoch,
             seq,
             campaigns,
+            loading,
         } => {
             w.u8(15);
             w.u32(member.node);
@@ -284,6 +285,7 @@ fn enc_body(w: &mut W, b: &Body) {
             w.u64(*epoch);
             w.u64(*seq);
             w.u8(*campaigns as u8);
+            w.u8(*loading as u8);
         }
     }
 }

@@ -173,15 +173,17 @@ pub enum Body {
         from: u64,
     },
     /// Node back from its log -> the other members its group's record
-    /// names: the `(epoch, seq)` of the newest write its log held, and
-    /// whether it may campaign; the older leaves the campaign to the newer
-    /// (`node/durable.rs`).
+    /// names: the `(epoch, seq)` of the newest write its log held,
+    /// whether it may campaign, and whether it is still loading its
+    /// snapshot (said by `net/herald.rs` before the node runs); the older
+    /// leaves the campaign to the newer (`node/durable.rs`).
     #[allow(missing_docs)]
     Standing {
         member: Member,
         epoch: u64,
         seq: u64,
         campaigns: bool,
+        loading: bool,
     },
 }
 

@@ -349,16 +349,18 @@ fn body() -> impl Strategy<Value = Body> {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
+            any::<bool>(),
             any::<bool>()
         )
-            .prop_map(
-                |(node, incarnation, epoch, seq, campaigns)| Body::Standing {
+            .prop_map(|(node, incarnation, epoch, seq, campaigns, loading)| {
+                Body::Standing {
                     member: Member { node, incarnation },
                     epoch,
                     seq,
                     campaigns,
+                    loading,
                 }
-            ),
+            }),
     ]
 }
 
