@@ -81,6 +81,11 @@ pub struct Starting {
 }
 
 impl Starting {
+    /// The node's process id.
+    pub fn pid(&self) -> u32 {
+        self.p.child.id()
+    }
+
     /// Waits up to 40 s for the node's `ready` line.
     pub fn wait_ready(self) -> Result<(Proc, String)> {
         let Starting { p, rx, log_path } = self;

@@ -156,7 +156,7 @@ impl Group {
     pub(crate) fn restart_then<T>(
         &mut self,
         dir: &Path,
-        during: impl FnOnce() -> Result<T>,
+        during: impl FnOnce(&[u32]) -> Result<T>,
     ) -> Result<T> {
         self.procs.clear();
         let mut starting = Vec::new();
@@ -164,7 +164,8 @@ impl Group {
             let cfg = dir.join(format!("node{id}.toml"));
             starting.push(crate::child::spawn_node(dir, id, &cfg, "auto", true)?);
         }
-        let r = during();
+        let pids: Vec<u32> = starting.iter().map(|s| s.pid()).collect();
+        let r = during(&pids);
         for s in starting {
             self.procs.push(s.wait_ready()?.0);
         }

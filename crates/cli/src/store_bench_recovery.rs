@@ -9,7 +9,9 @@
 //! bandwidth; both nodes are started again, and the time from their
 //! processes' start to a primary serving (a key read back) is the
 //! recovery time. The rate is the arena's allocated bytes over that time,
-//! and the ratio is against fio's (the target: at least 0.5x).
+//! and the ratio is against fio's (the target: at least 0.5x). Each
+//! node's CPU from its start to serving (a share of a core) is printed
+//! beside it.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -163,13 +165,23 @@ pub fn run(a: Args) -> Result<()> {
         "fio sequential O_DIRECT read: {fio_bw:.0} MiB/s; restarting"
     ));
     let start = Instant::now();
-    let (serving, primary) = group.restart_then(&dir, || {
+    let (serving, primary, node_cpu) = group.restart_then(&dir, |pids| {
         let deadline = start + Duration::from_secs(300);
         loop {
             let st = statuses(&mut probe);
             if let Some(p) = st.iter().find(|s| s.role == ROLE_PRIMARY) {
                 if probe.get(b"t0-0")?.is_some() {
-                    return Ok((start.elapsed(), p.clone()));
+                    let serving = start.elapsed();
+                    // Each node's CPU from its start to serving, as a
+                    // share of a core over that time.
+                    let cpu: Vec<f64> = pids
+                        .iter()
+                        .map(|&pid| {
+                            crate::bench::cpu_secs(Some(pid)).unwrap_or(f64::NAN)
+                                / serving.as_secs_f64()
+                        })
+                        .collect();
+                    return Ok((serving, p.clone(), cpu));
                 }
             }
             if Instant::now() > deadline {
@@ -197,18 +209,21 @@ pub fn run(a: Args) -> Result<()> {
                 "allocated": allocated, "policy": policy.to_string(),
                 "recovery_s": serving.as_secs_f64(), "recovery_mib_per_s": rate,
                 "fio_read_mib_per_s": fio_bw, "fio_p99_us": fio_p99, "fio_cpu": fio_cpu,
-                "ratio": ratio,
+                "ratio": ratio, "node_cpu": node_cpu,
             })
         );
     } else {
         println!(
             "recovery of a {} MiB arena ({values} values of {} bytes, {} MiB allocated): \
              process start to serving in {:.2} s, {rate:.0} MiB/s = {ratio:.2}x fio sequential \
-             O_DIRECT read {fio_bw:.0} MiB/s (128 KiB, depth 32; p99 {fio_p99:.0} us, CPU {fio_cpu:.2})",
+             O_DIRECT read {fio_bw:.0} MiB/s (128 KiB, depth 32; p99 {fio_p99:.0} us, CPU {fio_cpu:.2}); \
+             nodes' CPU until then {:.2} / {:.2}",
             arena >> 20,
             a.size,
             allocated >> 20,
-            serving.as_secs_f64()
+            serving.as_secs_f64(),
+            node_cpu[0],
+            node_cpu[1]
         );
     }
     drop(group);

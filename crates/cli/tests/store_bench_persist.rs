@@ -49,7 +49,8 @@ fn bench_persist_json_rounds() {
 /// `softrdma store bench-recovery --json`, shortened (a 16 MiB arena half
 /// filled): the group recovers every write it held (the bench checks the
 /// primary's applied write), and the row has the recovery time and rate,
-/// fio's read bandwidth with its p99 and CPU, and their ratio.
+/// fio's read bandwidth with its p99 and CPU, their ratio, and each
+/// node's CPU from its start to serving.
 #[test]
 fn bench_recovery_json_row() {
     let out = Command::new(SOFTRDMA)
@@ -80,4 +81,14 @@ fn bench_recovery_json_row() {
         "{v}"
     );
     assert!(f("ratio") > 0.0, "{v}");
+    let cpu = v["node_cpu"].as_array().expect("node_cpu");
+    assert_eq!(cpu.len(), 2, "{v}");
+    // Read from each node's /proc stat (null if it could not be): no more
+    // than the machine's cores (a 16 MiB recovery may take less than the
+    // 10 ms a tick counts).
+    let cores = std::thread::available_parallelism().map_or(64, |n| n.get()) as f64;
+    for c in cpu {
+        let c = c.as_f64().unwrap_or_else(|| panic!("node_cpu {c}: {v}"));
+        assert!((0.0..=cores).contains(&c), "{v}");
+    }
 }

@@ -104,8 +104,7 @@ fn tell(
         // What the peer says on this link (its own `Standing`, while it
         // has no link of its own to this node) is for the node loop, which
         // will hear it again on its own links: dropped, but read, so that
-        // the link's receives stay posted and its close is clean (a close
-        // with unread bytes is a reset, a warning in the peer's log).
+        // the link's receives stay posted.
         ep.poll(&mut heard);
         heard.clear();
         if link.as_ref().is_none_or(|l| l.is_dead()) {
@@ -125,6 +124,8 @@ fn tell(
         }
         std::thread::sleep(every);
     }
+    // (The peer logs a reset of this link, `connection error`, once: the
+    // close does not wait for the peer's own close.)
     tracing::debug!(%peer, told, "herald stopped");
     ep.shutdown();
 }

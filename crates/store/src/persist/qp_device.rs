@@ -226,8 +226,10 @@ impl LogDevice for QpDevice {
         let piece = piece.clamp(1, STAGE);
         let slots = (STAGE / piece).min(MAX_OUTSTANDING);
         let mut buf = vec![0u8; piece];
-        // Pieces posted (the i-th in slot i % slots), pieces handed over.
+        // Pieces posted (the i-th in slot i % slots, under work request id
+        // `first + i`), pieces handed over.
         let (mut posted, mut handed) = (0u64, 0u64);
+        let first = self.next_id + 1;
         let count = len.div_ceil(piece as u64);
         let span = |i: u64| {
             let at = i * piece as u64;
@@ -256,7 +258,17 @@ impl LogDevice for QpDevice {
                 let _ = self.drain();
                 return Err(err(format!("storage read {}: {:?}", wc.wr_id, wc.status)));
             }
-            // (A QP's Reads complete in the order they were posted.)
+            // A QP's Reads complete in the order they were posted: the
+            // completion is the oldest piece's, whose slot is read next
+            // (another's would hand a piece's bytes over as another's).
+            if wc.wr_id != first + handed {
+                let _ = self.drain();
+                return Err(err(format!(
+                    "storage read completed out of order: work request {}, expected {}",
+                    wc.wr_id,
+                    first + handed
+                )));
+            }
             let (at, n) = span(handed);
             let slot = (handed % slots as u64) as usize * piece;
             self.stage.read_at(slot, &mut buf[..n]);
