@@ -6,7 +6,7 @@ use super::{tag_of, Sim, KEY_OID};
 use crate::arena::Memory;
 use crate::index::{self, Layout, Meta};
 use crate::lincheck::{self, Kind};
-use crate::node::Role;
+use crate::node::{Micros, Role};
 use crate::object;
 use crate::proto::Op;
 
@@ -136,6 +136,7 @@ impl Sim {
                 });
             }
         }
+        self.report.in_lossy_window += loosen_for_everysec(&self.lossy, &mut h);
         let bad = lincheck::check(&h);
         if !bad.is_empty() {
             v.push(format!(
@@ -184,4 +185,32 @@ impl Sim {
         v.extend(self.ttl_check());
         self.violations.extend(v);
     }
+}
+
+/// Under `everysec`, a whole-group crash may lose writes acknowledged
+/// within [`EVERYSEC_BOUND`](super::persist_sim) before it, and only
+/// those: an operation that returned in such a window becomes one
+/// whose outcome is unknown (a write may have taken effect or not),
+/// and a read that returned in it is dropped (it may have seen a write
+/// the crash took back). Whatever returned earlier must hold across
+/// the crash, as under `always`. Returns how many acknowledged operations
+/// it loosened.
+fn loosen_for_everysec(windows: &[(Micros, Micros)], h: &mut Vec<lincheck::Op>) -> u64 {
+    if windows.is_empty() {
+        return 0;
+    }
+    let lossy = |t: Micros| windows.iter().any(|&(b, c)| t > b && t <= c);
+    let before = h.iter().filter(|op| op.ret.is_some()).count();
+    h.retain_mut(|op| match op.ret {
+        Some(r) if lossy(r) => match op.kind {
+            Kind::Read(_) | Kind::Present(_) => false,
+            Kind::Write(_) | Kind::Swap { .. } | Kind::Exchange { .. } => {
+                op.ret = None;
+                true
+            }
+        },
+        _ => true,
+    });
+    let after = h.iter().filter(|op| op.ret.is_some()).count();
+    (before - after) as u64
 }

@@ -290,6 +290,10 @@ pub struct SimReport {
     pub torn_power_losses: u64,
     /// Times a node's log was pressed (writes waited for room).
     pub log_pressures: u64,
+    /// Operations acknowledged within `everysec`'s bound before a
+    /// whole-group crash, whose effect the check counts as unknown
+    /// (`check.rs`, `loosen_for_everysec`).
+    pub in_lossy_window: u64,
 }
 
 /// Totals over runs: every count is added (`end_time` becomes the virtual
@@ -329,6 +333,7 @@ impl AddAssign<&SimReport> for SimReport {
             crashes_in_snapshot,
             torn_power_losses,
             log_pressures,
+            in_lossy_window,
         } = r;
         self.acked_ops += acked_ops;
         self.crashes += crashes;
@@ -362,6 +367,7 @@ impl AddAssign<&SimReport> for SimReport {
         self.crashes_in_snapshot += crashes_in_snapshot;
         self.torn_power_losses += torn_power_losses;
         self.log_pressures += log_pressures;
+        self.in_lossy_window += in_lossy_window;
     }
 }
 
@@ -579,6 +585,10 @@ struct Sim {
     group_crash_armed: bool,
     /// The node whose commit the crash interrupts.
     crash_commits: Option<NodeId>,
+    /// Under `everysec`, per whole-group crash at `T`: `(T - 2 commit
+    /// periods, T)`, where an acknowledged write may be lost
+    /// (`persist_sim::EVERYSEC_BOUND`; `check.rs` loosens the history).
+    lossy: Vec<(Micros, Micros)>,
 }
 
 fn other(n: NodeId) -> NodeId {

@@ -35,6 +35,12 @@ const SNAPSHOT_AFTER: u64 = 48 << 10;
 const SNAPSHOT_STEP: usize = 16 << 10;
 /// The commit period of `everysec`, scaled to the simulation's times.
 pub(super) const EVERYSEC: Micros = 50_000;
+
+/// `everysec`'s promise, scaled: a whole-group crash loses no write
+/// acknowledged more than this before it (two commit periods: a write
+/// exposed at `t` is in both logs' next commit, by `t + EVERYSEC`, unless
+/// the crash tears that commit, which it can only do before then).
+pub(super) const EVERYSEC_BOUND: Micros = 2 * EVERYSEC;
 /// A log ring of 1 MiB (the least a layout leaves).
 const LOG_LEN: u64 = 1 << 20;
 
@@ -286,6 +292,10 @@ impl Sim {
             self.schedule(at, Event::Restart(n));
         }
         self.report.group_crashes += 1;
+        if self.cfg.persist == Policy::Everysec {
+            self.lossy
+                .push((self.now.saturating_sub(EVERYSEC_BOUND), self.now));
+        }
         if self.group_crashes_left > 0 {
             let at = self.now + self.rng.range(150_000, 400_000);
             self.schedule(at, Event::GroupCrash);

@@ -469,6 +469,7 @@ pub fn run(seed: u64, cfg: &SimConfig) -> Result<SimReport, String> {
         group_crashes_left: cfg.group_crashes,
         group_crash_armed: false,
         crash_commits: None,
+        lossy: Vec::new(),
     };
     if cfg.persist.logs() {
         sim.format_disks();
