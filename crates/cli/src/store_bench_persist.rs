@@ -12,6 +12,11 @@
 //! against the RESP door), then fio's 4 KiB writes each followed by
 //! `fdatasync`. Rates with p50/p99 and the servers' CPU; the ratios'
 //! median and range over the rounds.
+//!
+//! `--policies off,...` also measures a group that logs nothing against
+//! Redis without AOF (no fio), the baseline that shows what the log
+//! itself costs the door: the last line sets each logging policy's
+//! median door SET and GET rates beside `off`'s of the same run.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -29,7 +34,8 @@ pub struct Args {
     /// Print one JSON object per line (else lines of text).
     #[arg(long)]
     json: bool,
-    /// Policies to measure, comma-separated.
+    /// Policies to measure, comma-separated (`off` too: the baseline
+    /// without a log, against Redis without AOF).
     #[arg(long, value_delimiter = ',', default_values_t = ["always".to_string(), "everysec".to_string()])]
     policies: Vec<String>,
     /// Value size in bytes.
@@ -100,26 +106,38 @@ pub fn run(a: Args) -> Result<()> {
     let dir = work_dir(a.workdir.as_deref(), "softrdma-bench-persist")?;
     let t0 = Instant::now();
     let say = |m: String| eprintln!("[{:6.1} s] {m}", t0.elapsed().as_secs_f64());
+    let mut policies = Vec::new();
     for policy in &a.policies {
         let policy: softrdma_store::persist::Policy = policy.parse().map_err(anyhow::Error::msg)?;
-        if !policy.logs() {
-            bail!("--policies: always or everysec");
-        }
+        policies.push(policy);
+    }
+    // Per policy: the door's median SET and GET rates.
+    let mut medians = Vec::new();
+    for policy in policies {
         let pdir = dir.join(policy.to_string());
         std::fs::create_dir_all(&pdir)?;
-        let tables = new_stores(&pdir, arena, policy)?;
-        let group = start_group_with(&pdir, &a.arena, true, &tables)?;
+        let no_log = |_: u32| String::new();
+        let tables: Box<dyn Fn(u32) -> String + '_> = if policy.logs() {
+            Box::new(new_stores(&pdir, arena, policy)?)
+        } else {
+            Box::new(no_log)
+        };
+        let group = start_group_with(&pdir, &a.arena, true, &*tables)?;
         say(format!("store group persisting {policy}, redundant"));
-        let redis = start_redis_with(
-            &pdir,
-            &[
-                "--appendonly".into(),
-                "yes".into(),
-                "--appendfsync".into(),
-                policy.to_string(),
-            ],
-        )?;
-        say(format!("Redis with one replica, appendfsync {policy}"));
+        let aof: Vec<String> = if policy.logs() {
+            ["--appendonly", "yes", "--appendfsync", &policy.to_string()]
+                .map(String::from)
+                .into()
+        } else {
+            ["--appendonly", "no"].map(String::from).into()
+        };
+        let redis = start_redis_with(&pdir, &aof)?;
+        let redis_name = if policy.logs() {
+            format!("Redis appendfsync {policy}")
+        } else {
+            "Redis without AOF".to_string()
+        };
+        say(format!("{redis_name}, with one replica"));
         // The number of requests that lasts about --secs, from a first
         // measure of Redis's GET.
         let n = measure_redis(&redis, a.size, a.clients, a.secs)?.n;
@@ -140,7 +158,7 @@ pub fn run(a: Args) -> Result<()> {
             &pids,
         )?;
         let mut fio = Vec::new();
-        for _ in 0..a.rounds {
+        for _ in 0..if policy.logs() { a.rounds } else { 0 } {
             let (iops, p99, cpu) = crate::store_bench_log::fio_sync(
                 &pdir.join("fio-sync.dat"),
                 4096,
@@ -151,38 +169,56 @@ pub fn run(a: Args) -> Result<()> {
         let (set, set_range) = median_range(&rounds.set_wait);
         let (get, get_range) = median_range(&rounds.get);
         let door_sets: Vec<f64> = rounds.each.iter().map(|r| r.door_set.ops_per_s).collect();
-        let fio_rates: Vec<f64> = fio.iter().map(|f| f.0).collect();
+        let door_gets: Vec<f64> = rounds.each.iter().map(|r| r.door_get.ops_per_s).collect();
         let (door_set, _) = median_range(&door_sets);
-        let (fio_rate, _) = median_range(&fio_rates);
+        let (door_get, _) = median_range(&door_gets);
+        medians.push((policy, door_set, door_get));
         if a.json {
             for (i, r) in rounds.each.iter().enumerate() {
                 let mut j = r.json("resp_set");
                 j["policy"] = policy.to_string().into();
-                j["fio_fdatasync_per_s"] = fio[i].0.into();
-                j["fio_p99_us"] = fio[i].1.into();
+                if let Some(f) = fio.get(i) {
+                    j["fio_fdatasync_per_s"] = f.0.into();
+                    j["fio_p99_us"] = f.1.into();
+                }
                 println!("{j}");
             }
         } else {
+            let device = if fio.is_empty() {
+                String::new()
+            } else {
+                let fio_rates: Vec<f64> = fio.iter().map(|f| f.0).collect();
+                let (fio_rate, _) = median_range(&fio_rates);
+                format!(
+                    "; door SET {door_set:.0}/s against fio 4 KiB fdatasync {fio_rate:.0}/s \
+                     ({:.1} writes per flush at the device's rate)",
+                    door_set / fio_rate.max(1e-9)
+                )
+            };
             println!(
-                "persist {policy}: door SET {set:.2}x Redis appendfsync {policy} SET+WAIT \
-                 (median, {set_range}); GET {get:.2}x Redis GET ({get_range}); \
-                 door SET {door_set:.0}/s against fio 4 KiB fdatasync {fio_rate:.0}/s \
-                 ({:.1} writes per flush at the device's rate)",
-                door_set / fio_rate.max(1e-9)
+                "persist {policy}: door SET {set:.2}x {redis_name} SET+WAIT \
+                 (median, {set_range}); GET {get:.2}x Redis GET ({get_range}){device}"
             );
             for (i, r) in rounds.each.iter().enumerate() {
-                println!(
-                    "  round {}: {}; fio {:.0}/s p99 {:.0} us (CPU {:.2})",
-                    i + 1,
-                    r.describe(),
-                    fio[i].0,
-                    fio[i].1,
-                    fio[i].2
-                );
+                let fio = fio.get(i).map_or(String::new(), |f| {
+                    format!("; fio {:.0}/s p99 {:.0} us (CPU {:.2})", f.0, f.1, f.2)
+                });
+                println!("  round {}: {}{fio}", i + 1, r.describe());
             }
         }
         drop(redis);
         drop(group);
+    }
+    let off = medians.iter().find(|m| !m.0.logs()).copied();
+    if let (Some((_, off_set, off_get)), false) = (off, a.json) {
+        for &(policy, set, get) in medians.iter().filter(|m| m.0.logs()) {
+            println!(
+                "{policy} against off (medians of each one's rounds, run one after the \
+                 other): door SET {:.2}x, GET {:.2}x",
+                set / off_set.max(1e-9),
+                get / off_get.max(1e-9)
+            );
+        }
     }
     if a.workdir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);

@@ -46,6 +46,50 @@ fn bench_persist_json_rounds() {
     }
 }
 
+/// `--policies off`: the baseline without a log, against Redis without
+/// AOF; no fio (the device's flush rate is no limit there).
+#[test]
+fn bench_persist_off_baseline() {
+    let work = std::env::temp_dir().join(format!("softrdma-bp-off-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let out = Command::new(SOFTRDMA)
+        .args(["store", "bench-persist", "--json", "--arena", "16MiB"])
+        .args(["--policies", "off", "--secs", "0.5", "--rounds", "1"])
+        .args(["--clients", "4", "--workdir"])
+        .arg(&work)
+        .env("SOFTRDMA_SAME_HOST", "0")
+        .output()
+        .expect("run softrdma");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "softrdma store bench-persist --policies off failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    let v = &rows[0];
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
+    assert_eq!(v["policy"], "off", "{v}");
+    assert!(f("ops_per_s") > 0.0 && f("redis_ops_per_s") > 0.0, "{v}");
+    assert!(f("p99_us") > 0.0 && f("redis_p99_us") > 0.0, "{v}");
+    assert!(v.get("fio_fdatasync_per_s").is_none(), "{v}");
+    // The group logged nothing: no store file beside its nodes' files.
+    let dir = work.join("off");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.is_empty(), "{names:?}");
+    assert!(!names.iter().any(|n| n.ends_with(".store")), "{names:?}");
+    let _ = std::fs::remove_dir_all(&work);
+}
+
 /// `softrdma store bench-recovery --json`, shortened (a 16 MiB arena half
 /// filled): the group recovers every write it held (the bench checks the
 /// primary's applied write), and the row has the recovery time and rate,
