@@ -10,28 +10,49 @@ use std::process::Command;
 
 const SOFTRDMA: &str = env!("CARGO_BIN_EXE_softrdma");
 
-#[test]
-fn bench_persist_json_rounds() {
+/// Runs `softrdma store <args>`, which must succeed, and returns its
+/// stdout's JSON lines.
+fn json_rows(args: &[&str], env: &[(&str, &str)]) -> Vec<serde_json::Value> {
     let out = Command::new(SOFTRDMA)
-        .args(["store", "bench-persist", "--json", "--arena", "16MiB"])
-        .args(["--secs", "0.5", "--rounds", "2", "--clients", "4"])
-        .env("SOFTRDMA_SAME_HOST", "0")
+        .arg("store")
+        .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("run softrdma");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "softrdma store bench-persist failed ({}); if redis or fio is missing, run \
+        "softrdma store {} failed ({}); if redis or fio is missing, run \
          scripts/setup.sh\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        args.join(" "),
         out.status
     );
-    let rows: Vec<serde_json::Value> = stdout
+    stdout
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect();
-    assert_eq!(rows.len(), 4, "{stdout}");
+        .collect()
+}
+
+#[test]
+fn bench_persist_json_rounds() {
+    let rows = json_rows(
+        &[
+            "bench-persist",
+            "--json",
+            "--arena",
+            "16MiB",
+            "--secs",
+            "0.5",
+            "--rounds",
+            "2",
+            "--clients",
+            "4",
+        ],
+        &[("SOFTRDMA_SAME_HOST", "0")],
+    );
+    assert_eq!(rows.len(), 4, "{rows:?}");
     for (i, v) in rows.iter().enumerate() {
         let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
         assert_eq!(
@@ -52,27 +73,26 @@ fn bench_persist_json_rounds() {
 fn bench_persist_off_baseline() {
     let work = std::env::temp_dir().join(format!("softrdma-bp-off-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
-    let out = Command::new(SOFTRDMA)
-        .args(["store", "bench-persist", "--json", "--arena", "16MiB"])
-        .args(["--policies", "off", "--secs", "0.5", "--rounds", "1"])
-        .args(["--clients", "4", "--workdir"])
-        .arg(&work)
-        .env("SOFTRDMA_SAME_HOST", "0")
-        .output()
-        .expect("run softrdma");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "softrdma store bench-persist --policies off failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let rows = json_rows(
+        &[
+            "bench-persist",
+            "--json",
+            "--arena",
+            "16MiB",
+            "--policies",
+            "off",
+            "--secs",
+            "0.5",
+            "--rounds",
+            "1",
+            "--clients",
+            "4",
+            "--workdir",
+            &work.to_string_lossy(),
+        ],
+        &[("SOFTRDMA_SAME_HOST", "0")],
     );
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect();
-    assert_eq!(rows.len(), 1, "{stdout}");
+    assert_eq!(rows.len(), 1, "{rows:?}");
     let v = &rows[0];
     let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
     assert_eq!(v["policy"], "off", "{v}");
@@ -97,20 +117,21 @@ fn bench_persist_off_baseline() {
 /// node's CPU from its start to serving.
 #[test]
 fn bench_recovery_json_row() {
-    let out = Command::new(SOFTRDMA)
-        .args(["store", "bench-recovery", "--json", "--arena", "16MiB"])
-        .args(["--fill", "0.5", "--threads", "2"])
-        .output()
-        .expect("run softrdma");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "softrdma store bench-recovery failed ({}); if fio is missing, run \
-         scripts/setup.sh\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let rows = json_rows(
+        &[
+            "bench-recovery",
+            "--json",
+            "--arena",
+            "16MiB",
+            "--fill",
+            "0.5",
+            "--threads",
+            "2",
+        ],
+        &[],
     );
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON row");
+    assert_eq!(rows.len(), 1, "one JSON row: {rows:?}");
+    let v = &rows[0];
     let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
     assert!(
         f("values") > 0.0 && f("allocated") >= 8.0 * (1 << 20) as f64 * 0.9,
@@ -127,8 +148,8 @@ fn bench_recovery_json_row() {
     assert!(f("ratio") > 0.0, "{v}");
     let cpu = v["node_cpu"].as_array().expect("node_cpu");
     assert_eq!(cpu.len(), 2, "{v}");
-    // Read from each node's /proc stat (null if it could not be): no more
-    // than the machine's cores (a 16 MiB recovery may take less than the
+    // Read from each node's /proc stat (null, which fails here, if it
+    // could not be): no more than the machine's cores (a 16 MiB recovery may take less than the
     // 10 ms a tick counts).
     let cores = std::thread::available_parallelism().map_or(64, |n| n.get()) as f64;
     for c in cpu {

@@ -34,12 +34,6 @@ fn elect_the_newest(down: Micros) {
     use crate::persist::Policy;
     let mut h = H::persisting(Policy::Everysec);
     h.redundant();
-    let put = |k: u8| Op::Put {
-        key: vec![b'k', k],
-        data: vec![k; 40].into(),
-        cond: Cond::Always,
-        ttl: crate::proto::Ttl::Clear,
-    };
     for k in 1..=4 {
         assert!(matches!(h.request(put(k)), Ok(Reply::Stored { .. })));
     }
@@ -175,24 +169,16 @@ fn one_loading(newer: bool) -> (H, Node<HeapMemory>) {
     use crate::persist::Policy;
     let mut h = H::persisting(Policy::Everysec);
     h.redundant();
-    let put = |k: u8| Op::Put {
-        key: vec![b'k', k],
-        data: vec![k; 40].into(),
-        cond: Cond::Always,
-        ttl: crate::proto::Ttl::Clear,
-    };
     for k in 1..=4 {
         assert!(matches!(h.request(put(k)), Ok(Reply::Stored { .. })));
     }
     h.run(4 * HB, &never);
-    let mut loaded = h.recovered(2);
+    let loaded = h.recovered(2);
     if newer {
         for k in 5..=6 {
             assert!(matches!(h.request(put(k)), Ok(Reply::Stored { .. })));
         }
         h.run(4 * HB, &never);
-    } else {
-        loaded = h.recovered(2);
     }
     let loading = h.recovered(1);
     assert_eq!(
@@ -228,4 +214,14 @@ fn herald(h: &mut H, loading: &Node<HeapMemory>) {
             env,
         },
     );
+}
+
+/// Sets key `k<k>` to 40 bytes of `k`.
+fn put(k: u8) -> Op {
+    Op::Put {
+        key: vec![b'k', k],
+        data: vec![k; 40].into(),
+        cond: Cond::Always,
+        ttl: crate::proto::Ttl::Clear,
+    }
 }
